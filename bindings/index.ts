@@ -1,0 +1,3 @@
+// Typed public surface of the native addon. Only bindings/native.ts loads the
+// .node file; this module re-exports the classes built over it.
+export { NativeLoadError, NATIVE_ABI_VERSION } from './native.js';

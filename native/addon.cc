@@ -1,0 +1,19 @@
+// Module entry point of the Switchyard native addon. Each component registers
+// its classes here; the addon is context-aware, so it loads in worker threads.
+#include <napi.h>
+
+#include "prefix_index.h"
+#include "flow_queues.h"
+
+namespace {
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  switchyard::InitPrefixIndex(env, exports);
+  switchyard::InitFlowQueues(env, exports);
+  exports.Set("abiVersion", Napi::Number::New(env, 1));
+  return exports;
+}
+
+}  // namespace
+
+NODE_API_MODULE(switchyard_native, Init)

@@ -1,0 +1,5 @@
+#include "flow_queues.h"
+
+namespace switchyard {
+void InitFlowQueues(Napi::Env env, Napi::Object exports) {}
+}  // namespace switchyard

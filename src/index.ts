@@ -1,0 +1,2 @@
+// Library entry point: `import { ... } from 'switchyard'`.
+export { NativeLoadError } from '../bindings/index.js';
