@@ -1,3 +1,4 @@
 // Typed public surface of the native addon. Only bindings/native.ts loads the
 // .node file; this module re-exports the classes built over it.
 export { NativeLoadError, NATIVE_ABI_VERSION } from './native.js';
+export * from './flow-queues.js';
