@@ -1,0 +1,50 @@
+// Loading a Router config from YAML text or a file, and building the configs
+// the CLI needs without a file (quick mode, embedded default).
+import { readFile } from 'node:fs/promises';
+import { parseDocument } from 'yaml';
+import { ConfigError, type ConfigIssue } from '../errors.js';
+import { validateConfig, API_VERSION, type Engine, type PluginSpec, type RouterConfig } from './schema.js';
+
+export type PluginValidator = (kind: 'filter' | 'scorer' | 'picker', spec: PluginSpec) => string[];
+
+/** Parses YAML text and validates it; throws ConfigError listing every problem. */
+export function parseConfig(text: string, validatePlugin?: PluginValidator, source?: string): RouterConfig {
+  const doc = parseDocument(text, { prettyErrors: true, uniqueKeys: true });
+  if (doc.errors.length > 0) {
+    const issues: ConfigIssue[] = doc.errors.map((e) => ({
+      path: e.linePos ? `line ${e.linePos[0].line}, column ${e.linePos[0].col}` : '',
+      message: `YAML syntax error: ${e.message.split('\n')[0]}`,
+    }));
+    throw new ConfigError(issues, source);
+  }
+  return validateConfig(doc.toJS(), validatePlugin, source);
+}
+
+/** Reads and validates a config file. */
+export async function loadConfigFile(file: string, validatePlugin?: PluginValidator): Promise<RouterConfig> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (err) {
+    throw new ConfigError([{ path: '', message: `cannot read ${file}: ${(err as Error).message}` }], file);
+  }
+  return parseConfig(text, validatePlugin, file);
+}
+
+/** Quick mode: one pool of the given upstream URLs serving one model. */
+export function quickConfig(
+  upstreams: string[],
+  model: string,
+  engine: Engine,
+  validatePlugin?: PluginValidator,
+): RouterConfig {
+  return validateConfig(
+    {
+      apiVersion: API_VERSION,
+      kind: 'Router',
+      pools: [{ name: 'default', engine, models: [model], endpoints: upstreams.map((url, i) => ({ name: `e${i}`, url })) }],
+    },
+    validatePlugin,
+    '--upstream',
+  );
+}

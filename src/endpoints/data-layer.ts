@@ -1,0 +1,110 @@
+// Background loops that keep endpoint state fresh: /metrics scraping (every
+// 50 ms by default) and /health checks. Never on the request path. A failed
+// or slow scrape only leaves the metrics to go stale; scorers then fall back
+// to the router's own in-flight counts.
+import { performance } from 'node:perf_hooks';
+import { Client } from 'undici';
+import type { Endpoint, EndpointSet } from './endpoint.js';
+import { readEngineMetrics } from './engine-metrics.js';
+
+export type CapacityListener = (ep: Endpoint) => void;
+
+export class DataLayer {
+  readonly #set: EndpointSet;
+  readonly #clients: Client[];
+  readonly #scraping: boolean[];
+  readonly #checking: boolean[];
+  #scrapeTimer: NodeJS.Timeout | undefined;
+  #healthTimer: NodeJS.Timeout | undefined;
+  #capacityListeners: CapacityListener[] = [];
+  #closed = false;
+
+  constructor(set: EndpointSet) {
+    this.#set = set;
+    const cfg = set.dataLayer;
+    this.#clients = set.all.map(
+      (ep) =>
+        new Client(ep.url, {
+          pipelining: 1,
+          keepAliveTimeout: 30_000,
+          connectTimeout: cfg.healthTimeoutMs,
+          headersTimeout: cfg.healthTimeoutMs,
+          bodyTimeout: cfg.healthTimeoutMs,
+        }),
+    );
+    this.#scraping = set.all.map(() => false);
+    this.#checking = set.all.map(() => false);
+  }
+
+  /** Called when an endpoint's KV-cache geometry is first learnt or changes. */
+  onCapacity(fn: CapacityListener): void {
+    this.#capacityListeners.push(fn);
+  }
+
+  /** Starts both loops; resolves after one round of health checks and scrapes. */
+  async start(): Promise<void> {
+    const cfg = this.#set.dataLayer;
+    const first: Promise<void>[] = [];
+    for (const ep of this.#set.all) {
+      if (cfg.healthIntervalMs > 0) first.push(this.#check(ep));
+      if (cfg.scrapeIntervalMs > 0) first.push(this.#scrape(ep));
+    }
+    await Promise.all(first);
+    if (this.#closed) return;
+    if (cfg.scrapeIntervalMs > 0) {
+      this.#scrapeTimer = setInterval(() => {
+        for (const ep of this.#set.all) if (!this.#scraping[ep.id]) void this.#scrape(ep);
+      }, cfg.scrapeIntervalMs);
+      this.#scrapeTimer.unref();
+    }
+    if (cfg.healthIntervalMs > 0) {
+      this.#healthTimer = setInterval(() => {
+        for (const ep of this.#set.all) if (!this.#checking[ep.id]) void this.#check(ep);
+      }, cfg.healthIntervalMs);
+      this.#healthTimer.unref();
+    }
+  }
+
+  async #scrape(ep: Endpoint): Promise<void> {
+    this.#scraping[ep.id] = true;
+    try {
+      const res = await this.#clients[ep.id].request({ path: '/metrics', method: 'GET' });
+      if (res.statusCode !== 200) {
+        await res.body.dump();
+        return;
+      }
+      const text = await res.body.text();
+      const prevBlocks = ep.metrics.cacheBlocks;
+      const prevTokens = ep.metrics.cacheBlockTokens;
+      if (readEngineMetrics(text, ep.metrics)) ep.metricsAt = performance.now();
+      if (ep.metrics.cacheBlocks !== prevBlocks || ep.metrics.cacheBlockTokens !== prevTokens) {
+        for (const fn of this.#capacityListeners) fn(ep);
+      }
+    } catch {
+      // unreachable or slow: the metrics go stale and scorers fall back
+    } finally {
+      this.#scraping[ep.id] = false;
+    }
+  }
+
+  async #check(ep: Endpoint): Promise<void> {
+    this.#checking[ep.id] = true;
+    try {
+      const res = await this.#clients[ep.id].request({ path: '/health', method: 'GET' });
+      await res.body.dump();
+      ep.health = res.statusCode === 200 ? 'up' : 'down';
+    } catch {
+      ep.health = 'down';
+    } finally {
+      ep.healthAt = performance.now();
+      this.#checking[ep.id] = false;
+    }
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+    clearInterval(this.#scrapeTimer);
+    clearInterval(this.#healthTimer);
+    await Promise.all(this.#clients.map((c) => c.destroy().catch(() => {})));
+  }
+}

@@ -1,0 +1,142 @@
+// Endpoints (model-server replicas), the pools that group them, and each
+// endpoint's live state: the router's own in-flight count, the engine's last
+// scraped metrics, health from /health, and a circuit breaker fed by request
+// outcomes.
+import type { Accelerator, CapacityConfig, DataLayerConfig, Engine, PoolConfig, Role } from '../config/schema.js';
+import { DEFAULTS } from '../config/schema.js';
+import type { EngineMetrics } from './engine-metrics.js';
+
+export type Health = 'unknown' | 'up' | 'down';
+
+export class Endpoint {
+  readonly id: number;
+  readonly name: string;
+  /** Origin URL, no trailing slash, e.g. http://127.0.0.1:9001 */
+  readonly url: string;
+  readonly pool: string;
+  readonly engine: Engine;
+  readonly accelerator: Accelerator;
+  readonly models: readonly string[];
+  readonly role: Role;
+  readonly revision: string | undefined;
+  /** Prefix-index capacity from the config; when absent it comes from the engine's cache_config_info. */
+  readonly configuredCapacity: CapacityConfig | undefined;
+
+  /** Requests the router has dispatched here and not yet completed. Always fresh. */
+  inFlight = 0;
+  /** Requests dispatched here since start. */
+  dispatched = 0;
+
+  readonly metrics: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0 };
+  /** performance.now() of the last successful scrape; 0 = never. */
+  metricsAt = 0;
+  health: Health = 'unknown';
+  healthAt = 0;
+
+  consecutiveFailures = 0;
+  /** performance.now() until which the breaker is open (0 = closed). */
+  breakerOpenUntil = 0;
+  /** After the cooldown one trial request is let through (half-open). */
+  trialInFlight = false;
+
+  constructor(id: number, pool: PoolConfig, ep: PoolConfig['endpoints'][number]) {
+    this.id = id;
+    this.name = ep.name;
+    this.url = ep.url;
+    this.pool = pool.name;
+    this.engine = pool.engine;
+    this.accelerator = pool.accelerator;
+    this.models = pool.models;
+    this.role = ep.role;
+    this.revision = ep.revision;
+    this.configuredCapacity = ep.capacity;
+  }
+
+  /** True when metrics were scraped within `staleAfterMs`. */
+  fresh(now: number, staleAfterMs: number): boolean {
+    return this.metricsAt > 0 && now - this.metricsAt <= staleAfterMs;
+  }
+
+  breakerOpen(now: number): boolean {
+    if (this.breakerOpenUntil === 0) return false;
+    if (now < this.breakerOpenUntil) return true;
+    return this.trialInFlight; // half-open: one trial at a time
+  }
+
+  /** Can requests be sent here now? Unknown health counts as routable. */
+  routable(now: number): boolean {
+    return this.health !== 'down' && !this.breakerOpen(now);
+  }
+
+  /** Ready for /readyz: known healthy (or health checks off) and breaker closed. */
+  ready(now: number, healthChecks: boolean): boolean {
+    return (this.health === 'up' || (!healthChecks && this.health !== 'down')) && !this.breakerOpen(now);
+  }
+
+  /** Called when a request is sent here. */
+  onDispatch(now: number): void {
+    this.inFlight++;
+    this.dispatched++;
+    if (this.breakerOpenUntil !== 0 && now >= this.breakerOpenUntil) this.trialInFlight = true;
+  }
+
+  /** Called once per dispatched request. `failed`: connect error, reset or 5xx from the engine. */
+  onOutcome(now: number, failed: boolean, cfg: DataLayerConfig): void {
+    if (this.inFlight > 0) this.inFlight--;
+    if (failed) {
+      this.consecutiveFailures++;
+      if (this.trialInFlight || this.consecutiveFailures >= cfg.breakerFailures) {
+        this.breakerOpenUntil = now + cfg.breakerCooldownMs;
+      }
+    } else if (this.consecutiveFailures !== 0 || this.breakerOpenUntil !== 0) {
+      this.consecutiveFailures = 0;
+      this.breakerOpenUntil = 0;
+    }
+    this.trialInFlight = false;
+  }
+
+  /** Called when a request is released without an engine outcome (client abort). */
+  onRelease(): void {
+    if (this.inFlight > 0) this.inFlight--;
+    this.trialInFlight = false;
+  }
+}
+
+/** All endpoints of all pools, with lookups by name and by model. */
+export class EndpointSet {
+  readonly all: Endpoint[] = [];
+  readonly pools: readonly PoolConfig[];
+  readonly dataLayer: DataLayerConfig;
+  readonly #byName = new Map<string, Endpoint>();
+  readonly #byModel = new Map<string, Endpoint[]>();
+
+  constructor(pools: readonly PoolConfig[], dataLayer: DataLayerConfig = DEFAULTS.dataLayer) {
+    this.pools = pools;
+    this.dataLayer = dataLayer;
+    for (const pool of pools) {
+      for (const ec of pool.endpoints) {
+        const ep = new Endpoint(this.all.length, pool, ec);
+        this.all.push(ep);
+        this.#byName.set(ep.name, ep);
+        for (const m of pool.models) {
+          let list = this.#byModel.get(m);
+          if (!list) this.#byModel.set(m, (list = []));
+          list.push(ep);
+        }
+      }
+    }
+  }
+
+  byName(name: string): Endpoint | undefined {
+    return this.#byName.get(name);
+  }
+
+  /** Endpoints serving `model` (shared array: do not mutate), or undefined for an unknown model. */
+  forModel(model: string): readonly Endpoint[] | undefined {
+    return this.#byModel.get(model);
+  }
+
+  models(): string[] {
+    return [...this.#byModel.keys()];
+  }
+}

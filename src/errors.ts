@@ -1,0 +1,51 @@
+// Switchyard's error classes. Every error carries a stable string code
+// (SWY_ERR_*) so callers can branch on `err.code` instead of messages.
+//
+// | class              | code                      | raised when                                     |
+// |--------------------|---------------------------|-------------------------------------------------|
+// | SwitchyardError    | SWY_ERR_GENERIC           | base class                                      |
+// | ConfigError        | SWY_ERR_CONFIG            | a config file or object fails validation        |
+// | PluginError        | SWY_ERR_PLUGIN            | unknown plugin type or bad plugin parameters    |
+// | NoEndpointError    | SWY_ERR_NO_ENDPOINT       | no endpoint can serve a request (HTTP 503)      |
+// | UnknownModelError  | SWY_ERR_UNKNOWN_MODEL     | no pool serves the requested model (HTTP 404)   |
+// | UpstreamError      | SWY_ERR_UPSTREAM          | an upstream request failed (HTTP 502)           |
+
+export class SwitchyardError extends Error {
+  readonly code: string = 'SWY_ERR_GENERIC';
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+/** One validation problem: where (a dotted/indexed field path) and why. */
+export interface ConfigIssue {
+  path: string;
+  message: string;
+}
+
+export class ConfigError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_CONFIG';
+  readonly issues: ConfigIssue[];
+  constructor(issues: ConfigIssue[], source?: string) {
+    const head = source ? `invalid config (${source})` : 'invalid config';
+    super(`${head}:\n` + issues.map((i) => `  ${i.path || '(root)'}: ${i.message}`).join('\n'));
+    this.issues = issues;
+  }
+}
+
+export class PluginError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_PLUGIN';
+}
+
+export class NoEndpointError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_NO_ENDPOINT';
+}
+
+export class UnknownModelError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_UNKNOWN_MODEL';
+}
+
+export class UpstreamError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_UPSTREAM';
+}

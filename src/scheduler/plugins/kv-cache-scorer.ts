@@ -1,0 +1,38 @@
+// Scorer `kv-cache-utilization`: 1 - KV-cache usage (vllm:kv_cache_usage_perc,
+// old vllm:gpu_cache_usage_perc, sglang:token_usage). When an endpoint's
+// metrics are stale or it reports no usage, its score comes from the router's
+// own in-flight count instead: 1 - inFlight / (max in-flight over candidates + 1).
+import type { Endpoint } from '../../endpoints/endpoint.js';
+import { knownParams, type PluginFactory } from '../registry.js';
+import type { CycleContext, Scorer } from '../types.js';
+import { ensure } from './score-util.js';
+
+export class KvCacheScorer implements Scorer {
+  readonly type = 'kv-cache-utilization';
+  readonly name = 'kv-cache-utilization';
+  #out = new Float64Array(16);
+
+  score(ctx: CycleContext, eps: readonly Endpoint[]): Float64Array {
+    const n = eps.length;
+    const out = (this.#out = ensure(this.#out, n));
+    let maxInFlight = 0;
+    for (let i = 0; i < n; i++) if (eps[i].inFlight > maxInFlight) maxInFlight = eps[i].inFlight;
+    for (let i = 0; i < n; i++) {
+      const ep = eps[i];
+      const kv = ep.metrics.kvUsage;
+      out[i] = ep.fresh(ctx.now, ctx.staleAfterMs) && kv === kv ? 1 - kv : 1 - ep.inFlight / (maxInFlight + 1);
+    }
+    return out;
+  }
+}
+
+export const kvCacheScorer: PluginFactory<'scorer'> = {
+  kind: 'scorer',
+  type: 'kv-cache-utilization',
+  validate: (p) => {
+    const out: string[] = [];
+    knownParams(p, [], out);
+    return out;
+  },
+  create: () => new KvCacheScorer(),
+};

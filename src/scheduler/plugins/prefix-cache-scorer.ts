@@ -1,0 +1,97 @@
+// Scorer `prefix-cache`: the share of the prompt's leading blocks an endpoint
+// is believed to hold, from the prefix index in approximate mode (the router
+// records each routing decision). Score = matched blocks / prompt blocks.
+// Capacity per endpoint (how many blocks it can hold before the index evicts
+// its least recently used ones) comes from the config or the engine's
+// cache_config_info (see engine-metrics.ts for the token → byte conversion).
+import type { Endpoint } from '../../endpoints/endpoint.js';
+import { indexBlocksFor } from '../../endpoints/engine-metrics.js';
+import { knownParams, numParam, type PluginFactory } from '../registry.js';
+import { NativePrefixStore, type PrefixStore } from '../prefix-store.js';
+import type { CycleContext, PluginEnv, Scorer } from '../types.js';
+import { ensure } from './score-util.js';
+
+function fnv1a64(s: string): bigint {
+  let h = 0xcbf29ce484222325n;
+  for (let i = 0; i < s.length; i++) {
+    h ^= BigInt(s.charCodeAt(i));
+    h = (h * 0x100000001b3n) & 0xffffffffffffffffn;
+  }
+  return h;
+}
+
+export class PrefixCacheScorer implements Scorer {
+  readonly type = 'prefix-cache';
+  readonly name = 'prefix-cache';
+  readonly store: PrefixStore;
+  readonly #seeds = new Map<string, bigint>();
+  readonly #ids: Int32Array;
+  readonly #idViews: Int32Array[] = [];
+  #out = new Float64Array(16);
+  #matched: Uint32Array = new Uint32Array(0);
+  #hashCount = 0;
+
+  constructor(store: PrefixStore, maxEndpoints: number) {
+    this.store = store;
+    this.#ids = new Int32Array(Math.max(1, maxEndpoints));
+    for (let n = 0; n <= this.#ids.length; n++) this.#idViews.push(this.#ids.subarray(0, n));
+  }
+
+  #seed(model: string): bigint {
+    let s = this.#seeds.get(model);
+    if (s === undefined) this.#seeds.set(model, (s = fnv1a64(model)));
+    return s;
+  }
+
+  score(ctx: CycleContext, eps: readonly Endpoint[]): Float64Array {
+    const n = eps.length;
+    const out = (this.#out = ensure(this.#out, n));
+    const prompt = ctx.request.prompt;
+    this.#hashCount = 0;
+    if (!prompt || prompt.length < this.store.blockSize) {
+      for (let i = 0; i < n; i++) out[i] = 0;
+      ctx.promptBlocks = 0;
+      return out;
+    }
+    for (let i = 0; i < n; i++) this.#ids[i] = eps[i].id;
+    const m = this.store.match(prompt, this.#seed(ctx.request.model), this.#idViews[n]);
+    const total = m.hashCount;
+    this.#hashCount = total;
+    this.#matched = m.matched;
+    ctx.promptBlocks = total;
+    for (let i = 0; i < n; i++) out[i] = total > 0 ? Math.min(1, m.matched[i] / total) : 0;
+    return out;
+  }
+
+  onPicked(ctx: CycleContext, ep: Endpoint, index: number): void {
+    if (this.#hashCount === 0) return;
+    ctx.matchedBlocks = this.#matched[index];
+    this.store.recordLast(ep.id);
+  }
+
+  /** Applies a configured capacity or one learnt from cache_config_info. */
+  onCapacity(ep: Endpoint): void {
+    const c = ep.configuredCapacity;
+    if (c) this.store.setCapacity(ep.id, c.gpuBlocks, c.cpuBlocks, c.diskBlocks);
+    else if (ep.metrics.cacheBlocks > 0)
+      this.store.setCapacity(ep.id, indexBlocksFor(ep.metrics.cacheBlocks, ep.metrics.cacheBlockTokens, this.store.blockSize), 0, 0);
+  }
+}
+
+export const prefixCacheScorer: PluginFactory<'scorer'> = {
+  kind: 'scorer',
+  type: 'prefix-cache',
+  validate: (p) => {
+    const out: string[] = [];
+    knownParams(p, ['blockSize'], out);
+    numParam(p, 'blockSize', 1, 1 << 20, out);
+    return out;
+  },
+  create: (p, env: PluginEnv) => {
+    const blockSize = (p.blockSize as number | undefined) ?? env.prefixBlockSize;
+    const max = env.endpoints.all.length;
+    const s = new PrefixCacheScorer(new NativePrefixStore(blockSize, max), max);
+    for (const ep of env.endpoints.all) s.onCapacity(ep);
+    return s;
+  },
+};

@@ -1,0 +1,70 @@
+// The prefix-cache state behind a small interface, so where it lives (this
+// process's native index today; shared memory or a remote store later) does
+// not touch the scorer. The native implementation hashes and matches in one
+// call per request and records the picked endpoint without rehashing.
+import * as bindings from '../../bindings/index.js';
+
+export interface PrefixMatch {
+  /** Full blocks hashed from the prompt. */
+  hashCount: number;
+  /** Per candidate (same order as the ids passed): leading blocks that endpoint holds. */
+  matched: Uint32Array;
+}
+
+export interface PrefixStore {
+  readonly blockSize: number;
+  /** Hashes `prompt` (blocks of `blockSize` bytes, chained from `seed`) and matches it against ids[0..n). */
+  match(prompt: Uint8Array, seed: bigint, ids: Int32Array): PrefixMatch;
+  /** Records the last match's blocks as held by `endpointId`. */
+  recordLast(endpointId: number): void;
+  setCapacity(endpointId: number, gpuBlocks: number, cpuBlocks: number, diskBlocks: number): void;
+  clear(endpointId: number): void;
+}
+
+interface NativeMatchResult {
+  hashes: BigUint64Array;
+  hashCount: number;
+  matched: Uint32Array;
+  tiers: Uint32Array;
+}
+interface NativePrefixIndex {
+  setCapacity(ep: number, tiers: number[]): void;
+  matchPrompt(prompt: Uint8Array, seed: bigint, candidates: Int32Array, result?: NativeMatchResult): NativeMatchResult;
+  record(ep: number, hashes: BigUint64Array, count: number): void;
+  clear(ep: number): void;
+}
+
+/** The native (C++) prefix index in approximate mode: the router's own record of what it sent where. */
+export class NativePrefixStore implements PrefixStore {
+  readonly blockSize: number;
+  readonly #idx: NativePrefixIndex;
+  #result: NativeMatchResult | undefined;
+  readonly #view: PrefixMatch = { hashCount: 0, matched: new Uint32Array(0) };
+
+  constructor(blockSize: number, maxEndpoints: number) {
+    const Ctor = (bindings as unknown as { PrefixIndex?: new (o: { blockSize: number; maxEndpoints: number }) => NativePrefixIndex }).PrefixIndex;
+    if (!Ctor) throw new Error('the native PrefixIndex is not available in this build of bindings/');
+    this.blockSize = blockSize;
+    this.#idx = new Ctor({ blockSize, maxEndpoints: Math.max(1, maxEndpoints) });
+  }
+
+  match(prompt: Uint8Array, seed: bigint, ids: Int32Array): PrefixMatch {
+    const r = (this.#result = this.#idx.matchPrompt(prompt, seed, ids, this.#result));
+    this.#view.hashCount = r.hashCount;
+    this.#view.matched = r.matched;
+    return this.#view;
+  }
+
+  recordLast(endpointId: number): void {
+    const r = this.#result;
+    if (r && r.hashCount > 0) this.#idx.record(endpointId, r.hashes, r.hashCount);
+  }
+
+  setCapacity(endpointId: number, gpuBlocks: number, cpuBlocks: number, diskBlocks: number): void {
+    this.#idx.setCapacity(endpointId, [gpuBlocks, cpuBlocks, diskBlocks]);
+  }
+
+  clear(endpointId: number): void {
+    this.#idx.clear(endpointId);
+  }
+}

@@ -1,0 +1,166 @@
+// The scheduler: filters → weighted scorers → picker over an EndpointSet.
+// Synchronous, allocation-free per pick (apart from what plugins choose to
+// do), and free of HTTP: embed it in any proxy with createScheduler().
+import { performance } from 'node:perf_hooks';
+import { validateConfig, API_VERSION, type RouterConfig, type SchedulingConfig } from '../config/schema.js';
+import { DataLayer } from '../endpoints/data-layer.js';
+import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
+import { registry as defaultRegistry } from './builtins.js';
+import type { PluginRegistry } from './registry.js';
+import type { CycleContext, Filter, Picker, Plugin, SchedRequest, Scorer } from './types.js';
+
+/** The outcome of one pick. Pass it back to `complete()` exactly once. */
+export interface Decision {
+  endpoint: Endpoint;
+  /** Prompt blocks hashed by the prefix-cache scorer (0 without it). */
+  promptBlocks: number;
+  /** Of those, leading blocks the picked endpoint was believed to hold. */
+  matchedBlocks: number;
+}
+
+export type Outcome = 'ok' | 'failed' | 'aborted';
+
+export interface SchedulerOptions {
+  random?: () => number;
+  registry?: PluginRegistry;
+}
+
+export class Scheduler {
+  readonly endpoints: EndpointSet;
+  readonly filters: readonly Filter[];
+  readonly scorers: readonly Scorer[];
+  readonly weights: Float64Array;
+  readonly picker: Picker;
+  readonly #plugins: Plugin[];
+  readonly #ctx: CycleContext;
+  readonly #cands: Endpoint[] = [];
+  #total: Float64Array;
+  #dataLayer: DataLayer | undefined;
+  ready: Promise<void> = Promise.resolve();
+
+  constructor(endpoints: EndpointSet, scheduling: SchedulingConfig, opts: SchedulerOptions = {}) {
+    const reg = opts.registry ?? defaultRegistry;
+    const env = { endpoints, prefixBlockSize: scheduling.prefixBlockSize, random: opts.random ?? Math.random };
+    this.endpoints = endpoints;
+    this.filters = scheduling.filters.map((f) => reg.create('filter', f.type, f.params, env));
+    this.scorers = scheduling.scorers.map((s) => reg.create('scorer', s.type, s.params, env));
+    this.weights = Float64Array.from(scheduling.scorers.map((s) => s.weight));
+    this.picker = reg.create('picker', scheduling.picker.type, scheduling.picker.params, env);
+    this.#plugins = [...this.filters, ...this.scorers, this.picker];
+    this.#total = new Float64Array(Math.max(1, endpoints.all.length));
+    this.#ctx = { request: { model: '' }, now: 0, staleAfterMs: endpoints.dataLayer.staleAfterMs, promptBlocks: 0, matchedBlocks: 0 };
+  }
+
+  /** Starts metrics scraping and health checks; resolves after the first round. */
+  start(): Promise<void> {
+    if (this.#dataLayer) return this.ready;
+    const dl = (this.#dataLayer = new DataLayer(this.endpoints));
+    dl.onCapacity((ep) => {
+      for (const p of this.#plugins) p.onCapacity?.(ep);
+    });
+    this.ready = dl.start();
+    return this.ready;
+  }
+
+  /** True if some pool serves `model`. */
+  hasModel(model: string): boolean {
+    return this.endpoints.forModel(model) !== undefined;
+  }
+
+  /**
+   * Picks an endpoint for `req`, or returns null when none can serve it
+   * (unknown model, or every candidate filtered out). The pick counts as
+   * dispatched: call `complete()` once when the request ends. `exclude` lists
+   * endpoints already tried (retries); `out` lets a caller reuse a Decision.
+   */
+  pick(req: SchedRequest, exclude?: readonly Endpoint[] | null, out?: Decision): Decision | null {
+    const base = this.endpoints.forModel(req.model);
+    if (base === undefined) return null;
+    let eps: readonly Endpoint[] = base;
+    if (exclude && exclude.length > 0) {
+      const c = this.#cands;
+      c.length = 0;
+      for (let i = 0; i < base.length; i++) if (!exclude.includes(base[i])) c.push(base[i]);
+      eps = c;
+    }
+    const ctx = this.#ctx;
+    ctx.request = req;
+    ctx.now = performance.now();
+    ctx.promptBlocks = 0;
+    ctx.matchedBlocks = 0;
+    for (let f = 0; f < this.filters.length && eps.length > 0; f++) eps = this.filters[f].filter(ctx, eps);
+    const n = eps.length;
+    if (n === 0) return null;
+    let idx = 0;
+    if (n > 1 || this.scorers.length > 0) {
+      const total = this.#total;
+      for (let i = 0; i < n; i++) total[i] = 0;
+      for (let s = 0; s < this.scorers.length; s++) {
+        const w = this.weights[s];
+        const sc = this.scorers[s].score(ctx, eps);
+        if (w === 0) continue;
+        for (let i = 0; i < n; i++) {
+          const v = sc[i];
+          total[i] += w * (v > 1 ? 1 : v > 0 ? v : 0);
+        }
+      }
+      idx = n > 1 ? this.picker.pick(ctx, eps, total) : 0;
+    }
+    const ep = eps[idx];
+    for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onPicked?.(ctx, ep, idx);
+    ep.onDispatch(ctx.now);
+    ctx.request = EMPTY_REQUEST;
+    if (out) {
+      out.endpoint = ep;
+      out.promptBlocks = ctx.promptBlocks;
+      out.matchedBlocks = ctx.matchedBlocks;
+      return out;
+    }
+    return { endpoint: ep, promptBlocks: ctx.promptBlocks, matchedBlocks: ctx.matchedBlocks };
+  }
+
+  /**
+   * Reports the end of a picked request: `ok` (the engine answered, any
+   * status below 500), `failed` (connect error, reset, 5xx: feeds the circuit
+   * breaker) or `aborted` (the client went away: only releases accounting).
+   */
+  complete(d: Decision, outcome: Outcome): void {
+    const ep = d.endpoint;
+    if (outcome === 'aborted') ep.onRelease();
+    else ep.onOutcome(performance.now(), outcome === 'failed', this.endpoints.dataLayer);
+    const failed = outcome === 'failed';
+    for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onComplete?.(ep, failed);
+  }
+
+  async close(): Promise<void> {
+    for (const p of this.#plugins) p.close?.();
+    await this.#dataLayer?.close();
+  }
+}
+
+const EMPTY_REQUEST: SchedRequest = { model: '' };
+
+/** Input for createScheduler: the `pools`, `scheduling` and `dataLayer` parts of a Router config. */
+export interface SchedulerConfig {
+  pools: unknown;
+  scheduling?: unknown;
+  dataLayer?: unknown;
+}
+
+/**
+ * Builds a scheduler from plain config (validated like a config file; throws
+ * ConfigError listing every problem). Unless `watch: false`, it starts
+ * scraping the endpoints' /metrics and /health in the background;
+ * `scheduler.ready` resolves after the first round.
+ */
+export function createScheduler(config: SchedulerConfig | RouterConfig, opts: SchedulerOptions & { watch?: boolean } = {}): Scheduler {
+  const reg = opts.registry ?? defaultRegistry;
+  const cfg = validateConfig(
+    { apiVersion: API_VERSION, kind: 'Router', pools: config.pools, scheduling: config.scheduling, dataLayer: config.dataLayer },
+    (kind, spec) => reg.validate(kind, spec.type, spec.params),
+    'createScheduler',
+  );
+  const s = new Scheduler(new EndpointSet(cfg.pools, cfg.dataLayer), cfg.scheduling, opts);
+  if (opts.watch !== false) void s.start();
+  return s;
+}

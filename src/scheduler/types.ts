@@ -1,0 +1,60 @@
+// Plugin interfaces of the scheduler. Nothing here knows about HTTP: the
+// scheduler picks an endpoint for a request description and is told when the
+// request completes.
+import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
+
+/** What the scheduler needs to know about a request. */
+export interface SchedRequest {
+  /** The requested model (served model name). */
+  model: string;
+  /** Bytes used for prefix matching: the rendered chat messages or the prompt. Empty/absent = no prefix scoring. */
+  prompt?: Uint8Array;
+}
+
+/** Per-cycle state shared by the plugins of one pick. Reused between cycles: do not keep references. */
+export interface CycleContext {
+  request: SchedRequest;
+  /** performance.now() at the start of the cycle. */
+  now: number;
+  /** Metrics older than this are stale (ms). */
+  staleAfterMs: number;
+  /** Filled by the prefix-cache scorer: prompt blocks hashed, and the matched blocks of the picked endpoint. */
+  promptBlocks: number;
+  matchedBlocks: number;
+}
+
+export interface Plugin {
+  readonly type: string;
+  readonly name: string;
+  /** Called once the picker chose `ep` (at candidate index `index`); the request is being dispatched. */
+  onPicked?(ctx: CycleContext, ep: Endpoint, index: number): void;
+  /** Called when a dispatched request finishes (any outcome). */
+  onComplete?(ep: Endpoint, failed: boolean): void;
+  /** Called when an endpoint's KV-cache geometry (from cache_config_info) is learnt or changes. */
+  onCapacity?(ep: Endpoint): void;
+  close?(): void;
+}
+
+/** Returns the endpoints that pass. May return `eps` itself; a returned scratch array is valid until the next cycle. */
+export interface Filter extends Plugin {
+  filter(ctx: CycleContext, eps: readonly Endpoint[]): readonly Endpoint[];
+}
+
+/** Scores each candidate in [0, 1] (higher is better). Entries [0, eps.length) of the returned array are valid until the next cycle. */
+export interface Scorer extends Plugin {
+  score(ctx: CycleContext, eps: readonly Endpoint[]): Float64Array;
+}
+
+/** Chooses one endpoint given the weighted total scores. */
+export interface Picker extends Plugin {
+  pick(ctx: CycleContext, eps: readonly Endpoint[], scores: Float64Array): number;
+}
+
+/** What a plugin factory receives besides its parameters. */
+export interface PluginEnv {
+  endpoints: EndpointSet;
+  /** Bytes per prefix-index block. */
+  prefixBlockSize: number;
+  /** Random source in [0, 1); tests may seed it. */
+  random: () => number;
+}
