@@ -1,5 +1,175 @@
-// Placeholder until the sim command lands.
+// `switchyard sim`: run a simulated vLLM/SGLang engine, or a fleet of them.
+
+import { startFleet, type FleetOptions } from './index.js';
+import { FAILURE_KINDS, SIM_DEFAULTS, SimOptionError, resolveSimOptions, type FailureKind } from './options.js';
+
+const D = SIM_DEFAULTS;
+export const SIM_USAGE = `usage: switchyard sim [options]
+
+Runs a simulated vLLM/SGLang engine (OpenAI-compatible HTTP: /v1/completions,
+/v1/chat/completions, /v1/models, /health, /metrics). See docs/sim.md.
+
+options (--name value or --name=value):
+  --host H                    listen address (default 127.0.0.1)
+  --port P                    listen port, 0 = any free port (default 8000)
+  --model NAME                served model name; repeat for aliases (default ${D.models[0]})
+  --engine vllm|sglang        metrics dialect (default ${D.engine})
+  --max-num-seqs N            requests decoded concurrently; the rest wait FIFO (default ${D.maxNumSeqs})
+  --kv-cache-blocks N         KV cache capacity in blocks (default ${D.kvCacheBlocks})
+  --block-size N              tokens per KV block (default ${D.blockSize})
+  --prefill-overhead-ms F     fixed prefill cost per request (default ${D.prefillOverheadMs})
+  --prefill-us-per-token F    cost of each uncached prompt token, microseconds (default ${D.prefillUsPerToken})
+  --itl-ms F                  inter-token latency with a batch of one (default ${D.itlMs})
+  --decode-slowdown F         ITL grows by F per extra running request (default ${D.decodeSlowdown})
+  --time-scale F              multiplies every simulated time; 0 = answer at once (default ${D.timeScale})
+  --seed N                    seed of generated text and failure draws (default ${D.seed})
+  --revision R                revision label reported in /metrics and /version (default ${D.revision})
+  --role both|prefill|decode  role label reported in /metrics and /version (default ${D.role})
+  --failure-rate P            probability in [0,1] that a request fails (default ${D.failureRate})
+  --failure-kinds K,K         kinds drawn from: ${FAILURE_KINDS.join(', ')}
+                              (default ${D.failureKinds.join(',')})
+  --slow-first-byte-ms F      real delay of the slow-first-byte failure (default ${D.slowFirstByteMs})
+  --max-model-len N           longest prompt + completion in tokens (default ${D.maxModelLen})
+  --default-max-tokens N      completion length when a request sets no max_tokens (default ${D.defaultMaxTokens})
+  --max-body-bytes N          largest request body (default ${D.maxBodyBytes})
+  --fleet N                   start N engines on consecutive ports (default 1)
+  --base-port P               first port of the fleet (default: --port)
+  -h, --help                  show this message`;
+
+type Setter = (o: FleetOptions & { fleet: number }, v: string, flag: string) => void;
+
+class FlagError extends Error {}
+
+function number(flag: string, v: string): number {
+  const n = Number(v);
+  if (v.trim() === '' || !Number.isFinite(n)) throw new FlagError(`${flag} expects a number, got '${v}'`);
+  return n;
+}
+function integer(flag: string, v: string): number {
+  const n = number(flag, v);
+  if (!Number.isInteger(n)) throw new FlagError(`${flag} expects an integer, got '${v}'`);
+  return n;
+}
+
+const FLAGS: Record<string, Setter> = {
+  '--host': (o, v) => (o.host = v),
+  '--port': (o, v, f) => (o.port = integer(f, v)),
+  '--model': (o, v) => {
+    o.models = o.models === D.models || o.models === undefined ? [v] : [...o.models, v];
+  },
+  '--engine': (o, v, f) => {
+    if (v !== 'vllm' && v !== 'sglang') throw new FlagError(`${f} expects vllm or sglang, got '${v}'`);
+    o.engine = v;
+  },
+  '--max-num-seqs': (o, v, f) => (o.maxNumSeqs = integer(f, v)),
+  '--kv-cache-blocks': (o, v, f) => (o.kvCacheBlocks = integer(f, v)),
+  '--block-size': (o, v, f) => (o.blockSize = integer(f, v)),
+  '--prefill-overhead-ms': (o, v, f) => (o.prefillOverheadMs = number(f, v)),
+  '--prefill-us-per-token': (o, v, f) => (o.prefillUsPerToken = number(f, v)),
+  '--itl-ms': (o, v, f) => (o.itlMs = number(f, v)),
+  '--decode-slowdown': (o, v, f) => (o.decodeSlowdown = number(f, v)),
+  '--time-scale': (o, v, f) => (o.timeScale = number(f, v)),
+  '--seed': (o, v, f) => (o.seed = integer(f, v)),
+  '--revision': (o, v) => (o.revision = v),
+  '--role': (o, v, f) => {
+    if (v !== 'both' && v !== 'prefill' && v !== 'decode') throw new FlagError(`${f} expects both, prefill or decode, got '${v}'`);
+    o.role = v;
+  },
+  '--failure-rate': (o, v, f) => (o.failureRate = number(f, v)),
+  '--failure-kinds': (o, v, f) => {
+    const kinds = v.split(',').map((s) => s.trim()).filter((s) => s !== '');
+    for (const k of kinds) {
+      if (!FAILURE_KINDS.includes(k as FailureKind)) throw new FlagError(`${f}: unknown kind '${k}' (kinds: ${FAILURE_KINDS.join(', ')})`);
+    }
+    if (kinds.length === 0) throw new FlagError(`${f} expects a comma-separated list of kinds`);
+    o.failureKinds = kinds as FailureKind[];
+  },
+  '--slow-first-byte-ms': (o, v, f) => (o.slowFirstByteMs = number(f, v)),
+  '--max-model-len': (o, v, f) => (o.maxModelLen = integer(f, v)),
+  '--default-max-tokens': (o, v, f) => (o.defaultMaxTokens = integer(f, v)),
+  '--max-body-bytes': (o, v, f) => (o.maxBodyBytes = integer(f, v)),
+  '--fleet': (o, v, f) => {
+    const n = integer(f, v);
+    if (n < 1 || n > 4096) throw new FlagError(`${f} expects an integer in [1, 4096], got '${v}'`);
+    o.fleet = n;
+  },
+  '--base-port': (o, v, f) => (o.basePort = integer(f, v)),
+};
+FLAGS['--failure-kind'] = FLAGS['--failure-kinds']!;
+
+/** Parses `switchyard sim` flags; throws FlagError with a clear message. Exported for tests. */
+export function parseSimArgs(argv: string[]): (FleetOptions & { fleet: number }) | 'help' {
+  const o: FleetOptions & { fleet: number } = { fleet: 1, port: 8000 };
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    if (arg === '-h' || arg === '--help') return 'help';
+    const eq = arg.indexOf('=');
+    const flag = arg.startsWith('--') && eq > 0 ? arg.slice(0, eq) : arg;
+    const set = FLAGS[flag];
+    if (set === undefined) throw new FlagError(arg.startsWith('-') ? `unknown flag '${flag}'` : `unexpected argument '${arg}'`);
+    let value: string;
+    if (flag !== arg) value = arg.slice(eq + 1);
+    else {
+      const next = argv[i + 1];
+      if (next === undefined || (next.startsWith('--') && next.length > 2)) throw new FlagError(`${flag} needs a value`);
+      value = next;
+      i++;
+    }
+    set(o, value, flag);
+  }
+  if (o.basePort === undefined) o.basePort = o.port;
+  const { fleet, basePort, ...rest } = o;
+  if (!Number.isInteger(basePort) || basePort! < 0 || basePort! + fleet - 1 > 65535) {
+    throw new FlagError(`--base-port ${basePort} with --fleet ${fleet} runs past port 65535`);
+  }
+  try {
+    resolveSimOptions(rest);
+  } catch (err) {
+    if (err instanceof SimOptionError) {
+      const flag = err.option === 'models' ? '--model' : '--' + err.option.replace(/[A-Z]/g, (c) => '-' + c.toLowerCase());
+      throw new FlagError(`${flag}: ${err.message.slice(err.message.indexOf(': ') + 2)}`);
+    }
+    throw err;
+  }
+  return o;
+}
+
 export async function runSimCli(argv: string[]): Promise<number> {
-  console.error('switchyard sim: not implemented yet', argv.length);
-  return 1;
+  let parsed: ReturnType<typeof parseSimArgs>;
+  try {
+    parsed = parseSimArgs(argv);
+  } catch (err) {
+    if (!(err instanceof FlagError)) throw err;
+    console.error(`switchyard sim: ${err.message}\nRun 'switchyard sim --help' for the options.`);
+    return 2;
+  }
+  if (parsed === 'help') {
+    console.log(SIM_USAGE);
+    return 0;
+  }
+  const { fleet: n, ...opts } = parsed;
+  let fleet;
+  try {
+    fleet = await startFleet(n, opts);
+  } catch (err) {
+    console.error(`switchyard sim: ${(err as Error).message}`);
+    return 1;
+  }
+  for (const e of fleet.engines) {
+    const o = e.options;
+    console.log(
+      `switchyard sim: ${o.engine} engine serving ${o.models.join(', ')} on ${e.url} ` +
+        `(max-num-seqs ${o.maxNumSeqs}, kv-cache-blocks ${o.kvCacheBlocks}, time-scale ${o.timeScale})`,
+    );
+  }
+  return new Promise<number>((resolve) => {
+    const stop = (sig: NodeJS.Signals) => {
+      process.off('SIGINT', stop);
+      process.off('SIGTERM', stop);
+      console.log(`switchyard sim: ${sig}, shutting down`);
+      void fleet.close().then(() => resolve(0));
+    };
+    process.on('SIGINT', stop);
+    process.on('SIGTERM', stop);
+  });
 }

@@ -1,0 +1,587 @@
+// One simulated engine: an OpenAI-compatible HTTP server on uWebSockets.js in
+// front of a Scheduler. Several engines can share one process and event loop.
+
+import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../server/uws.js';
+import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
+import { renderMetrics } from './metrics.js';
+import { resolveSimOptions, type FailureKind, type ResolvedSimOptions, type SimOptions, SimOptionError } from './options.js';
+import { ReqState, Scheduler, SimRequest, type RequestSink, type SchedulerStats } from './scheduler.js';
+import { BYTES_PER_TOKEN, renderChat, type ChatMessage } from './tokenizer.js';
+import { mix32, rng, word, words } from './text.js';
+
+export interface SimEngineStats extends SchedulerStats {
+  /** HTTP requests currently open (reading, waiting, running or delayed). */
+  open: number;
+  healthy: boolean;
+}
+
+export interface SimEngine {
+  /** http://HOST:PORT */
+  readonly url: string;
+  readonly port: number;
+  readonly options: ResolvedSimOptions;
+  stats(): SimEngineStats;
+  /** Marks the engine dead (GET /health answers 503) or alive again. */
+  setHealthy(healthy: boolean): void;
+  /** Changes failure injection at run time. */
+  setFailures(rate: number, kinds?: FailureKind[]): void;
+  /** Drops every idle cached KV block. */
+  clearCache(): void;
+  /** Renders /metrics text (what GET /metrics serves). */
+  metricsText(): string;
+  /** Stops listening, drops open connections and frees everything. Idempotent. */
+  close(): Promise<void>;
+}
+
+const STATUS: Record<number, string> = {
+  200: '200 OK',
+  400: '400 Bad Request',
+  404: '404 Not Found',
+  405: '405 Method Not Allowed',
+  413: '413 Payload Too Large',
+  429: '429 Too Many Requests',
+  500: '500 Internal Server Error',
+  503: '503 Service Unavailable',
+};
+const ERROR_TYPE: Record<number, string> = {
+  400: 'BadRequestError',
+  404: 'NotFoundError',
+  405: 'MethodNotAllowed',
+  413: 'BadRequestError',
+  429: 'RateLimitError',
+  500: 'InternalServerError',
+  503: 'ServiceUnavailableError',
+};
+
+/** The OpenAI/vLLM error body. */
+export function errorBody(status: number, message: string, param: string | null = null): string {
+  return `{"error":{"message":${JSON.stringify(message)},"type":"${ERROR_TYPE[status] ?? 'Error'}","param":${
+    param === null ? 'null' : JSON.stringify(param)
+  },"code":${status}}}`;
+}
+
+const JSON_TYPE = 'application/json';
+const SSE_TYPE = 'text/event-stream; charset=utf-8';
+const DONE = 'data: [DONE]\n\n';
+
+let scratch = Buffer.allocUnsafe(1 << 16);
+const hashScratch: number[] = [];
+
+class BadRequest {
+  constructor(
+    readonly status: number,
+    readonly message: string,
+    readonly param: string | null,
+  ) {}
+}
+
+const enum Kind {
+  Completion = 0,
+  Chat = 1,
+}
+
+let idCounter = 0;
+
+/** The HTTP side of one POST: reads the body, then receives the request's tokens. */
+class Call implements RequestSink {
+  aborted = false;
+  ended = false;
+  body: Buffer | null = null;
+  bodyLen = 0;
+  req: SimRequest | null = null;
+  stream = false;
+  includeUsage = false;
+  failure: FailureKind | null = null;
+  failAt = 0;
+  textSeed = 0;
+  head = '';
+  modelJson = '';
+  id = '';
+  created = 0;
+  kvParams: string | null = null;
+  delay: NodeJS.Timeout | null = null;
+
+  constructor(
+    readonly engine: Engine,
+    readonly res: HttpResponse,
+    readonly kind: Kind,
+    readonly rid: string,
+  ) {}
+
+  onAborted(): void {
+    this.aborted = true;
+    this.engine.calls.delete(this);
+    if (this.delay !== null) clearTimeout(this.delay);
+    if (this.req !== null) this.engine.sched.abort(this.req);
+  }
+
+  onData(chunk: ArrayBuffer, isLast: boolean): void {
+    if (this.ended) return;
+    const len = chunk.byteLength;
+    if (this.bodyLen + len > this.engine.options.maxBodyBytes) {
+      this.sendError(413, `request body exceeds ${this.engine.options.maxBodyBytes} bytes`, null);
+      return;
+    }
+    if (isLast && this.body === null) {
+      // One chunk: use it in place, synchronously (uWS reuses the buffer after we return).
+      this.handle(Buffer.from(chunk, 0, len).toString('utf8'));
+      return;
+    }
+    if (this.body === null) this.body = Buffer.allocUnsafe(Math.max(len * 2, 4096));
+    if (this.bodyLen + len > this.body.length) {
+      const grown = Buffer.allocUnsafe(Math.max((this.bodyLen + len) * 2, this.body.length * 2));
+      this.body.copy(grown, 0, 0, this.bodyLen);
+      this.body = grown;
+    }
+    this.body.set(new Uint8Array(chunk, 0, len), this.bodyLen);
+    this.bodyLen += len;
+    if (isLast) this.handle(this.body.toString('utf8', 0, this.bodyLen));
+  }
+
+  handle(text: string): void {
+    let body: unknown;
+    try {
+      body = JSON.parse(text);
+    } catch (err) {
+      this.sendError(400, `Invalid JSON body: ${(err as Error).message}`, null);
+      return;
+    }
+    try {
+      this.start(body);
+    } catch (err) {
+      if (err instanceof BadRequest) this.sendError(err.status, err.message, err.param);
+      else this.sendError(500, `internal error: ${(err as Error).message}`, null);
+    }
+  }
+
+  start(b: unknown): void {
+    const e = this.engine;
+    const o = e.options;
+    if (typeof b !== 'object' || b === null || Array.isArray(b)) throw new BadRequest(400, 'request body must be a JSON object', null);
+    const body = b as Record<string, unknown>;
+    // Model.
+    let model = body.model;
+    if (model === undefined || model === null) model = o.models[0];
+    if (typeof model !== 'string') throw new BadRequest(400, "'model' must be a string", 'model');
+    const modelJson = e.modelJson.get(model);
+    if (modelJson === undefined) throw new BadRequest(404, `The model \`${model}\` does not exist.`, 'model');
+    this.modelJson = modelJson;
+    // Stream flags.
+    const stream = body.stream;
+    if (stream !== undefined && stream !== null && typeof stream !== 'boolean') throw new BadRequest(400, "'stream' must be a boolean", 'stream');
+    this.stream = stream === true;
+    const so = body.stream_options;
+    if (so !== undefined && so !== null) {
+      if (typeof so !== 'object' || Array.isArray(so)) throw new BadRequest(400, "'stream_options' must be an object", 'stream_options');
+      const iu = (so as Record<string, unknown>).include_usage;
+      if (iu !== undefined && iu !== null && typeof iu !== 'boolean') {
+        throw new BadRequest(400, "'stream_options.include_usage' must be a boolean", 'stream_options');
+      }
+      if (!this.stream) throw new BadRequest(400, 'Stream options can only be defined when `stream=True`.', 'stream_options');
+      this.includeUsage = iu === true;
+    }
+    const n = body.n;
+    if (n !== undefined && n !== null && n !== 1) throw new BadRequest(400, "the simulator supports only 'n': 1", 'n');
+    // Prompt → bytes or token ids → block hashes.
+    const hashes = hashScratch;
+    let promptTokens: number;
+    let nBlocks: number;
+    let seed = o.seed;
+    if (this.kind === Kind.Chat) {
+      const messages = body.messages;
+      if (!Array.isArray(messages) || messages.length === 0) throw new BadRequest(400, "'messages' must be a non-empty array", 'messages');
+      for (let i = 0; i < messages.length; i++) checkMessage(messages[i], i);
+      const text = renderChat(messages as ChatMessage[]);
+      const len = writeScratch(text);
+      promptTokens = Math.ceil(len / BYTES_PER_TOKEN);
+      nBlocks = hashByteBlocks(scratch, len, o.blockSize * BYTES_PER_TOKEN, hashes);
+      seed ^= len;
+    } else {
+      let prompt = body.prompt;
+      if (Array.isArray(prompt) && prompt.length === 1 && (typeof prompt[0] === 'string' || Array.isArray(prompt[0]))) prompt = prompt[0];
+      if (typeof prompt === 'string') {
+        const len = writeScratch(prompt);
+        promptTokens = Math.ceil(len / BYTES_PER_TOKEN);
+        nBlocks = hashByteBlocks(scratch, len, o.blockSize * BYTES_PER_TOKEN, hashes);
+        seed ^= len;
+      } else if (Array.isArray(prompt) && prompt.length > 0 && prompt.every((t) => Number.isInteger(t) && t >= 0)) {
+        promptTokens = prompt.length;
+        nBlocks = hashTokenBlocks(prompt as number[], o.blockSize, hashes);
+        seed ^= prompt.length;
+      } else if (prompt === undefined || prompt === null) {
+        throw new BadRequest(400, "'prompt' is required", 'prompt');
+      } else if (Array.isArray(prompt) && prompt.length > 1) {
+        throw new BadRequest(400, 'the simulator accepts one prompt per request (a string or an array of token ids)', 'prompt');
+      } else {
+        throw new BadRequest(400, "'prompt' must be a string or an array of token ids", 'prompt');
+      }
+    }
+    if (promptTokens === 0) throw new BadRequest(400, 'The prompt is empty.', this.kind === Kind.Chat ? 'messages' : 'prompt');
+    if (nBlocks > 0) seed ^= hashes[nBlocks - 1]! | 0;
+    // Output length.
+    let maxTokens: number | undefined;
+    for (const key of this.kind === Kind.Chat ? ['max_completion_tokens', 'max_tokens'] : ['max_tokens']) {
+      const v = body[key];
+      if (v === undefined || v === null) continue;
+      if (typeof v !== 'number' || !Number.isInteger(v) || v < 1) throw new BadRequest(400, `'${key}' must be an integer >= 1`, key);
+      maxTokens = v;
+      break;
+    }
+    if (promptTokens > o.maxModelLen || promptTokens + (maxTokens ?? 1) > o.maxModelLen) {
+      throw new BadRequest(
+        400,
+        maxTokens === undefined || promptTokens > o.maxModelLen
+          ? `This model's maximum context length is ${o.maxModelLen} tokens. However, your request has ${promptTokens} input tokens. Please reduce the length of the input messages.`
+          : `This model's maximum context length is ${o.maxModelLen} tokens. However, you requested ${promptTokens + maxTokens} tokens (${promptTokens} in the messages, ${maxTokens} in the completion). Please reduce the length of the messages or completion.`,
+        this.kind === Kind.Chat ? 'messages' : 'prompt',
+      );
+    }
+    const finishReason = maxTokens === undefined ? 'stop' : 'length';
+    const outTokens = maxTokens ?? Math.min(o.defaultMaxTokens, o.maxModelLen - promptTokens);
+    const needBlocks = e.sched.blocksNeeded(promptTokens, outTokens);
+    if (needBlocks > o.kvCacheBlocks) {
+      throw new BadRequest(400, `the request needs ${needBlocks} KV blocks but the cache holds ${o.kvCacheBlocks}`, 'max_tokens');
+    }
+    const rs = body.seed;
+    if (rs !== undefined && rs !== null) {
+      if (typeof rs !== 'number' || !Number.isInteger(rs)) throw new BadRequest(400, "'seed' must be an integer", 'seed');
+      seed = mix32(o.seed ^ rs);
+    }
+    this.textSeed = mix32(seed);
+    // P/D: a prefill leg answers with kv_transfer_params; a decode leg skips the prefill work.
+    let remotePrefill = false;
+    const kv = body.kv_transfer_params;
+    if (kv !== undefined && kv !== null) {
+      if (typeof kv !== 'object' || Array.isArray(kv)) throw new BadRequest(400, "'kv_transfer_params' must be an object", 'kv_transfer_params');
+      const k = kv as Record<string, unknown>;
+      if (k.do_remote_prefill === true) remotePrefill = true;
+      else if (k.do_remote_decode === true) this.kvParams = '';
+    }
+    // Identity.
+    const prefix = this.kind === Kind.Chat ? 'chatcmpl-' : 'cmpl-';
+    this.id = JSON.stringify(prefix + (this.rid !== '' ? this.rid : e.idPrefix + (++idCounter).toString(16)));
+    this.created = Math.floor(Date.now() / 1000);
+    // Failure injection.
+    if (e.failureRate > 0 && e.rand() < e.failureRate) {
+      const kind = e.failureKinds[Math.floor(e.rand() * e.failureKinds.length)]!;
+      switch (kind) {
+        case '500':
+          throw new BadRequest(500, 'simulated engine failure (injected)', null);
+        case '429':
+          throw new BadRequest(429, 'simulated rate limit (injected)', null);
+        case '503':
+          throw new BadRequest(503, 'simulated overload: service unavailable (injected)', null);
+        default:
+          this.failure = kind;
+          this.failAt = Math.max(1, Math.floor(outTokens / 2));
+      }
+    }
+    const privateBlocks = needBlocks - nBlocks;
+    const req = new SimRequest(hashes.slice(0, nBlocks), nBlocks, promptTokens, outTokens, privateBlocks, finishReason, remotePrefill, this);
+    this.req = req;
+    if (this.kvParams !== null) this.kvParams = this.kvTransferParams(req);
+    if (this.stream) {
+      this.head =
+        this.kind === Kind.Chat
+          ? `data: {"id":${this.id},"object":"chat.completion.chunk","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"delta":`
+          : `data: {"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"text":"`;
+    }
+    if (this.failure === 'slow-first-byte' && o.slowFirstByteMs > 0) {
+      this.delay = setTimeout(() => {
+        this.delay = null;
+        if (!this.aborted) e.sched.submit(req);
+      }, o.slowFirstByteMs);
+      return;
+    }
+    e.sched.submit(req);
+  }
+
+  kvTransferParams(req: SimRequest): string {
+    const e = this.engine;
+    const ids: number[] = [];
+    for (let i = 0; i < req.nBlocks; i++) ids.push(req.hashes[i]! % 1_000_000_007);
+    return `{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[${ids.join(',')}],"remote_engine_id":${JSON.stringify(
+      e.engineId,
+    )},"remote_request_id":${this.id},"remote_host":${JSON.stringify(e.options.host)},"remote_port":${e.port},"tp_size":1}`;
+  }
+
+  // --- RequestSink ---
+
+  tokens(req: SimRequest, from: number, to: number): void {
+    if (this.aborted) return;
+    let upTo = to;
+    const fail = this.failure === 'reset-mid-stream' || this.failure === 'error-mid-stream';
+    if (fail && upTo >= this.failAt) upTo = this.failAt;
+    if (this.stream && upTo > from) {
+      const res = this.res;
+      res.cork(() => {
+        if (from === 0) {
+          this.writeHead(res, SSE_TYPE);
+          if (this.kind === Kind.Chat) res.write(this.head + '{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n');
+        }
+        for (let i = from; i < upTo; i++) res.write(this.chunk(req, i));
+      });
+    }
+    if (fail && to >= this.failAt) this.fail(req);
+  }
+
+  fail(req: SimRequest): void {
+    const e = this.engine;
+    e.sched.abort(req);
+    if (this.failure === 'reset-mid-stream') {
+      this.ended = true;
+      e.calls.delete(this);
+      this.res.close();
+      return;
+    }
+    // error-mid-stream
+    if (this.stream) {
+      this.ended = true;
+      e.calls.delete(this);
+      const res = this.res;
+      res.cork(() => {
+        res.write(`data: ${errorBody(500, 'simulated error in the middle of the stream (injected)')}\n\n`);
+        res.end(DONE);
+      });
+    } else {
+      this.sendError(500, 'simulated error during generation (injected)', null);
+    }
+  }
+
+  chunk(req: SimRequest, i: number): string {
+    const w = word(this.textSeed, i);
+    const last = i === req.maxTokens - 1;
+    const fr = last ? `"${req.finishReason}"` : 'null';
+    if (this.kind === Kind.Chat) return `${this.head}{"content":"${w}"},"logprobs":null,"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
+    return `${this.head}${w}","logprobs":null,"finish_reason":${fr},"stop_reason":null}]}\n\n`;
+  }
+
+  usage(req: SimRequest): string {
+    return `{"prompt_tokens":${req.promptTokens},"total_tokens":${req.promptTokens + req.out},"completion_tokens":${req.out},"prompt_tokens_details":{"cached_tokens":${req.cachedTokens}}}`;
+  }
+
+  finish(req: SimRequest): void {
+    if (this.aborted) return;
+    this.ended = true;
+    this.engine.calls.delete(this);
+    const res = this.res;
+    if (this.stream) {
+      res.cork(() => {
+        if (this.includeUsage) {
+          const h = this.kind === Kind.Chat ? 'chat.completion.chunk' : 'text_completion';
+          res.write(`data: {"id":${this.id},"object":"${h}","created":${this.created},"model":${this.modelJson},"choices":[],"usage":${this.usage(req)}}\n\n`);
+        }
+        res.end(DONE);
+      });
+      return;
+    }
+    const text = words(this.textSeed, 0, req.out);
+    const kvp = this.kvParams !== null ? `,"kv_transfer_params":${this.kvParams}` : '';
+    const body =
+      this.kind === Kind.Chat
+        ? `{"id":${this.id},"object":"chat.completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"message":{"role":"assistant","content":"${text}","tool_calls":[]},"logprobs":null,"finish_reason":"${req.finishReason}","stop_reason":null}],"usage":${this.usage(req)},"prompt_logprobs":null${kvp}}`
+        : `{"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"text":"${text}","logprobs":null,"finish_reason":"${req.finishReason}","stop_reason":null,"prompt_logprobs":null}],"usage":${this.usage(req)}${kvp}}`;
+    res.cork(() => {
+      this.writeHead(res, JSON_TYPE);
+      res.end(body);
+    });
+  }
+
+  writeHead(res: HttpResponse, type: string, status = '200 OK'): void {
+    res.writeStatus(status).writeHeader('Content-Type', type);
+    if (this.rid !== '') res.writeHeader('x-request-id', this.rid);
+  }
+
+  sendError(status: number, message: string, param: string | null): void {
+    if (this.aborted || this.ended) return;
+    this.ended = true;
+    this.engine.calls.delete(this);
+    if (this.req !== null && this.req.state <= ReqState.Running) this.engine.sched.abort(this.req);
+    const res = this.res;
+    res.cork(() => {
+      this.writeHead(res, JSON_TYPE, STATUS[status] ?? `${status} Error`);
+      if (status === 429) res.writeHeader('Retry-After', '1');
+      res.end(errorBody(status, message, param));
+    });
+  }
+}
+
+function checkMessage(m: unknown, i: number): void {
+  if (typeof m !== 'object' || m === null || Array.isArray(m)) throw new BadRequest(400, `'messages[${i}]' must be an object`, 'messages');
+  const msg = m as Record<string, unknown>;
+  if (typeof msg.role !== 'string') throw new BadRequest(400, `'messages[${i}].role' must be a string`, 'messages');
+  const c = msg.content;
+  if (c === undefined || c === null || typeof c === 'string') return;
+  if (!Array.isArray(c)) throw new BadRequest(400, `'messages[${i}].content' must be a string, an array of parts or null`, 'messages');
+  for (const part of c) {
+    if (typeof part === 'string') continue;
+    if (typeof part !== 'object' || part === null || typeof (part as { type?: unknown }).type !== 'string') {
+      throw new BadRequest(400, `'messages[${i}].content' parts must be objects with a 'type'`, 'messages');
+    }
+  }
+}
+
+function writeScratch(s: string): number {
+  // Worst case 3 bytes per UTF-16 unit.
+  if (s.length * 3 > scratch.length) {
+    const need = Buffer.byteLength(s);
+    if (need > scratch.length) scratch = Buffer.allocUnsafe(Math.max(need, scratch.length * 2));
+  }
+  return scratch.write(s, 0);
+}
+
+export class Engine implements SimEngine {
+  readonly options: ResolvedSimOptions;
+  readonly sched: Scheduler;
+  readonly calls = new Set<Call>();
+  readonly modelJson = new Map<string, string>();
+  readonly engineId: string;
+  readonly idPrefix: string;
+  readonly rand: () => number;
+  failureRate: number;
+  failureKinds: FailureKind[];
+  healthy = true;
+  #app: TemplatedApp | null = null;
+  #listen: us_listen_socket | null = null;
+  #port = 0;
+  #closed: Promise<void> | null = null;
+
+  constructor(opts: ResolvedSimOptions) {
+    this.options = opts;
+    this.sched = new Scheduler(opts);
+    for (const m of opts.models) this.modelJson.set(m, JSON.stringify(m));
+    this.rand = rng(mix32(opts.seed ^ 0x5eed));
+    this.failureRate = opts.failureRate;
+    this.failureKinds = [...opts.failureKinds];
+    this.engineId = `sim-${process.pid}-${(Math.random() * 0xffffffff) >>> 0}`;
+    this.idPrefix = ((Math.random() * 0xffffff) >>> 0).toString(16) + '-';
+  }
+
+  get port(): number {
+    return this.#port;
+  }
+  get url(): string {
+    const h = this.options.host;
+    const host = h === '0.0.0.0' ? '127.0.0.1' : h.includes(':') ? `[${h}]` : h;
+    return `http://${host}:${this.#port}`;
+  }
+
+  listen(): Promise<void> {
+    const o = this.options;
+    const app = uws.App();
+    this.#app = app;
+    app.post('/v1/completions', (res, req) => this.#post(res, req, Kind.Completion));
+    app.post('/v1/chat/completions', (res, req) => this.#post(res, req, Kind.Chat));
+    app.get('/health', (res, req) => {
+      const rid = req.getHeader('x-request-id');
+      res.writeStatus(this.healthy ? '200 OK' : '503 Service Unavailable');
+      if (rid !== '') res.writeHeader('x-request-id', rid);
+      res.end();
+    });
+    app.get('/metrics', (res) => {
+      res.writeHeader('Content-Type', 'text/plain; version=0.0.4; charset=utf-8').end(this.metricsText());
+    });
+    app.get('/v1/models', (res, req) => {
+      const rid = req.getHeader('x-request-id');
+      res.writeHeader('Content-Type', JSON_TYPE);
+      if (rid !== '') res.writeHeader('x-request-id', rid);
+      res.end(this.#modelsBody());
+    });
+    app.get('/version', (res) => {
+      res.writeHeader('Content-Type', JSON_TYPE).end(JSON.stringify({ version: o.revision, engine: o.engine, role: o.role }));
+    });
+    app.any('/*', (res, req) => {
+      const method = req.getMethod();
+      const url = req.getUrl();
+      const known = url === '/v1/completions' || url === '/v1/chat/completions' || url === '/health' || url === '/metrics' || url === '/v1/models';
+      const status = known ? 405 : 404;
+      res.writeStatus(STATUS[status]!).writeHeader('Content-Type', JSON_TYPE);
+      res.end(errorBody(status, known ? `method ${method.toUpperCase()} not allowed on ${url}` : `no route for ${method.toUpperCase()} ${url}`));
+    });
+    return new Promise((resolve, reject) => {
+      app.listen(o.host, o.port, (sock) => {
+        if (!sock) {
+          reject(new Error(`switchyard sim: cannot listen on ${o.host}:${o.port} (port in use or address unavailable)`));
+          return;
+        }
+        this.#listen = sock;
+        this.#port = uws.us_socket_local_port(sock as never);
+        resolve();
+      });
+    });
+  }
+
+  #modelsBody(): string {
+    const o = this.options;
+    const created = Math.floor(Date.now() / 1000);
+    return JSON.stringify({
+      object: 'list',
+      data: o.models.map((m) => ({
+        id: m,
+        object: 'model',
+        created,
+        owned_by: o.engine,
+        root: o.models[0],
+        parent: null,
+        max_model_len: o.maxModelLen,
+      })),
+    });
+  }
+
+  #post(res: HttpResponse, req: HttpRequest, kind: Kind): void {
+    const call = new Call(this, res, kind, req.getHeader('x-request-id'));
+    this.calls.add(call);
+    res.onAborted(() => call.onAborted());
+    res.onData((chunk, isLast) => call.onData(chunk, isLast));
+  }
+
+  stats(): SimEngineStats {
+    return { ...this.sched.stats(), open: this.calls.size, healthy: this.healthy };
+  }
+
+  setHealthy(healthy: boolean): void {
+    this.healthy = healthy;
+  }
+
+  setFailures(rate: number, kinds?: FailureKind[]): void {
+    const r = resolveSimOptions({ ...this.options, failureRate: rate, failureKinds: kinds ?? this.failureKinds, port: 0 });
+    this.failureRate = r.failureRate;
+    this.failureKinds = r.failureKinds;
+  }
+
+  clearCache(): void {
+    this.sched.clearCache();
+  }
+
+  metricsText(): string {
+    return renderMetrics(this.options, this.sched);
+  }
+
+  close(): Promise<void> {
+    if (this.#closed !== null) return this.#closed;
+    this.#closed = new Promise((resolve) => {
+      for (const call of this.calls) {
+        call.aborted = true;
+        if (call.delay !== null) clearTimeout(call.delay);
+        if (call.req !== null) this.sched.abort(call.req);
+      }
+      this.calls.clear();
+      if (this.#listen !== null) uws.us_listen_socket_close(this.#listen);
+      this.#listen = null;
+      // Closes every remaining connection too (keep-alive sockets).
+      (this.#app as unknown as { close?: () => void } | null)?.close?.();
+      this.#app = null;
+      setImmediate(resolve);
+    });
+    return this.#closed;
+  }
+}
+
+/** Starts one simulated engine; resolves once it listens. */
+export async function startEngine(opts: SimOptions = {}): Promise<SimEngine> {
+  const engine = new Engine(resolveSimOptions(opts));
+  await engine.listen();
+  return engine;
+}
+
+export { SimOptionError };

@@ -1,0 +1,231 @@
+// The simulated engine's KV cache with automatic prefix caching.
+//
+// A prompt's full blocks (blockSize tokens each; a token is 4 bytes of the
+// rendered prompt, see tokenizer.ts) are hashed in a chain: the hash of block k
+// covers block k's bytes and the hash of block k-1, so equal hashes mean equal
+// prefixes. Blocks live in a map keyed by that hash. A block used by a running
+// request is pinned (reference count > 0); when its last user finishes it goes
+// to the tail of an LRU list, where it still serves prefix hits until it is
+// evicted to make room. Occupied = cached blocks + private blocks (the partial
+// last prompt block and the blocks of generated tokens, reserved up front so a
+// running request is never preempted). Usage reported to metrics counts only
+// blocks held by running requests, like vLLM (cached idle blocks are free).
+
+import { BYTES_PER_TOKEN } from './tokenizer.js';
+
+export interface KvBlock {
+  hash: number;
+  refs: number;
+  prev: KvBlock | null;
+  next: KvBlock | null;
+}
+
+/** What a request holds while it runs. */
+export interface KvLease {
+  blocks: KvBlock[];
+  privateBlocks: number;
+  cachedTokens: number;
+}
+
+const HASH_SCALE = 2 ** 21;
+
+/**
+ * Chain-hashes the full blocks of `bytes[0, len)` into `out` (53-bit integers),
+ * returns the number of full blocks. `blockBytes` = blockSize × 4.
+ */
+export function hashByteBlocks(bytes: Uint8Array, len: number, blockBytes: number, out: number[]): number {
+  const n = Math.floor(len / blockBytes);
+  let h1 = 0x811c9dc5;
+  let h2 = 0x2545f491;
+  for (let b = 0; b < n; b++) {
+    const end = (b + 1) * blockBytes;
+    for (let i = b * blockBytes; i < end; i++) {
+      const c = bytes[i]!;
+      h1 = Math.imul(h1 ^ c, 0x01000193);
+      h2 = Math.imul(h2 ^ c, 0x5bd1e995);
+      h2 ^= h2 >>> 15;
+    }
+    h1 = Math.imul(h1 ^ (h1 >>> 16), 0x85ebca6b);
+    h2 = Math.imul(h2 ^ (h2 >>> 13), 0xc2b2ae35);
+    out[b] = (h1 >>> 0) * HASH_SCALE + ((h2 >>> 0) & (HASH_SCALE - 1));
+  }
+  out.length = n;
+  return n;
+}
+
+/** Same chain hash over token ids (a prompt given as integers), blockSize ids per block. */
+export function hashTokenBlocks(ids: ArrayLike<number>, blockSize: number, out: number[]): number {
+  const n = Math.floor(ids.length / blockSize);
+  let h1 = 0x6a09e667;
+  let h2 = 0x3c6ef372;
+  for (let b = 0; b < n; b++) {
+    const end = (b + 1) * blockSize;
+    for (let i = b * blockSize; i < end; i++) {
+      const c = ids[i]! | 0;
+      h1 = Math.imul(h1 ^ c, 0x01000193);
+      h2 = Math.imul(h2 ^ c, 0x5bd1e995);
+      h2 ^= h2 >>> 15;
+    }
+    h1 = Math.imul(h1 ^ (h1 >>> 16), 0x85ebca6b);
+    h2 = Math.imul(h2 ^ (h2 >>> 13), 0xc2b2ae35);
+    out[b] = (h1 >>> 0) * HASH_SCALE + ((h2 >>> 0) & (HASH_SCALE - 1));
+  }
+  out.length = n;
+  return n;
+}
+
+export const BLOCK_BYTES_PER_TOKEN = BYTES_PER_TOKEN;
+
+export class KvCache {
+  readonly capacity: number;
+  readonly blockSize: number;
+  readonly #map = new Map<number, KvBlock>();
+  // LRU of idle cached blocks: head = next to evict.
+  #head: KvBlock | null = null;
+  #tail: KvBlock | null = null;
+  #idle = 0;
+  #private = 0;
+  #pinned = 0;
+  evictions = 0;
+
+  constructor(capacity: number, blockSize: number) {
+    this.capacity = capacity;
+    this.blockSize = blockSize;
+  }
+
+  /** Blocks held by running requests (pinned cached + private). */
+  get usedBlocks(): number {
+    return this.#pinned + this.#private;
+  }
+  /** Cached blocks (pinned or idle). */
+  get cachedBlocks(): number {
+    return this.#map.size;
+  }
+  get idleBlocks(): number {
+    return this.#idle;
+  }
+  /** Used / capacity, in [0,1]. */
+  get usage(): number {
+    return this.usedBlocks / this.capacity;
+  }
+
+  has(hash: number): boolean {
+    return this.#map.has(hash);
+  }
+
+  /**
+   * Number of leading blocks of `hashes` present in the cache (the prefix a new
+   * request would reuse), not counting the limit on hits.
+   */
+  matchPrefix(hashes: readonly number[], n: number): number {
+    let k = 0;
+    while (k < n && this.#map.has(hashes[k]!)) k++;
+    return k;
+  }
+
+  /** Whether a request needing these blocks plus `privateBlocks` can be admitted now. */
+  canAdmit(hashes: readonly number[], n: number, privateBlocks: number): boolean {
+    let missing = 0;
+    let idleHits = 0;
+    for (let i = 0; i < n; i++) {
+      const b = this.#map.get(hashes[i]!);
+      if (b === undefined) missing++;
+      else if (b.refs === 0) idleHits++;
+    }
+    const free = this.capacity - this.#map.size - this.#private;
+    return missing + privateBlocks <= free + (this.#idle - idleHits);
+  }
+
+  /**
+   * Pins the prompt's blocks (reusing cached ones, allocating the rest and
+   * evicting idle blocks as needed) and reserves `privateBlocks`. The caller
+   * checks canAdmit first. `maxHitBlocks` caps the reported hit (the engine
+   * always computes at least the prompt's last token).
+   */
+  acquire(hashes: readonly number[], n: number, privateBlocks: number, maxHitBlocks: number): KvLease {
+    const blocks = new Array<KvBlock>(n);
+    let hit = 0;
+    let contiguous = true;
+    // Pin the cached ones first so eviction below cannot take them.
+    for (let i = 0; i < n; i++) {
+      const b = this.#map.get(hashes[i]!);
+      if (b === undefined) {
+        contiguous = false;
+        continue;
+      }
+      if (contiguous) hit++;
+      this.#pin(b);
+      blocks[i] = b;
+    }
+    for (let i = 0; i < n; i++) {
+      if (blocks[i] !== undefined) continue;
+      this.#makeRoom(1);
+      const b: KvBlock = { hash: hashes[i]!, refs: 1, prev: null, next: null };
+      this.#map.set(b.hash, b);
+      this.#pinned++;
+      blocks[i] = b;
+    }
+    this.#makeRoom(privateBlocks);
+    this.#private += privateBlocks;
+    if (hit > maxHitBlocks) hit = maxHitBlocks;
+    return { blocks, privateBlocks, cachedTokens: hit * this.blockSize };
+  }
+
+  /** Unpins a request's blocks; the last block goes idle first so chains lose their tails first. */
+  release(lease: KvLease): void {
+    const blocks = lease.blocks;
+    for (let i = blocks.length - 1; i >= 0; i--) {
+      const b = blocks[i]!;
+      if (--b.refs === 0) {
+        this.#pinned--;
+        this.#pushIdle(b);
+      }
+    }
+    this.#private -= lease.privateBlocks;
+    lease.blocks = EMPTY;
+    lease.privateBlocks = 0;
+  }
+
+  /** Drops every idle cached block (pinned ones stay). */
+  clear(): void {
+    while (this.#head !== null) this.#evictHead();
+  }
+
+  #pin(b: KvBlock): void {
+    if (b.refs++ === 0) {
+      this.#unlinkIdle(b);
+      this.#pinned++;
+    }
+  }
+
+  #makeRoom(n: number): void {
+    while (this.#map.size + this.#private + n > this.capacity && this.#head !== null) this.#evictHead();
+  }
+
+  #evictHead(): void {
+    const b = this.#head!;
+    this.#unlinkIdle(b);
+    this.#map.delete(b.hash);
+    this.evictions++;
+  }
+
+  #pushIdle(b: KvBlock): void {
+    b.prev = this.#tail;
+    b.next = null;
+    if (this.#tail !== null) this.#tail.next = b;
+    else this.#head = b;
+    this.#tail = b;
+    this.#idle++;
+  }
+
+  #unlinkIdle(b: KvBlock): void {
+    if (b.prev !== null) b.prev.next = b.next;
+    else this.#head = b.next;
+    if (b.next !== null) b.next.prev = b.prev;
+    else this.#tail = b.prev;
+    b.prev = b.next = null;
+    this.#idle--;
+  }
+}
+
+const EMPTY: KvBlock[] = [];

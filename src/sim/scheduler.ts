@@ -1,0 +1,293 @@
+// The simulated engine's scheduler: the batching and latency model.
+//
+// - At most maxNumSeqs requests run; the rest wait in FIFO order. The head of
+//   the queue is admitted when a slot is free and the KV cache can hold its
+//   blocks (strict FIFO: nobody overtakes a head that does not fit yet).
+// - On admission the prompt's cached prefix blocks are reused; the prefill
+//   takes prefillOverheadMs + uncachedTokens × prefillUsPerToken / 1000 (model
+//   milliseconds); the first token is emitted when it ends.
+//   TTFT = time waiting + prefill.
+// - Each further token takes itlMs × (1 + decodeSlowdown × (running − 1)),
+//   evaluated when the token is produced (so the batch size at that moment
+//   counts).
+// - Every model time is multiplied by timeScale to get wall-clock time. With
+//   timeScale 0 a request runs to completion synchronously, with no timers.
+//
+// Tokens are emitted on a virtual clock: when a timer fires, every token whose
+// due time has passed is delivered in one batch, so coarse timers never slow
+// the simulated rate down.
+
+import { performance } from 'node:perf_hooks';
+import { KvCache, type KvLease } from './kv-cache.js';
+import { Histogram, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS } from './histogram.js';
+import type { ResolvedSimOptions } from './options.js';
+
+export const enum ReqState {
+  Waiting = 0,
+  Running = 1,
+  Done = 2,
+  Aborted = 3,
+}
+
+/** Receives a request's progress (implemented by the HTTP layer). */
+export interface RequestSink {
+  /** Tokens [from, to) were produced; from === 0 is the first token. */
+  tokens(req: SimRequest, from: number, to: number): void;
+  /** All tokens were produced; the request released its resources. */
+  finish(req: SimRequest): void;
+}
+
+export class SimRequest {
+  state = ReqState.Waiting;
+  /** Tokens produced so far. */
+  out = 0;
+  arrival = 0;
+  admitted = 0;
+  /** Due time of the next token, performance.now() milliseconds. */
+  nextAt = 0;
+  cachedTokens = 0;
+  /** Model milliseconds of the prefill, waiting time, time to first token, end to end. */
+  prefillMs = 0;
+  queueMs = 0;
+  ttftMs = 0;
+  e2eMs = 0;
+  timer: NodeJS.Timeout | null = null;
+  lease: KvLease | null = null;
+  prev: SimRequest | null = null;
+  next: SimRequest | null = null;
+  /** Opaque state of the owner (the HTTP layer). */
+  ctx: unknown = null;
+
+  constructor(
+    readonly hashes: number[],
+    readonly nBlocks: number,
+    readonly promptTokens: number,
+    readonly maxTokens: number,
+    readonly privateBlocks: number,
+    /** Finish reason once maxTokens are produced: "length" (max_tokens hit) or "stop". */
+    readonly finishReason: 'length' | 'stop',
+    /** Prefilled elsewhere (P/D decode leg): the prefill costs only its overhead. */
+    readonly remotePrefill: boolean,
+    readonly sink: RequestSink,
+  ) {}
+}
+
+export interface SchedulerStats {
+  running: number;
+  waiting: number;
+  kvUsage: number;
+  kvUsedBlocks: number;
+  kvCachedBlocks: number;
+  kvCapacityBlocks: number;
+  prefixQueryTokens: number;
+  prefixHitTokens: number;
+  promptTokens: number;
+  generationTokens: number;
+  finished: number;
+  aborted: number;
+  evictions: number;
+}
+
+export class Scheduler {
+  readonly cache: KvCache;
+  readonly ttft = new Histogram(TTFT_BUCKETS);
+  readonly itl = new Histogram(ITL_BUCKETS);
+  readonly e2e = new Histogram(REQUEST_LATENCY_BUCKETS);
+  readonly queueTime = new Histogram(REQUEST_LATENCY_BUCKETS);
+  running = 0;
+  waiting = 0;
+  prefixQueryTokens = 0;
+  prefixHitTokens = 0;
+  promptTokensTotal = 0;
+  generationTokensTotal = 0;
+  finishedLength = 0;
+  finishedStop = 0;
+  aborted = 0;
+  #head: SimRequest | null = null;
+  #tail: SimRequest | null = null;
+  readonly #o: ResolvedSimOptions;
+  readonly #tick: (req: SimRequest) => void;
+
+  constructor(opts: ResolvedSimOptions) {
+    this.#o = opts;
+    this.cache = new KvCache(opts.kvCacheBlocks, opts.blockSize);
+    this.#tick = (req) => this.#step(req);
+  }
+
+  /** Blocks a request needs in total: its prompt and completion tokens, rounded up. */
+  blocksNeeded(promptTokens: number, maxTokens: number): number {
+    return Math.ceil((promptTokens + maxTokens) / this.#o.blockSize);
+  }
+
+  /** Queues a request, or admits it at once when a slot and blocks are free. */
+  submit(req: SimRequest): void {
+    req.arrival = performance.now();
+    if (this.#head === null && this.running < this.#o.maxNumSeqs && this.cache.canAdmit(req.hashes, req.nBlocks, req.privateBlocks)) {
+      this.#admit(req);
+      return;
+    }
+    req.state = ReqState.Waiting;
+    req.prev = this.#tail;
+    req.next = null;
+    if (this.#tail !== null) this.#tail.next = req;
+    else this.#head = req;
+    this.#tail = req;
+    this.waiting++;
+  }
+
+  /** Drops a request (client gone): frees its slot and blocks at once. Idempotent. */
+  abort(req: SimRequest): void {
+    if (req.state === ReqState.Waiting) {
+      this.#unlink(req);
+      req.state = ReqState.Aborted;
+      this.aborted++;
+      return;
+    }
+    if (req.state !== ReqState.Running) return;
+    req.state = ReqState.Aborted;
+    this.aborted++;
+    if (req.timer !== null) {
+      clearTimeout(req.timer);
+      req.timer = null;
+    }
+    this.#releaseSlot(req);
+    this.#drain();
+  }
+
+  /** Drops every idle cached block. */
+  clearCache(): void {
+    this.cache.clear();
+  }
+
+  stats(): SchedulerStats {
+    const c = this.cache;
+    return {
+      running: this.running,
+      waiting: this.waiting,
+      kvUsage: c.usage,
+      kvUsedBlocks: c.usedBlocks,
+      kvCachedBlocks: c.cachedBlocks,
+      kvCapacityBlocks: c.capacity,
+      prefixQueryTokens: this.prefixQueryTokens,
+      prefixHitTokens: this.prefixHitTokens,
+      promptTokens: this.promptTokensTotal,
+      generationTokens: this.generationTokensTotal,
+      finished: this.finishedLength + this.finishedStop,
+      aborted: this.aborted,
+      evictions: c.evictions,
+    };
+  }
+
+  #unlink(req: SimRequest): void {
+    if (req.prev !== null) req.prev.next = req.next;
+    else this.#head = req.next;
+    if (req.next !== null) req.next.prev = req.prev;
+    else this.#tail = req.prev;
+    req.prev = req.next = null;
+    this.waiting--;
+  }
+
+  #admit(req: SimRequest): void {
+    const o = this.#o;
+    const now = performance.now();
+    req.state = ReqState.Running;
+    req.admitted = now;
+    this.running++;
+    // The engine always computes the prompt's last token, so a full hit is capped one token short.
+    const maxHitBlocks = Math.floor((req.promptTokens - 1) / o.blockSize);
+    const lease = this.cache.acquire(req.hashes, req.nBlocks, req.privateBlocks, maxHitBlocks);
+    req.lease = lease;
+    req.cachedTokens = lease.cachedTokens;
+    this.prefixQueryTokens += req.promptTokens;
+    this.prefixHitTokens += lease.cachedTokens;
+    this.promptTokensTotal += req.promptTokens;
+    const uncached = req.remotePrefill ? 0 : req.promptTokens - lease.cachedTokens;
+    req.prefillMs = o.prefillOverheadMs + (uncached * o.prefillUsPerToken) / 1000;
+    req.queueMs = o.timeScale > 0 ? (now - req.arrival) / o.timeScale : 0;
+    req.ttftMs = req.queueMs + req.prefillMs;
+    req.e2eMs = req.ttftMs;
+    if (o.timeScale === 0) {
+      this.#runSync(req);
+      return;
+    }
+    const delay = req.prefillMs * o.timeScale;
+    req.nextAt = now + delay;
+    req.timer = setTimeout(this.#tick, delay, req);
+  }
+
+  #itlMs(): number {
+    const o = this.#o;
+    return o.itlMs * (1 + o.decodeSlowdown * (this.running - 1));
+  }
+
+  #runSync(req: SimRequest): void {
+    this.ttft.observe(req.ttftMs / 1000);
+    const n = req.maxTokens;
+    for (let i = 1; i < n; i++) {
+      const itl = this.#itlMs();
+      this.itl.observe(itl / 1000);
+      req.e2eMs += itl;
+    }
+    req.out = n;
+    this.generationTokensTotal += n;
+    req.sink.tokens(req, 0, n);
+    if (req.state !== ReqState.Running) return; // aborted by the sink
+    this.#finish(req);
+  }
+
+  #step(req: SimRequest): void {
+    req.timer = null;
+    if (req.state !== ReqState.Running) return;
+    const o = this.#o;
+    const now = performance.now();
+    const from = req.out;
+    if (from === 0) {
+      this.ttft.observe(req.ttftMs / 1000);
+      req.out = 1;
+      req.nextAt += this.#itlMs() * o.timeScale;
+    }
+    while (req.out < req.maxTokens && req.nextAt <= now) {
+      const itl = this.#itlMs();
+      req.out++;
+      this.itl.observe(itl / 1000);
+      req.e2eMs += itl;
+      req.nextAt += itl * o.timeScale;
+    }
+    this.generationTokensTotal += req.out - from;
+    req.sink.tokens(req, from, req.out);
+    if (req.state !== ReqState.Running) return; // aborted by the sink
+    if (req.out >= req.maxTokens) {
+      this.#finish(req);
+      return;
+    }
+    req.timer = setTimeout(this.#tick, Math.max(0, req.nextAt - now), req);
+  }
+
+  #finish(req: SimRequest): void {
+    req.state = ReqState.Done;
+    if (req.finishReason === 'length') this.finishedLength++;
+    else this.finishedStop++;
+    this.e2e.observe(req.e2eMs / 1000);
+    this.queueTime.observe(req.queueMs / 1000);
+    this.#releaseSlot(req);
+    req.sink.finish(req);
+    this.#drain();
+  }
+
+  #releaseSlot(req: SimRequest): void {
+    this.running--;
+    if (req.lease !== null) {
+      this.cache.release(req.lease);
+      req.lease = null;
+    }
+  }
+
+  #drain(): void {
+    while (this.#head !== null && this.running < this.#o.maxNumSeqs) {
+      const head = this.#head;
+      if (!this.cache.canAdmit(head.hashes, head.nBlocks, head.privateBlocks)) return;
+      this.#unlink(head);
+      this.#admit(head);
+    }
+  }
+}
