@@ -1,0 +1,102 @@
+// Child processes for benchmarks: the router, simulated engines and proxies each
+// run in their own process so that they do not share an event loop with the
+// load generator.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { createServer } from 'node:net';
+
+export const ROOT = fileURLToPath(new URL('../../..', import.meta.url)).replace(/\/$/, '');
+export const CLI = `${ROOT}/bin/switchyard.js`;
+
+export interface Proc {
+  readonly child: ChildProcess;
+  readonly name: string;
+  stop(): Promise<void>;
+}
+
+const live = new Set<Proc>();
+process.on('exit', () => {
+  for (const p of live) p.child.kill('SIGKILL');
+});
+
+/** Starts a command; its output goes to the parent's stderr when `verbose`. */
+export function start(name: string, cmd: string, args: string[], opts: { verbose?: boolean } = {}): Proc {
+  const child = spawn(cmd, args, { stdio: ['ignore', opts.verbose ? 'inherit' : 'ignore', 'pipe'] });
+  let err = '';
+  child.stderr!.on('data', (b: Buffer) => {
+    err += b.toString();
+    if (err.length > 8192) err = err.slice(-8192);
+    if (opts.verbose) process.stderr.write(b);
+  });
+  const proc: Proc = {
+    child,
+    name,
+    stop: () =>
+      new Promise<void>((resolve) => {
+        live.delete(proc);
+        if (child.exitCode !== null || child.signalCode !== null) return resolve();
+        const t = setTimeout(() => child.kill('SIGKILL'), 3000);
+        child.once('exit', () => {
+          clearTimeout(t);
+          resolve();
+        });
+        child.kill('SIGTERM');
+      }),
+  };
+  child.once('exit', (code, sig) => {
+    if (live.has(proc) && code !== 0 && sig !== 'SIGTERM') {
+      process.stderr.write(`bench: ${name} exited (${code ?? sig}): ${err.slice(-2000)}\n`);
+    }
+  });
+  live.add(proc);
+  return proc;
+}
+
+/** Resolves when `url` answers 200, or rejects after `timeoutMs`. */
+export async function waitReady(url: string, timeoutMs = 15000): Promise<void> {
+  const until = Date.now() + timeoutMs;
+  let last = '';
+  while (Date.now() < until) {
+    try {
+      const r = await fetch(url);
+      await r.arrayBuffer();
+      if (r.status === 200) return;
+      last = `status ${r.status}`;
+    } catch (e) {
+      last = (e as Error).message;
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`${url} not ready after ${timeoutMs} ms (${last})`);
+}
+
+/** A free TCP port on loopback (the OS picks it). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+/** `count` consecutive free ports starting at a random base (checked one by one). */
+export async function freePortRange(count: number): Promise<number> {
+  for (let attempt = 0; attempt < 50; attempt++) {
+    const base = 20000 + Math.floor(Math.random() * 30000);
+    let ok = true;
+    for (let i = 0; i < count && ok; i++) ok = await isFree(base + i);
+    if (ok) return base;
+  }
+  throw new Error(`no range of ${count} free ports found`);
+}
+
+function isFree(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = createServer();
+    s.once('error', () => resolve(false));
+    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
+  });
+}

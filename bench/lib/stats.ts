@@ -1,0 +1,37 @@
+// Small statistics helpers shared by the benchmarks.
+
+/** The q-quantile (0..1) of `xs` by nearest rank; sorts a copy. NaN when empty. */
+export function quantile(xs: ArrayLike<number>, q: number): number {
+  if (xs.length === 0) return NaN;
+  const s = Float64Array.from(xs).sort();
+  const i = Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1));
+  return s[i]!;
+}
+
+export function mean(xs: ArrayLike<number>): number {
+  let t = 0;
+  for (let i = 0; i < xs.length; i++) t += xs[i]!;
+  return xs.length ? t / xs.length : NaN;
+}
+
+/** Formats a number with `digits` significant decimals, '—' for NaN. */
+export function fmt(x: number, digits = 1): string {
+  return Number.isFinite(x) ? x.toFixed(digits) : '—';
+}
+
+/** A seeded PRNG (mulberry32) so workloads and arrivals are reproducible. */
+export function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** Exponential inter-arrival time (seconds) for a Poisson process of `rate` per second. */
+export function expGap(rand: () => number, rate: number): number {
+  return -Math.log(1 - rand()) / rate;
+}
