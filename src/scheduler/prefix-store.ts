@@ -2,7 +2,7 @@
 // process's native index today; shared memory or a remote store later) does
 // not touch the scorer. The native implementation hashes and matches in one
 // call per request and records the picked endpoint without rehashing.
-import * as bindings from '../../bindings/index.js';
+import { MatchResult, PrefixIndex } from '../../bindings/index.js';
 
 export interface PrefixMatch {
   /** Full blocks hashed from the prompt. */
@@ -21,35 +21,20 @@ export interface PrefixStore {
   clear(endpointId: number): void;
 }
 
-interface NativeMatchResult {
-  hashes: BigUint64Array;
-  hashCount: number;
-  matched: Uint32Array;
-  tiers: Uint32Array;
-}
-interface NativePrefixIndex {
-  setCapacity(ep: number, tiers: number[]): void;
-  matchPrompt(prompt: Uint8Array, seed: bigint, candidates: Int32Array, result?: NativeMatchResult): NativeMatchResult;
-  record(ep: number, hashes: BigUint64Array, count: number): void;
-  clear(ep: number): void;
-}
-
 /** The native (C++) prefix index in approximate mode: the router's own record of what it sent where. */
 export class NativePrefixStore implements PrefixStore {
   readonly blockSize: number;
-  readonly #idx: NativePrefixIndex;
-  #result: NativeMatchResult | undefined;
+  readonly #idx: PrefixIndex;
+  readonly #result = new MatchResult(256, 16);
   readonly #view: PrefixMatch = { hashCount: 0, matched: new Uint32Array(0) };
 
   constructor(blockSize: number, maxEndpoints: number) {
-    const Ctor = (bindings as unknown as { PrefixIndex?: new (o: { blockSize: number; maxEndpoints: number }) => NativePrefixIndex }).PrefixIndex;
-    if (!Ctor) throw new Error('the native PrefixIndex is not available in this build of bindings/');
     this.blockSize = blockSize;
-    this.#idx = new Ctor({ blockSize, maxEndpoints: Math.max(1, maxEndpoints) });
+    this.#idx = new PrefixIndex({ blockSize, maxEndpoints: Math.max(1, maxEndpoints) });
   }
 
   match(prompt: Uint8Array, seed: bigint, ids: Int32Array): PrefixMatch {
-    const r = (this.#result = this.#idx.matchPrompt(prompt, seed, ids, this.#result));
+    const r = this.#idx.matchPrompt(prompt, seed, ids, this.#result);
     this.#view.hashCount = r.hashCount;
     this.#view.matched = r.matched;
     return this.#view;
@@ -57,7 +42,7 @@ export class NativePrefixStore implements PrefixStore {
 
   recordLast(endpointId: number): void {
     const r = this.#result;
-    if (r && r.hashCount > 0) this.#idx.record(endpointId, r.hashes, r.hashCount);
+    if (r.hashCount > 0) this.#idx.record(endpointId, r.hashes, r.hashCount);
   }
 
   setCapacity(endpointId: number, gpuBlocks: number, cpuBlocks: number, diskBlocks: number): void {

@@ -1,5 +1,151 @@
-// Placeholder until the server command lands.
+// `switchyard serve`: the router, from a config file, from --upstream URLs
+// (quick mode), or with no options in front of 4 simulated engines it starts
+// itself (the embedded default).
+import { parseArgs } from 'node:util';
+import { loadConfigFile, quickConfig } from '../config/load.js';
+import { API_VERSION, ENGINES, validateConfig, type Engine, type RouterConfig } from '../config/schema.js';
+import { ConfigError } from '../errors.js';
+import { registry } from '../scheduler/builtins.js';
+import { createLogger, startRouter } from './router.js';
+
+const USAGE = `usage: switchyard serve [options]
+
+  --config FILE        router config (YAML, apiVersion switchyard/v1, kind Router;
+                       see docs/config.md)
+  --upstream URL       quick mode without a file: route to this engine URL
+                       (repeat for more endpoints)
+  --model NAME         quick mode: the served model name (default open-model)
+  --engine vllm|sglang quick mode: the engine type (default vllm)
+  --host HOST          listen address (overrides the config; default 127.0.0.1)
+  --port PORT          listen port (overrides the config; default 8000)
+  --log-level LEVEL    fatal|error|warn|info|debug|trace|silent (default info)
+  -h, --help           show this message
+
+With neither --config nor --upstream, the router starts 4 simulated engines
+in-process (model open-model) and routes to them; Ctrl-C stops everything.
+
+Exit codes: 0 after a clean shutdown, 1 on a runtime failure, 2 on bad
+options or an invalid config.`;
+
+const validatePlugin = (kind: 'filter' | 'scorer' | 'picker', spec: { type: string; params: Record<string, unknown> }) =>
+  registry.validate(kind, spec.type, spec.params);
+
 export async function runServeCli(argv: string[]): Promise<number> {
-  console.error('switchyard server: not implemented yet', argv.length);
-  return 1;
+  let args;
+  try {
+    args = parseArgs({
+      args: argv,
+      options: {
+        config: { type: 'string' },
+        upstream: { type: 'string', multiple: true },
+        model: { type: 'string' },
+        engine: { type: 'string' },
+        host: { type: 'string' },
+        port: { type: 'string' },
+        'log-level': { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
+      },
+      strict: true,
+      allowPositionals: false,
+    }).values;
+  } catch (err) {
+    console.error(`switchyard serve: ${(err as Error).message}\n\n${USAGE}`);
+    return 2;
+  }
+  if (args.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  const problems: string[] = [];
+  let port: number | undefined;
+  if (args.port !== undefined) {
+    port = Number(args.port);
+    if (!/^\d+$/.test(args.port) || port > 65535) problems.push(`--port must be an integer in [0, 65535] (got ${args.port})`);
+  }
+  if (args.host !== undefined && args.host.length === 0) problems.push('--host must not be empty');
+  if (args.config !== undefined && args.upstream !== undefined) problems.push('--config and --upstream are mutually exclusive');
+  if (args.engine !== undefined && !ENGINES.includes(args.engine as Engine)) problems.push(`--engine must be one of: ${ENGINES.join(', ')} (got ${args.engine})`);
+  if ((args.model !== undefined || args.engine !== undefined) && args.upstream === undefined && args.config !== undefined) {
+    problems.push('--model and --engine apply to quick mode (--upstream) only');
+  }
+  const level = args['log-level'];
+  if (level !== undefined && !['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'].includes(level)) {
+    problems.push(`--log-level must be one of fatal, error, warn, info, debug, trace, silent (got ${level})`);
+  }
+  if (problems.length > 0) {
+    console.error(`switchyard serve: ${problems.join('\n  ')}\n\nRun \`switchyard serve --help\` for the options.`);
+    return 2;
+  }
+
+  let config: RouterConfig;
+  let fleet: { urls: string[]; close(): Promise<void> } | undefined;
+  try {
+    if (args.config !== undefined) config = await loadConfigFile(args.config, validatePlugin);
+    else if (args.upstream !== undefined) {
+      config = quickConfig(args.upstream, args.model ?? 'open-model', (args.engine as Engine | undefined) ?? 'vllm', validatePlugin);
+    } else {
+      const { startFleet } = await import('../sim/index.js');
+      const models = [args.model ?? 'open-model'];
+      fleet = await startFleet(4, { models, engine: (args.engine as Engine | undefined) ?? 'vllm' });
+      config = validateConfig(
+        {
+          apiVersion: API_VERSION,
+          kind: 'Router',
+          pools: [
+            {
+              name: 'sim',
+              engine: args.engine ?? 'vllm',
+              models,
+              endpoints: fleet.urls.map((url, i) => ({ name: `sim-${i}`, url })),
+            },
+          ],
+        },
+        validatePlugin,
+        'embedded default',
+      );
+    }
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      console.error(`switchyard serve: ${err.message}`);
+      return 2;
+    }
+    console.error(`switchyard serve: ${(err as Error).message}`);
+    await fleet?.close();
+    return 1;
+  }
+  if (level !== undefined) config.logging.level = level as RouterConfig['logging']['level'];
+  const log = createLogger(config.logging.level);
+
+  let router;
+  try {
+    router = await startRouter(config, { logger: log, host: args.host, port });
+  } catch (err) {
+    log.error({ err }, 'the router failed to start');
+    await fleet?.close();
+    return 1;
+  }
+  log.info(
+    {
+      url: router.url,
+      pools: config.pools.map((p) => ({ name: p.name, engine: p.engine, models: p.models, endpoints: p.endpoints.map((e) => e.url) })),
+      simulated: fleet !== undefined,
+    },
+    `switchyard router listening on ${router.url}`,
+  );
+
+  await new Promise<void>((resolve) => {
+    const stop = (sig: string) => {
+      log.info({ signal: sig }, 'shutting down');
+      process.off('SIGINT', onInt);
+      process.off('SIGTERM', onTerm);
+      resolve();
+    };
+    const onInt = () => stop('SIGINT');
+    const onTerm = () => stop('SIGTERM');
+    process.on('SIGINT', onInt);
+    process.on('SIGTERM', onTerm);
+  });
+  await router.close(10_000);
+  await fleet?.close();
+  return 0;
 }

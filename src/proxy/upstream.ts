@@ -1,0 +1,36 @@
+// The upstream client seam: send one request to an endpoint and receive its
+// status, headers, body chunks, end or error; pause/resume for backpressure;
+// abort. undici is the first implementation (undici-client.ts).
+import type { Endpoint } from '../endpoints/endpoint.js';
+
+export type UpstreamHeaders = Record<string, string | string[] | undefined>;
+
+export interface UpstreamSink {
+  /** Status and headers arrived (before any body). */
+  onUpstreamHeaders(status: number, headers: UpstreamHeaders): void;
+  /** A body chunk (valid only during the call unless copied). */
+  onUpstreamData(chunk: Buffer): void;
+  onUpstreamEnd(): void;
+  /** Connect error, reset, timeout or abort. Not called after onUpstreamEnd. */
+  onUpstreamError(err: Error): void;
+}
+
+export interface UpstreamCall {
+  pause(): void;
+  resume(): void;
+  /** Stops the request; no sink callback follows. Safe to call more than once. */
+  abort(): void;
+}
+
+export interface UpstreamRequest {
+  method: 'GET' | 'POST';
+  path: string;
+  /** Flat [name, value, name, value, ...] list. */
+  headers: string[];
+  body: Buffer | null;
+}
+
+export interface UpstreamClient {
+  send(ep: Endpoint, req: UpstreamRequest, sink: UpstreamSink): UpstreamCall;
+  close(): Promise<void>;
+}

@@ -1,0 +1,231 @@
+// The router's HTTP server on uWebSockets.js: routes, body limits and
+// timeouts, the admission gate seam, the non-inference endpoints, and
+// graceful shutdown. Per-request work lives in request.ts.
+import { performance } from 'node:perf_hooks';
+import { randomBytes } from 'node:crypto';
+import type { Logger } from 'pino';
+import type { LimitsConfig, RouterConfig } from '../config/schema.js';
+import { EndpointSet } from '../endpoints/endpoint.js';
+import { UndiciUpstreamClient } from '../proxy/undici-client.js';
+import type { UpstreamClient } from '../proxy/upstream.js';
+import { Scheduler } from '../scheduler/scheduler.js';
+import type { SchedRequest } from '../scheduler/types.js';
+import { PassThroughGate, type AdmissionGate } from './gate.js';
+import { errorBody, statusLine } from './http-errors.js';
+import { RouterMetrics } from './metrics.js';
+import { PromptWriter } from './prompt.js';
+import { KIND_CHAT, KIND_COMPLETION, KIND_PATHS, ProxyRequest } from './request.js';
+import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from './uws.js';
+
+export interface RouterOptions {
+  config: RouterConfig;
+  logger: Logger;
+  /** Admission gate (flow control). Default: admit everything. */
+  gate?: AdmissionGate;
+  /** Upstream client. Default: undici pools. */
+  upstream?: UpstreamClient;
+  /** Random source for pickers (tests may seed it). */
+  random?: () => number;
+}
+
+const KNOWN_PATHS: Record<string, string> = {
+  '/v1/chat/completions': 'POST',
+  '/v1/completions': 'POST',
+  '/v1/models': 'GET',
+  '/healthz': 'GET',
+  '/readyz': 'GET',
+  '/metrics': 'GET',
+};
+
+export class RouterCore {
+  readonly config: RouterConfig;
+  readonly log: Logger;
+  readonly scheduler: Scheduler;
+  readonly upstream: UpstreamClient;
+  readonly gate: AdmissionGate;
+  readonly metrics: RouterMetrics;
+  readonly limits: LimitsConfig;
+  readonly maxRetries: number;
+  readonly prompt = new PromptWriter();
+  readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
+  /** Requests still reading their body (for the 408 sweep). */
+  readonly reading = new Set<ProxyRequest>();
+  /** Set just before a gate rejection reply; read by reply(). */
+  rejectReason = '';
+  #active = 0;
+  #idPrefix = randomBytes(4).toString('hex');
+  #idCounter = 0;
+  #debug: boolean;
+  #app: TemplatedApp;
+  #listenSocket: us_listen_socket | null = null;
+  #sweep: NodeJS.Timeout;
+  #modelsBody: string;
+  #drainWaiters: (() => void)[] = [];
+  port = 0;
+
+  constructor(opts: RouterOptions) {
+    const cfg = (this.config = opts.config);
+    this.log = opts.logger;
+    this.#debug = this.log.isLevelEnabled('debug');
+    const set = new EndpointSet(cfg.pools, cfg.dataLayer);
+    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random });
+    this.upstream = opts.upstream ?? new UndiciUpstreamClient(cfg.proxy);
+    this.gate = opts.gate ?? new PassThroughGate();
+    this.metrics = new RouterMetrics(set);
+    this.limits = cfg.limits;
+    this.maxRetries = cfg.proxy.maxRetries;
+    const created = Math.floor(Date.now() / 1000);
+    this.#modelsBody = JSON.stringify({
+      object: 'list',
+      data: set.models().map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
+    });
+    const sweepEvery = Math.max(10, Math.min(1000, Math.floor(cfg.limits.requestBodyTimeoutMs / 4)));
+    this.#sweep = setInterval(() => this.#sweepSlowBodies(), sweepEvery);
+    this.#sweep.unref();
+    this.#app = this.#routes(uws.App());
+  }
+
+  newRequestId(): string {
+    return `${this.#idPrefix}-${(++this.#idCounter).toString(36)}`;
+  }
+
+  #routes(app: TemplatedApp): TemplatedApp {
+    app.post('/v1/chat/completions', (res, req) => this.#inference(res, req, KIND_CHAT));
+    app.post('/v1/completions', (res, req) => this.#inference(res, req, KIND_COMPLETION));
+    app.get('/v1/models', (res) => this.#json(res, 200, this.#modelsBody));
+    app.get('/healthz', (res) => this.#json(res, 200, '{"status":"ok"}'));
+    app.get('/readyz', (res) => this.#readyz(res));
+    app.get('/metrics', (res) => {
+      const body = this.metrics.render();
+      res.cork(() => {
+        res.writeStatus('200 OK').writeHeader('content-type', 'text/plain; version=0.0.4; charset=utf-8').end(body);
+      });
+    });
+    app.any('/*', (res, req) => {
+      const url = req.getUrl();
+      const method = req.getMethod().toUpperCase();
+      const allowed = KNOWN_PATHS[url];
+      const hasBody = method !== 'GET' && method !== 'HEAD';
+      if (allowed !== undefined) {
+        this.#error(res, 405, `method ${method} is not allowed on ${url} (use ${allowed})`, hasBody, allowed);
+      } else {
+        this.#error(res, 404, `no route for ${method} ${url}`, hasBody);
+      }
+    });
+    return app;
+  }
+
+  #json(res: HttpResponse, status: number, body: string): void {
+    res.cork(() => {
+      res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(body);
+    });
+  }
+
+  #error(res: HttpResponse, status: number, message: string, close: boolean, allow?: string): void {
+    this.metrics.countRequest('', -1, status);
+    res.cork(() => {
+      res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json');
+      if (allow) res.writeHeader('allow', allow);
+      res.end(errorBody(status, message), close);
+    });
+  }
+
+  #readyz(res: HttpResponse): void {
+    const set = this.scheduler.endpoints;
+    const now = performance.now();
+    const checks = set.dataLayer.healthIntervalMs > 0;
+    const notReady: string[] = [];
+    for (const m of set.models()) {
+      if (!set.forModel(m)!.some((ep) => ep.ready(now, checks))) notReady.push(m);
+    }
+    if (notReady.length === 0) this.#json(res, 200, '{"status":"ready"}');
+    else this.#json(res, 503, JSON.stringify({ status: 'not ready', models_without_ready_endpoint: notReady }));
+  }
+
+  #inference(res: HttpResponse, req: HttpRequest, kind: number): void {
+    const clText = req.getHeader('content-length');
+    const contentLength = clText === '' ? -1 : Number(clText);
+    let id = req.getHeader('x-request-id');
+    if (id === '' || id.length > 256) id = this.newRequestId();
+    const ctx = new ProxyRequest(this, res, kind, id, req.getHeader('authorization'), contentLength);
+    const names = this.gate.headerNames;
+    if (names.length > 0) {
+      const h: Record<string, string> = {};
+      for (let i = 0; i < names.length; i++) h[names[i]] = req.getHeader(names[i]);
+      ctx.headers = h;
+    }
+    this.#active++;
+    res.onAborted(() => ctx.onClientAbort());
+    if (contentLength > this.limits.maxBodyBytes) {
+      ctx.reply(413, `request body of ${contentLength} bytes exceeds the limit of ${this.limits.maxBodyBytes} bytes`, null, true);
+      return;
+    }
+    ctx.readStart = performance.now();
+    this.reading.add(ctx);
+    res.onData((ab, isLast) => ctx.onBodyChunk(ab, isLast));
+  }
+
+  #sweepSlowBodies(): void {
+    if (this.reading.size === 0) return;
+    const deadline = performance.now() - this.limits.requestBodyTimeoutMs;
+    for (const ctx of this.reading) {
+      if (ctx.readStart < deadline) {
+        this.reading.delete(ctx);
+        ctx.reply(408, `the request body did not arrive within ${this.limits.requestBodyTimeoutMs} ms`, null, true);
+      }
+    }
+  }
+
+  /** Called once per inference request when it ends (any way). */
+  requestEnded(ctx: ProxyRequest, status: number): void {
+    this.#active--;
+    if (this.#debug) {
+      this.log.debug({ id: ctx.requestId, model: ctx.model, endpoint: ctx.endpoint?.name, status, path: ctx.path }, 'request');
+    }
+    if (this.#active === 0 && this.#drainWaiters.length > 0) {
+      for (const w of this.#drainWaiters.splice(0)) w();
+    }
+  }
+
+  get activeRequests(): number {
+    return this.#active;
+  }
+
+  listen(host: string, port: number): Promise<number> {
+    return new Promise((resolve, reject) => {
+      this.#app.listen(host, port, (sock) => {
+        if (!sock) {
+          reject(new Error(`cannot listen on ${host}:${port} (address in use or not available)`));
+          return;
+        }
+        this.#listenSocket = sock;
+        this.port = uws.us_socket_local_port(sock as unknown as Parameters<typeof uws.us_socket_local_port>[0]);
+        resolve(this.port);
+      });
+    });
+  }
+
+  /** Stops accepting, waits up to `graceMs` for in-flight requests, then closes everything. */
+  async close(graceMs = 10_000): Promise<void> {
+    if (this.#listenSocket) {
+      uws.us_listen_socket_close(this.#listenSocket);
+      this.#listenSocket = null;
+    }
+    if (this.#active > 0) {
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, graceMs);
+        this.#drainWaiters.push(() => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+    }
+    clearInterval(this.#sweep);
+    (this.#app as unknown as { close(): void }).close();
+    await this.gate.close?.();
+    await this.scheduler.close();
+    await this.upstream.close();
+  }
+
+  static readonly paths = KIND_PATHS;
+}

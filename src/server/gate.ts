@@ -1,0 +1,64 @@
+// The admission seam between body parsing and scheduling. Flow control plugs
+// in here: it may hold a request (return a promise), reject it (429/503), or
+// let it through. The default gate admits everything synchronously.
+
+/** What an admission gate sees about a request. Valid until release(). */
+export interface RequestInfo {
+  readonly requestId: string;
+  readonly model: string;
+  /** '/v1/chat/completions' or '/v1/completions'. */
+  readonly path: string;
+  /** The parsed JSON body (do not mutate). */
+  readonly body: Readonly<Record<string, unknown>>;
+  /** The headers named in the gate's `headerNames`, lower-case names; '' when absent. */
+  readonly headers: Readonly<Record<string, string>>;
+  /** Size of the request body in bytes. */
+  readonly bodyBytes: number;
+  /** Prompt bytes used for prefix matching (length only is stable). */
+  readonly promptBytes: number;
+}
+
+/** A tiny abort signal (no EventTarget per request): `aborted` flips and `onabort` fires when the client leaves. */
+export interface AbortLike {
+  readonly aborted: boolean;
+  onabort: (() => void) | null;
+}
+
+export interface Admitted {
+  readonly admitted: true;
+  /** Handed back to release(); the gate's own bookkeeping. */
+  readonly ticket: unknown;
+}
+
+export interface Rejected {
+  readonly admitted: false;
+  /** HTTP status: 429 (saturated) or 503 (no capacity / no endpoints). */
+  readonly status: number;
+  readonly message: string;
+  /** Goes to the `x-switchyard-reject-reason` header. */
+  readonly reason: string;
+}
+
+export type Admission = Admitted | Rejected;
+
+export type ReleaseOutcome = 'ok' | 'failed' | 'aborted';
+
+export interface AdmissionGate {
+  /** Request headers the gate needs in RequestInfo.headers (lower-case). */
+  readonly headerNames: readonly string[];
+  admit(info: RequestInfo, signal: AbortLike): Admission | Promise<Admission>;
+  /** Called exactly once for every admitted request, when it ends. */
+  release(ticket: unknown, outcome: ReleaseOutcome): void;
+  close?(): void | Promise<void>;
+}
+
+const ADMIT: Admitted = { admitted: true, ticket: null };
+
+/** Admits every request at once. */
+export class PassThroughGate implements AdmissionGate {
+  readonly headerNames: readonly string[] = [];
+  admit(): Admission {
+    return ADMIT;
+  }
+  release(): void {}
+}

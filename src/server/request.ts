@@ -1,0 +1,403 @@
+// One proxied inference request, from the first body byte to the last
+// response byte. The object is at once the scheduler's Decision, the upstream
+// sink, the admission gate's RequestInfo and its abort signal, so a request
+// costs one object plus its buffers. Writes to uWS from undici callbacks are
+// corked through module-level functions (no closure per write).
+import { performance } from 'node:perf_hooks';
+import type { Endpoint } from '../endpoints/endpoint.js';
+import type { Decision, Outcome } from '../scheduler/scheduler.js';
+import type { UpstreamCall, UpstreamHeaders, UpstreamSink } from '../proxy/upstream.js';
+import type { AbortLike, Admission, RequestInfo } from './gate.js';
+import { errorBody, statusLine } from './http-errors.js';
+import type { RouterCore } from './core.js';
+import type { HttpResponse } from './uws.js';
+
+export const KIND_CHAT = 0;
+export const KIND_COMPLETION = 1;
+export const KIND_PATHS = ['/v1/chat/completions', '/v1/completions'];
+
+const EMPTY_HEADERS: Readonly<Record<string, string>> = Object.freeze({});
+const SSE_ERROR_PREFIX = Buffer.from('data: ');
+const SSE_DONE = Buffer.from('\n\ndata: [DONE]\n\n');
+
+// Module-level cork targets: uWS cork takes a callback; these avoid a closure per write.
+let cur: ProxyRequest;
+let curChunk: Buffer | string = '';
+function corkedWrite(): void {
+  cur.writeChunk(curChunk);
+}
+function corkedEnd(): void {
+  cur.endWith(curChunk);
+}
+function corkedError(): void {
+  cur.writeError();
+}
+
+export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortLike {
+  // Decision
+  endpoint!: Endpoint;
+  promptBlocks = 0;
+  matchedBlocks = 0;
+  // AbortLike
+  aborted = false;
+  onabort: (() => void) | null = null;
+  // RequestInfo
+  requestId: string;
+  model = '';
+  readonly path: string;
+  body: Readonly<Record<string, unknown>> = EMPTY_HEADERS;
+  headers: Readonly<Record<string, string>> = EMPTY_HEADERS;
+  bodyBytes = 0;
+  promptBytes = 0;
+
+  readonly core: RouterCore;
+  readonly res: HttpResponse;
+  readonly kind: number;
+  authorization: string;
+  contentLength: number;
+  readStart = 0;
+  #raw: Buffer | null = null;
+  #received = 0;
+  /** Prompt bytes copied out of the shared writer when admission is asynchronous. */
+  #promptCopy: Uint8Array | null = null;
+  #ticket: unknown = null;
+  #admitted = false;
+  #picked = false;
+  #tried: Endpoint[] | null = null;
+  #attempts = 0;
+  #call: UpstreamCall | null = null;
+  #dispatchedAt = 0;
+  #status = 0;
+  #contentType = '';
+  #upstreamLength = -1;
+  #started = false;
+  #clientEnded = false;
+  #done = false;
+  #paused = false;
+  #onWritable: ((offset: number) => boolean) | null = null;
+  #errorMessage = '';
+
+  constructor(core: RouterCore, res: HttpResponse, kind: number, requestId: string, authorization: string, contentLength: number) {
+    this.core = core;
+    this.res = res;
+    this.kind = kind;
+    this.path = KIND_PATHS[kind];
+    this.requestId = requestId;
+    this.authorization = authorization;
+    this.contentLength = contentLength;
+  }
+
+  // ---- request body -------------------------------------------------------
+
+  onBodyChunk(ab: ArrayBuffer, isLast: boolean): void {
+    if (this.#done) return;
+    const n = ab.byteLength;
+    const limit = this.core.limits.maxBodyBytes;
+    if (this.#received + n > limit) {
+      this.core.reading.delete(this);
+      this.reply(413, `request body exceeds the limit of ${limit} bytes`, null, true);
+      return;
+    }
+    if (isLast && this.#received === 0) {
+      const b = Buffer.allocUnsafe(n);
+      b.set(new Uint8Array(ab));
+      this.#raw = b;
+      this.#received = n;
+    } else if (n > 0) {
+      let raw = this.#raw;
+      if (raw === null || raw.length < this.#received + n) {
+        const want = Math.min(limit, Math.max(this.contentLength > 0 ? this.contentLength : 0, (this.#received + n) * 2, 16384));
+        const next = Buffer.allocUnsafe(want);
+        if (raw !== null) raw.copy(next, 0, 0, this.#received);
+        this.#raw = raw = next;
+      }
+      raw.set(new Uint8Array(ab), this.#received);
+      this.#received += n;
+    }
+    if (!isLast) return;
+    this.core.reading.delete(this);
+    this.#process();
+  }
+
+  #process(): void {
+    const raw = this.#raw === null ? Buffer.alloc(0) : this.#raw.length === this.#received ? this.#raw : this.#raw.subarray(0, this.#received);
+    this.#raw = raw;
+    this.bodyBytes = raw.length;
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(raw.toString('utf8'));
+    } catch (err) {
+      this.reply(400, `invalid JSON in request body: ${(err as Error).message}`, null, false);
+      return;
+    }
+    if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
+      this.reply(400, 'the request body must be a JSON object', null, false);
+      return;
+    }
+    const body = parsed as Record<string, unknown>;
+    this.body = body;
+    const model = body.model;
+    if (typeof model !== 'string' || model.length === 0) {
+      this.reply(400, "missing required field 'model' (a non-empty string)", 'model', false);
+      return;
+    }
+    this.model = model;
+    if (!this.#renderPrompt()) {
+      const field = this.kind === KIND_CHAT ? 'messages' : 'prompt';
+      const what = this.kind === KIND_CHAT ? 'a non-empty list of {role, content} objects' : 'a string, a list of strings or a list of token ids';
+      this.reply(400, `missing or invalid field '${field}' (${what})`, field, false);
+      return;
+    }
+    const core = this.core;
+    if (!core.scheduler.hasModel(model)) {
+      this.reply(404, `The model \`${model}\` does not exist.`, 'model', false);
+      return;
+    }
+    const a = core.gate.admit(this, this);
+    if (typeof (a as Promise<Admission>).then === 'function') {
+      this.#promptCopy = Uint8Array.prototype.slice.call(core.prompt.view());
+      (a as Promise<Admission>).then(
+        (r) => this.#onAdmission(r),
+        (err: Error) => this.#onAdmission({ admitted: false, status: 503, message: `admission failed: ${err.message}`, reason: 'gate-error' }),
+      );
+    } else this.#onAdmission(a as Admission);
+  }
+
+  #renderPrompt(): boolean {
+    const pw = this.core.prompt;
+    pw.reset();
+    const ok = this.kind === KIND_CHAT ? pw.chat(this.body.messages) : pw.completion(this.body.prompt);
+    this.promptBytes = pw.length;
+    return ok;
+  }
+
+  #onAdmission(a: Admission): void {
+    if (a.admitted) {
+      if (this.aborted || this.#done) {
+        this.core.gate.release(a.ticket, 'aborted');
+        return;
+      }
+      this.#admitted = true;
+      this.#ticket = a.ticket;
+      this.#dispatch();
+      return;
+    }
+    if (this.aborted || this.#done) return;
+    this.core.metrics.rejected.set(a.reason, (this.core.metrics.rejected.get(a.reason) ?? 0) + 1);
+    this.core.rejectReason = a.reason;
+    this.reply(a.status, a.message, null, false);
+  }
+
+  // ---- dispatch -------------------------------------------------------------
+
+  #dispatch(): void {
+    const core = this.core;
+    const sreq = core.schedRequest;
+    sreq.model = this.model;
+    if (this.#promptCopy !== null) sreq.prompt = this.#promptCopy;
+    else {
+      if (this.#attempts > 0) this.#renderPrompt(); // the shared writer was reused since
+      sreq.prompt = core.prompt.view();
+    }
+    const t0 = performance.now();
+    const d = core.scheduler.pick(sreq, this.#tried, this);
+    const t1 = performance.now();
+    sreq.prompt = undefined;
+    core.metrics.decision.observe((t1 - t0) / 1000);
+    if (d === null) {
+      if (this.#tried !== null) this.reply(502, `all endpoints tried for model \`${this.model}\` failed: ${this.#errorMessage}`, null, false);
+      else this.reply(503, `no ready endpoint for model \`${this.model}\``, null, false);
+      return;
+    }
+    this.#picked = true;
+    core.metrics.promptBlocks += this.promptBlocks;
+    core.metrics.matchedBlocks += this.matchedBlocks;
+    this.#dispatchedAt = t1;
+    const headers = this.authorization
+      ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
+      : ['content-type', 'application/json', 'x-request-id', this.requestId];
+    this.#call = core.upstream.send(this.endpoint, { method: 'POST', path: this.path, headers, body: this.#raw }, this);
+  }
+
+  #canRetry(): boolean {
+    return !this.#started && !this.aborted && this.#attempts < this.core.maxRetries;
+  }
+
+  #retry(reason: string): void {
+    this.#errorMessage = reason;
+    this.#call?.abort();
+    this.#call = null;
+    this.#release('failed');
+    (this.#tried ??= []).push(this.endpoint);
+    this.#attempts++;
+    this.core.metrics.retries++;
+    this.#dispatch();
+  }
+
+  /** Completes the scheduler's accounting for the current attempt (once). */
+  #release(outcome: Outcome): void {
+    if (!this.#picked) return;
+    this.#picked = false;
+    this.core.scheduler.complete(this, outcome);
+  }
+
+  // ---- upstream sink ----------------------------------------------------------
+
+  onUpstreamHeaders(status: number, headers: UpstreamHeaders): void {
+    if (this.aborted) return;
+    this.core.metrics.ttft[this.endpoint.id].observe((performance.now() - this.#dispatchedAt) / 1000);
+    if (status >= 500 && this.#canRetry()) {
+      this.#retry(`endpoint ${this.endpoint.name} answered HTTP ${status}`);
+      return;
+    }
+    this.#status = status;
+    const ct = headers['content-type'];
+    this.#contentType = typeof ct === 'string' ? ct : 'application/json';
+    const cl = headers['content-length'];
+    this.#upstreamLength = typeof cl === 'string' ? Number(cl) : -1;
+  }
+
+  onUpstreamData(chunk: Buffer): void {
+    if (this.aborted || this.#clientEnded) return;
+    cur = this;
+    curChunk = chunk;
+    if (!this.#started && this.#upstreamLength === chunk.length) this.res.cork(corkedEnd);
+    else this.res.cork(corkedWrite);
+    curChunk = '';
+  }
+
+  onUpstreamEnd(): void {
+    if (this.aborted) return;
+    if (!this.#clientEnded) {
+      cur = this;
+      curChunk = '';
+      this.res.cork(corkedEnd);
+    }
+    this.#finish(this.#status >= 500 ? 'failed' : 'ok', this.#status);
+  }
+
+  onUpstreamError(err: Error): void {
+    if (this.aborted || this.#done) return;
+    if (this.#canRetry()) {
+      this.#retry(`endpoint ${this.endpoint.name}: ${err.message}`);
+      return;
+    }
+    this.#release('failed');
+    if (!this.#started) {
+      this.reply(502, `upstream endpoint ${this.endpoint.name} failed: ${err.message}`, null, false);
+      return;
+    }
+    this.#errorMessage = err.message;
+    if (!this.#clientEnded) {
+      cur = this;
+      this.res.cork(corkedError);
+    }
+    this.#finish('failed', this.#status);
+  }
+
+  // ---- client writes (called inside cork) -------------------------------------
+
+  #writeHead(): void {
+    const res = this.res;
+    res.writeStatus(statusLine(this.#status));
+    res.writeHeader('content-type', this.#contentType);
+    res.writeHeader('x-switchyard-endpoint', this.endpoint.name);
+    res.writeHeader('x-request-id', this.requestId);
+    this.#started = true;
+  }
+
+  writeChunk(chunk: Buffer | string): void {
+    if (!this.#started) this.#writeHead();
+    if (!this.res.write(chunk) && !this.#paused) {
+      // the client is slower than the engine: stop reading upstream until uWS drains
+      this.#paused = true;
+      this.#call?.pause();
+      this.res.onWritable((this.#onWritable ??= () => this.#drained()));
+    }
+  }
+
+  #drained(): boolean {
+    this.#paused = false;
+    this.#call?.resume();
+    return true;
+  }
+
+  endWith(chunk: Buffer | string): void {
+    if (!this.#started) this.#writeHead();
+    this.#clientEnded = true;
+    this.res.end(chunk);
+  }
+
+  writeError(): void {
+    this.#clientEnded = true;
+    const msg = `upstream endpoint ${this.endpoint.name} failed mid-response: ${this.#errorMessage}`;
+    if (this.#contentType.startsWith('text/event-stream')) {
+      this.res.write(SSE_ERROR_PREFIX);
+      this.res.write(errorBody(502, msg));
+      this.res.end(SSE_DONE);
+    } else {
+      this.res.close();
+    }
+  }
+
+  // ---- ends ---------------------------------------------------------------------
+
+  #finish(outcome: Outcome, status: number): void {
+    if (this.#done) return;
+    this.#done = true;
+    this.#release(outcome);
+    const core = this.core;
+    if (this.#admitted) {
+      this.#admitted = false;
+      core.gate.release(this.#ticket, outcome);
+    }
+    core.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, status);
+    core.requestEnded(this, status);
+  }
+
+  /** Answers with an OpenAI error (or ends the request) and releases everything. */
+  reply(status: number, message: string, param: string | null, closeConnection: boolean): void {
+    if (this.#done || this.aborted) return;
+    this.#call?.abort();
+    this.#call = null;
+    const failed = status >= 500;
+    this.#release(failed ? 'failed' : 'ok');
+    this.#clientEnded = true;
+    const res = this.res;
+    const ep = this.endpoint;
+    const reason = this.core.rejectReason;
+    this.core.rejectReason = '';
+    res.cork(() => {
+      res.writeStatus(statusLine(status));
+      res.writeHeader('content-type', 'application/json');
+      res.writeHeader('x-request-id', this.requestId);
+      if (ep) res.writeHeader('x-switchyard-endpoint', ep.name);
+      if (reason) res.writeHeader('x-switchyard-reject-reason', reason);
+      res.end(errorBody(status, message, param), closeConnection);
+    });
+    this.#finish(failed ? 'failed' : 'ok', status);
+  }
+
+  /** uWS onAborted: the client went away. Abort upstream, release all accounting. */
+  onClientAbort(): void {
+    if (this.aborted) return;
+    this.aborted = true;
+    this.core.reading.delete(this);
+    this.#call?.abort();
+    this.#call = null;
+    const wasDone = this.#done;
+    if (!wasDone) {
+      this.#done = true;
+      this.#release('aborted');
+      if (this.#admitted) {
+        this.#admitted = false;
+        this.core.gate.release(this.#ticket, 'aborted');
+      }
+      this.core.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, 499);
+      this.core.requestEnded(this, 499);
+    }
+    const cb = this.onabort;
+    this.onabort = null;
+    cb?.();
+  }
+}
