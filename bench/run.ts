@@ -1,0 +1,70 @@
+// `npm run bench [-- <scenario>... [options]]`: runs the comparative scenarios
+// (overhead against nginx/HAProxy, routing quality against the baselines, and
+// flow-control fairness when present), writes bench/report/REPORT.md with the
+// figures, the machine and the exact command, and SVG plots beside it.
+import { mkdirSync, writeFileSync, existsSync } from 'node:fs';
+import { cpus, totalmem } from 'node:os';
+import { join } from 'node:path';
+import { ROOT } from './lib/proc.js';
+import { barChart, lineChart, type Series } from './lib/svg.js';
+import { overheadTable, runProxyOverhead } from './overhead-proxies.js';
+import { qualityTable, runQuality, type Row } from './quality.js';
+
+const SCENARIOS = ['overhead', 'quality', 'fairness'];
+
+async function main(argv: string[]): Promise<number> {
+  const chosen = argv.filter((a) => SCENARIOS.includes(a));
+  const opts = argv.filter((a) => !SCENARIOS.includes(a));
+  const run = chosen.length ? chosen : SCENARIOS;
+  const out = join(ROOT, 'bench', 'report');
+  mkdirSync(out, { recursive: true });
+  const cpu = cpus()[0]?.model ?? 'unknown CPU';
+  let md = `# Switchyard benchmark report\n\nDate: ${new Date().toISOString()}; machine: ${cpus().length} × ${cpu}, ` +
+    `${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}.\nCommand: \`npm run bench -- ${argv.join(' ')}\`\n\n`;
+
+  if (run.includes('overhead')) {
+    const { rows, notes } = await runProxyOverhead(opts);
+    md += `## Overhead: direct vs Switchyard vs nginx vs HAProxy\n\nOne simulated engine at --time-scale 0; wrk (1 thread) ` +
+      `POSTs the same small /v1/completions body; every proxy is one process with one worker (nginx worker_processes 1 with ` +
+      `upstream keepalive 256; HAProxy nbthread 1 with http-reuse always; Switchyard one process).\n\n`;
+    for (const n of notes) md += `Note: ${n}\n\n`;
+    md += overheadTable(rows) + '\n![throughput per proxy](overhead-rps.svg)\n![added p99 per proxy](overhead-p99.svg)\n\n';
+    const levels = [...new Set(rows.map((r) => r.concurrency))];
+    const targets = [...new Set(rows.map((r) => r.target))];
+    const series = (key: 'rps' | 'addedP99Us', skipDirect: boolean): Series[] =>
+      targets
+        .filter((t) => !(skipDirect && t === 'direct'))
+        .map((t) => ({ name: t, points: levels.map((c, i) => [i, rows.find((r) => r.target === t && r.concurrency === c)![key]] as [number, number]) }));
+    const cats = levels.map((c) => `${c} connections`);
+    writeFileSync(join(out, 'overhead-rps.svg'), barChart('Throughput (req/s)', cats, 'requests/s', series('rps', false)));
+    writeFileSync(join(out, 'overhead-p99.svg'), barChart('Added p99 latency over direct (µs)', cats, 'µs', series('addedP99Us', true)));
+  }
+
+  if (run.includes('quality')) {
+    const { rows, config } = await runQuality(opts);
+    md += `## Routing quality: round-robin vs least-request vs Switchyard\n\n${config}.\n\n` + qualityTable(rows) + '\n';
+    for (const w of [...new Set(rows.map((r) => r.workload))]) {
+      const sub = rows.filter((r) => r.workload === w);
+      const pol = [...new Set(sub.map((r) => r.policy))];
+      const ser = (key: keyof Row): Series[] =>
+        pol.map((p) => ({ name: p, points: sub.filter((r) => r.policy === p).map((r) => [r.rate, r[key] as number] as [number, number]) }));
+      writeFileSync(join(out, `quality-${w}-ttft.svg`), lineChart(`${w}: TTFT p50 vs request rate`, 'requests/s', 'TTFT p50 (ms)', ser('ttftP50')));
+      writeFileSync(join(out, `quality-${w}-throughput.svg`), lineChart(`${w}: output tokens/s vs request rate`, 'requests/s', 'output tokens/s', ser('outTokS')));
+      md += `![${w} TTFT](quality-${w}-ttft.svg)\n![${w} throughput](quality-${w}-throughput.svg)\n\n`;
+    }
+  }
+
+  if (run.includes('fairness')) {
+    const file = join(ROOT, 'dist', 'bench', 'fairness.js');
+    if (existsSync(file)) {
+      const mod = await import(file);
+      if (typeof mod.runFairness === 'function') md += await mod.runFairness(opts);
+    } else md += '## Fairness\n\nNot run: bench/fairness.ts is not built.\n\n';
+  }
+
+  writeFileSync(join(out, 'REPORT.md'), md);
+  console.log(md);
+  return 0;
+}
+
+process.exitCode = await main(process.argv.slice(2));
