@@ -2,3 +2,4 @@
 // .node file; this module re-exports the classes built over it.
 export { NativeLoadError, NATIVE_ABI_VERSION } from './native.js';
 export * from './flow-queues.js';
+export * from './prefix-index.js';

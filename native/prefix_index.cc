@@ -1,5 +1,294 @@
+// N-API surface of the prefix index: the PrefixIndex class wraps one
+// prefix::Index. Every method takes typed arrays and works on the whole batch
+// in one call; arguments are checked here and bad ones throw TypeError or
+// RangeError (never abort). bindings/prefix-index.ts is the only caller.
 #include "prefix_index.h"
 
+#include <memory>
+
+#include "prefix_core.h"
+#include "prefix_hash.h"
+
 namespace switchyard {
-void InitPrefixIndex(Napi::Env env, Napi::Object exports) {}
+namespace {
+
+using prefix::Index;
+using prefix::kTiers;
+
+constexpr uint32_t kMaxBlockSize = 1u << 20;
+
+void ThrowType(Napi::Env env, const char* msg) { Napi::TypeError::New(env, msg).ThrowAsJavaScriptException(); }
+void ThrowRange(Napi::Env env, const char* msg) { Napi::RangeError::New(env, msg).ThrowAsJavaScriptException(); }
+
+// Reads an integer in [0, max]; throws and returns false otherwise.
+bool GetUint(const Napi::CallbackInfo& info, size_t i, const char* type_msg, const char* range_msg, double max,
+             uint32_t* out) {
+  napi_value v = info[i];
+  napi_valuetype t;
+  napi_typeof(info.Env(), v, &t);
+  if (t != napi_number) {
+    ThrowType(info.Env(), type_msg);
+    return false;
+  }
+  double d;
+  napi_get_value_double(info.Env(), v, &d);
+  if (!(d >= 0 && d <= max) || d != static_cast<double>(static_cast<uint64_t>(d))) {
+    ThrowRange(info.Env(), range_msg);
+    return false;
+  }
+  *out = static_cast<uint32_t>(d);
+  return true;
+}
+
+// Reads a typed array of the given element type; throws and returns false otherwise.
+template <typename T>
+bool GetArray(const Napi::CallbackInfo& info, size_t i, napi_typedarray_type want, const char* msg, T** data,
+              size_t* len) {
+  napi_env env = info.Env();
+  napi_value v = info[i];
+  bool is_ta = false;
+  napi_is_typedarray(env, v, &is_ta);
+  if (!is_ta) {
+    ThrowType(info.Env(), msg);
+    return false;
+  }
+  napi_typedarray_type type;
+  void* ptr = nullptr;
+  napi_get_typedarray_info(env, v, &type, len, &ptr, nullptr, nullptr);
+  if (type != want) {
+    ThrowType(info.Env(), msg);
+    return false;
+  }
+  *data = static_cast<T*>(ptr);
+  if (*data == nullptr) *len = 0;  // detached or empty buffer
+  return true;
+}
+
+bool GetSeed(const Napi::CallbackInfo& info, size_t i, uint64_t* out) {
+  if (!info[i].IsBigInt()) {
+    ThrowType(info.Env(), "seed must be a bigint");
+    return false;
+  }
+  bool lossless = false;
+  *out = info[i].As<Napi::BigInt>().Uint64Value(&lossless);
+  if (!lossless) {
+    ThrowRange(info.Env(), "seed must be a bigint in [0, 2^64)");
+    return false;
+  }
+  return true;
+}
+
+class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "PrefixIndex",
+                       {
+                           InstanceMethod<&PrefixIndexWrap::SetCapacity>("setCapacity"),
+                           InstanceMethod<&PrefixIndexWrap::HashPromptInto>("hashPrompt"),
+                           InstanceMethod<&PrefixIndexWrap::MatchPrompt>("matchPrompt"),
+                           InstanceMethod<&PrefixIndexWrap::MatchHashes>("matchHashes"),
+                           InstanceMethod<&PrefixIndexWrap::Record>("record"),
+                           InstanceMethod<&PrefixIndexWrap::Remove>("remove"),
+                           InstanceMethod<&PrefixIndexWrap::Clear>("clear"),
+                           InstanceMethod<&PrefixIndexWrap::RemoveEndpoint>("removeEndpoint"),
+                           InstanceMethod<&PrefixIndexWrap::Stats>("stats"),
+                       });
+  }
+
+  // new PrefixIndex(blockSize, maxEndpoints, defaultGpu, defaultCpu, defaultDisk)
+  explicit PrefixIndexWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<PrefixIndexWrap>(info) {
+    uint32_t block_size, max_eps, cap[kTiers];
+    if (!GetUint(info, 0, "blockSize must be a number", "blockSize must be an integer in [1, 1048576]",
+                 kMaxBlockSize, &block_size))
+      return;
+    if (block_size == 0) {
+      ThrowRange(info.Env(), "blockSize must be an integer in [1, 1048576]");
+      return;
+    }
+    if (!GetUint(info, 1, "maxEndpoints must be a number", "maxEndpoints must be an integer in [1, 16384]",
+                 prefix::kMaxEndpointsLimit, &max_eps))
+      return;
+    if (max_eps == 0) {
+      ThrowRange(info.Env(), "maxEndpoints must be an integer in [1, 16384]");
+      return;
+    }
+    if (!GetCapacity(info, 2, cap)) return;
+    block_size_ = block_size;
+    index_ = std::make_unique<Index>(max_eps, cap);
+  }
+
+ private:
+  bool Ready(const Napi::CallbackInfo& info) {
+    if (index_) return true;
+    ThrowType(info.Env(), "PrefixIndex was not constructed");
+    return false;
+  }
+
+  bool GetEndpoint(const Napi::CallbackInfo& info, size_t i, uint32_t* ep) {
+    return GetUint(info, i, "endpoint must be a number", "endpoint must be an integer in [0, maxEndpoints)",
+                   index_->max_endpoints() - 1, ep);
+  }
+
+  static bool GetCapacity(const Napi::CallbackInfo& info, size_t first, uint32_t cap[kTiers]) {
+    for (int t = 0; t < kTiers; t++) {
+      if (!GetUint(info, first + t, "capacity must be three numbers", "capacity must be integers in [0, 2^32)",
+                   4294967295.0, &cap[t]))
+        return false;
+    }
+    return true;
+  }
+
+  // Reads (hashes: BigUint64Array, count: number) at i, i+1.
+  static bool GetHashes(const Napi::CallbackInfo& info, size_t i, const uint64_t** keys, size_t* count) {
+    uint64_t* data;
+    size_t len;
+    if (!GetArray(info, i, napi_biguint64_array, "hashes must be a BigUint64Array", &data, &len)) return false;
+    uint32_t n;
+    if (!GetUint(info, i + 1, "count must be a number", "count must be an integer in [0, hashes.length]", len, &n))
+      return false;
+    *keys = data;
+    *count = n;
+    return true;
+  }
+
+  // Reads (candidates: Int32Array, matched: Uint32Array, tiers: Uint32Array) at i.
+  static bool GetMatchOut(const Napi::CallbackInfo& info, size_t i, const int32_t** cands, size_t* nc,
+                          uint32_t** matched, uint32_t** tiers) {
+    int32_t* c;
+    size_t n, nm, nt;
+    if (!GetArray(info, i, napi_int32_array, "candidates must be an Int32Array", &c, &n)) return false;
+    if (!GetArray(info, i + 1, napi_uint32_array, "matched must be a Uint32Array", matched, &nm)) return false;
+    if (!GetArray(info, i + 2, napi_uint32_array, "tiers must be a Uint32Array", tiers, &nt)) return false;
+    if (nm < n || nt < n * kTiers) {
+      ThrowRange(info.Env(), "result arrays are too small for the candidates");
+      return false;
+    }
+    *cands = c;
+    *nc = n;
+    return true;
+  }
+
+  void SetCapacity(const Napi::CallbackInfo& info) {
+    uint32_t ep, cap[kTiers];
+    if (!Ready(info) || !GetEndpoint(info, 0, &ep) || !GetCapacity(info, 1, cap)) return;
+    index_->SetCapacity(ep, cap);
+  }
+
+  // hashPrompt(prompt: Uint8Array, seed: bigint, out: BigUint64Array) -> count
+  Napi::Value HashPromptInto(const Napi::CallbackInfo& info) {
+    const uint8_t* p;
+    size_t len, out_len;
+    uint64_t seed, *out;
+    if (!Ready(info) || !GetArray(info, 0, napi_uint8_array, "prompt must be a Uint8Array", &p, &len) ||
+        !GetSeed(info, 1, &seed) || !GetArray(info, 2, napi_biguint64_array, "out must be a BigUint64Array", &out, &out_len))
+      return info.Env().Undefined();
+    const size_t count = len / block_size_;
+    if (out_len < count) {
+      ThrowRange(info.Env(), "out is too small for the prompt's blocks");
+      return info.Env().Undefined();
+    }
+    prefix::HashPrompt(p, len, block_size_, seed, out);
+    return Napi::Number::New(info.Env(), static_cast<double>(count));
+  }
+
+  // matchPrompt(prompt, seed, hashesOut, candidates, matched, tiers) -> hash count
+  Napi::Value MatchPrompt(const Napi::CallbackInfo& info) {
+    const uint8_t* p;
+    size_t len, out_len, nc;
+    uint64_t seed, *out;
+    const int32_t* cands;
+    uint32_t *matched, *tiers;
+    if (!Ready(info) || !GetArray(info, 0, napi_uint8_array, "prompt must be a Uint8Array", &p, &len) ||
+        !GetSeed(info, 1, &seed) ||
+        !GetArray(info, 2, napi_biguint64_array, "hashes must be a BigUint64Array", &out, &out_len) ||
+        !GetMatchOut(info, 3, &cands, &nc, &matched, &tiers))
+      return info.Env().Undefined();
+    const size_t count = len / block_size_;
+    if (out_len < count) {
+      ThrowRange(info.Env(), "hashes is too small for the prompt's blocks");
+      return info.Env().Undefined();
+    }
+    prefix::HashPrompt(p, len, block_size_, seed, out);
+    index_->Match(out, count, cands, nc, matched, tiers);
+    return Napi::Number::New(info.Env(), static_cast<double>(count));
+  }
+
+  // matchHashes(hashes, count, candidates, matched, tiers)
+  void MatchHashes(const Napi::CallbackInfo& info) {
+    const uint64_t* keys;
+    size_t count, nc;
+    const int32_t* cands;
+    uint32_t *matched, *tiers;
+    if (!Ready(info) || !GetHashes(info, 0, &keys, &count) || !GetMatchOut(info, 2, &cands, &nc, &matched, &tiers))
+      return;
+    index_->Match(keys, count, cands, nc, matched, tiers);
+  }
+
+  // record(endpoint, hashes, count, tier)
+  void Record(const Napi::CallbackInfo& info) {
+    uint32_t ep, tier;
+    const uint64_t* keys;
+    size_t count;
+    if (!Ready(info) || !GetEndpoint(info, 0, &ep) || !GetHashes(info, 1, &keys, &count) ||
+        !GetUint(info, 3, "tier must be a number", "tier must be 0, 1 or 2", kTiers - 1, &tier))
+      return;
+    index_->Record(ep, keys, count, static_cast<int>(tier));
+  }
+
+  // remove(endpoint, hashes, count)
+  void Remove(const Napi::CallbackInfo& info) {
+    uint32_t ep;
+    const uint64_t* keys;
+    size_t count;
+    if (!Ready(info) || !GetEndpoint(info, 0, &ep) || !GetHashes(info, 1, &keys, &count)) return;
+    index_->Remove(ep, keys, count);
+  }
+
+  void Clear(const Napi::CallbackInfo& info) {
+    uint32_t ep;
+    if (!Ready(info) || !GetEndpoint(info, 0, &ep)) return;
+    index_->Clear(ep);
+  }
+
+  void RemoveEndpoint(const Napi::CallbackInfo& info) {
+    uint32_t ep;
+    if (!Ready(info) || !GetEndpoint(info, 0, &ep)) return;
+    index_->RemoveEndpoint(ep);
+  }
+
+  // stats(out: Float64Array(6)): [gpu, cpu, disk, blocks, bytes, endpoints]
+  void Stats(const Napi::CallbackInfo& info) {
+    double* out;
+    size_t len;
+    if (!Ready(info) || !GetArray(info, 0, napi_float64_array, "out must be a Float64Array", &out, &len)) return;
+    if (len < 6) return ThrowRange(info.Env(), "out must hold 6 numbers");
+    const Index::Stats st = index_->GetStats();
+    for (int t = 0; t < kTiers; t++) out[t] = static_cast<double>(st.entries[t]);
+    out[3] = static_cast<double>(st.blocks);
+    out[4] = static_cast<double>(st.bytes);
+    out[5] = static_cast<double>(st.endpoints);
+  }
+
+  size_t block_size_ = 64;
+  std::unique_ptr<Index> index_;  // freed by the finalizer, also at environment teardown
+};
+
+// prefixSeed(bytes: Uint8Array, salt: bigint) -> bigint: a seed for the chain
+// from a model name (and cache salt), so different models never share blocks.
+Napi::Value PrefixSeed(const Napi::CallbackInfo& info) {
+  const uint8_t* p;
+  size_t len;
+  uint64_t salt;
+  if (!GetArray(info, 0, napi_uint8_array, "bytes must be a Uint8Array", &p, &len) || !GetSeed(info, 1, &salt))
+    return info.Env().Undefined();
+  return Napi::BigInt::New(info.Env(), prefix::ChainHash(salt, prefix::ContentHash(p, len)));
+}
+
+}  // namespace
+
+void InitPrefixIndex(Napi::Env env, Napi::Object exports) {
+  exports.Set("PrefixIndex", PrefixIndexWrap::Define(env));
+  exports.Set("prefixSeed", Napi::Function::New<PrefixSeed>(env, "prefixSeed"));
+}
+
 }  // namespace switchyard
