@@ -1,0 +1,168 @@
+// Native FlowQueues against the plain-array reference model, plus argument
+// validation and lifetime (close / attach / liveRegions).
+import t from 'tap';
+import fc from 'fast-check';
+import { FlowQueues, FLOW_RECORD_WORDS, flowRecordId, setFlowRecord } from '../bindings/flow-queues.js';
+import { FlowQueuesModel, type ModelRecord } from './reference/flow-queues-model.js';
+
+const recordArb = fc.record({
+  id: fc.oneof(fc.integer({ min: 0, max: 0xffffffff }), fc.maxSafeNat()),
+  bytes: fc.integer({ min: 0, max: 0xffffffff }),
+  time: fc.integer({ min: 0, max: 0xffffffff }),
+});
+
+type Op =
+  | { kind: 'enqueue'; flow: number; rec: ModelRecord }
+  | { kind: 'enqueueBatch'; flow: number; recs: ModelRecord[] }
+  | { kind: 'dequeueBatch'; flow: number; max: number }
+  | { kind: 'peek'; flow: number }
+  | { kind: 'sizes' };
+
+function opArb(flows: number): fc.Arbitrary<Op> {
+  const flow = fc.integer({ min: 0, max: flows - 1 });
+  return fc.oneof(
+    { weight: 4, arbitrary: fc.record({ kind: fc.constant('enqueue' as const), flow, rec: recordArb }) },
+    { weight: 2, arbitrary: fc.record({ kind: fc.constant('enqueueBatch' as const), flow, recs: fc.array(recordArb, { maxLength: 12 }) }) },
+    { weight: 3, arbitrary: fc.record({ kind: fc.constant('dequeueBatch' as const), flow, max: fc.integer({ min: 0, max: 10 }) }) },
+    { weight: 1, arbitrary: fc.record({ kind: fc.constant('peek' as const), flow }) },
+    { weight: 1, arbitrary: fc.record({ kind: fc.constant('sizes' as const) }) },
+  );
+}
+
+function readRecords(buf: Uint32Array, n: number): ModelRecord[] {
+  const out: ModelRecord[] = [];
+  for (let i = 0; i < n; i++) out.push({ id: flowRecordId(buf, i), bytes: buf[i * 4 + 2]!, time: buf[i * 4 + 3]! });
+  return out;
+}
+
+t.test('native queues match the reference model on random op sequences', (t) => {
+  fc.assert(
+    fc.property(
+      fc.integer({ min: 1, max: 4 }).chain((flows) =>
+        fc.tuple(fc.constant(flows), fc.integer({ min: 1, max: 9 }), fc.array(opArb(flows), { maxLength: 120 })),
+      ),
+      ([flows, capacity, ops]) => {
+        const q = FlowQueues.create({ flows, capacity });
+        const m = new FlowQueuesModel(flows, capacity);
+        try {
+          if (q.capacity !== m.capacity) return false;
+          const buf = new Uint32Array(16 * FLOW_RECORD_WORDS);
+          const sizes = new Uint32Array(flows);
+          for (const op of ops) {
+            switch (op.kind) {
+              case 'enqueue': {
+                const { id, bytes, time } = op.rec;
+                if (q.enqueue(op.flow, id, bytes, time) !== m.enqueue(op.flow, op.rec)) return false;
+                break;
+              }
+              case 'enqueueBatch': {
+                op.recs.forEach((r, i) => setFlowRecord(buf, i, r.id, r.bytes, r.time));
+                if (q.enqueueBatch(op.flow, buf, op.recs.length) !== m.enqueueBatch(op.flow, op.recs)) return false;
+                break;
+              }
+              case 'dequeueBatch': {
+                const n = q.dequeueBatch(op.flow, buf, op.max);
+                const want = m.dequeueBatch(op.flow, op.max);
+                t.same(readRecords(buf, n), want);
+                if (n !== want.length) return false;
+                break;
+              }
+              case 'peek': {
+                const got = q.peek(op.flow, buf);
+                const want = m.peek(op.flow);
+                if (got !== (want !== undefined)) return false;
+                if (want) t.same(readRecords(buf, 1)[0], want);
+                break;
+              }
+              case 'sizes': {
+                let total = 0;
+                for (let f = 0; f < flows; f++) total += m.size(f);
+                if (q.sizes(sizes) !== total) return false;
+                for (let f = 0; f < flows; f++) if (sizes[f] !== m.size(f) || q.size(f) !== m.size(f)) return false;
+                break;
+              }
+            }
+          }
+          return true;
+        } finally {
+          q.close();
+        }
+      },
+    ),
+    { numRuns: 300 },
+  );
+  t.end();
+});
+
+t.test('wraps around many laps in FIFO order', (t) => {
+  const q = FlowQueues.create({ flows: 1, capacity: 4 });
+  const buf = new Uint32Array(4 * FLOW_RECORD_WORDS);
+  let next = 0;
+  let expect = 0;
+  let ok = true;
+  for (let lap = 0; lap < 10000; lap++) {
+    const k = 1 + (lap % 4);
+    for (let i = 0; i < k; i++) setFlowRecord(buf, i, next + i, i, lap);
+    if (q.enqueueBatch(0, buf, k) !== k) ok = false;
+    next += k;
+    const n = q.dequeueBatch(0, buf, 4);
+    for (let i = 0; i < n; i++) if (flowRecordId(buf, i) !== expect++) ok = false;
+  }
+  t.ok(ok, 'ids come out in order across laps');
+  t.equal(expect, next);
+  q.close();
+  t.end();
+});
+
+t.test('validates arguments with TypeError/RangeError', (t) => {
+  t.throws(() => FlowQueues.create({ flows: 0, capacity: 4 }), RangeError);
+  t.throws(() => FlowQueues.create({ flows: 1.5, capacity: 4 }), RangeError);
+  t.throws(() => FlowQueues.create({ flows: 1, capacity: 2 ** 25 }), RangeError);
+  t.throws(() => FlowQueues.create({ flows: 65536, capacity: 1 << 24 }), RangeError, 'region memory cap');
+  t.throws(() => FlowQueues.create({ flows: '2', capacity: 4 } as unknown as { flows: number; capacity: number }), TypeError);
+  t.throws(() => FlowQueues.create(null as unknown as { flows: number; capacity: number }), TypeError);
+  const q = FlowQueues.create({ flows: 2, capacity: 4 });
+  t.throws(() => q.enqueue(2, 1, 1, 1), RangeError);
+  t.throws(() => q.enqueue(-1, 1, 1, 1), RangeError);
+  t.throws(() => q.enqueue(NaN, 1, 1, 1), RangeError);
+  t.throws(() => q.enqueue('0' as unknown as number, 1, 1, 1), TypeError);
+  t.throws(() => q.enqueue(0, 2 ** 53, 1, 1), RangeError);
+  t.throws(() => q.enqueue(0, 1, 2 ** 32, 1), RangeError);
+  t.throws(() => q.enqueue(0, 1, 1, -1), RangeError);
+  t.throws(() => q.enqueue(0, 1, 1, 0.5), RangeError);
+  t.throws(() => (q.enqueue as (...a: unknown[]) => boolean)(0, 1), TypeError);
+  t.throws(() => q.enqueueBatch(0, new Uint32Array(7), 2), RangeError);
+  t.throws(() => q.enqueueBatch(0, new Int32Array(8) as unknown as Uint32Array, 2), TypeError);
+  t.throws(() => q.dequeueBatch(0, new Uint32Array(4), 2), RangeError);
+  t.throws(() => q.dequeueBatch(0, [] as unknown as Uint32Array, 0), TypeError);
+  t.throws(() => q.peek(0, new Uint32Array(3)), RangeError);
+  t.throws(() => q.sizes(new Uint32Array(1)), RangeError);
+  t.equal(q.size(0), 0, 'nothing was enqueued by failed calls');
+  t.throws(() => FlowQueues.attach(0), RangeError);
+  t.throws(() => FlowQueues.attach(0xfffffff0), RangeError, 'unknown handle');
+  q.close();
+  t.end();
+});
+
+t.test('close, attach and liveRegions', (t) => {
+  const before = FlowQueues.liveRegions();
+  const a = FlowQueues.create({ flows: 2, capacity: 8 });
+  t.equal(FlowQueues.liveRegions(), before + 1);
+  a.enqueue(1, 42, 100, 7);
+  const b = FlowQueues.attach(a.handle);
+  t.equal(b.flows, 2);
+  t.equal(b.capacity, 8);
+  t.same(b.dequeue(1), { id: 42, bytes: 100, time: 7 }, 'the attached view sees the same memory');
+  const handle = a.handle;
+  a.close();
+  a.close();
+  t.ok(a.closed);
+  t.throws(() => a.enqueue(0, 1, 1, 1), /closed/);
+  t.throws(() => a.handle, /closed/);
+  t.equal(FlowQueues.liveRegions(), before + 1, 'b still holds it');
+  t.ok(b.enqueue(0, 1, 1, 1));
+  b.close();
+  t.equal(FlowQueues.liveRegions(), before, 'freed on last close');
+  t.throws(() => FlowQueues.attach(handle), /no live FlowQueues/);
+  t.end();
+});
