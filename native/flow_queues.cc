@@ -275,13 +275,7 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
       return ThrowRange(env, "records holds " + std::to_string(len / kRecordWords) + " records, count is " +
                                  std::to_string(static_cast<uint64_t>(count)));
     }
-    const uint32_t n = static_cast<uint32_t>(count);
-    uint32_t pushed = 0;
-    for (; pushed < n; pushed++) {
-      const uint32_t* w = data + static_cast<size_t>(pushed) * kRecordWords;
-      const Record r{static_cast<uint64_t>(w[0]) | (static_cast<uint64_t>(w[1]) << 32), w[2], w[3]};
-      if (!ring->TryPush(r)) break;
-    }
+    const uint32_t pushed = ring->TryPushMany(data, static_cast<uint32_t>(count));
     return Napi::Number::New(env, pushed);
   }
 
@@ -299,17 +293,7 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
       return ThrowRange(env, "out holds " + std::to_string(len / kRecordWords) + " records, max is " +
                                  std::to_string(static_cast<uint64_t>(max)));
     }
-    const uint32_t n = static_cast<uint32_t>(max);
-    uint32_t popped = 0;
-    Record r;
-    for (; popped < n; popped++) {
-      if (!ring->TryPop(&r)) break;
-      uint32_t* w = data + static_cast<size_t>(popped) * kRecordWords;
-      w[0] = static_cast<uint32_t>(r.id);
-      w[1] = static_cast<uint32_t>(r.id >> 32);
-      w[2] = r.bytes;
-      w[3] = r.time;
-    }
+    const uint32_t popped = ring->TryPopMany(data, static_cast<uint32_t>(max));
     return Napi::Number::New(env, popped);
   }
 

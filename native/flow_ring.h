@@ -77,6 +77,64 @@ class Ring {
     return true;
   }
 
+  // Pushes up to n records with one claim of the head position: claims the
+  // longest run of free cells (at most n) and publishes them in order.
+  // Returns how many were pushed (0 when full).
+  uint32_t TryPushMany(const uint32_t* words, uint32_t n) noexcept {
+    uint32_t done = 0;
+    while (done < n) {
+      uint64_t pos = head_.load(std::memory_order_relaxed);
+      uint32_t run = 0;
+      const uint32_t want = n - done;
+      while (run < want && cells_[(pos + run) & mask_].seq.load(std::memory_order_acquire) == pos + run) run++;
+      if (run == 0) {
+        // Either full, or another producer moved head: tell the two apart.
+        const uint64_t seq = cells_[pos & mask_].seq.load(std::memory_order_acquire);
+        if (static_cast<int64_t>(seq - pos) < 0) return done;
+        continue;
+      }
+      if (!head_.compare_exchange_weak(pos, pos + run, std::memory_order_relaxed)) continue;
+      for (uint32_t k = 0; k < run; k++, done++) {
+        Cell& cell = cells_[(pos + k) & mask_];
+        const uint32_t* w = words + static_cast<size_t>(done) * 4;
+        cell.id.store(static_cast<uint64_t>(w[0]) | (static_cast<uint64_t>(w[1]) << 32), std::memory_order_relaxed);
+        cell.meta.store(static_cast<uint64_t>(w[2]) | (static_cast<uint64_t>(w[3]) << 32), std::memory_order_relaxed);
+        cell.seq.store(pos + k + 1, std::memory_order_release);
+      }
+    }
+    return done;
+  }
+
+  // Pops up to n published records with one claim of the tail position,
+  // writing them as [idLow, idHigh, bytes, time] words. Returns how many.
+  uint32_t TryPopMany(uint32_t* words, uint32_t n) noexcept {
+    uint32_t done = 0;
+    while (done < n) {
+      uint64_t pos = tail_.load(std::memory_order_relaxed);
+      uint32_t run = 0;
+      const uint32_t want = n - done;
+      while (run < want && cells_[(pos + run) & mask_].seq.load(std::memory_order_acquire) == pos + run + 1) run++;
+      if (run == 0) {
+        const uint64_t seq = cells_[pos & mask_].seq.load(std::memory_order_acquire);
+        if (static_cast<int64_t>(seq - (pos + 1)) < 0) return done;
+        continue;
+      }
+      if (!tail_.compare_exchange_weak(pos, pos + run, std::memory_order_relaxed)) continue;
+      for (uint32_t k = 0; k < run; k++, done++) {
+        Cell& cell = cells_[(pos + k) & mask_];
+        Record r;
+        Read(cell, &r);
+        cell.seq.store(pos + k + mask_ + 1, std::memory_order_release);
+        uint32_t* w = words + static_cast<size_t>(done) * 4;
+        w[0] = static_cast<uint32_t>(r.id);
+        w[1] = static_cast<uint32_t>(r.id >> 32);
+        w[2] = r.bytes;
+        w[3] = r.time;
+      }
+    }
+    return done;
+  }
+
   // Reads the head record without removing it. Exact only for the single
   // consumer (no concurrent pops); concurrent pushes are fine.
   bool Peek(Record* out) const noexcept {

@@ -69,6 +69,7 @@ t.test('4 producer threads, main thread consumer: nothing lost, nothing duplicat
   const workers = Array.from({ length: producers }, (_, p) =>
     runWorker(PRODUCER, { handle: q.handle, producer: p, perProducer, flows, batch: 16, go }),
   );
+  const exits = workers.map(exitOf);
   const errors: string[] = [];
   let ready = 0;
   const allReady = new Promise<void>((resolve) => {
@@ -125,7 +126,7 @@ t.test('4 producer threads, main thread consumer: nothing lost, nothing duplicat
   }
   // a broken queue leaves producers spinning on a "full" ring: stop them
   if (received < producers * perProducer) await Promise.all(workers.map((w) => w.terminate()));
-  const codes = await Promise.all(workers.map(exitOf));
+  const codes = await Promise.all(exits);
   t.same(errors, [], 'no worker errors');
   t.same(codes, [0, 0, 0, 0], 'workers exit cleanly');
   t.equal(received, producers * perProducer, 'every record arrived');
