@@ -67,6 +67,7 @@ export class DataLayer {
 
   async #scrape(ep: Endpoint): Promise<void> {
     this.#scraping[ep.id] = true;
+    const dispatchedBefore = ep.dispatched;
     try {
       const res = await this.#clients[ep.id].request({ path: '/metrics', method: 'GET' });
       if (res.statusCode !== 200) {
@@ -76,7 +77,11 @@ export class DataLayer {
       const text = await res.body.text();
       const prevBlocks = ep.metrics.cacheBlocks;
       const prevTokens = ep.metrics.cacheBlockTokens;
-      if (readEngineMetrics(text, ep.metrics)) ep.metricsAt = performance.now();
+      if (readEngineMetrics(text, ep.metrics)) {
+        ep.metricsAt = performance.now();
+        // requests sent after this scrape left are not in its figures
+        ep.sinceScrape = ep.dispatched - dispatchedBefore;
+      }
       if (ep.metrics.cacheBlocks !== prevBlocks || ep.metrics.cacheBlockTokens !== prevTokens) {
         for (const fn of this.#capacityListeners) fn(ep);
       }

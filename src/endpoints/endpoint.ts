@@ -26,6 +26,8 @@ export class Endpoint {
   inFlight = 0;
   /** Requests dispatched here since start. */
   dispatched = 0;
+  /** Requests dispatched since the request of the last successful scrape left (the engine's metrics cannot show them yet). */
+  sinceScrape = 0;
 
   readonly metrics: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0 };
   /** performance.now() of the last successful scrape; 0 = never. */
@@ -77,6 +79,7 @@ export class Endpoint {
   onDispatch(now: number): void {
     this.inFlight++;
     this.dispatched++;
+    this.sinceScrape++;
     if (this.breakerOpenUntil !== 0 && now >= this.breakerOpenUntil) this.trialInFlight = true;
   }
 

@@ -1,6 +1,8 @@
 // Scorer `queue`: the engine's waiting-queue length (vllm:num_requests_waiting,
-// sglang:num_queue_reqs) when its metrics are fresh; when they are stale or
-// missing, the router's own in-flight count for that endpoint instead.
+// sglang:num_queue_reqs) from the last scrape plus the requests this router
+// sent there since that scrape (which the engine's figures cannot show yet:
+// a burst between two scrapes would otherwise see equal queues everywhere).
+// When the metrics are stale or missing: the router's own in-flight count.
 // Shortest queue scores 1, longest 0 (min-max over the candidates).
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { knownParams, type PluginFactory } from '../registry.js';
@@ -19,7 +21,7 @@ export class QueueScorer implements Scorer {
     this.#out = ensure(this.#out, n);
     for (let i = 0; i < n; i++) {
       const ep = eps[i];
-      this.#vals[i] = ep.fresh(ctx.now, ctx.staleAfterMs) ? ep.metrics.waiting : ep.inFlight;
+      this.#vals[i] = ep.fresh(ctx.now, ctx.staleAfterMs) ? ep.metrics.waiting + Math.min(ep.sinceScrape, ep.inFlight) : ep.inFlight;
     }
     inverseMinMax(this.#vals, n, this.#out);
     return this.#out;
