@@ -1,0 +1,151 @@
+// The router's HTTP surface over loopback against simulated engines: every bad
+// input gets OpenAI error JSON with the right status, headers, and the
+// non-inference endpoints.
+import t from 'tap';
+import { connect } from 'node:net';
+import { startFleet } from '../src/sim/index.js';
+import { validateConfig, API_VERSION } from '../src/config/schema.js';
+import { registry } from '../src/scheduler/builtins.js';
+import { startRouter } from '../src/server/router.js';
+
+const validate = (kind: 'filter' | 'scorer' | 'picker', s: { type: string; params: Record<string, unknown> }) =>
+  registry.validate(kind, s.type, s.params);
+
+async function setup(t: Tap.Test, extra: Record<string, unknown> = {}, pools?: (urls: string[]) => unknown) {
+  const fleet = await startFleet(2, { timeScale: 0 });
+  const cfg = validateConfig(
+    {
+      apiVersion: API_VERSION,
+      kind: 'Router',
+      pools: pools
+        ? pools(fleet.urls)
+        : [{ name: 'p', models: ['open-model'], endpoints: fleet.urls.map((url, i) => ({ name: `e${i}`, url })) }],
+      logging: { level: 'silent' },
+      ...extra,
+    },
+    validate,
+  );
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(async () => {
+    await router.close(200);
+    await fleet.close();
+  });
+  return { fleet, router, url: router.url };
+}
+
+async function post(url: string, body: string, headers: Record<string, string> = {}) {
+  const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
+  const text = await res.text();
+  return { status: res.status, headers: res.headers, text, json: safeJson(text) };
+}
+function safeJson(s: string): any {
+  try {
+    return JSON.parse(s);
+  } catch {
+    return undefined;
+  }
+}
+
+function isOpenAIError(t: Tap.Test, r: { status: number; json: any }, status: number, param?: string) {
+  t.equal(r.status, status, `HTTP ${status}`);
+  t.type(r.json?.error?.message, 'string', 'error.message');
+  t.type(r.json?.error?.type, 'string', 'error.type');
+  t.equal(r.json?.error?.code, status, 'error.code = status');
+  if (param !== undefined) t.equal(r.json?.error?.param, param, `error.param = ${param}`);
+}
+
+t.test('bad input: each answered with OpenAI error JSON, and the router keeps serving', async (t) => {
+  const { url } = await setup(t, { limits: { maxBodyBytes: 4096, requestBodyTimeoutMs: 300 } });
+  const chat = `${url}/v1/chat/completions`;
+  const comp = `${url}/v1/completions`;
+
+  isOpenAIError(t, await post(chat, '{"model": "open-model", "messages": ['), 400);
+  isOpenAIError(t, await post(chat, '[1,2,3]'), 400);
+  isOpenAIError(t, await post(chat, '{"messages":[{"role":"user","content":"hi"}]}'), 400, 'model');
+  isOpenAIError(t, await post(chat, '{"model":"open-model"}'), 400, 'messages');
+  isOpenAIError(t, await post(chat, '{"model":"open-model","messages":[]}'), 400, 'messages');
+  isOpenAIError(t, await post(comp, '{"model":"open-model"}'), 400, 'prompt');
+  isOpenAIError(t, await post(comp, '{"model":"open-model","prompt":{"a":1}}'), 400, 'prompt');
+  isOpenAIError(t, await post(comp, ''), 400);
+  const nf = await post(comp, '{"model":"no-such-model","prompt":"hi"}');
+  isOpenAIError(t, nf, 404, 'model');
+  t.match(nf.json.error.message, /no-such-model/);
+  isOpenAIError(t, await post(comp, JSON.stringify({ model: 'open-model', prompt: 'x'.repeat(5000) })), 413);
+
+  const wrongMethod = await fetch(comp);
+  const wm = { status: wrongMethod.status, json: await wrongMethod.json() };
+  isOpenAIError(t, wm, 405);
+  t.equal(wrongMethod.headers.get('allow'), 'POST');
+  const del = await fetch(`${url}/v1/models`, { method: 'DELETE' });
+  t.equal(del.status, 405, 'DELETE /v1/models: 405');
+  await del.text();
+  isOpenAIError(t, await post(`${url}/v1/nothing-here`, '{}'), 404);
+  const nope = await fetch(`${url}/nope`);
+  t.equal(nope.status, 404);
+  await nope.text();
+
+  // a stalled body: headers promise 100 bytes, 10 arrive, then nothing
+  const reply = await new Promise<string>((resolve, reject) => {
+    const u = new URL(url);
+    const s = connect(Number(u.port), u.hostname, () => {
+      s.write('POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model":');
+    });
+    let got = '';
+    s.on('data', (b) => (got += b.toString()));
+    s.on('close', () => resolve(got));
+    s.on('error', reject);
+    setTimeout(() => {
+      s.destroy();
+      resolve(got);
+    }, 3000);
+  });
+  t.match(reply, /^HTTP\/1\.1 408 /, 'stalled body: 408');
+  t.match(reply, /"code":408/);
+
+  // after all that, a good request still works
+  const ok = await post(comp, '{"model":"open-model","prompt":"still alive?","max_tokens":2}');
+  t.equal(ok.status, 200, 'router still serves');
+  t.equal(ok.json.object, 'text_completion');
+});
+
+t.test('no ready endpoint: 503', async (t) => {
+  // the only endpoint of the pool is a closed port; health checks mark it down
+  const { url } = await setup(t, { dataLayer: { healthIntervalMs: 100, healthTimeoutMs: 200 } }, (urls) => [
+    { name: 'live', models: ['open-model'], endpoints: [{ name: 'a', url: urls[0] }] },
+    { name: 'dead', models: ['dead-model'], endpoints: [{ name: 'gone', url: 'http://127.0.0.1:1' }] },
+  ]);
+  const r = await post(`${url}/v1/completions`, '{"model":"dead-model","prompt":"hi"}');
+  isOpenAIError(t, r, 503);
+  const ready = await fetch(`${url}/readyz`);
+  t.equal(ready.status, 503, '/readyz: not ready while a model has no ready endpoint');
+  t.match(await ready.json(), { models_without_ready_endpoint: ['dead-model'] });
+});
+
+t.test('headers, /v1/models, /healthz, /readyz, /metrics', async (t) => {
+  const { url } = await setup(t, {}, (urls) => [
+    { name: 'a', models: ['model-a', 'shared'], endpoints: [{ name: 'ea', url: urls[0] }] },
+    { name: 'b', engine: 'sglang', models: ['model-b', 'shared'], endpoints: [{ name: 'eb', url: urls[1] }] },
+  ]);
+  // the sim serves whatever name it was started with; use one it knows
+  const r = await post(`${url}/v1/completions`, '{"model":"model-a","prompt":"hello","max_tokens":2}', { 'x-request-id': 'my-id-123' });
+  t.equal(r.headers.get('x-request-id'), 'my-id-123', 'x-request-id passed through');
+  t.equal(r.headers.get('x-switchyard-endpoint'), 'ea', 'x-switchyard-endpoint names the endpoint');
+  const r2 = await post(`${url}/v1/completions`, '{"model":"model-b","prompt":"hello","max_tokens":2}');
+  t.match(r2.headers.get('x-request-id'), /^[0-9a-f]{8}-[0-9a-z]+$/, 'x-request-id generated');
+  t.equal(r2.headers.get('x-switchyard-endpoint'), 'eb');
+
+  const models = await (await fetch(`${url}/v1/models`)).json();
+  t.same(models.data.map((m: { id: string }) => m.id).sort(), ['model-a', 'model-b', 'shared'], '/v1/models: union of the pools');
+  t.equal((await fetch(`${url}/healthz`)).status, 200);
+  t.equal((await fetch(`${url}/readyz`)).status, 200);
+  const m = await (await fetch(`${url}/metrics`)).text();
+  for (const name of [
+    'switchyard_requests_total{model="model-a",endpoint="ea",status="',
+    'switchyard_routing_decision_seconds_bucket',
+    'switchyard_upstream_ttft_seconds_bucket{endpoint="ea"',
+    'switchyard_endpoint_in_flight{endpoint="eb"} 0',
+    'switchyard_prefix_match_ratio',
+  ]) {
+    t.ok(m.includes(name), `/metrics has ${name}`);
+  }
+});
