@@ -157,7 +157,7 @@ t.test('native index agrees with the reference model on random operation sequenc
       const ms = modelState(model);
       if (ns.join() !== ms.join()) throw new Error(`final state differs:\nnative ${ns.join()}\nmodel  ${ms.join()}`);
     }),
-    { numRuns: RUNS },
+    { numRuns: RUNS, interruptAfterTimeLimit: 60_000, markInterruptAsFailure: true },
   );
   t.pass(`${RUNS} random sequences agree`);
   // the generator must exercise what it claims to
@@ -208,7 +208,7 @@ t.test('larger sequences with many blocks per record (tables grow, shrink and re
         }
       }
     }),
-    { numRuns: Math.max(10, Math.floor(RUNS / 5)) },
+    { numRuns: Math.max(10, Math.floor(RUNS / 5)), interruptAfterTimeLimit: 60_000, markInterruptAsFailure: true },
   );
   t.pass('agree');
   t.end();
@@ -230,7 +230,7 @@ t.test('approximate mode: native chained hashes equal the model bit for bit', (t
         }
       },
     ),
-    { numRuns: RUNS },
+    { numRuns: RUNS, interruptAfterTimeLimit: 60_000, markInterruptAsFailure: true },
   );
   t.equal(PrefixIndex.seedFor('llama-3-8b', 7n), seedModel('llama-3-8b', 7n), 'seedFor matches the model');
   t.end();
@@ -266,7 +266,7 @@ t.test('approximate mode: matchPrompt then record of its hashes agrees with the 
         }
       }
     }),
-    { numRuns: RUNS },
+    { numRuns: RUNS, interruptAfterTimeLimit: 60_000, markInterruptAsFailure: true },
   );
   t.pass('agree');
   t.end();
