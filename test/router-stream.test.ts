@@ -1,0 +1,149 @@
+// Streaming relay, client aborts and failover over loopback against simulated
+// engines.
+import t from 'tap';
+import { startFleet, type SimFleet, type FleetOptions } from '../src/sim/index.js';
+import { validateConfig, API_VERSION } from '../src/config/schema.js';
+import { registry } from '../src/scheduler/builtins.js';
+import { startRouter, type RunningRouter } from '../src/server/router.js';
+
+const validate = (kind: 'filter' | 'scorer' | 'picker', s: { type: string; params: Record<string, unknown> }) =>
+  registry.validate(kind, s.type, s.params);
+
+async function setup(
+  t: Tap.Test,
+  n: number,
+  fleetOpts: FleetOptions,
+  extra: Record<string, unknown> = {},
+  extraEndpoints: { name: string; url: string }[] = [],
+): Promise<{ fleet: SimFleet; router: RunningRouter; url: string }> {
+  const fleet = await startFleet(n, fleetOpts);
+  const cfg = validateConfig(
+    {
+      apiVersion: API_VERSION,
+      kind: 'Router',
+      pools: [{ name: 'p', models: ['open-model'], endpoints: [...fleet.urls.map((url, i) => ({ name: `e${i}`, url })), ...extraEndpoints] }],
+      logging: { level: 'silent' },
+      ...extra,
+    },
+    validate,
+  );
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(async () => {
+    await router.close(200);
+    await fleet.close();
+  });
+  return { fleet, router, url: router.url };
+}
+
+const until = async (cond: () => boolean, ms: number) => {
+  const end = Date.now() + ms;
+  while (!cond() && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
+  return cond();
+};
+
+t.test('streaming through the router is byte-identical to a direct request to the same engine', async (t) => {
+  const { fleet, url } = await setup(t, 2, { timeScale: 0.02 });
+  for (const path of ['/v1/chat/completions', '/v1/completions']) {
+    const body =
+      path === '/v1/completions'
+        ? { model: 'open-model', prompt: 'Tell me a story about routers.', max_tokens: 24, stream: true }
+        : { model: 'open-model', messages: [{ role: 'user', content: 'Tell me a story about routers.' }], max_tokens: 24, stream: true, stream_options: { include_usage: false } };
+    const headers = { 'content-type': 'application/json', 'x-request-id': `same-id-${path.length}` };
+    const viaRouter = await fetch(url + path, { method: 'POST', headers, body: JSON.stringify(body) });
+    t.equal(viaRouter.status, 200);
+    t.match(viaRouter.headers.get('content-type'), /^text\/event-stream/);
+    const ep = viaRouter.headers.get('x-switchyard-endpoint')!;
+    const routed = await viaRouter.text();
+    const engineUrl = fleet.urls[Number(ep.slice(1))];
+    const direct = await (await fetch(engineUrl + path, { method: 'POST', headers, body: JSON.stringify(body) })).text();
+    const norm = (s: string) => s.replace(/"created":\d+/g, '"created":0');
+    t.ok(routed.endsWith('data: [DONE]\n\n'), `${path}: stream ends with [DONE]`);
+    t.ok(routed.split('data: ').length > 20, `${path}: many SSE events`);
+    t.equal(norm(routed), norm(direct), `${path}: identical bytes (created timestamps aside)`);
+  }
+});
+
+t.test('client abort reaches the engine: its slot frees and the router releases accounting', async (t) => {
+  const { fleet, router, url } = await setup(t, 1, { timeScale: 1, itlMs: 20, maxNumSeqs: 4 });
+  const engine = fleet.engines[0];
+  const ac = new AbortController();
+  const res = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'open-model', prompt: 'a long answer please', max_tokens: 2000, stream: true }),
+    signal: ac.signal,
+  });
+  t.equal(res.status, 200);
+  const reader = res.body!.getReader();
+  const first = await reader.read();
+  t.ok(first.value && first.value.length > 0, 'received the first chunk');
+  t.equal(engine.stats().running, 1, 'the engine is decoding the request');
+  t.equal(router.core.scheduler.endpoints.all[0].inFlight, 1, 'router counts it in flight');
+  const abortedBefore = engine.stats().aborted;
+  ac.abort();
+  await reader.cancel().catch(() => {});
+  t.ok(await until(() => engine.stats().running === 0 && engine.stats().open === 0, 3000), 'the engine slot is freed');
+  t.ok(engine.stats().aborted > abortedBefore, 'the engine saw the abort');
+  t.ok(await until(() => router.core.scheduler.endpoints.all[0].inFlight === 0 && router.core.activeRequests === 0, 1000), 'router accounting released');
+  const m = await (await fetch(`${url}/metrics`)).text();
+  t.match(m, /switchyard_requests_total\{model="open-model",endpoint="e0",status="499"\} 1/);
+});
+
+t.test('failover before the first byte: a dead endpoint and a 500-ing endpoint are retried elsewhere', async (t) => {
+  // health checks off so the dead endpoint stays routable; round-robin so each one is picked
+  const { fleet, router, url } = await setup(
+    t,
+    2,
+    { timeScale: 0 },
+    { dataLayer: { healthIntervalMs: 0, breakerFailures: 1000 }, scheduling: { picker: 'round-robin', scorers: [] } },
+    [{ name: 'dead', url: 'http://127.0.0.1:1' }],
+  );
+  fleet.engines[1].setFailures(1, ['500']);
+  const seen = new Set<string>();
+  for (let i = 0; i < 12; i++) {
+    const r = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'open-model', prompt: `request ${i}`, max_tokens: 2, stream: i % 2 === 0 }),
+    });
+    await r.text();
+    t.equal(r.status, 200, `request ${i}: 200`);
+    seen.add(r.headers.get('x-switchyard-endpoint')!);
+  }
+  t.same([...seen], ['e0'], 'every answer came from the healthy engine');
+  const m = await (await fetch(`${url}/metrics`)).text();
+  const retries = Number(/^switchyard_upstream_retries_total (\d+)/m.exec(m)![1]);
+  t.ok(retries >= 8, `retries counted (${retries})`);
+  t.equal(router.core.scheduler.endpoints.all.reduce((a, e) => a + e.inFlight, 0), 0, 'no in-flight leak');
+});
+
+t.test('every endpoint failing: 502 after the retries; the circuit breaker then skips them', async (t) => {
+  const { fleet, router, url } = await setup(t, 2, { timeScale: 0 }, { dataLayer: { breakerFailures: 2, breakerCooldownMs: 60_000 } });
+  for (const e of fleet.engines) e.setFailures(1, ['500']);
+  const r = await fetch(`${url}/v1/completions`, { method: 'POST', body: JSON.stringify({ model: 'open-model', prompt: 'x' }) });
+  t.equal(r.status, 502);
+  const j = await r.json();
+  t.equal(j.error.code, 502);
+  const r2 = await fetch(`${url}/v1/completions`, { method: 'POST', body: JSON.stringify({ model: 'open-model', prompt: 'x' }) });
+  await r2.text();
+  t.equal(r2.status, 502);
+  const now = performance.now();
+  t.ok(router.core.scheduler.endpoints.all.every((e) => e.breakerOpen(now)), 'both breakers open');
+  const r3 = await fetch(`${url}/v1/completions`, { method: 'POST', body: JSON.stringify({ model: 'open-model', prompt: 'x' }) });
+  await r3.text();
+  t.equal(r3.status, 503, 'with every breaker open: 503 without touching the engines');
+});
+
+t.test('an upstream failure after the first byte ends the stream with an error event', async (t) => {
+  const { fleet, url } = await setup(t, 1, { timeScale: 0.02 });
+  fleet.engines[0].setFailures(1, ['reset-mid-stream']);
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    body: JSON.stringify({ model: 'open-model', prompt: 'stream then break', max_tokens: 200, stream: true }),
+  });
+  t.equal(r.status, 200, 'status already sent');
+  const text = await r.text();
+  t.ok(text.startsWith('data: {'), 'some data was relayed');
+  t.match(text, /data: \{"error":\{"message":"upstream endpoint e0 failed mid-response/, 'an error event');
+  t.ok(text.endsWith('data: [DONE]\n\n'), 'then [DONE]');
+});
