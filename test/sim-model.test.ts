@@ -3,12 +3,12 @@
 // in vllm:num_requests_waiting), LRU eviction, and disconnects freeing capacity.
 import t from 'tap';
 import { startEngine } from '../src/sim/index.js';
-import { metric, post, scrape, send, sseData, until } from './sim-util.js';
+import { metric, post, scrape, send, sleep, sseData, until } from './sim-util.js';
 
 t.test('a repeated prompt hits the prefix cache: cached_tokens = its full blocks, shorter TTFT', async (t) => {
-  // 250 tokens uncached cost 1 + 250 × 1 = 251 model ms → 50 ms wall at time-scale 0.2;
-  // cached, 10 tokens cost 11 model ms → 2.2 ms.
-  const e = await startEngine({ timeScale: 0.2, prefillOverheadMs: 1, prefillUsPerToken: 1000, itlMs: 1, blockSize: 16 });
+  // 250 tokens uncached cost 1 + 250 × 1 = 251 model ms → 100 ms wall at time-scale 0.4;
+  // cached, 10 tokens cost 11 model ms → 4.4 ms.
+  const e = await startEngine({ timeScale: 0.4, prefillOverheadMs: 1, prefillUsPerToken: 1000, itlMs: 1, blockSize: 16 });
   t.teardown(() => e.close());
   const prompt = 'a'.repeat(1000); // 250 tokens: 15 full blocks of 16
   const body = { model: 'open-model', prompt, max_tokens: 2, stream: true, stream_options: { include_usage: true } };
@@ -17,7 +17,7 @@ t.test('a repeated prompt hits the prefix cache: cached_tokens = its full blocks
   const usage = (r: { body: string }) => JSON.parse(sseData(r.body).at(-2)!).usage;
   t.equal(usage(first).prompt_tokens_details.cached_tokens, 0);
   t.equal(usage(second).prompt_tokens_details.cached_tokens, 15 * 16);
-  t.ok(first.firstByteMs >= 45, `uncached TTFT ${first.firstByteMs.toFixed(1)} ms ≥ 45 ms`);
+  t.ok(first.firstByteMs >= 95, `uncached TTFT ${first.firstByteMs.toFixed(1)} ms ≥ 95 ms`);
   t.ok(second.firstByteMs < first.firstByteMs / 2, `cached TTFT ${second.firstByteMs.toFixed(1)} ms < half of ${first.firstByteMs.toFixed(1)} ms`);
   // A prompt that shares only the first 5 blocks reuses exactly those.
   const partial = await post(e.url, '/v1/completions', { prompt: 'a'.repeat(5 * 64) + 'b'.repeat(700), max_tokens: 1 });
@@ -48,7 +48,7 @@ t.test('requests beyond max-num-seqs wait FIFO and show in vllm:num_requests_wai
   for (const r of done) t.equal(sseData(r.body).at(-1), '[DONE]');
   const ttft = done.map((r) => r.firstByteMs);
   // Requests 0,1 start at once; 2,3 after ~50 ms; 4 after ~100 ms (FIFO).
-  t.ok(ttft[0]! < 40 && ttft[1]! < 40, `first two start at once: ${ttft.slice(0, 2).map((x) => x.toFixed(0))}`);
+  t.ok(Math.max(ttft[0]!, ttft[1]!) < Math.min(ttft[2]!, ttft[3]!), `first two start first: ${ttft.map((x) => x.toFixed(0))}`);
   t.ok(ttft[2]! >= 40 && ttft[3]! >= 40, `next two wait: ${ttft.slice(2, 4).map((x) => x.toFixed(0))}`);
   t.ok(ttft[4]! >= 85, `last waits two rounds: ${ttft[4]!.toFixed(0)}`);
   const after = await scrape(e.url);
@@ -63,9 +63,16 @@ t.test('decode slows down as the batch grows (documented factor)', async (t) => 
   t.teardown(() => e.close());
   const alone = await post(e.url, '/v1/completions', { prompt: 'solo', max_tokens: 20 });
   const batch = await Promise.all([0, 1, 2, 3].map((i) => post(e.url, '/v1/completions', { prompt: `b${i}`, max_tokens: 20 })));
-  // Alone: 19 × 100 ms model = 38 ms wall. Four at once: factor 1 + 0.5 × 3 = 2.5 → ~95 ms.
+  // Alone: 19 × 100 ms model = 38 ms wall. Four at once: factor 1 + 0.5 × 3 = 2.5 → 95 ms.
   const slowest = Math.max(...batch.map((r) => r.totalMs));
-  t.ok(slowest > alone.totalMs * 1.8, `batch of 4 ${slowest.toFixed(0)} ms vs alone ${alone.totalMs.toFixed(0)} ms`);
+  t.ok(alone.totalMs >= 36, `alone ${alone.totalMs.toFixed(0)} ms ≥ 36 ms`);
+  t.ok(slowest >= 88, `batch of 4 ${slowest.toFixed(0)} ms ≥ 88 ms (alone ${alone.totalMs.toFixed(0)} ms)`);
+  const ex = await scrape(e.url);
+  // ITL histogram in model seconds: 19 tokens at 0.1 s, then 4 × 19 tokens mostly at 0.25 s
+  // (the first steps of the batch may run before all four have arrived).
+  t.equal(metric(ex, 'vllm:inter_token_latency_seconds_count'), 5 * 19);
+  t.ok(metric(ex, 'vllm:inter_token_latency_seconds_bucket', { le: '0.1' }) >= 19);
+  t.ok(5 * 19 - metric(ex, 'vllm:inter_token_latency_seconds_bucket', { le: '0.2' }) >= 4 * 15);
 });
 
 t.test('LRU eviction once the KV cache is full', async (t) => {
@@ -118,7 +125,7 @@ t.test('a client disconnect mid-stream frees its slot and pinned blocks at once'
   t.ok(await until(() => e.stats().waiting === 1), 'the abandoned waiting request left the queue');
   const t0 = performance.now();
   long.destroy();
-  const r = await queued.done;
+  const r = await Promise.race([queued.done, sleep(3000).then(() => ({ status: -1 }))]);
   const waited = performance.now() - t0;
   t.equal(r.status, 200);
   t.ok(waited < 300, `queued request ran ${waited.toFixed(0)} ms after the disconnect, not after the 1 s decode`);

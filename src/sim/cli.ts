@@ -119,9 +119,6 @@ export function parseSimArgs(argv: string[]): (FleetOptions & { fleet: number })
   }
   if (o.basePort === undefined) o.basePort = o.port;
   const { fleet, basePort, ...rest } = o;
-  if (!Number.isInteger(basePort) || basePort! < 0 || basePort! + fleet - 1 > 65535) {
-    throw new FlagError(`--base-port ${basePort} with --fleet ${fleet} runs past port 65535`);
-  }
   try {
     resolveSimOptions(rest);
   } catch (err) {
@@ -130,6 +127,9 @@ export function parseSimArgs(argv: string[]): (FleetOptions & { fleet: number })
       throw new FlagError(`${flag}: ${err.message.slice(err.message.indexOf(': ') + 2)}`);
     }
     throw err;
+  }
+  if (!Number.isInteger(basePort) || basePort! < 0 || basePort! + fleet - 1 > 65535) {
+    throw new FlagError(`--base-port ${basePort} with --fleet ${fleet} runs past port 65535`);
   }
   return o;
 }

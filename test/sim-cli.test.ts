@@ -1,0 +1,81 @@
+// `switchyard sim` flags: parsing, --help, bad flags exit 2.
+import t from 'tap';
+import { parseSimArgs, runSimCli, SIM_USAGE } from '../src/sim/cli.js';
+
+t.test('flags parse into options', async (t) => {
+  const o = parseSimArgs([
+    '--host', '0.0.0.0', '--port=9001', '--model', 'a', '--model', 'b', '--engine', 'sglang', '--max-num-seqs', '4',
+    '--kv-cache-blocks', '100', '--block-size', '8', '--prefill-overhead-ms', '2.5', '--prefill-us-per-token', '30',
+    '--itl-ms', '7', '--decode-slowdown', '0.1', '--time-scale', '0', '--seed', '9', '--revision', 'r2', '--role', 'prefill',
+    '--failure-rate', '0.5', '--failure-kinds', '500,reset-mid-stream', '--slow-first-byte-ms', '10', '--max-model-len', '2048',
+    '--default-max-tokens', '3', '--max-body-bytes', '1000', '--fleet', '3', '--base-port', '9100',
+  ]);
+  t.not(o, 'help');
+  t.match(o, {
+    host: '0.0.0.0', port: 9001, models: ['a', 'b'], engine: 'sglang', maxNumSeqs: 4, kvCacheBlocks: 100, blockSize: 8,
+    prefillOverheadMs: 2.5, prefillUsPerToken: 30, itlMs: 7, decodeSlowdown: 0.1, timeScale: 0, seed: 9, revision: 'r2',
+    role: 'prefill', failureRate: 0.5, failureKinds: ['500', 'reset-mid-stream'], slowFirstByteMs: 10, maxModelLen: 2048,
+    defaultMaxTokens: 3, maxBodyBytes: 1000, fleet: 3, basePort: 9100,
+  });
+  t.match(parseSimArgs(['--port', '0']), { port: 0, basePort: 0, fleet: 1 });
+  t.equal(parseSimArgs(['--itl-ms', '3', '--help']), 'help');
+});
+
+t.test('bad flags exit 2 with a clear message; --help exits 0 and lists every flag', async (t) => {
+  const errors: string[] = [];
+  const logs: string[] = [];
+  const err = console.error;
+  const log = console.log;
+  console.error = (m: string) => errors.push(m);
+  console.log = (m: string) => logs.push(m);
+  try {
+    const bad: [string[], RegExp][] = [
+      [['--bogus'], /unknown flag '--bogus'/],
+      [['--port'], /--port needs a value/],
+      [['--port', 'x'], /--port expects a number/],
+      [['--port', '70000'], /--port: expected an integer in \[0, 65535\]/],
+      [['--max-num-seqs', '1.5'], /--max-num-seqs expects an integer/],
+      [['--max-num-seqs', '0'], /--max-num-seqs: expected an integer/],
+      [['--engine', 'tgi'], /--engine expects vllm or sglang/],
+      [['--role', 'x'], /--role expects both, prefill or decode/],
+      [['--failure-rate', '2'], /--failure-rate: expected a number in \[0, 1\]/],
+      [['--failure-kinds', '500,boom'], /unknown kind 'boom'/],
+      [['--time-scale', '-1'], /--time-scale/],
+      [['--fleet', '0'], /--fleet expects an integer in \[1, 4096\]/],
+      [['--fleet', '10', '--base-port', '65530'], /runs past port 65535/],
+      [['stray'], /unexpected argument 'stray'/],
+    ];
+    for (const [argv, re] of bad) {
+      errors.length = 0;
+      t.equal(await runSimCli(argv), 2, argv.join(' '));
+      t.match(errors.join('\n'), re);
+      t.match(errors.join('\n'), /switchyard sim --help/);
+    }
+    t.equal(await runSimCli(['--help']), 0);
+  } finally {
+    console.error = err;
+    console.log = log;
+  }
+  const help = logs.join('\n');
+  t.equal(help, SIM_USAGE);
+  for (const f of ['--host', '--port', '--model', '--engine', '--max-num-seqs', '--kv-cache-blocks', '--block-size', '--prefill-overhead-ms',
+    '--prefill-us-per-token', '--itl-ms', '--decode-slowdown', '--time-scale', '--seed', '--revision', '--role', '--failure-rate',
+    '--failure-kinds', '--slow-first-byte-ms', '--max-model-len', '--default-max-tokens', '--max-body-bytes', '--fleet', '--base-port']) {
+    t.match(help, f);
+  }
+});
+
+t.test('port in use: exit 1 with a message', async (t) => {
+  const { startEngine } = await import('../src/sim/index.js');
+  const e = await startEngine({ timeScale: 0 });
+  t.teardown(() => e.close());
+  const errors: string[] = [];
+  const err = console.error;
+  console.error = (m: string) => errors.push(m);
+  try {
+    t.equal(await runSimCli(['--port', String(e.port)]), 1);
+  } finally {
+    console.error = err;
+  }
+  t.match(errors.join('\n'), /cannot listen/);
+});
