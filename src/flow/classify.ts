@@ -1,0 +1,93 @@
+// Per-request classification: which flow (fairness id) and which priority
+// band. Pure functions over a header getter, so the server can pass whatever
+// header access it has without building objects per request.
+import type { FlowControlConfig } from './config.js';
+
+/** Returns a request header's value by lower-case name; '' or undefined when absent. */
+export type HeaderGetter = (name: string) => string | undefined;
+
+/** The headers classification reads (lower-case). */
+export const CLASSIFY_HEADERS = [
+  'authorization',
+  'x-tenant-id',
+  'x-llm-d-inference-fairness-id',
+  'x-workload-id',
+  'x-priority',
+] as const;
+
+/** Flow id of requests that carry no identity at all. */
+export const ANONYMOUS_FLOW = 'default';
+
+const ID_RE = /^[A-Za-z0-9._:@/-]{1,128}$/;
+
+export interface Classification {
+  flowId: string;
+  /** Band index: 0 is the highest priority. */
+  band: number;
+}
+
+/** Precomputed lookups for classify(); build once per config. */
+export class Classifier {
+  readonly bands: readonly string[];
+  readonly defaultBand: number;
+  readonly #bandIndex = new Map<string, number>();
+  readonly #declared = new Map<string, number>();
+  readonly #tenants: Map<string, string>;
+  readonly #trustHeaders: boolean;
+
+  constructor(cfg: FlowControlConfig) {
+    this.bands = cfg.bands;
+    cfg.bands.forEach((b, i) => this.#bandIndex.set(b, i));
+    this.defaultBand = this.#bandIndex.get(cfg.defaultBand) ?? 0;
+    for (const f of cfg.flows) this.#declared.set(f.id, this.#bandIndex.get(f.priority) ?? this.defaultBand);
+    this.#tenants = new Map(Object.entries(cfg.tenants).map(([key, tenant]) => [key, `tenant:${tenant}`]));
+    this.#trustHeaders = cfg.trustHeaders;
+  }
+
+  /** The fairness id of a request. */
+  flowId(get: HeaderGetter): string {
+    const auth = get('authorization');
+    if (auth) {
+      const m = /^\s*Bearer\s+(\S+)\s*$/i.exec(auth);
+      if (m) {
+        const tenant = this.#tenants.get(m[1]!);
+        if (tenant !== undefined) return tenant;
+      }
+    }
+    if (this.#trustHeaders) {
+      const t = get('x-tenant-id');
+      if (t && ID_RE.test(t)) return `tenant:${t}`;
+    }
+    const fid = get('x-llm-d-inference-fairness-id');
+    // An untrusted client must not claim a tenant's identity through another header.
+    if (fid && ID_RE.test(fid) && (this.#trustHeaders || !fid.startsWith('tenant:'))) return fid;
+    const w = get('x-workload-id');
+    if (w && ID_RE.test(w)) return `workload:${w}`;
+    return ANONYMOUS_FLOW;
+  }
+
+  /** The band a flow was declared with (the default band when undeclared). */
+  declaredBand(flowId: string): number {
+    return this.#declared.get(flowId) ?? this.defaultBand;
+  }
+
+  /** Band index of a band name, or -1. */
+  bandIndex(name: string): number {
+    return this.#bandIndex.get(name) ?? -1;
+  }
+
+  /** Full classification: x-priority may lower the band, never raise it above the flow's declared band. */
+  classify(get: HeaderGetter): Classification {
+    const flowId = this.flowId(get);
+    return { flowId, band: this.band(flowId, get('x-priority')) };
+  }
+
+  /** Band for a flow given an x-priority header value ('' / undefined / unknown = the declared band). */
+  band(flowId: string, priority: string | undefined): number {
+    const declared = this.declaredBand(flowId);
+    if (!priority) return declared;
+    const asked = this.#bandIndex.get(priority.trim().toLowerCase());
+    if (asked === undefined) return declared;
+    return asked > declared ? asked : declared;
+  }
+}

@@ -1,0 +1,146 @@
+// Flow control shaped as the server's admission gate (src/server/gate.ts's
+// AdmissionGate, matched structurally so flow/ does not import server/).
+// One FlowController per model: each model's pool has its own saturation.
+import { Classifier, CLASSIFY_HEADERS } from './classify.js';
+import type { FlowControlConfig } from './config.js';
+import { FlowController, type AdmitResult, type Refused } from './controller.js';
+import type { Rng } from './admission.js';
+import { renderFlowMetrics } from './metrics.js';
+
+/** The part of the server's RequestInfo the gate reads. */
+export interface GateRequestInfo {
+  readonly model: string;
+  /** Lower-case header names from `headerNames`; '' when absent. */
+  readonly headers: Readonly<Record<string, string>>;
+  readonly bodyBytes: number;
+}
+
+export interface GateAbortSignal {
+  readonly aborted: boolean;
+  onabort: (() => void) | null;
+}
+
+export interface GateAdmitted {
+  readonly admitted: true;
+  readonly ticket: unknown;
+}
+
+export interface GateRejected {
+  readonly admitted: false;
+  readonly status: number;
+  readonly message: string;
+  /** For the `x-switchyard-dropped-reason` header. */
+  readonly reason: string;
+  /** For the `Retry-After` header (429 only). */
+  readonly retryAfterSeconds: number;
+}
+
+export type GateAdmission = GateAdmitted | GateRejected;
+
+export interface FlowControlGateOptions {
+  config: FlowControlConfig;
+  /** Pool utilisation for a model (SaturationDetector.poolLoad over its candidate endpoints); Infinity = no endpoint. */
+  utilisation: (model: string) => number;
+  maxInFlight?: number;
+  now?: () => number;
+  rng?: Rng;
+}
+
+interface Ticket {
+  readonly controller: FlowController;
+  readonly band: number;
+}
+
+const PASS: GateAdmitted = Object.freeze({ admitted: true as const, ticket: null });
+
+export class FlowControlGate {
+  readonly headerNames: readonly string[] = CLASSIFY_HEADERS;
+  readonly classifier: Classifier;
+  readonly #opts: FlowControlGateOptions;
+  readonly #controllers = new Map<string, { controller: FlowController; tickets: GateAdmitted[] }>();
+  readonly #rejections = new Map<Refused, GateRejected>();
+  #headers: Readonly<Record<string, string>> = {};
+  readonly #get = (name: string): string | undefined => this.#headers[name];
+
+  constructor(opts: FlowControlGateOptions) {
+    this.#opts = opts;
+    this.classifier = new Classifier(opts.config);
+  }
+
+  /** The controller of a model's pool (created on first use). */
+  controller(model: string): FlowController {
+    return this.#entry(model).controller;
+  }
+
+  admit(info: GateRequestInfo, signal: GateAbortSignal): GateAdmission | Promise<GateAdmission> {
+    if (!this.#opts.config.enabled) return PASS;
+    this.#headers = info.headers;
+    const flowId = this.classifier.flowId(this.#get);
+    const band = this.classifier.band(flowId, this.#get('x-priority'));
+    this.#headers = {};
+    const e = this.#entry(info.model);
+    const r = e.controller.admit({ flowId, band, bytes: info.bodyBytes }, signal);
+    if (r instanceof Promise) return r.then((x) => this.#map(e.tickets, x));
+    return this.#map(e.tickets, r);
+  }
+
+  release(ticket: unknown): void {
+    if (ticket === null || typeof ticket !== 'object') return;
+    (ticket as Ticket).controller.release((ticket as Ticket).band);
+  }
+
+  /** Call when a model's endpoints got fresh metrics or capacity (all models when omitted). */
+  onCapacity(model?: string): void {
+    if (model !== undefined) this.#controllers.get(model)?.controller.onCapacity();
+    else for (const e of this.#controllers.values()) e.controller.onCapacity();
+  }
+
+  /** Prometheus text lines for /metrics. */
+  metricsLines(): string[] {
+    const bands = this.#opts.config.bands;
+    return renderFlowMetrics(
+      [...this.#controllers.values()].map(({ controller }) => ({
+        pool: controller.pool,
+        bands,
+        bandStats: controller.bandStats,
+        flowStats: controller.flowStats(),
+      })),
+    );
+  }
+
+  close(): void {
+    for (const e of this.#controllers.values()) e.controller.close();
+    this.#controllers.clear();
+  }
+
+  #entry(model: string): { controller: FlowController; tickets: GateAdmitted[] } {
+    let e = this.#controllers.get(model);
+    if (e === undefined) {
+      const o = this.#opts;
+      const controller = new FlowController({
+        config: o.config,
+        utilisation: () => o.utilisation(model),
+        ...(o.maxInFlight !== undefined ? { maxInFlight: o.maxInFlight } : {}),
+        ...(o.now !== undefined ? { now: o.now } : {}),
+        ...(o.rng !== undefined ? { rng: o.rng } : {}),
+        pool: model,
+      });
+      const tickets = o.config.bands.map((_, band) =>
+        Object.freeze({ admitted: true as const, ticket: Object.freeze({ controller, band }) }),
+      );
+      e = { controller, tickets };
+      this.#controllers.set(model, e);
+    }
+    return e;
+  }
+
+  #map(tickets: GateAdmitted[], r: AdmitResult): GateAdmission {
+    if (r.ok) return tickets[r.ticket]!;
+    let g = this.#rejections.get(r);
+    if (g === undefined) {
+      g = Object.freeze({ admitted: false as const, status: r.status, message: r.message, reason: r.reason, retryAfterSeconds: r.retryAfterSeconds });
+      this.#rejections.set(r, g);
+    }
+    return g;
+  }
+}
