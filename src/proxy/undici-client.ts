@@ -1,12 +1,13 @@
 // UpstreamClient over undici: one keep-alive Pool per endpoint (pipelining 1),
-// driven through the raw dispatch handler API (no streams, no promises per
-// request): the handler forwards callbacks to the sink and exposes
-// pause/resume/abort through undici's dispatch controller.
+// driven through undici's raw dispatch handler (no streams, no promise per
+// request, no header object: the two headers the relay needs are read from
+// the raw header list). Backpressure: onData returns false while paused, and
+// undici's resume callback restarts the flow.
 import { Pool, type Dispatcher } from 'undici';
 import type { ProxyConfig } from '../config/schema.js';
 import { DEFAULTS } from '../config/schema.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
-import type { UpstreamCall, UpstreamClient, UpstreamHeaders, UpstreamRequest, UpstreamSink } from './upstream.js';
+import type { UpstreamCall, UpstreamClient, UpstreamRequest, UpstreamSink } from './upstream.js';
 
 class AbortedByRouter extends Error {
   constructor() {
@@ -14,11 +15,18 @@ class AbortedByRouter extends Error {
     this.name = 'AbortError';
   }
 }
-const ABORTED = new AbortedByRouter();
 
-class UndiciCall implements UpstreamCall, Dispatcher.DispatchHandler {
+function eqLower(b: Buffer, lower: string): boolean {
+  if (b.length !== lower.length) return false;
+  for (let i = 0; i < b.length; i++) if ((b[i] | 0x20) !== lower.charCodeAt(i)) return false;
+  return true;
+}
+
+/** undici's legacy (non-wrapped) handler shape: the cheapest path through its client. */
+class UndiciCall implements UpstreamCall {
   #sink: UpstreamSink | null;
-  #controller: Dispatcher.DispatchController | null = null;
+  #abort: ((err?: Error) => void) | null = null;
+  #resume: (() => void) | null = null;
   #paused = false;
   #aborted = false;
 
@@ -26,29 +34,40 @@ class UndiciCall implements UpstreamCall, Dispatcher.DispatchHandler {
     this.#sink = sink;
   }
 
-  onRequestStart(controller: Dispatcher.DispatchController): void {
-    this.#controller = controller;
-    if (this.#aborted) controller.abort(ABORTED);
-    else if (this.#paused) controller.pause();
+  onConnect(abort: (err?: Error) => void): void {
+    if (this.#aborted) abort(new AbortedByRouter());
+    else this.#abort = abort;
   }
 
-  onResponseStart(controller: Dispatcher.DispatchController, statusCode: number, headers: UpstreamHeaders): void {
-    this.#controller = controller;
-    if (this.#paused) controller.pause();
-    this.#sink?.onUpstreamHeaders(statusCode, headers);
+  onHeaders(statusCode: number, raw: Buffer[] | string[] | null, resume: () => void): boolean {
+    if (statusCode < 200) return true; // 1xx informational
+    this.#resume = resume;
+    let contentType = '';
+    let contentLength = -1;
+    if (raw) {
+      for (let i = 0; i + 1 < raw.length; i += 2) {
+        const k = raw[i];
+        const name = typeof k === 'string' ? Buffer.from(k) : k;
+        if (name.length === 12 && eqLower(name, 'content-type')) contentType = raw[i + 1].toString();
+        else if (name.length === 14 && eqLower(name, 'content-length')) contentLength = Number(raw[i + 1].toString());
+      }
+    }
+    this.#sink?.onUpstreamHeaders(statusCode, contentType, contentLength);
+    return !this.#paused;
   }
 
-  onResponseData(_c: Dispatcher.DispatchController, chunk: Buffer): void {
+  onData(chunk: Buffer): boolean {
     this.#sink?.onUpstreamData(chunk);
+    return !this.#paused;
   }
 
-  onResponseEnd(): void {
+  onComplete(): void {
     const s = this.#sink;
     this.#sink = null;
     s?.onUpstreamEnd();
   }
 
-  onResponseError(_c: Dispatcher.DispatchController, err: Error): void {
+  onError(err: Error): void {
     const s = this.#sink;
     this.#sink = null;
     s?.onUpstreamError(err);
@@ -56,19 +75,19 @@ class UndiciCall implements UpstreamCall, Dispatcher.DispatchHandler {
 
   pause(): void {
     this.#paused = true;
-    this.#controller?.pause();
   }
 
   resume(): void {
+    if (!this.#paused) return;
     this.#paused = false;
-    this.#controller?.resume();
+    this.#resume?.();
   }
 
   abort(): void {
     if (this.#aborted) return;
     this.#aborted = true;
     this.#sink = null;
-    this.#controller?.abort(ABORTED);
+    this.#abort?.(new AbortedByRouter());
   }
 }
 
@@ -98,7 +117,10 @@ export class UndiciUpstreamClient implements UpstreamClient {
 
   send(ep: Endpoint, req: UpstreamRequest, sink: UpstreamSink): UpstreamCall {
     const call = new UndiciCall(sink);
-    this.#pool(ep).dispatch({ method: req.method, path: req.path, headers: req.headers, body: req.body }, call);
+    this.#pool(ep).dispatch(
+      { method: req.method, path: req.path, headers: req.headers, body: req.body },
+      call as unknown as Dispatcher.DispatchHandler,
+    );
     return call;
   }
 

@@ -3,11 +3,9 @@
 // abort. undici is the first implementation (undici-client.ts).
 import type { Endpoint } from '../endpoints/endpoint.js';
 
-export type UpstreamHeaders = Record<string, string | string[] | undefined>;
-
 export interface UpstreamSink {
-  /** Status and headers arrived (before any body). */
-  onUpstreamHeaders(status: number, headers: UpstreamHeaders): void;
+  /** Status and headers arrived (before any body). `contentLength` is -1 when absent. */
+  onUpstreamHeaders(status: number, contentType: string, contentLength: number): void;
   /** A body chunk (valid only during the call unless copied). */
   onUpstreamData(chunk: Buffer): void;
   onUpstreamEnd(): void;

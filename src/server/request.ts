@@ -6,7 +6,7 @@
 import { performance } from 'node:perf_hooks';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import type { Decision, Outcome } from '../scheduler/scheduler.js';
-import type { UpstreamCall, UpstreamHeaders, UpstreamSink } from '../proxy/upstream.js';
+import type { UpstreamCall, UpstreamSink } from '../proxy/upstream.js';
 import type { AbortLike, Admission, RequestInfo } from './gate.js';
 import { errorBody, statusLine } from './http-errors.js';
 import type { RouterCore } from './core.js';
@@ -243,7 +243,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
 
   // ---- upstream sink ----------------------------------------------------------
 
-  onUpstreamHeaders(status: number, headers: UpstreamHeaders): void {
+  onUpstreamHeaders(status: number, contentType: string, contentLength: number): void {
     if (this.aborted) return;
     this.core.metrics.ttft[this.endpoint.id].observe((performance.now() - this.#dispatchedAt) / 1000);
     if (status >= 500 && this.#canRetry()) {
@@ -251,10 +251,8 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
       return;
     }
     this.#status = status;
-    const ct = headers['content-type'];
-    this.#contentType = typeof ct === 'string' ? ct : 'application/json';
-    const cl = headers['content-length'];
-    this.#upstreamLength = typeof cl === 'string' ? Number(cl) : -1;
+    this.#contentType = contentType === '' ? 'application/json' : contentType;
+    this.#upstreamLength = contentLength;
   }
 
   onUpstreamData(chunk: Buffer): void {
