@@ -44,7 +44,7 @@ function esc(v: string): string {
 export function renderFlowMetrics(
   sources: Iterable<{ pool: string; bands: readonly string[]; bandStats: readonly BandStats[]; flowStats: Iterable<FlowStats> }>,
 ): string[] {
-  const list = [...sources];
+  const list = [...sources].map((s) => ({ ...s, flowStats: [...s.flowStats] }));
   const out: string[] = [];
   const family = (name: string, type: string, help: string, body: (push: (s: string) => void) => void) => {
     out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
