@@ -8,7 +8,7 @@
         "native/flow_queues.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
-      "defines": ["NAPI_VERSION=8", "NAPI_DISABLE_CPP_EXCEPTIONS", "NODE_ADDON_API_DISABLE_DEPRECATED"],
+      "defines": ["NAPI_VERSION=8", "NAPI_DISABLE_CPP_EXCEPTIONS", "NODE_ADDON_API_DISABLE_DEPRECATED", "NODE_API_SWALLOW_UNTHROWABLE_EXCEPTIONS"],
       "cflags!": ["-fno-exceptions", "-O2", "-O3"],
       "cflags_cc!": ["-fno-exceptions", "-std=gnu++17", "-std=c++17", "-O2"],
       "cflags": ["-O3", "-fvisibility=hidden"],
