@@ -147,3 +147,62 @@ t.test('an upstream failure after the first byte ends the stream with an error e
   t.match(text, /data: \{"error":\{"message":"upstream endpoint e0 failed mid-response/, 'an error event');
   t.ok(text.endsWith('data: [DONE]\n\n'), 'then [DONE]');
 });
+
+t.test('backpressure: a client that stops reading pauses the engine stream; nothing is lost', async (t) => {
+  const { fleet, router, url } = await setup(t, 1, { timeScale: 0, maxModelLen: 100_000 });
+  const body = JSON.stringify({ model: 'open-model', prompt: 'flood', max_tokens: 30_000, stream: true });
+  const { connect } = await import('node:net');
+  const u = new URL(url);
+  const raw = await new Promise<Buffer>((resolve, reject) => {
+    const s = connect(Number(u.port), u.hostname, () => {
+      s.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-request-id: bp-1\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+      s.pause(); // stop reading: the kernel buffers fill, uWS reports backpressure
+      setTimeout(() => s.resume(), 700);
+    });
+    const parts: Buffer[] = [];
+    s.on('data', (b) => parts.push(b));
+    s.on('end', () => resolve(Buffer.concat(parts)));
+    s.on('error', reject);
+  });
+  const m = await (await fetch(`${url}/metrics`)).text();
+  const pauses = Number(/^switchyard_relay_pauses_total (\d+)/m.exec(m)![1]);
+  t.ok(pauses > 0, `the relay paused ${pauses} time(s)`);
+  // de-chunk the HTTP/1.1 body
+  const text = raw.toString('latin1');
+  const head = text.indexOf('\r\n\r\n');
+  t.match(text.slice(0, head), /^HTTP\/1\.1 200/);
+  let i = head + 4;
+  let out = '';
+  for (;;) {
+    const eol = text.indexOf('\r\n', i);
+    const n = parseInt(text.slice(i, eol), 16);
+    if (!(n > 0)) break;
+    out += text.slice(eol + 2, eol + 2 + n);
+    i = eol + 2 + n + 2;
+  }
+  const direct = await (await fetch(fleet.urls[0] + '/v1/completions', { method: 'POST', headers: { 'x-request-id': 'bp-1' }, body })).arrayBuffer();
+  const norm = (s: string) => s.replace(/"created":\d+/g, '"created":0');
+  t.ok(out.length > 2_000_000, `a large stream (${out.length} bytes)`);
+  t.ok(norm(out) === norm(Buffer.from(direct).toString('latin1')), 'byte-identical to the direct stream');
+  t.equal(router.core.activeRequests, 0);
+});
+
+t.test('graceful close: in-flight streams finish, then the router stops', async (t) => {
+  const fleet = await startFleet(1, { timeScale: 1, itlMs: 10 });
+  t.teardown(() => fleet.close());
+  const cfg = validateConfig(
+    { apiVersion: API_VERSION, kind: 'Router', pools: [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'e0', url: fleet.urls[0] }] }], logging: { level: 'silent' } },
+    validate,
+  );
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  const res = await fetch(`${router.url}/v1/completions`, {
+    method: 'POST',
+    body: JSON.stringify({ model: 'open-model', prompt: 'hi', max_tokens: 30, stream: true }),
+  });
+  const textP = res.text();
+  const closing = router.close(5000);
+  const text = await textP;
+  await closing;
+  t.ok(text.endsWith('data: [DONE]\n\n'), 'the stream completed during shutdown');
+  await t.rejects(fetch(`${router.url}/healthz`), 'no longer listening');
+});

@@ -7,6 +7,7 @@ import { startFleet } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { registry } from '../src/scheduler/builtins.js';
 import { startRouter } from '../src/server/router.js';
+import type { AbortLike, Admission, RequestInfo } from '../src/server/gate.js';
 
 const validate = (kind: 'filter' | 'scorer' | 'picker', s: { type: string; params: Record<string, unknown> }) =>
   registry.validate(kind, s.type, s.params);
@@ -148,4 +149,61 @@ t.test('headers, /v1/models, /healthz, /readyz, /metrics', async (t) => {
   ]) {
     t.ok(m.includes(name), `/metrics has ${name}`);
   }
+});
+
+t.test('admission gate seam: reject, hold, release exactly once, abort while held', async (t) => {
+  const fleet = await startFleet(1, { timeScale: 0 });
+  t.teardown(() => fleet.close());
+  const cfg = validateConfig(
+    { apiVersion: API_VERSION, kind: 'Router', pools: [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'e0', url: fleet.urls[0] }] }], logging: { level: 'silent' } },
+    validate,
+  );
+  const released: string[] = [];
+  const abortedWhileHeld: string[] = [];
+  let admitted = 0;
+  const gate = {
+    headerNames: ['x-llm-d-inference-fairness-id'],
+    admit(info: RequestInfo, signal: AbortLike): Admission | Promise<Admission> {
+      const tenant = info.headers['x-llm-d-inference-fairness-id'];
+      if (tenant === 'blocked') return { admitted: false, status: 429, message: 'tenant over its share', reason: 'saturated' };
+      const hold = tenant === 'slow' ? 400 : 20;
+      return new Promise((resolve) => {
+        signal.onabort = () => abortedWhileHeld.push(info.requestId);
+        setTimeout(() => {
+          admitted++;
+          resolve({ admitted: true, ticket: info.requestId });
+        }, hold);
+      });
+    },
+    release(ticket: unknown, outcome: string) {
+      released.push(`${ticket}:${outcome}`);
+    },
+  };
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1', gate });
+  t.teardown(() => router.close(200));
+  const url = `${router.url}/v1/completions`;
+  const rej = await post(url, '{"model":"open-model","prompt":"hi"}', { 'x-llm-d-inference-fairness-id': 'blocked' });
+  isOpenAIError(t, rej, 429);
+  t.equal(rej.headers.get('x-switchyard-reject-reason'), 'saturated');
+  const oks = await Promise.all(
+    [1, 2, 3].map((i) => post(url, `{"model":"open-model","prompt":"held ${i}","max_tokens":2}`, { 'x-llm-d-inference-fairness-id': 'a', 'x-request-id': `ok-${i}` })),
+  );
+  t.same(oks.map((r) => r.status), [200, 200, 200], 'held requests are then served');
+  t.same(released.sort(), ['ok-1:ok', 'ok-2:ok', 'ok-3:ok'], 'released once each with the outcome');
+  // the client gives up while the gate holds the request
+  const ac = new AbortController();
+  const p = fetch(url, {
+    method: 'POST',
+    headers: { 'x-llm-d-inference-fairness-id': 'slow', 'x-request-id': 'gone-1' },
+    body: '{"model":"open-model","prompt":"never mind"}',
+    signal: ac.signal,
+  }).catch(() => 'aborted');
+  await new Promise((r) => setTimeout(r, 100));
+  ac.abort();
+  t.equal(await p, 'aborted');
+  await new Promise((r) => setTimeout(r, 500));
+  t.same(abortedWhileHeld, ['gone-1'], 'the gate saw the abort signal');
+  t.ok(released.includes('gone-1:aborted'), 'a ticket admitted after the client left is released as aborted');
+  t.equal(fleet.engines[0].stats().finished, 3, 'the abandoned request never reached the engine');
+  t.equal(admitted, 4);
 });

@@ -49,6 +49,8 @@ export class RouterMetrics {
   promptBlocks = 0;
   matchedBlocks = 0;
   retries = 0;
+  /** Times a slow client made the relay pause reading from the engine. */
+  pauses = 0;
   readonly rejected = new Map<string, number>();
 
   constructor(set: EndpointSet) {
@@ -107,6 +109,9 @@ export class RouterMetrics {
     out.push('# HELP switchyard_upstream_retries_total Requests retried on another endpoint before the first byte.');
     out.push('# TYPE switchyard_upstream_retries_total counter');
     out.push(`switchyard_upstream_retries_total ${this.retries}`);
+    out.push('# HELP switchyard_relay_pauses_total Times a slow client made the relay pause reading from the engine (backpressure).');
+    out.push('# TYPE switchyard_relay_pauses_total counter');
+    out.push(`switchyard_relay_pauses_total ${this.pauses}`);
     out.push('# HELP switchyard_rejected_total Requests rejected by the admission gate, by reason.');
     out.push('# TYPE switchyard_rejected_total counter');
     for (const [reason, n] of this.rejected) out.push(`switchyard_rejected_total{reason="${esc(reason)}"} ${n}`);

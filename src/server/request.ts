@@ -309,6 +309,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     if (!this.res.write(chunk) && !this.#paused) {
       // the client is slower than the engine: stop reading upstream until uWS drains
       this.#paused = true;
+      this.core.metrics.pauses++;
       this.#call?.pause();
       this.res.onWritable((this.#onWritable ??= () => this.#drained()));
     }
