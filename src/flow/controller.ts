@@ -140,6 +140,7 @@ export class FlowController {
   #pumpScheduled = false;
   #timer: ReturnType<typeof setInterval> | null = null;
   #closed = false;
+  readonly #pumpFn = (): void => this.pump();
 
   constructor(opts: FlowControllerOptions) {
     const cfg = opts.config;
@@ -335,9 +336,10 @@ export class FlowController {
       const w = this.#next();
       if (w === undefined) break;
       this.#grant(w);
-      // One grant per microtask: the server's dispatch of this request (which
-      // raises the endpoint's in-flight count) runs before the next check.
-      if (this.#queued > 0) this.#schedulePump();
+      // One grant per turn of the event loop: the server's dispatch of this
+      // request (which raises the endpoint's in-flight count, and so the
+      // utilisation) runs in the promise reactions before the next check.
+      if (this.#queued > 0) this.#schedulePump(true);
       return;
     }
   }
@@ -348,10 +350,11 @@ export class FlowController {
     return this.#customSaturated !== null ? this.#customSaturated() : !(this.#utilisation() < 1);
   }
 
-  #schedulePump(): void {
+  #schedulePump(afterReactions = false): void {
     if (this.#pumpScheduled) return;
     this.#pumpScheduled = true;
-    queueMicrotask(() => this.pump());
+    if (afterReactions) setImmediate(this.#pumpFn);
+    else queueMicrotask(this.#pumpFn);
   }
 
   #reject(band: number, reason: RejectReason): Refused {
