@@ -96,6 +96,9 @@ t.test('switchyard serve: exit code 2 and every problem on stderr', async (t) =>
   t.equal(bad.status, 2, 'bad options: exit code 2');
   t.match(bad.stderr, /--port must be an integer/);
   t.match(bad.stderr, /--engine must be one of/);
+  const flow = spawnSync(process.execPath, [bin, 'serve', '--config', fixture('router-flow-invalid.yaml'), '--port', '0'], { encoding: 'utf8', timeout: 20000 });
+  t.equal(flow.status, 2, 'invalid flowControl block: exit code 2');
+  t.match(flow.stderr, /flowControl\.flows\[0\]\.minShare/);
   const help = spawnSync(process.execPath, [bin, 'serve', '--help'], { encoding: 'utf8', timeout: 20000 });
   t.equal(help.status, 0);
   t.match(help.stdout, /--upstream URL/);

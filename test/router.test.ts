@@ -184,7 +184,7 @@ t.test('admission gate seam: reject, hold, release exactly once, abort while hel
   const url = `${router.url}/v1/completions`;
   const rej = await post(url, '{"model":"open-model","prompt":"hi"}', { 'x-llm-d-inference-fairness-id': 'blocked' });
   isOpenAIError(t, rej, 429);
-  t.equal(rej.headers.get('x-switchyard-reject-reason'), 'saturated');
+  t.equal(rej.headers.get('x-switchyard-dropped-reason'), 'saturated');
   const oks = await Promise.all(
     [1, 2, 3].map((i) => post(url, `{"model":"open-model","prompt":"held ${i}","max_tokens":2}`, { 'x-llm-d-inference-fairness-id': 'a', 'x-request-id': `ok-${i}` })),
   );

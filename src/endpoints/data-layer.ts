@@ -17,6 +17,7 @@ export class DataLayer {
   #scrapeTimer: NodeJS.Timeout | undefined;
   #healthTimer: NodeJS.Timeout | undefined;
   #capacityListeners: CapacityListener[] = [];
+  #scrapeListeners: CapacityListener[] = [];
   #closed = false;
 
   constructor(set: EndpointSet) {
@@ -39,6 +40,11 @@ export class DataLayer {
   /** Called when an endpoint's KV-cache geometry is first learnt or changes. */
   onCapacity(fn: CapacityListener): void {
     this.#capacityListeners.push(fn);
+  }
+
+  /** Called after every successful scrape of an endpoint. */
+  onScrape(fn: CapacityListener): void {
+    this.#scrapeListeners.push(fn);
   }
 
   /** Starts both loops; resolves after one round of health checks and scrapes. */
@@ -85,6 +91,7 @@ export class DataLayer {
       if (ep.metrics.cacheBlocks !== prevBlocks || ep.metrics.cacheBlockTokens !== prevTokens) {
         for (const fn of this.#capacityListeners) fn(ep);
       }
+      for (const fn of this.#scrapeListeners) fn(ep);
     } catch {
       // unreachable or slow: the metrics go stale and scorers fall back
     } finally {

@@ -37,6 +37,7 @@ export class Scheduler {
   #total: Float64Array;
   #dataLayer: DataLayer | undefined;
   ready: Promise<void> = Promise.resolve();
+  readonly #scrapeListeners: ((ep: Endpoint) => void)[] = [];
 
   constructor(endpoints: EndpointSet, scheduling: SchedulingConfig, opts: SchedulerOptions = {}) {
     const reg = opts.registry ?? defaultRegistry;
@@ -58,8 +59,16 @@ export class Scheduler {
     dl.onCapacity((ep) => {
       for (const p of this.#plugins) p.onCapacity?.(ep);
     });
+    dl.onScrape((ep) => {
+      for (const fn of this.#scrapeListeners) fn(ep);
+    });
     this.ready = dl.start();
     return this.ready;
+  }
+
+  /** Registers a callback run after each successful metrics scrape of an endpoint. */
+  onScrape(fn: (ep: Endpoint) => void): void {
+    this.#scrapeListeners.push(fn);
   }
 
   /** True if some pool serves `model`. */

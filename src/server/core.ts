@@ -20,8 +20,8 @@ import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_li
 export interface RouterOptions {
   config: RouterConfig;
   logger: Logger;
-  /** Admission gate (flow control). Default: admit everything. */
-  gate?: AdmissionGate;
+  /** Admission gate (flow control), or a factory given the endpoints. Default: admit everything. */
+  gate?: AdmissionGate | ((endpoints: EndpointSet) => AdmissionGate);
   /** Upstream client. Default: undici pools. */
   upstream?: UpstreamClient;
   /** Random source for pickers (tests may seed it). */
@@ -52,6 +52,7 @@ export class RouterCore {
   readonly reading = new Set<ProxyRequest>();
   /** Set just before a gate rejection reply; read by reply(). */
   rejectReason = '';
+  retryAfter = 0;
   #active = 0;
   #idPrefix = randomBytes(4).toString('hex');
   #idCounter = 0;
@@ -70,7 +71,14 @@ export class RouterCore {
     const set = new EndpointSet(cfg.pools, cfg.dataLayer);
     this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random });
     this.upstream = opts.upstream ?? new UndiciUpstreamClient(cfg.proxy);
-    this.gate = opts.gate ?? new PassThroughGate();
+    const g = opts.gate;
+    this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g;
+    const gate = this.gate;
+    if (gate.onCapacity) {
+      this.scheduler.onScrape((ep) => {
+        for (const m of ep.models) gate.onCapacity!(m);
+      });
+    }
     this.metrics = new RouterMetrics(set);
     this.limits = cfg.limits;
     this.maxRetries = cfg.proxy.maxRetries;
@@ -96,7 +104,8 @@ export class RouterCore {
     app.get('/healthz', (res) => this.#json(res, 200, '{"status":"ok"}'));
     app.get('/readyz', (res) => this.#readyz(res));
     app.get('/metrics', (res) => {
-      const body = this.metrics.render();
+      const extra = this.gate.metricsLines?.();
+      const body = extra && extra.length > 0 ? this.metrics.render() + extra.join('\n') + '\n' : this.metrics.render();
       res.cork(() => {
         res.writeStatus('200 OK').writeHeader('content-type', 'text/plain; version=0.0.4; charset=utf-8').end(body);
       });

@@ -35,8 +35,10 @@ export interface Rejected {
   /** HTTP status: 429 (saturated) or 503 (no capacity / no endpoints). */
   readonly status: number;
   readonly message: string;
-  /** Goes to the `x-switchyard-reject-reason` header. */
+  /** Goes to the `x-switchyard-dropped-reason` header. */
   readonly reason: string;
+  /** When set (429), goes to the `Retry-After` header. */
+  readonly retryAfterSeconds?: number;
 }
 
 export type Admission = Admitted | Rejected;
@@ -49,6 +51,10 @@ export interface AdmissionGate {
   admit(info: RequestInfo, signal: AbortLike): Admission | Promise<Admission>;
   /** Called exactly once for every admitted request, when it ends. */
   release(ticket: unknown, outcome: ReleaseOutcome): void;
+  /** Called after each successful metrics scrape of an endpoint serving `model` (capacity may have changed). */
+  onCapacity?(model?: string): void;
+  /** Extra Prometheus text lines for the router's /metrics. */
+  metricsLines?(): string[];
   close?(): void | Promise<void>;
 }
 

@@ -185,6 +185,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     if (this.aborted || this.#done) return;
     this.core.metrics.rejected.set(a.reason, (this.core.metrics.rejected.get(a.reason) ?? 0) + 1);
     this.core.rejectReason = a.reason;
+    this.core.retryAfter = a.retryAfterSeconds ?? 0;
     this.reply(a.status, a.message, null, false);
   }
 
@@ -365,13 +366,16 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     const res = this.res;
     const ep = this.endpoint;
     const reason = this.core.rejectReason;
+    const retryAfter = this.core.retryAfter;
     this.core.rejectReason = '';
+    this.core.retryAfter = 0;
     res.cork(() => {
       res.writeStatus(statusLine(status));
       res.writeHeader('content-type', 'application/json');
       res.writeHeader('x-request-id', this.requestId);
       if (ep) res.writeHeader('x-switchyard-endpoint', ep.name);
-      if (reason) res.writeHeader('x-switchyard-reject-reason', reason);
+      if (reason) res.writeHeader('x-switchyard-dropped-reason', reason);
+      if (retryAfter > 0) res.writeHeader('retry-after', String(Math.ceil(retryAfter)));
       res.end(errorBody(status, message, param), closeConnection);
     });
     this.#finish(failed ? 'failed' : 'ok', status);
