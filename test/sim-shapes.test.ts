@@ -165,6 +165,19 @@ t.test('errors have the OpenAI shape and the right status', async (t) => {
   t.equal((await post(e.url, '/v1/completions', { prompt: 'ok', max_tokens: 1 })).status, 200);
 });
 
+t.test('/tokenize counts like countTokens', async (t) => {
+  const e = await startEngine({ timeScale: 0, maxModelLen: 999 });
+  t.teardown(() => e.close());
+  const r = JSON.parse((await post(e.url, '/tokenize', { model: 'open-model', prompt: 'abcdefghi' })).body);
+  t.same(r, { count: 3, max_model_len: 999, tokens: [0x64636261, 0x68676665, 0x69], token_strs: null });
+  const messages = [{ role: 'user', content: 'héllo wörld' }];
+  const c = JSON.parse((await post(e.url, '/tokenize', { messages })).body);
+  t.equal(c.count, countTokens(renderChat(messages)));
+  t.equal(JSON.parse((await post(e.url, '/tokenize', { prompt: [5, 6] })).body).count, 2);
+  t.equal((await post(e.url, '/tokenize', { prompt: 5 })).status, 400);
+  t.equal((await post(e.url, '/tokenize', { model: 'x', prompt: 'a' })).status, 404);
+});
+
 t.test('health, models, version, setHealthy', async (t) => {
   const e = await startEngine({ timeScale: 0, models: ['a', 'b'], revision: 'rev-7', role: 'decode', maxModelLen: 4096 });
   t.teardown(() => e.close());
@@ -248,6 +261,11 @@ t.test('fleet: N engines on distinct ports, closed together', async (t) => {
   t.equal(fleet.engines.length, 3);
   t.equal(new Set(fleet.engines.map((e) => e.port)).size, 3);
   for (const url of fleet.urls) t.equal((await get(url, '/health')).status, 200);
+  // Identical replicas: the same prompt gives the same text on every engine; another prompt of the same length differs.
+  const texts = await Promise.all(fleet.urls.map(async (u) => JSON.parse((await post(u, '/v1/completions', { prompt: 'abcdef', max_tokens: 6 })).body).choices[0].text));
+  t.equal(new Set(texts).size, 1);
+  const other = JSON.parse((await post(fleet.urls[0]!, '/v1/completions', { prompt: 'abcdeg', max_tokens: 6 })).body).choices[0].text;
+  t.not(other, texts[0]);
   await fleet.close();
   await t.rejects(send(fleet.urls[0]!, 'GET', '/health').done, 'closed engines refuse connections');
   await t.rejects(startFleet(0), RangeError);

@@ -78,6 +78,7 @@ class BadRequest {
 const enum Kind {
   Completion = 0,
   Chat = 1,
+  Tokenize = 2,
 }
 
 let idCounter = 0;
@@ -166,6 +167,10 @@ class Call implements RequestSink {
     const modelJson = e.modelJson.get(model);
     if (modelJson === undefined) throw new BadRequest(404, `The model \`${model}\` does not exist.`, 'model');
     this.modelJson = modelJson;
+    if (this.kind === Kind.Tokenize) {
+      this.tokenize(body);
+      return;
+    }
     // Stream flags.
     const stream = body.stream;
     if (stream !== undefined && stream !== null && typeof stream !== 'boolean') throw new BadRequest(400, "'stream' must be a boolean", 'stream');
@@ -195,7 +200,7 @@ class Call implements RequestSink {
       const len = writeScratch(text);
       promptTokens = Math.ceil(len / BYTES_PER_TOKEN);
       nBlocks = hashByteBlocks(scratch, len, o.blockSize * BYTES_PER_TOKEN, hashes);
-      seed ^= len;
+      seed ^= tailHash(scratch, nBlocks * o.blockSize * BYTES_PER_TOKEN, len);
     } else {
       let prompt = body.prompt;
       if (Array.isArray(prompt) && prompt.length === 1 && (typeof prompt[0] === 'string' || Array.isArray(prompt[0]))) prompt = prompt[0];
@@ -203,11 +208,13 @@ class Call implements RequestSink {
         const len = writeScratch(prompt);
         promptTokens = Math.ceil(len / BYTES_PER_TOKEN);
         nBlocks = hashByteBlocks(scratch, len, o.blockSize * BYTES_PER_TOKEN, hashes);
-        seed ^= len;
+        seed ^= tailHash(scratch, nBlocks * o.blockSize * BYTES_PER_TOKEN, len);
       } else if (Array.isArray(prompt) && prompt.length > 0 && prompt.every((t) => Number.isInteger(t) && t >= 0)) {
         promptTokens = prompt.length;
         nBlocks = hashTokenBlocks(prompt as number[], o.blockSize, hashes);
-        seed ^= prompt.length;
+        let h = prompt.length;
+        for (let i = nBlocks * o.blockSize; i < prompt.length; i++) h = Math.imul(h ^ (prompt[i] as number), 0x01000193);
+        seed ^= h;
       } else if (prompt === undefined || prompt === null) {
         throw new BadRequest(400, "'prompt' is required", 'prompt');
       } else if (Array.isArray(prompt) && prompt.length > 1) {
@@ -217,7 +224,7 @@ class Call implements RequestSink {
       }
     }
     if (promptTokens === 0) throw new BadRequest(400, 'The prompt is empty.', this.kind === Kind.Chat ? 'messages' : 'prompt');
-    if (nBlocks > 0) seed ^= hashes[nBlocks - 1]! | 0;
+    if (nBlocks > 0) seed ^= mix32(hashes[nBlocks - 1]! | 0);
     // Output length.
     let maxTokens: number | undefined;
     for (const key of this.kind === Kind.Chat ? ['max_completion_tokens', 'max_tokens'] : ['max_tokens']) {
@@ -294,6 +301,31 @@ class Call implements RequestSink {
       return;
     }
     e.sched.submit(req);
+  }
+
+  /** vLLM's POST /tokenize: the prompt's (or rendered messages') token count and simulated ids. */
+  tokenize(body: Record<string, unknown>): void {
+    let ids: number[];
+    if (body.messages !== undefined) {
+      const messages = body.messages;
+      if (!Array.isArray(messages) || messages.length === 0) throw new BadRequest(400, "'messages' must be a non-empty array", 'messages');
+      for (let i = 0; i < messages.length; i++) checkMessage(messages[i], i);
+      ids = byteTokenIds(renderChat(messages as ChatMessage[]));
+    } else if (typeof body.prompt === 'string') {
+      ids = byteTokenIds(body.prompt);
+    } else if (Array.isArray(body.prompt) && body.prompt.every((t) => Number.isInteger(t) && t >= 0)) {
+      ids = body.prompt as number[];
+    } else {
+      throw new BadRequest(400, "'prompt' (a string or token ids) or 'messages' is required", 'prompt');
+    }
+    const out = `{"count":${ids.length},"max_model_len":${this.engine.options.maxModelLen},"tokens":[${ids.join(',')}],"token_strs":null}`;
+    this.ended = true;
+    this.engine.calls.delete(this);
+    const res = this.res;
+    res.cork(() => {
+      this.writeHead(res, JSON_TYPE);
+      res.end(out);
+    });
   }
 
   kvTransferParams(req: SimRequest): string {
@@ -421,6 +453,25 @@ function checkMessage(m: unknown, i: number): void {
   }
 }
 
+/** Simulated token ids of a text: each 4-byte group of its UTF-8 bytes read as a little-endian uint32. */
+function byteTokenIds(text: string): number[] {
+  const len = writeScratch(text);
+  const ids: number[] = [];
+  for (let i = 0; i < len; i += BYTES_PER_TOKEN) {
+    let v = 0;
+    for (let j = Math.min(len, i + BYTES_PER_TOKEN) - 1; j >= i; j--) v = v * 256 + scratch[j]!;
+    ids.push(v);
+  }
+  return ids;
+}
+
+/** FNV-1a of bytes [from, to) mixed with the length: the part of the prompt the block hashes do not cover. */
+function tailHash(bytes: Uint8Array, from: number, to: number): number {
+  let h = 0x811c9dc5 ^ to;
+  for (let i = from; i < to; i++) h = Math.imul(h ^ bytes[i]!, 0x01000193);
+  return h;
+}
+
 function writeScratch(s: string): number {
   // Worst case 3 bytes per UTF-16 unit.
   if (s.length * 3 > scratch.length) {
@@ -446,11 +497,12 @@ export class Engine implements SimEngine {
   #port = 0;
   #closed: Promise<void> | null = null;
 
-  constructor(opts: ResolvedSimOptions) {
+  /** `salt` separates the failure draws of the engines of a fleet (their text stays the same). */
+  constructor(opts: ResolvedSimOptions, salt = 0) {
     this.options = opts;
     this.sched = new Scheduler(opts);
     for (const m of opts.models) this.modelJson.set(m, JSON.stringify(m));
-    this.rand = rng(mix32(opts.seed ^ 0x5eed));
+    this.rand = rng(mix32(opts.seed ^ 0x5eed) ^ mix32(salt + 1));
     this.failureRate = opts.failureRate;
     this.failureKinds = [...opts.failureKinds];
     this.engineId = `sim-${process.pid}-${(Math.random() * 0xffffffff) >>> 0}`;
@@ -472,6 +524,7 @@ export class Engine implements SimEngine {
     this.#app = app;
     app.post('/v1/completions', (res, req) => this.#post(res, req, Kind.Completion));
     app.post('/v1/chat/completions', (res, req) => this.#post(res, req, Kind.Chat));
+    app.post('/tokenize', (res, req) => this.#post(res, req, Kind.Tokenize));
     app.get('/health', (res, req) => {
       const rid = req.getHeader('x-request-id');
       res.writeStatus(this.healthy ? '200 OK' : '503 Service Unavailable');
@@ -493,7 +546,8 @@ export class Engine implements SimEngine {
     app.any('/*', (res, req) => {
       const method = req.getMethod();
       const url = req.getUrl();
-      const known = url === '/v1/completions' || url === '/v1/chat/completions' || url === '/health' || url === '/metrics' || url === '/v1/models';
+      const known =
+        url === '/v1/completions' || url === '/v1/chat/completions' || url === '/tokenize' || url === '/health' || url === '/metrics' || url === '/v1/models';
       const status = known ? 405 : 404;
       res.writeStatus(STATUS[status]!).writeHeader('Content-Type', JSON_TYPE);
       res.end(errorBody(status, known ? `method ${method.toUpperCase()} not allowed on ${url}` : `no route for ${method.toUpperCase()} ${url}`));
@@ -578,8 +632,13 @@ export class Engine implements SimEngine {
 }
 
 /** Starts one simulated engine; resolves once it listens. */
-export async function startEngine(opts: SimOptions = {}): Promise<SimEngine> {
-  const engine = new Engine(resolveSimOptions(opts));
+export function startEngine(opts: SimOptions = {}): Promise<SimEngine> {
+  return startSaltedEngine(opts, 0);
+}
+
+/** startEngine for engine `salt` of a fleet (distinct failure draws). */
+export async function startSaltedEngine(opts: SimOptions, salt: number): Promise<SimEngine> {
+  const engine = new Engine(resolveSimOptions(opts), salt);
   await engine.listen();
   return engine;
 }

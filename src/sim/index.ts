@@ -1,6 +1,6 @@
 // Programmatic API of the engine simulator: start and stop engines and fleets.
 
-import { startEngine, type SimEngine } from './engine.js';
+import { startSaltedEngine, type SimEngine } from './engine.js';
 import { resolveSimOptions, type SimOptions } from './options.js';
 
 export { startEngine, errorBody, type SimEngine, type SimEngineStats } from './engine.js';
@@ -28,9 +28,11 @@ export interface FleetOptions extends SimOptions {
 }
 
 /**
- * Starts `n` engines with the same options in this process. Engine i gets
- * seed + i (its failure draws differ; generated text stays a function of the
- * prompt and the seed). If one fails to start, the started ones are closed.
+ * Starts `n` engines with the same options in this process. Their failure
+ * draws differ (salted with the engine's index); the generated text is the
+ * same on all of them (a function of the seed and the prompt, like greedy
+ * decoding on identical replicas). If one fails to start, the started ones
+ * are closed.
  */
 export async function startFleet(n: number, opts: FleetOptions = {}): Promise<SimFleet> {
   if (!Number.isInteger(n) || n < 1 || n > 4096) throw new RangeError(`startFleet: n must be an integer in [1, 4096], got ${n}`);
@@ -42,7 +44,7 @@ export async function startFleet(n: number, opts: FleetOptions = {}): Promise<Si
   const engines: SimEngine[] = [];
   try {
     for (let i = 0; i < n; i++) {
-      engines.push(await startEngine({ ...base, port: basePort === 0 ? 0 : basePort + i, seed: (base.seed + i) >>> 0 }));
+      engines.push(await startSaltedEngine({ ...base, port: basePort === 0 ? 0 : basePort + i }, i));
     }
   } catch (err) {
     await Promise.all(engines.map((e) => e.close()));
