@@ -14,9 +14,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
+
+#include <sys/mman.h>
 
 namespace switchyard::prefix {
 
@@ -59,6 +62,67 @@ struct EndpointState {
   bool exists = false;
 };
 
+// A zeroed array for the block table. Large tables are mapped directly and
+// asked to use transparent huge pages: matching probes random slots, and 2 MiB
+// pages keep those probes from also missing the TLB.
+class SlotArray {
+ public:
+  SlotArray() = default;
+  SlotArray(const SlotArray&) = delete;
+  SlotArray& operator=(const SlotArray&) = delete;
+  ~SlotArray() { Release(); }
+
+  void Reset(size_t n) {
+    Release();
+    bytes_ = n * sizeof(Slot);
+    if (bytes_ >= kMapThreshold) {
+      bytes_ = (bytes_ + kHuge - 1) & ~(kHuge - 1);
+      void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p != MAP_FAILED) {
+#ifdef MADV_HUGEPAGE
+        madvise(p, bytes_, MADV_HUGEPAGE);
+#endif
+        data_ = static_cast<Slot*>(p);
+        mapped_ = true;
+        size_ = n;
+        return;
+      }
+    }
+    data_ = static_cast<Slot*>(std::calloc(n, sizeof(Slot)));
+    if (data_ == nullptr) std::abort();  // out of memory, as std::vector would
+    mapped_ = false;
+    size_ = n;
+  }
+
+  void Swap(SlotArray& o) {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(mapped_, o.mapped_);
+  }
+
+  Slot& operator[](size_t i) { return data_[i]; }
+  const Slot& operator[](size_t i) const { return data_[i]; }
+  size_t size() const { return size_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  static constexpr size_t kHuge = size_t{2} << 20;
+  static constexpr size_t kMapThreshold = size_t{1} << 20;
+
+  void Release() {
+    if (data_ == nullptr) return;
+    if (mapped_) munmap(data_, bytes_); else std::free(data_);
+    data_ = nullptr;
+    size_ = bytes_ = 0;
+  }
+
+  Slot* data_ = nullptr;
+  size_t size_ = 0;
+  size_t bytes_ = 0;
+  bool mapped_ = false;
+};
+
 class Index {
  public:
   Index(uint32_t max_endpoints, const uint32_t default_cap[kTiers])
@@ -81,7 +145,11 @@ class Index {
   // evicted before its head.
   void Record(uint32_t ep, const uint64_t* keys, size_t n, int tier) {
     Ensure(ep);
-    for (size_t i = n; i-- > 0;) Touch(ep, keys[i], tier);
+    constexpr size_t kAhead = 8;
+    for (size_t i = n; i-- > 0;) {
+      if (i >= kAhead) __builtin_prefetch(&slots_[Home(keys[i - kAhead])]);
+      Touch(ep, keys[i], tier);
+    }
   }
 
   void Remove(uint32_t ep, const uint64_t* keys, size_t n) {
@@ -136,10 +204,19 @@ class Index {
       distinct++;
     }
     if (distinct == 0) return;
-    constexpr size_t kAhead = 6;
+    // Software pipeline: the slot of block b+16 and the holder array of block
+    // b+8 are fetched while block b is examined.
+#ifndef SWY_MATCH_AHEAD
+#define SWY_MATCH_AHEAD 16
+#endif
+    constexpr size_t kAhead = SWY_MATCH_AHEAD, kAheadHolders = 8;
     for (size_t b = 0; b < n && b < kAhead; b++) __builtin_prefetch(&slots_[Home(keys[b])]);
     for (size_t b = 0; b < n; b++) {
       if (b + kAhead < n) __builtin_prefetch(&slots_[Home(keys[b + kAhead])]);
+      if (b + kAheadHolders < n) {
+        const Slot& ahead = slots_[Home(keys[b + kAheadHolders])];
+        if (ahead.count > 1 && ahead.key == keys[b + kAheadHolders]) __builtin_prefetch(&arena_[ahead.ref]);
+      }
       const uint32_t si = FindSlot(keys[b]);
       if (si == kNil) break;
       const Slot& s = slots_[si];
@@ -202,7 +279,7 @@ class Index {
   // Every byte this index holds on the heap, from container capacities.
   uint64_t Bytes() const {
     uint64_t b = sizeof(*this);
-    b += slots_.capacity() * sizeof(Slot);
+    b += slots_.bytes();
     b += arena_.capacity() * sizeof(Holder);
     b += chunks_.capacity() * sizeof(chunks_[0]) + chunks_.size() * kChunk * sizeof(Entry);
     b += eps_.capacity() * sizeof(EndpointState);
@@ -272,6 +349,7 @@ class Index {
 
   void Touch(uint32_t ep, uint64_t key, int tier) {
     const int target = TierAtOrBelow(eps_[ep], tier);
+    PrefetchVictims(ep, target);
     uint32_t si = FindSlot(key);
     const int pos = si == kNil ? -1 : FindHolder(si, ep);
     if (target < 0) {
@@ -294,6 +372,23 @@ class Index {
     E(ei).tier = static_cast<uint8_t>(target);
     LinkFront(ep, ei, target);
     Enforce(ep, target);
+  }
+
+  // Full tiers will give up their least-recently-used entry: start loading
+  // those entries' blocks now, overlapping the lookup of the new key.
+  void PrefetchVictims(uint32_t ep, int from) {
+    const EndpointState& e = eps_[ep];
+    // The current victim's block, the next victim's block and the entry after
+    // that: each was prefetched one level shallower by the previous call.
+    for (int t = from < 0 ? kTiers : from; t < kTiers; t++) {
+      if (e.tail[t] == kNil || e.size[t] < e.cap[t]) break;
+      const Entry& v = E(e.tail[t]);
+      __builtin_prefetch(&slots_[v.slot]);
+      if (v.prev == kNil) continue;
+      const Entry& w = E(v.prev);
+      __builtin_prefetch(&slots_[w.slot]);
+      if (w.prev != kNil) __builtin_prefetch(&E(w.prev));
+    }
   }
 
   // Demotes least-recently-used entries of tier t until it fits its capacity:
@@ -484,12 +579,13 @@ class Index {
   }
 
   void Rehash(size_t n) {
-    std::vector<Slot> old;
-    old.swap(slots_);
-    slots_.assign(n, Slot{0, 0, 0, 0});
+    SlotArray old;
+    old.Swap(slots_);
+    slots_.Reset(n);
     mask_ = n - 1;
     shift_ = 64 - static_cast<uint32_t>(__builtin_ctzll(n));
-    for (const Slot& s : old) {
+    for (size_t k = 0; k < old.size(); k++) {
+      const Slot& s = old[k];
       if (s.count == 0) continue;
       size_t i = Home(s.key);
       while (slots_[i].count != 0) i = (i + 1) & mask_;
@@ -505,7 +601,7 @@ class Index {
   uint32_t default_cap_[kTiers];
   uint32_t endpoints_ = 0;
 
-  std::vector<Slot> slots_;
+  SlotArray slots_;
   size_t mask_ = 0;
   uint32_t shift_ = 64;
   size_t used_ = 0;
