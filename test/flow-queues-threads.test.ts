@@ -60,7 +60,7 @@ const PRODUCER = `
   parentPort.postMessage({ done: true });
 `;
 
-t.test('4 producer threads, main thread consumer: nothing lost, nothing duplicated, per-producer FIFO', async (t) => {
+t.test('4 producer threads + the main thread enqueue concurrently, main thread consumes: nothing lost, nothing duplicated, per-producer FIFO', async (t) => {
   const producers = 4;
   const perProducer = 60000;
   const flows = 3;
@@ -91,17 +91,26 @@ t.test('4 producer threads, main thread consumer: nothing lost, nothing duplicat
   Atomics.store(new Int32Array(go), 0, 1);
   Atomics.notify(new Int32Array(go), 0);
 
-  const seen = Array.from({ length: producers }, () => new Uint8Array(perProducer));
+  // the main thread is producer number `producers`, interleaving single pushes with its pops
+  const mainP = producers;
+  let mainNext = 0;
+  const expected = (producers + 1) * perProducer;
+  const seen = Array.from({ length: producers + 1 }, () => new Uint8Array(perProducer));
   // last sequence number seen per (producer, flow): FIFO holds per producer within a flow
-  const lastSeq = Array.from({ length: producers * flows }, () => -1);
+  const lastSeq = Array.from({ length: (producers + 1) * flows }, () => -1);
   let received = 0;
   let duplicates = 0;
   let outOfOrder = 0;
   let corrupt = 0;
   const out = new Uint32Array(64 * FLOW_RECORD_WORDS);
   const deadline = Date.now() + 20_000;
-  while (received < producers * perProducer && Date.now() < deadline && errors.length === 0) {
+  while (received < expected && Date.now() < deadline && errors.length === 0) {
     let got = 0;
+    for (let k = 0; k < 8 && mainNext < perProducer; k++) {
+      const flow = mainNext % flows;
+      if (!q.enqueue(flow, mainP * 1e9 + mainNext, mainP * 16 + flow, mainNext)) break;
+      mainNext++;
+    }
     for (let f = 0; f < flows; f++) {
       const n = q.dequeueBatch(f, out, 64);
       got += n;
@@ -109,7 +118,7 @@ t.test('4 producer threads, main thread consumer: nothing lost, nothing duplicat
         const id = flowRecordId(out, k);
         const p = Math.floor(id / 1e9);
         const seq = id - p * 1e9;
-        if (p >= producers || seq >= perProducer || out[k * 4 + 2] !== p * 16 + f || out[k * 4 + 3] !== seq) {
+        if (p > producers || seq >= perProducer || out[k * 4 + 2] !== p * 16 + f || out[k * 4 + 3] !== seq) {
           corrupt++;
           continue;
         }
@@ -125,11 +134,11 @@ t.test('4 producer threads, main thread consumer: nothing lost, nothing duplicat
     if (got === 0) await new Promise((r) => setImmediate(r));
   }
   // a broken queue leaves producers spinning on a "full" ring: stop them
-  if (received < producers * perProducer) await Promise.all(workers.map((w) => w.terminate()));
+  if (received < expected) await Promise.all(workers.map((w) => w.terminate()));
   const codes = await Promise.all(exits);
   t.same(errors, [], 'no worker errors');
   t.same(codes, [0, 0, 0, 0], 'workers exit cleanly');
-  t.equal(received, producers * perProducer, 'every record arrived');
+  t.equal(received, expected, 'every record arrived');
   t.equal(duplicates, 0, 'no duplicates');
   t.equal(corrupt, 0, 'no torn or foreign records');
   t.equal(outOfOrder, 0, 'per-producer order kept inside each flow');

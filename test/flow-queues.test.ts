@@ -166,3 +166,21 @@ t.test('close, attach and liveRegions', (t) => {
   t.throws(() => FlowQueues.attach(handle), /no live FlowQueues/);
   t.end();
 });
+
+t.test('a FlowQueues object that is garbage-collected without close() releases its reference', async (t) => {
+  const v8 = await import('node:v8');
+  const vm = await import('node:vm');
+  v8.setFlagsFromString('--expose-gc');
+  const gc = vm.runInNewContext('gc') as () => void;
+  const before = FlowQueues.liveRegions();
+  (() => {
+    const q = FlowQueues.create({ flows: 8, capacity: 4096 });
+    q.enqueue(3, 1, 2, 3);
+  })();
+  t.equal(FlowQueues.liveRegions(), before + 1);
+  for (let i = 0; i < 50 && FlowQueues.liveRegions() > before; i++) {
+    gc();
+    await new Promise((r) => setImmediate(r));
+  }
+  t.equal(FlowQueues.liveRegions(), before, 'the finalizer freed the region');
+});

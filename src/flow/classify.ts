@@ -56,14 +56,35 @@ export class Classifier {
     }
     if (this.#trustHeaders) {
       const t = get('x-tenant-id');
-      if (t && ID_RE.test(t)) return `tenant:${t}`;
+      if (t) {
+        const id = this.#prefixed(this.#tenantIds, 'tenant:', t);
+        if (id !== undefined) return id;
+      }
     }
     const fid = get('x-llm-d-inference-fairness-id');
     // An untrusted client must not claim a tenant's identity through another header.
     if (fid && ID_RE.test(fid) && (this.#trustHeaders || !fid.startsWith('tenant:'))) return fid;
     const w = get('x-workload-id');
-    if (w && ID_RE.test(w)) return `workload:${w}`;
+    if (w) {
+      const id = this.#prefixed(this.#workloadIds, 'workload:', w);
+      if (id !== undefined) return id;
+    }
     return ANONYMOUS_FLOW;
+  }
+
+  // Header value -> prefixed flow id, cached so repeat callers cost a lookup
+  // instead of a regex test and a string concatenation. Bounded: cleared when full.
+  readonly #tenantIds = new Map<string, string>();
+  readonly #workloadIds = new Map<string, string>();
+
+  #prefixed(cache: Map<string, string>, prefix: string, v: string): string | undefined {
+    const hit = cache.get(v);
+    if (hit !== undefined) return hit;
+    if (!ID_RE.test(v)) return undefined;
+    if (cache.size >= 4096) cache.clear();
+    const id = prefix + v;
+    cache.set(v, id);
+    return id;
   }
 
   /** The band a flow was declared with (the default band when undeclared). */
