@@ -149,3 +149,35 @@ t.test('time-scale 0 answers at once', async (t) => {
   t.equal(metric(ex, 'vllm:time_to_first_token_seconds_bucket', { le: '640.0' }), 0);
   t.equal(metric(ex, 'vllm:time_to_first_token_seconds_bucket', { le: '2560.0' }), 1);
 });
+
+t.test('LoRA adapters: at most max-loras distinct adapters run; lora_requests_info; separate prefix cache', async (t) => {
+  const e = await startEngine({ timeScale: 0.05, loras: ['ad1', 'ad2'], maxLoras: 1, maxNumSeqs: 8, prefillOverheadMs: 0, prefillUsPerToken: 0, itlMs: 40 });
+  t.teardown(() => e.close());
+  const models = JSON.parse((await send(e.url, 'GET', '/v1/models').done).body).data;
+  t.same(models.map((m: { id: string; parent: string | null }) => [m.id, m.parent]), [['open-model', null], ['ad1', 'open-model'], ['ad2', 'open-model']]);
+  const a = send(e.url, 'POST', '/v1/completions', { model: 'ad1', prompt: 'one', max_tokens: 20 });
+  t.ok(await until(() => e.stats().running === 1));
+  const b = send(e.url, 'POST', '/v1/completions', { model: 'ad2', prompt: 'two', max_tokens: 2 });
+  t.ok(await until(() => e.stats().waiting === 1), 'ad2 waits: one adapter slot');
+  const c = send(e.url, 'POST', '/v1/completions', { model: 'ad1', prompt: 'three', max_tokens: 2 });
+  t.ok(await until(() => e.stats().waiting === 2), 'strict FIFO: a later ad1 request waits behind ad2');
+  const ex = await scrape(e.url);
+  const info = ex.samples.find((s) => s.name === 'vllm:lora_requests_info')!;
+  t.same(
+    { max: info.labels.max_lora, running: info.labels.running_lora_adapters, waiting: info.labels.waiting_lora_adapters },
+    { max: '1', running: 'ad1', waiting: 'ad2,ad1' },
+  );
+  t.ok(Math.abs(info.value - Date.now() / 1000) < 60, 'value is a timestamp');
+  const end = (p: typeof a) => p.done.then((r) => ({ status: r.status, at: performance.now() }));
+  const [ra, rb, rc] = await Promise.all([end(a), end(b), end(c)]);
+  t.same([ra.status, rb.status, rc.status], [200, 200, 200]);
+  t.ok(rb.at > ra.at, 'ad2 finished after the long ad1 request (it could not start before)');
+  t.ok(rc.at > rb.at, 'the later ad1 request waited for ad2');
+  // The adapter's KV blocks are its own.
+  const prompt = 'k'.repeat(400);
+  const cached = async (model: string) => JSON.parse((await post(e.url, '/v1/completions', { model, prompt, max_tokens: 1 })).body).usage.prompt_tokens_details.cached_tokens;
+  t.equal(await cached('open-model'), 0);
+  t.equal(await cached('ad1'), 0, 'no hit across base model and adapter');
+  t.equal(await cached('ad1'), 96);
+  t.equal(await cached('open-model'), 96);
+});

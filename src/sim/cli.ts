@@ -32,6 +32,8 @@ options (--name value or --name=value):
   --max-model-len N           longest prompt + completion in tokens (default ${D.maxModelLen})
   --default-max-tokens N      completion length when a request sets no max_tokens (default ${D.defaultMaxTokens})
   --max-body-bytes N          largest request body (default ${D.maxBodyBytes})
+  --lora NAME                 serve a LoRA adapter named NAME on the base model; repeatable
+  --max-loras N               distinct adapters in the running batch (default ${D.maxLoras})
   --fleet N                   start N engines on consecutive ports (default 1)
   --base-port P               first port of the fleet (default: --port)
   -h, --help                  show this message`;
@@ -88,6 +90,10 @@ const FLAGS: Record<string, Setter> = {
   '--max-model-len': (o, v, f) => (o.maxModelLen = integer(f, v)),
   '--default-max-tokens': (o, v, f) => (o.defaultMaxTokens = integer(f, v)),
   '--max-body-bytes': (o, v, f) => (o.maxBodyBytes = integer(f, v)),
+  '--lora': (o, v) => {
+    o.loras = [...(o.loras ?? []), v];
+  },
+  '--max-loras': (o, v, f) => (o.maxLoras = integer(f, v)),
   '--fleet': (o, v, f) => {
     const n = integer(f, v);
     if (n < 1 || n > 4096) throw new FlagError(`${f} expects an integer in [1, 4096], got '${v}'`);
@@ -123,7 +129,7 @@ export function parseSimArgs(argv: string[]): (FleetOptions & { fleet: number })
     resolveSimOptions(rest);
   } catch (err) {
     if (err instanceof SimOptionError) {
-      const flag = err.option === 'models' ? '--model' : '--' + err.option.replace(/[A-Z]/g, (c) => '-' + c.toLowerCase());
+      const flag = err.option === 'models' ? '--model' : err.option === 'loras' ? '--lora' : '--' + err.option.replace(/[A-Z]/g, (c) => '-' + c.toLowerCase());
       throw new FlagError(`${flag}: ${err.message.slice(err.message.indexOf(': ') + 2)}`);
     }
     throw err;

@@ -167,6 +167,7 @@ class Call implements RequestSink {
     const modelJson = e.modelJson.get(model);
     if (modelJson === undefined) throw new BadRequest(404, `The model \`${model}\` does not exist.`, 'model');
     this.modelJson = modelJson;
+    const lora = e.loraSalt.has(model) ? model : null;
     if (this.kind === Kind.Tokenize) {
       this.tokenize(body);
       return;
@@ -224,6 +225,11 @@ class Call implements RequestSink {
       }
     }
     if (promptTokens === 0) throw new BadRequest(400, 'The prompt is empty.', this.kind === Kind.Chat ? 'messages' : 'prompt');
+    if (lora !== null) {
+      // An adapter's KV differs from the base model's: its blocks hash apart (vLLM adds the LoRA id to the block key).
+      const salt = e.loraSalt.get(lora)!;
+      for (let i = 0; i < nBlocks; i++) hashes[i] = (hashes[i]! * 31 + salt) % 9007199254740881;
+    }
     if (nBlocks > 0) seed ^= mix32(hashes[nBlocks - 1]! | 0);
     // Output length.
     let maxTokens: number | undefined;
@@ -285,6 +291,7 @@ class Call implements RequestSink {
     }
     const privateBlocks = needBlocks - nBlocks;
     const req = new SimRequest(hashes.slice(0, nBlocks), nBlocks, promptTokens, outTokens, privateBlocks, finishReason, remotePrefill, this);
+    req.lora = lora;
     this.req = req;
     if (this.kvParams !== null) this.kvParams = this.kvTransferParams(req);
     if (this.stream) {
@@ -486,6 +493,8 @@ export class Engine implements SimEngine {
   readonly sched: Scheduler;
   readonly calls = new Set<Call>();
   readonly modelJson = new Map<string, string>();
+  /** LoRA adapter name → hash salt. */
+  readonly loraSalt = new Map<string, number>();
   readonly engineId: string;
   readonly idPrefix: string;
   readonly rand: () => number;
@@ -502,6 +511,10 @@ export class Engine implements SimEngine {
     this.options = opts;
     this.sched = new Scheduler(opts);
     for (const m of opts.models) this.modelJson.set(m, JSON.stringify(m));
+    opts.loras.forEach((m, i) => {
+      this.modelJson.set(m, JSON.stringify(m));
+      this.loraSalt.set(m, mix32(0x10a + i) + 1);
+    });
     this.rand = rng(mix32(opts.seed ^ 0x5eed) ^ mix32(salt + 1));
     this.failureRate = opts.failureRate;
     this.failureKinds = [...opts.failureKinds];
@@ -568,18 +581,9 @@ export class Engine implements SimEngine {
   #modelsBody(): string {
     const o = this.options;
     const created = Math.floor(Date.now() / 1000);
-    return JSON.stringify({
-      object: 'list',
-      data: o.models.map((m) => ({
-        id: m,
-        object: 'model',
-        created,
-        owned_by: o.engine,
-        root: o.models[0],
-        parent: null,
-        max_model_len: o.maxModelLen,
-      })),
-    });
+    const base = o.models.map((m) => ({ id: m, object: 'model', created, owned_by: o.engine, root: o.models[0], parent: null, max_model_len: o.maxModelLen }));
+    const loras = o.loras.map((m) => ({ id: m, object: 'model', created, owned_by: o.engine, root: m, parent: o.models[0], max_model_len: o.maxModelLen }));
+    return JSON.stringify({ object: 'list', data: [...base, ...loras] });
   }
 
   #post(res: HttpResponse, req: HttpRequest, kind: Kind): void {

@@ -51,6 +51,14 @@ function renderVllm(o: ResolvedSimOptions, s: Scheduler, model: string, out: str
     `vllm:cache_config_info{block_size="${o.blockSize}",cache_dtype="auto",enable_prefix_caching="True",` +
       `engine="0",model_name="${model}",num_cpu_blocks="0",num_gpu_blocks="${o.kvCacheBlocks}"} 1.0`,
   );
+  if (o.loras.length > 0) {
+    head(out, 'vllm:lora_requests_info', 'gauge', 'Running stats on lora requests.');
+    const running = [...s.runningLoras.keys()].join(',');
+    const waiting = [...s.waitingLoras.keys()].join(',');
+    out.push(
+      `vllm:lora_requests_info{engine="0",max_lora="${o.maxLoras}",model_name="${model}",running_lora_adapters="${esc(running)}",waiting_lora_adapters="${esc(waiting)}"} ${fmt(Date.now() / 1000)}`,
+    );
+  }
   head(out, 'vllm:time_to_first_token_seconds', 'histogram', 'Histogram of time to first token in seconds.');
   s.ttft.render('vllm:time_to_first_token_seconds', l, out);
   head(out, 'vllm:inter_token_latency_seconds', 'histogram', 'Histogram of inter-token latency in seconds.');

@@ -41,6 +41,10 @@ export interface SimOptions {
   defaultMaxTokens?: number;
   /** Largest accepted request body, bytes. */
   maxBodyBytes?: number;
+  /** LoRA adapters served on top of the base model (requested by name in `model`). */
+  loras?: string[];
+  /** Distinct LoRA adapters allowed in the running batch (vLLM's --max-loras). */
+  maxLoras?: number;
 }
 
 export type ResolvedSimOptions = Required<SimOptions>;
@@ -67,6 +71,8 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   maxModelLen: 32768,
   defaultMaxTokens: 16,
   maxBodyBytes: 32 * 1024 * 1024,
+  loras: [],
+  maxLoras: 1,
 }) as ResolvedSimOptions;
 
 /** Thrown for an invalid option; `option` names it. */
@@ -122,6 +128,11 @@ export function resolveSimOptions(opts: SimOptions = {}): ResolvedSimOptions {
   int('maxModelLen', o.maxModelLen, 1);
   int('defaultMaxTokens', o.defaultMaxTokens, 1);
   int('maxBodyBytes', o.maxBodyBytes, 1);
+  if (!Array.isArray(o.loras) || o.loras.some((m) => typeof m !== 'string' || m === '' || o.models.includes(m))) {
+    throw new SimOptionError('loras', 'expected a list of non-empty adapter names distinct from the model names');
+  }
+  int('maxLoras', o.maxLoras, 1);
+  o.loras = [...o.loras];
   o.models = [...o.models];
   o.failureKinds = [...o.failureKinds];
   return o;

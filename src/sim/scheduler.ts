@@ -10,6 +10,8 @@
 // - Each further token takes itlMs × (1 + decodeSlowdown × (running − 1)),
 //   evaluated when the token is produced (so the batch size at that moment
 //   counts).
+// - A request for a LoRA adapter also needs its adapter to be in the batch:
+//   at most maxLoras distinct adapters run at once (vLLM's --max-loras).
 // - Every model time is multiplied by timeScale to get wall-clock time. With
 //   timeScale 0 a request runs to completion synchronously, with no timers.
 //
@@ -55,8 +57,8 @@ export class SimRequest {
   lease: KvLease | null = null;
   prev: SimRequest | null = null;
   next: SimRequest | null = null;
-  /** Opaque state of the owner (the HTTP layer). */
-  ctx: unknown = null;
+  /** LoRA adapter name, or null for the base model. */
+  lora: string | null = null;
 
   constructor(
     readonly hashes: number[],
@@ -103,6 +105,9 @@ export class Scheduler {
   finishedLength = 0;
   finishedStop = 0;
   aborted = 0;
+  /** Running / waiting requests per LoRA adapter. */
+  readonly runningLoras = new Map<string, number>();
+  readonly waitingLoras = new Map<string, number>();
   #head: SimRequest | null = null;
   #tail: SimRequest | null = null;
   readonly #o: ResolvedSimOptions;
@@ -122,10 +127,11 @@ export class Scheduler {
   /** Queues a request, or admits it at once when a slot and blocks are free. */
   submit(req: SimRequest): void {
     req.arrival = performance.now();
-    if (this.#head === null && this.running < this.#o.maxNumSeqs && this.cache.canAdmit(req.hashes, req.nBlocks, req.privateBlocks)) {
+    if (this.#head === null && this.#canAdmit(req)) {
       this.#admit(req);
       return;
     }
+    if (req.lora !== null) bump(this.waitingLoras, req.lora, 1);
     req.state = ReqState.Waiting;
     req.prev = this.#tail;
     req.next = null;
@@ -178,7 +184,15 @@ export class Scheduler {
     };
   }
 
+  #canAdmit(req: SimRequest): boolean {
+    if (this.running >= this.#o.maxNumSeqs) return false;
+    const l = req.lora;
+    if (l !== null && !this.runningLoras.has(l) && this.runningLoras.size >= this.#o.maxLoras) return false;
+    return this.cache.canAdmit(req.hashes, req.nBlocks, req.privateBlocks);
+  }
+
   #unlink(req: SimRequest): void {
+    if (req.lora !== null) bump(this.waitingLoras, req.lora, -1);
     if (req.prev !== null) req.prev.next = req.next;
     else this.#head = req.next;
     if (req.next !== null) req.next.prev = req.prev;
@@ -193,6 +207,7 @@ export class Scheduler {
     req.state = ReqState.Running;
     req.admitted = now;
     this.running++;
+    if (req.lora !== null) bump(this.runningLoras, req.lora, 1);
     // The engine always computes the prompt's last token, so a full hit is capped one token short.
     const maxHitBlocks = Math.floor((req.promptTokens - 1) / o.blockSize);
     const lease = this.cache.acquire(req.hashes, req.nBlocks, req.privateBlocks, maxHitBlocks);
@@ -276,6 +291,7 @@ export class Scheduler {
 
   #releaseSlot(req: SimRequest): void {
     this.running--;
+    if (req.lora !== null) bump(this.runningLoras, req.lora, -1);
     if (req.lease !== null) {
       this.cache.release(req.lease);
       req.lease = null;
@@ -283,11 +299,17 @@ export class Scheduler {
   }
 
   #drain(): void {
-    while (this.#head !== null && this.running < this.#o.maxNumSeqs) {
+    while (this.#head !== null) {
       const head = this.#head;
-      if (!this.cache.canAdmit(head.hashes, head.nBlocks, head.privateBlocks)) return;
+      if (!this.#canAdmit(head)) return;
       this.#unlink(head);
       this.#admit(head);
     }
   }
+}
+
+function bump(m: Map<string, number>, key: string, d: number): void {
+  const v = (m.get(key) ?? 0) + d;
+  if (v <= 0) m.delete(key);
+  else m.set(key, v);
 }
