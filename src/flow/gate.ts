@@ -6,6 +6,13 @@ import type { FlowControlConfig } from './config.js';
 import { FlowController, type AdmitResult, type Refused } from './controller.js';
 import type { Rng } from './admission.js';
 import { renderFlowMetrics } from './metrics.js';
+import { SaturationDetector, type EndpointLoad } from './saturation.js';
+
+/** An endpoint as the gate's endpoint-based constructor sees it (structurally the router's Endpoint). */
+export interface GateEndpoint extends EndpointLoad {
+  /** False while the endpoint is down or its circuit breaker is open. */
+  routable?(now: number): boolean;
+}
 
 /** The part of the server's RequestInfo the gate reads. */
 export interface GateRequestInfo {
@@ -65,6 +72,31 @@ export class FlowControlGate {
   constructor(opts: FlowControlGateOptions) {
     this.#opts = opts;
     this.classifier = new Classifier(opts.config);
+  }
+
+  /**
+   * A gate whose pool utilisation is the SaturationDetector's load of the
+   * model's least-loaded routable endpoint (Infinity, hence 503, when none).
+   */
+  static fromEndpoints(opts: Omit<FlowControlGateOptions, 'utilisation'> & {
+    endpointsFor: (model: string) => readonly GateEndpoint[] | undefined;
+  }): FlowControlGate {
+    const detector = new SaturationDetector(opts.config.saturation);
+    const clock = opts.now ?? (() => performance.now());
+    const utilisation = (model: string): number => {
+      const eps = opts.endpointsFor(model);
+      if (eps === undefined) return Infinity;
+      const now = clock();
+      let best = Infinity;
+      for (const ep of eps) {
+        if (ep.routable !== undefined && !ep.routable(now)) continue;
+        const u = detector.load(ep, now);
+        if (u < best) best = u;
+      }
+      return best;
+    };
+    const { endpointsFor: _unused, ...rest } = opts;
+    return new FlowControlGate({ ...rest, utilisation });
   }
 
   /** The controller of a model's pool (created on first use). */
