@@ -7,8 +7,12 @@
 //      added latency (router minus direct);
 //   2. max throughput at fixed concurrency (wrk, 1 thread; bench/loadgen.ts
 //      when wrk is missing).
-//   node dist/bench/overhead.js [--seconds 5] [--rate 1000] [--concurrency 64] [--rounds 2] [--json]
-import { execFile } from 'node:child_process';
+// With --pin (needs taskset), the router runs alone on cpu 0 and everything
+// else (engine, load generator, this script) on cpu 1. On a machine shared
+// with other jobs pinning concentrates their load too, so it is off by default.
+//   node dist/bench/overhead.js [--seconds 5] [--rate 1000] [--concurrency 64] [--rounds 2] [--pin] [--json]
+import { execFile, execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { CLI, freePort, start, waitReady } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
@@ -27,6 +31,9 @@ const LOADGEN = fileURLToPath(new URL('./loadgen.js', import.meta.url));
 
 interface Fig {
   rps: number;
+  /** CPU µs per request of the router and of the engine during the run (max-throughput runs). */
+  routerCpuUs?: number;
+  engineCpuUs?: number;
   p50us: number;
   p99us: number;
   errors: number;
@@ -50,14 +57,39 @@ async function maxThroughput(url: string, useWrk: boolean): Promise<Fig> {
   return loadgen(url, ['--concurrency', String(concurrency)]);
 }
 
+/** CPU seconds (user + system) a process has used so far, from /proc. */
+function cpuSeconds(pid: number | undefined): number {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(f[11]) + Number(f[12])) / 100; // utime + stime, clock ticks of 10 ms
+  } catch {
+    return NaN;
+  }
+}
+
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
+function canPin(): boolean {
+  if (!argv.includes('--pin')) return false;
+  try {
+    execFileSync('taskset', ['-p', '-c', '1', String(process.pid)], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 async function main(): Promise<void> {
+  const pinned = canPin(); // children inherit cpu 1
   const [enginePort, routerPort] = [await freePort(), await freePort()];
   const engineUrl = `http://127.0.0.1:${enginePort}`;
   const routerUrl = `http://127.0.0.1:${routerPort}`;
   const engine = start('engine', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0']);
-  const router = start('router', process.execPath, [CLI, 'serve', '--upstream', engineUrl, '--port', String(routerPort), '--log-level', 'warn']);
+  const routerArgs = [CLI, 'serve', '--upstream', engineUrl, '--port', String(routerPort), '--log-level', 'warn'];
+  const router = pinned
+    ? start('router', 'taskset', ['-c', '0', process.execPath, ...routerArgs])
+    : start('router', process.execPath, routerArgs);
   try {
     await waitReady(`${engineUrl}/health`);
     await waitReady(`${routerUrl}/readyz`);
@@ -70,11 +102,22 @@ async function main(): Promise<void> {
       // alternate the order so drift (thermal, other processes) hits both sides
       rateDirect.push(await loadgen(engineUrl, ['--rate', String(rate)]));
       rateRouter.push(await loadgen(routerUrl, ['--rate', String(rate)]));
-      maxRouter.push(await maxThroughput(routerUrl, useWrk));
-      maxDirect.push(await maxThroughput(engineUrl, useWrk));
+      const measured = async (url: string): Promise<Fig> => {
+        const r0 = cpuSeconds(router.child.pid);
+        const e0 = cpuSeconds(engine.child.pid);
+        const f = await maxThroughput(url, useWrk);
+        const n = f.rps * seconds;
+        f.routerCpuUs = ((cpuSeconds(router.child.pid) - r0) / n) * 1e6;
+        f.engineCpuUs = ((cpuSeconds(engine.child.pid) - e0) / n) * 1e6;
+        return f;
+      };
+      maxRouter.push(await measured(routerUrl));
+      maxDirect.push(await measured(engineUrl));
     }
     const pick = (xs: Fig[]): Fig => ({
       rps: median(xs.map((x) => x.rps)),
+      routerCpuUs: median(xs.map((x) => x.routerCpuUs ?? NaN)),
+      engineCpuUs: median(xs.map((x) => x.engineCpuUs ?? NaN)),
       p50us: median(xs.map((x) => x.p50us)),
       p99us: median(xs.map((x) => x.p99us)),
       errors: xs.reduce((a, x) => a + x.errors, 0),
@@ -89,6 +132,7 @@ async function main(): Promise<void> {
       rate,
       concurrency,
       maxTool: useWrk ? 'wrk -t1' : 'loadgen',
+      pinned,
       fixedRate: { direct: rd, router: rr, addedP50us: rr.p50us - rd.p50us, addedP99us: rr.p99us - rd.p99us },
       maxThroughput: { direct: md, router: mr, ratio: mr.rps / md.rps },
     };
@@ -98,6 +142,7 @@ async function main(): Promise<void> {
     }
     const f = (n: number) => (Number.isFinite(n) ? Math.round(n).toLocaleString('en-US') : 'n/a');
     console.log(`overhead: ${rounds} round(s) of ${seconds} s each (median shown); engine = switchyard sim --time-scale 0`);
+    console.log(pinned ? 'pinned: router on cpu 0; engine, load generator on cpu 1' : 'not pinned (pass --pin to pin)');
     console.log(`\nfixed rate ${rate} req/s (open loop, bench/loadgen.ts):`);
     console.log('| target | achieved req/s | p50 µs | p99 µs | errors |');
     console.log('|---|---:|---:|---:|---:|');
@@ -110,6 +155,11 @@ async function main(): Promise<void> {
     console.log(`| direct | ${f(md.rps)} | ${f(md.p50us)} | ${f(md.p99us)} | ${md.errors} |`);
     console.log(`| router | ${f(mr.rps)} | ${f(mr.p50us)} | ${f(mr.p99us)} | ${mr.errors} |`);
     console.log(`router / direct throughput: ${(result.maxThroughput.ratio * 100).toFixed(1)} % (floor: router ≥ 10,000 req/s)`);
+    console.log(
+      `CPU per request (wall-clock-independent, from /proc): engine ${f(md.engineCpuUs!)} µs direct; through the router: ` +
+        `router ${f(mr.routerCpuUs!)} µs + engine ${f(mr.engineCpuUs!)} µs ` +
+        `(one router core would carry about ${f(1e6 / mr.routerCpuUs!)} req/s)`,
+    );
   } finally {
     await router.stop();
     await engine.stop();
