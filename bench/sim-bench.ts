@@ -110,8 +110,10 @@ async function load(url: string, seconds: number, connections: number, body: str
 
 // ---------------------------------------------------------------- runner
 
-const hasTaskset = spawnSync('taskset', ['-c', '0', 'true']).status === 0;
-const hasWrk = !values['no-wrk'] && spawnSync('wrk', ['--version']).error === undefined;
+// Probed by main() only (the server and load child processes skip them).
+let hasTaskset = false;
+let hasWrk = false;
+let CLK_TCK = 100;
 
 function pinned(cpu: number, cmd: string, args: string[]): [string, string[]] {
   return hasTaskset ? ['taskset', ['-c', String(cpu), cmd, ...args]] : [cmd, args];
@@ -161,7 +163,6 @@ function cpuSeconds(pid: number): number {
     return NaN;
   }
 }
-const CLK_TCK = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout?.trim()) || 100;
 
 function runWrk(pid: number, port: number, body: string, seconds: number, connections: number): LoadResult {
   const script = join(tmpdir(), `sim-bench-${process.pid}.lua`);
@@ -201,6 +202,9 @@ async function sampleResponse(port: number, body: string): Promise<string> {
 }
 
 async function main(): Promise<void> {
+  hasTaskset = spawnSync('taskset', ['-c', '0', 'true']).status === 0;
+  hasWrk = !values['no-wrk'] && spawnSync('wrk', ['--version']).error === undefined;
+  CLK_TCK = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout?.trim()) || 100;
   const seconds = Number(values.duration);
   const connections = Number(values.connections);
   // The fixed baselines answer a body as large as the sim's own answer.
