@@ -228,7 +228,7 @@ t.test('probabilistic admission: top band never shed, lower bands shed more as u
   // through the controller with a seeded RNG at a fixed utilisation of 0.95
   let util = 0.95;
   const ctl = new FlowController({
-    config: config({ admission: { mode: 'probabilistic', maxUtilisation: 0.85 } }),
+    config: config({ admission: { mode: 'probabilistic', maxUtilisation: 0.85 }, queueCapacity: 65536 }),
     utilisation: () => util,
     rng: seededRng(42),
     sweepTimer: false,
@@ -237,8 +237,10 @@ t.test('probabilistic admission: top band never shed, lower bands shed more as u
   const rate = (band: number) => {
     let ok = 0;
     for (let i = 0; i < 4000; i++) {
-      const r = ctl.admit({ flowId: 'f', band, bytes: 1 }) as AdmitResult;
-      if (r.ok) {
+      // admitted = let through at once, or queued (above maxUtilisation lower bands wait for the top band's headroom)
+      const r = ctl.admit({ flowId: 'f', band, bytes: 1 });
+      if (r instanceof Promise) ok++;
+      else if (r.ok) {
         ok++;
         ctl.release(r.ticket);
       } else if (r.reason !== 'rejected-saturated') badReason++;
@@ -411,4 +413,33 @@ t.test('the gate fits the server seam and answers with reason and Retry-After', 
   const o = off.admit(info('x'), sig) as { admitted: boolean };
   t.ok(o.admitted, 'disabled: pass-through');
   off.close();
+});
+
+t.test('above maxUtilisation lower bands wait, keeping headroom for the top band', async (t) => {
+  const { ctl } = harness({ admission: { mode: 'off', maxUtilisation: 0.85 } }, 8);
+  const granted: number[] = [];
+  const waiting: Promise<AdmitResult>[] = [];
+  for (let i = 0; i < 20; i++) {
+    const r = ctl.admit({ flowId: 'burst', band: 2, bytes: 1 });
+    if (r instanceof Promise) waiting.push(r.then((x) => (x.ok && granted.push(x.ticket), x)));
+    else if (r.ok) granted.push(r.ticket);
+  }
+  for (let i = 0; i < 10; i++) await flush();
+  t.equal(ctl.inFlight, 7, 'best-effort fills 7 of 8 slots (7/8 >= 0.85)');
+  t.equal(ctl.queued, 13);
+  const p = ctl.admit({ flowId: 'vip', band: 0, bytes: 1 }) as AdmitResult;
+  t.ok(!(p instanceof Promise) && p.ok, 'a premium arrival starts at once in the reserved slot');
+  t.equal(ctl.inFlight, 8);
+  ctl.close();
+  await Promise.all(waiting);
+});
+
+t.test('admit validates the band', (t) => {
+  const ctl = new FlowController({ config: config({}), utilisation: () => 0, sweepTimer: false });
+  t.throws(() => ctl.admit({ flowId: 'a', band: 4, bytes: 1 }), RangeError);
+  t.throws(() => ctl.admit({ flowId: 'a', band: -1, bytes: 1 }), RangeError);
+  t.throws(() => ctl.admit({ flowId: 'a', band: 0.5, bytes: 1 }), RangeError);
+  t.throws(() => ctl.admit({ flowId: 'a', band: NaN, bytes: 1 }), RangeError);
+  ctl.close();
+  t.end();
 });

@@ -118,6 +118,8 @@ export class FlowController {
   readonly #utilisation: () => number;
   readonly #customSaturated: (() => boolean) | null;
   readonly #maxInFlight: number;
+  /** Utilisation below which bands other than the top one may be dispatched. */
+  readonly #ceiling: number;
   readonly #now: () => number;
   readonly #admission: ProbabilisticAdmission | null;
   readonly #queues: FlowQueues;
@@ -149,6 +151,7 @@ export class FlowController {
     this.#utilisation = opts.utilisation;
     this.#customSaturated = opts.isSaturated ?? null;
     this.#maxInFlight = opts.maxInFlight ?? Infinity;
+    this.#ceiling = cfg.admission.maxUtilisation;
     this.#now = opts.now ?? (() => performance.now());
     this.#admission =
       cfg.admission.mode === 'probabilistic' ? new ProbabilisticAdmission(cfg.admission.maxUtilisation, opts.rng) : null;
@@ -224,9 +227,12 @@ export class FlowController {
    */
   admit(req: FlowRequest, signal: AbortHook | null = null): AdmitResult | Promise<AdmitResult> {
     const band = req.band;
+    if (!(band >= 0 && band < this.bandStats.length && band % 1 === 0)) {
+      throw new RangeError(`FlowController.admit: band must be an integer in [0, ${this.bandStats.length - 1}], got ${band}`);
+    }
     if (!this.config.enabled) {
       this.#inFlight++;
-      return this.#granted[band] ?? this.#granted[0]!;
+      return this.#granted[band]!;
     }
     if (this.#closed) return this.#reject(band, 'rejected-no-endpoints');
     const u = this.#utilisation();
@@ -234,8 +240,7 @@ export class FlowController {
     if (this.#admission !== null && !this.#admission.admit(band, u)) return this.#reject(band, 'rejected-saturated');
     const slot = this.#slotFor(req.flowId, band);
 
-    const saturated = this.#customSaturated !== null ? this.#customSaturated() : !(u < 1);
-    if (this.#queued === 0 && this.#inFlight < this.#maxInFlight && !saturated) {
+    if (!this.#waitingAtOrAbove(band) && this.#inFlight < this.#maxInFlight && this.#canDispatch(band, u)) {
       this.#grantStats(slot, 0);
       this.#inFlight++;
       return this.#granted[band]!;
@@ -332,9 +337,11 @@ export class FlowController {
   pump(): void {
     this.#pumpScheduled = false;
     if (this.#closed) return;
-    while (this.#queued > 0 && this.#inFlight < this.#maxInFlight && !this.#saturatedNow()) {
-      const w = this.#next();
-      if (w === undefined) break;
+    while (this.#queued > 0 && this.#inFlight < this.#maxInFlight) {
+      const band = this.#topBand();
+      if (band < 0 || !this.#canDispatch(band, this.#utilisation())) break;
+      const w = this.#nextIn(band);
+      if (w === undefined) continue;
       this.#grant(w);
       // One grant per turn of the event loop: the server's dispatch of this
       // request (which raises the endpoint's in-flight count, and so the
@@ -346,8 +353,14 @@ export class FlowController {
 
   // ---- internals -------------------------------------------------------------
 
-  #saturatedNow(): boolean {
-    return this.#customSaturated !== null ? this.#customSaturated() : !(this.#utilisation() < 1);
+  /**
+   * May a request of `band` start at utilisation `u`? The top band may use the
+   * pool up to saturation; lower bands only below maxUtilisation, so the last
+   * stretch of capacity stays free for the top band's arrivals.
+   */
+  #canDispatch(band: number, u: number): boolean {
+    if (this.#customSaturated !== null ? this.#customSaturated() : !(u < 1)) return false;
+    return band === 0 || u < this.#ceiling;
   }
 
   #schedulePump(afterReactions = false): void {
@@ -455,22 +468,34 @@ export class FlowController {
     w.resolve(this.#refused.cancelled);
   }
 
-  /** Picks the next waiting request: highest band with demand, then the flow with the smallest pass. */
-  #next(): Waiting | undefined {
-    for (const band of this.#bands) {
-      while (band.active.length > 0) {
-        if (band.weightsDirty) this.#reweigh(band);
-        let best = band.active[0]!;
-        for (let i = 1; i < band.active.length; i++) {
-          const s = band.active[i]!;
-          if (s.pass < best.pass || (s.pass === best.pass && s.index < best.index)) best = s;
-        }
-        const w = this.#popLive(best);
-        if (w === undefined) continue; // the slot was inconsistent and got deactivated
-        band.vtime = best.pass;
-        best.pass += 1 / best.weight;
-        return w;
+  /** True when a request of `band` or a higher band is waiting (then a new one may not overtake it). */
+  #waitingAtOrAbove(band: number): boolean {
+    if (this.#queued === 0) return false;
+    for (let b = 0; b <= band; b++) if (this.bandStats[b]!.queued > 0) return true;
+    return false;
+  }
+
+  /** Index of the highest band with waiting requests, or -1. */
+  #topBand(): number {
+    for (let b = 0; b < this.#bands.length; b++) if (this.#bands[b]!.active.length > 0) return b;
+    return -1;
+  }
+
+  /** Picks the next waiting request of a band: the flow with the smallest pass. */
+  #nextIn(b: number): Waiting | undefined {
+    const band = this.#bands[b]!;
+    while (band.active.length > 0) {
+      if (band.weightsDirty) this.#reweigh(band);
+      let best = band.active[0]!;
+      for (let i = 1; i < band.active.length; i++) {
+        const s = band.active[i]!;
+        if (s.pass < best.pass || (s.pass === best.pass && s.index < best.index)) best = s;
       }
+      const w = this.#popLive(best);
+      if (w === undefined) continue; // the slot was inconsistent and got deactivated
+      band.vtime = best.pass;
+      best.pass += 1 / best.weight;
+      return w;
     }
     return undefined;
   }
