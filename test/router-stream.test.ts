@@ -21,6 +21,7 @@ async function setup(
     {
       apiVersion: API_VERSION,
       kind: 'Router',
+      proxy: { client: currentClient },
       pools: [{ name: 'p', models: ['open-model'], endpoints: [...fleet.urls.map((url, i) => ({ name: `e${i}`, url })), ...extraEndpoints] }],
       logging: { level: 'silent' },
       ...extra,
@@ -35,13 +36,18 @@ async function setup(
   return { fleet, router, url: router.url };
 }
 
+let currentClient: 'h1' | 'undici' = 'h1';
+
 const until = async (cond: () => boolean, ms: number) => {
   const end = Date.now() + ms;
   while (!cond() && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
   return cond();
 };
 
-t.test('streaming through the router is byte-identical to a direct request to the same engine', async (t) => {
+for (const client of ['h1', 'undici'] as const) {
+  t.test(`upstream client ${client}`, async (tt) => {
+    currentClient = client;
+tt.test('streaming through the router is byte-identical to a direct request to the same engine', async (t) => {
   const { fleet, url } = await setup(t, 2, { timeScale: 0.02 });
   for (const path of ['/v1/chat/completions', '/v1/completions']) {
     const body =
@@ -63,7 +69,7 @@ t.test('streaming through the router is byte-identical to a direct request to th
   }
 });
 
-t.test('client abort reaches the engine: its slot frees and the router releases accounting', async (t) => {
+  tt.test('client abort reaches the engine: its slot frees and the router releases accounting', async (t) => {
   const { fleet, router, url } = await setup(t, 1, { timeScale: 1, itlMs: 20, maxNumSeqs: 4 });
   const engine = fleet.engines[0];
   const ac = new AbortController();
@@ -89,7 +95,7 @@ t.test('client abort reaches the engine: its slot frees and the router releases 
   t.match(m, /switchyard_requests_total\{model="open-model",endpoint="e0",status="499"\} 1/);
 });
 
-t.test('failover before the first byte: a dead endpoint and a 500-ing endpoint are retried elsewhere', async (t) => {
+  tt.test('failover before the first byte: a dead endpoint and a 500-ing endpoint are retried elsewhere', async (t) => {
   // health checks off so the dead endpoint stays routable; round-robin so each one is picked
   const { fleet, router, url } = await setup(
     t,
@@ -117,7 +123,7 @@ t.test('failover before the first byte: a dead endpoint and a 500-ing endpoint a
   t.equal(router.core.scheduler.endpoints.all.reduce((a, e) => a + e.inFlight, 0), 0, 'no in-flight leak');
 });
 
-t.test('every endpoint failing: 502 after the retries; the circuit breaker then skips them', async (t) => {
+  tt.test('every endpoint failing: 502 after the retries; the circuit breaker then skips them', async (t) => {
   const { fleet, router, url } = await setup(t, 2, { timeScale: 0 }, { dataLayer: { breakerFailures: 2, breakerCooldownMs: 60_000 } });
   for (const e of fleet.engines) e.setFailures(1, ['500']);
   const r = await fetch(`${url}/v1/completions`, { method: 'POST', body: JSON.stringify({ model: 'open-model', prompt: 'x' }) });
@@ -134,7 +140,7 @@ t.test('every endpoint failing: 502 after the retries; the circuit breaker then 
   t.equal(r3.status, 503, 'with every breaker open: 503 without touching the engines');
 });
 
-t.test('an upstream failure after the first byte ends the stream with an error event', async (t) => {
+  tt.test('an upstream failure after the first byte ends the stream with an error event', async (t) => {
   const { fleet, url } = await setup(t, 1, { timeScale: 0.02 });
   fleet.engines[0].setFailures(1, ['reset-mid-stream']);
   const r = await fetch(`${url}/v1/completions`, {
@@ -148,7 +154,7 @@ t.test('an upstream failure after the first byte ends the stream with an error e
   t.ok(text.endsWith('data: [DONE]\n\n'), 'then [DONE]');
 });
 
-t.test('backpressure: a client that stops reading pauses the engine stream; nothing is lost', async (t) => {
+  tt.test('backpressure: a client that stops reading pauses the engine stream; nothing is lost', async (t) => {
   const { fleet, router, url } = await setup(t, 1, { timeScale: 0, maxModelLen: 100_000 });
   const body = JSON.stringify({ model: 'open-model', prompt: 'flood', max_tokens: 30_000, stream: true });
   const { connect } = await import('node:net');
@@ -186,6 +192,9 @@ t.test('backpressure: a client that stops reading pauses the engine stream; noth
   t.ok(norm(out) === norm(Buffer.from(direct).toString('latin1')), 'byte-identical to the direct stream');
   t.equal(router.core.activeRequests, 0);
 });
+
+  });
+}
 
 t.test('graceful close: in-flight streams finish, then the router stops', async (t) => {
   const fleet = await startFleet(1, { timeScale: 1, itlMs: 10 });

@@ -63,7 +63,11 @@ export interface DataLayerConfig {
   breakerCooldownMs: number;
 }
 
+export const UPSTREAM_CLIENTS = ['auto', 'h1', 'undici'] as const;
+
 export interface ProxyConfig {
+  /** Upstream HTTP client: the lean built-in HTTP/1.1 client or undici. */
+  client: (typeof UPSTREAM_CLIENTS)[number];
   maxRetries: number;
   connectionsPerEndpoint: number;
   connectTimeoutMs: number;
@@ -113,6 +117,7 @@ export const DEFAULTS = {
     breakerCooldownMs: 5000,
   } satisfies DataLayerConfig,
   proxy: {
+    client: 'auto' as (typeof UPSTREAM_CLIENTS)[number],
     maxRetries: 2,
     connectionsPerEndpoint: 256,
     connectTimeoutMs: 2000,
@@ -342,12 +347,20 @@ export function validateConfig(
   const px = c.obj(doc.proxy, 'proxy', Object.keys(DEFAULTS.proxy));
   const p = DEFAULTS.proxy;
   const proxy: ProxyConfig = {
+    client: c.oneOf(px, 'client', 'proxy', UPSTREAM_CLIENTS, p.client),
     maxRetries: c.int(px, 'maxRetries', 'proxy', p.maxRetries, 0, 10),
     connectionsPerEndpoint: c.int(px, 'connectionsPerEndpoint', 'proxy', p.connectionsPerEndpoint, 1, 65536),
     connectTimeoutMs: c.int(px, 'connectTimeoutMs', 'proxy', p.connectTimeoutMs, 1, 3_600_000),
     headersTimeoutMs: c.int(px, 'headersTimeoutMs', 'proxy', p.headersTimeoutMs, 1, 86_400_000),
     bodyTimeoutMs: c.int(px, 'bodyTimeoutMs', 'proxy', p.bodyTimeoutMs, 0, 86_400_000),
   };
+  if (proxy.client === 'h1') {
+    pools.forEach((pool, i) =>
+      pool.endpoints.forEach((e, j) => {
+        if (e.url.startsWith('https:')) c.add(`pools[${i}].endpoints[${j}].url`, 'https endpoints need proxy.client: undici (or auto)');
+      }),
+    );
+  }
   const li = c.obj(doc.limits, 'limits', Object.keys(DEFAULTS.limits));
   const limits: LimitsConfig = {
     maxBodyBytes: c.int(li, 'maxBodyBytes', 'limits', DEFAULTS.limits.maxBodyBytes, 1, 2 ** 31 - 1),

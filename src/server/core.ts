@@ -7,6 +7,7 @@ import type { Logger } from 'pino';
 import type { LimitsConfig, RouterConfig } from '../config/schema.js';
 import { EndpointSet } from '../endpoints/endpoint.js';
 import { UndiciUpstreamClient } from '../proxy/undici-client.js';
+import { H1UpstreamClient } from '../proxy/h1-client.js';
 import type { UpstreamClient } from '../proxy/upstream.js';
 import { Scheduler } from '../scheduler/scheduler.js';
 import type { SchedRequest } from '../scheduler/types.js';
@@ -70,7 +71,9 @@ export class RouterCore {
     this.#debug = this.log.isLevelEnabled('debug');
     const set = new EndpointSet(cfg.pools, cfg.dataLayer);
     this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random });
-    this.upstream = opts.upstream ?? new UndiciUpstreamClient(cfg.proxy);
+    const useUndici =
+      cfg.proxy.client === 'undici' || (cfg.proxy.client === 'auto' && set.all.some((ep) => ep.url.startsWith('https:')));
+    this.upstream = opts.upstream ?? (useUndici ? new UndiciUpstreamClient(cfg.proxy) : new H1UpstreamClient(cfg.proxy));
     const g = opts.gate;
     this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g;
     const gate = this.gate;

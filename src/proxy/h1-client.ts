@@ -1,0 +1,439 @@
+// A lean HTTP/1.1 upstream client: keep-alive net.Socket connections per
+// endpoint, one request at a time per connection (no pipelining), one write
+// per request, and a small response parser (status line, the few headers the
+// relay needs, content-length or chunked bodies). It exists because it costs
+// about half the CPU per proxied request of undici's general-purpose client
+// (bench/overhead.ts measures both: `proxy.client: undici | h1`).
+import { connect, type Socket } from 'node:net';
+import type { ProxyConfig } from '../config/schema.js';
+import { DEFAULTS } from '../config/schema.js';
+import type { Endpoint } from '../endpoints/endpoint.js';
+import type { UpstreamCall, UpstreamClient, UpstreamRequest, UpstreamSink } from './upstream.js';
+
+export class UpstreamSocketError extends Error {
+  readonly code: string;
+  constructor(message: string, code: string) {
+    super(message);
+    this.name = 'UpstreamSocketError';
+    this.code = code;
+  }
+}
+
+const CRLFCRLF = Buffer.from('\r\n\r\n');
+const IDLE_KEEPALIVE_MS = 4000; // below the 10 s idle timeout of uWS-based engines
+
+const enum St {
+  Idle,
+  Head,
+  BodyLength,
+  BodyUntilClose,
+  ChunkSize,
+  ChunkData,
+  ChunkDataEnd,
+  Trailers,
+}
+
+class H1Call implements UpstreamCall {
+  sink: UpstreamSink | null;
+  readonly pool: H1Pool;
+  readonly req: UpstreamRequest;
+  conn: H1Conn | null = null;
+  paused = false;
+  aborted = false;
+  /** A reused connection failed before any response byte: tried once more on a fresh one. */
+  redispatched = false;
+
+  constructor(pool: H1Pool, req: UpstreamRequest, sink: UpstreamSink) {
+    this.pool = pool;
+    this.req = req;
+    this.sink = sink;
+  }
+
+  pause(): void {
+    this.paused = true;
+    this.conn?.socket.pause();
+  }
+
+  resume(): void {
+    if (!this.paused) return;
+    this.paused = false;
+    this.conn?.socket.resume();
+  }
+
+  abort(): void {
+    if (this.aborted) return;
+    this.aborted = true;
+    this.sink = null;
+    const c = this.conn;
+    if (c) {
+      this.conn = null;
+      c.call = null;
+      c.destroy(); // mid-request: the connection cannot be reused; the engine sees the disconnect
+    } else this.pool.dequeue(this);
+  }
+}
+
+class H1Conn {
+  readonly socket: Socket;
+  readonly pool: H1Pool;
+  call: H1Call | null = null;
+  connected = false;
+  reused = false;
+  gotBytes = false;
+  dead = false;
+  #st = St.Idle;
+  #pending: Buffer | null = null;
+  #remaining = 0;
+  #chunkLine = '';
+  #keepAlive = true;
+  #timeout = 0;
+
+  constructor(pool: H1Pool) {
+    this.pool = pool;
+    const s = (this.socket = connect({ host: pool.host, port: pool.port, noDelay: true, keepAlive: true }));
+    this.#setTimeout(pool.cfg.connectTimeoutMs);
+    s.on('connect', () => {
+      this.connected = true;
+      this.#setTimeout(this.call ? this.pool.cfg.headersTimeoutMs : IDLE_KEEPALIVE_MS);
+    });
+    s.on('data', (b: Buffer) => this.#onData(b));
+    s.on('end', () => this.#onEnd());
+    s.on('error', (err: NodeJS.ErrnoException) => this.#fail(new UpstreamSocketError(`${err.message}`, err.code ?? 'ECONNRESET')));
+    s.on('close', () => this.#fail(new UpstreamSocketError('connection closed by the endpoint', 'ECONNRESET')));
+    s.on('timeout', () => {
+      if (this.call) this.#fail(new UpstreamSocketError(this.connected ? 'timed out waiting for the endpoint' : 'connect timeout', 'ETIMEDOUT'));
+      else this.destroy();
+    });
+  }
+
+  #setTimeout(ms: number): void {
+    if (ms !== this.#timeout) {
+      this.#timeout = ms;
+      this.socket.setTimeout(ms);
+    }
+  }
+
+  start(call: H1Call): void {
+    this.call = call;
+    call.conn = this;
+    this.gotBytes = false;
+    this.#st = St.Head;
+    this.#pending = null;
+    this.#keepAlive = true;
+    if (this.connected) this.#setTimeout(this.pool.cfg.headersTimeoutMs);
+    if (call.paused) this.socket.pause();
+    else this.socket.resume();
+    const r = call.req;
+    let head = `${r.method} ${r.path} HTTP/1.1\r\nhost: ${this.pool.hostHeader}\r\n`;
+    const h = r.headers;
+    for (let i = 0; i + 1 < h.length; i += 2) head += `${h[i]}: ${h[i + 1]}\r\n`;
+    if (r.body !== null) {
+      head += `content-length: ${r.body.length}\r\n\r\n`;
+      this.socket.cork();
+      this.socket.write(head, 'latin1');
+      this.socket.write(r.body);
+      this.socket.uncork();
+    } else {
+      this.socket.write(head + '\r\n', 'latin1');
+    }
+  }
+
+  #onData(b: Buffer): void {
+    const call = this.call;
+    if (call === null) {
+      // bytes on an idle connection: protocol violation; drop the connection
+      this.destroy();
+      return;
+    }
+    this.gotBytes = true;
+    let buf = b;
+    if (this.#pending !== null) {
+      buf = Buffer.concat([this.#pending, b]);
+      this.#pending = null;
+    }
+    let i = 0;
+    const n = buf.length;
+    while (i < n && this.call === call) {
+      switch (this.#st) {
+        case St.Head: {
+          const end = buf.indexOf(CRLFCRLF, i);
+          if (end < 0) {
+            if (n - i > 65536) return this.#fail(new UpstreamSocketError('response headers too large', 'EPROTO'));
+            this.#pending = buf.subarray(i);
+            return;
+          }
+          const next = this.#parseHead(buf.toString('latin1', i, end));
+          if (next < 0) return;
+          i = end + 4;
+          break;
+        }
+        case St.BodyLength: {
+          const take = Math.min(this.#remaining, n - i);
+          this.#remaining -= take;
+          const piece = i === 0 && take === n ? buf : buf.subarray(i, i + take);
+          i += take;
+          call.sink?.onUpstreamData(piece);
+          if (this.#remaining === 0) this.#complete();
+          break;
+        }
+        case St.BodyUntilClose: {
+          call.sink?.onUpstreamData(i === 0 ? buf : buf.subarray(i));
+          i = n;
+          break;
+        }
+        case St.ChunkSize: {
+          const nl = buf.indexOf(10, i);
+          if (nl < 0) {
+            this.#chunkLine += buf.toString('latin1', i, n);
+            if (this.#chunkLine.length > 1024) return this.#fail(new UpstreamSocketError('bad chunk size line', 'EPROTO'));
+            i = n;
+            break;
+          }
+          const line = this.#chunkLine + buf.toString('latin1', i, nl);
+          this.#chunkLine = '';
+          i = nl + 1;
+          const size = parseInt(line, 16);
+          if (!(size >= 0)) return this.#fail(new UpstreamSocketError(`bad chunk size ${JSON.stringify(line.slice(0, 20))}`, 'EPROTO'));
+          if (size === 0) this.#st = St.Trailers;
+          else {
+            this.#remaining = size;
+            this.#st = St.ChunkData;
+          }
+          break;
+        }
+        case St.ChunkData: {
+          const take = Math.min(this.#remaining, n - i);
+          this.#remaining -= take;
+          const piece = buf.subarray(i, i + take);
+          i += take;
+          if (this.#remaining === 0) {
+            this.#st = St.ChunkDataEnd;
+            this.#remaining = 2;
+          }
+          call.sink?.onUpstreamData(piece);
+          break;
+        }
+        case St.ChunkDataEnd: {
+          const take = Math.min(this.#remaining, n - i);
+          this.#remaining -= take;
+          i += take;
+          if (this.#remaining === 0) this.#st = St.ChunkSize;
+          break;
+        }
+        case St.Trailers: {
+          // trailer lines until an empty line
+          const nl = buf.indexOf(10, i);
+          if (nl < 0) {
+            this.#chunkLine += buf.toString('latin1', i, n);
+            i = n;
+            break;
+          }
+          const line = this.#chunkLine + buf.toString('latin1', i, nl);
+          this.#chunkLine = '';
+          i = nl + 1;
+          if (line === '' || line === '\r') this.#complete();
+          break;
+        }
+        default:
+          return this.#fail(new UpstreamSocketError('unexpected bytes from the endpoint', 'EPROTO'));
+      }
+    }
+    if (i < n && this.call === null && !this.dead) this.destroy(); // bytes after the response: not ours
+  }
+
+  /** Parses the status line and headers; returns -1 if the call ended. */
+  #parseHead(head: string): number {
+    const call = this.call!;
+    const status = head.length >= 12 && head.startsWith('HTTP/1.') ? Number(head.slice(9, 12)) : NaN;
+    if (!(status >= 100 && status < 600)) {
+      this.#fail(new UpstreamSocketError(`malformed status line ${JSON.stringify(head.slice(0, 40))}`, 'EPROTO'));
+      return -1;
+    }
+    if (status < 200) return 0; // 1xx informational: the real response follows
+    let contentType = '';
+    let contentLength = -1;
+    let chunked = false;
+    this.#keepAlive = head.charCodeAt(7) !== 48; // HTTP/1.0 closes by default
+    let p = head.indexOf('\r\n');
+    while (p >= 0) {
+      const q = head.indexOf('\r\n', p + 2);
+      const line = head.slice(p + 2, q < 0 ? head.length : q);
+      p = q;
+      const colon = line.indexOf(':');
+      if (colon <= 0) continue;
+      const len = colon;
+      if (len !== 12 && len !== 14 && len !== 17 && len !== 10) continue;
+      const name = line.slice(0, colon).toLowerCase();
+      const value = line.slice(colon + 1).trim();
+      if (name === 'content-type') contentType = value;
+      else if (name === 'content-length') contentLength = Number(value);
+      else if (name === 'transfer-encoding') chunked = value.toLowerCase().includes('chunked');
+      else if (name === 'connection') this.#keepAlive = value.toLowerCase() !== 'close';
+    }
+    this.#setTimeout(this.pool.cfg.bodyTimeoutMs);
+    if (chunked) {
+      contentLength = -1;
+      this.#st = St.ChunkSize;
+      this.#chunkLine = '';
+    } else if (contentLength >= 0) {
+      this.#st = St.BodyLength;
+      this.#remaining = contentLength;
+    } else {
+      this.#st = St.BodyUntilClose;
+      this.#keepAlive = false;
+    }
+    call.sink?.onUpstreamHeaders(status, contentType, contentLength);
+    if (this.call !== call) return -1; // the sink aborted (e.g. a retry on 5xx)
+    if (this.#st === St.BodyLength && this.#remaining === 0) {
+      this.#complete();
+      return -1;
+    }
+    return 0;
+  }
+
+  #complete(): void {
+    const call = this.call!;
+    this.call = null;
+    call.conn = null;
+    this.#st = St.Idle;
+    const sink = call.sink;
+    call.sink = null;
+    if (this.#keepAlive && !this.dead) {
+      this.reused = true;
+      this.#setTimeout(IDLE_KEEPALIVE_MS);
+      if (call.paused) this.socket.resume();
+      this.pool.release(this);
+    } else this.destroy();
+    sink?.onUpstreamEnd();
+  }
+
+  #onEnd(): void {
+    if (this.call && this.#st === St.BodyUntilClose) {
+      this.#keepAlive = false;
+      this.#complete();
+    } else this.#fail(new UpstreamSocketError('connection closed by the endpoint', 'ECONNRESET'));
+  }
+
+  #fail(err: UpstreamSocketError): void {
+    const call = this.call;
+    const wasReused = this.reused;
+    const noBytes = !this.gotBytes;
+    this.call = null;
+    this.destroy();
+    if (call === null) return;
+    call.conn = null;
+    // A kept-alive connection the endpoint closed while idle: the request never
+    // reached it; send it once more on a fresh connection.
+    if (wasReused && noBytes && !call.redispatched && err.code !== 'ETIMEDOUT') {
+      call.redispatched = true;
+      this.pool.dispatch(call);
+      return;
+    }
+    const sink = call.sink;
+    call.sink = null;
+    sink?.onUpstreamError(err);
+  }
+
+  destroy(): void {
+    if (this.dead) return;
+    this.dead = true;
+    this.pool.forget(this);
+    this.socket.destroy();
+  }
+}
+
+class H1Pool {
+  readonly host: string;
+  readonly port: number;
+  readonly hostHeader: string;
+  readonly cfg: ProxyConfig;
+  readonly #idle: H1Conn[] = [];
+  readonly #queue: H1Call[] = [];
+  #open = 0;
+  closed = false;
+
+  constructor(url: string, cfg: ProxyConfig) {
+    const u = new URL(url);
+    this.host = u.hostname.replace(/^\[|\]$/g, '');
+    this.port = Number(u.port || (u.protocol === 'https:' ? 443 : 80));
+    this.hostHeader = u.host;
+    this.cfg = cfg;
+  }
+
+  dispatch(call: H1Call): void {
+    if (this.closed) {
+      const s = call.sink;
+      call.sink = null;
+      s?.onUpstreamError(new UpstreamSocketError('the upstream client is closed', 'ECLOSED'));
+      return;
+    }
+    while (this.#idle.length > 0) {
+      const c = this.#idle.pop()!;
+      if (!c.dead) {
+        c.start(call);
+        return;
+      }
+    }
+    if (this.#open < this.cfg.connectionsPerEndpoint) {
+      this.#open++;
+      new H1Conn(this).start(call);
+      return;
+    }
+    this.#queue.push(call);
+  }
+
+  dequeue(call: H1Call): void {
+    const i = this.#queue.indexOf(call);
+    if (i >= 0) this.#queue.splice(i, 1);
+  }
+
+  release(c: H1Conn): void {
+    const next = this.#queue.shift();
+    if (next !== undefined) c.start(next);
+    else this.#idle.push(c);
+  }
+
+  forget(c: H1Conn): void {
+    this.#open--;
+    const i = this.#idle.indexOf(c);
+    if (i >= 0) this.#idle.splice(i, 1);
+    if (!this.closed && this.#queue.length > 0 && this.#open < this.cfg.connectionsPerEndpoint) {
+      this.#open++;
+      new H1Conn(this).start(this.#queue.shift()!);
+    }
+  }
+
+  close(): void {
+    this.closed = true;
+    for (const call of this.#queue.splice(0)) {
+      const s = call.sink;
+      call.sink = null;
+      s?.onUpstreamError(new UpstreamSocketError('the upstream client is closed', 'ECLOSED'));
+    }
+    for (const c of this.#idle.splice(0)) c.destroy();
+  }
+}
+
+export class H1UpstreamClient implements UpstreamClient {
+  readonly #pools: (H1Pool | undefined)[] = [];
+  readonly #cfg: ProxyConfig;
+
+  constructor(cfg: ProxyConfig = DEFAULTS.proxy) {
+    this.#cfg = cfg;
+  }
+
+  send(ep: Endpoint, req: UpstreamRequest, sink: UpstreamSink): UpstreamCall {
+    let p = this.#pools[ep.id];
+    if (!p) {
+      if (!ep.url.startsWith('http:')) throw new UpstreamSocketError(`the h1 client speaks plain http only (${ep.url}); use proxy.client: undici`, 'EPROTO');
+      this.#pools[ep.id] = p = new H1Pool(ep.url, this.#cfg);
+    }
+    const call = new H1Call(p, req, sink);
+    p.dispatch(call);
+    return call;
+  }
+
+  async close(): Promise<void> {
+    for (const p of this.#pools) p?.close();
+  }
+}
