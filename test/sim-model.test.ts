@@ -155,7 +155,7 @@ t.test('LoRA adapters: at most max-loras distinct adapters run; lora_requests_in
   t.teardown(() => e.close());
   const models = JSON.parse((await send(e.url, 'GET', '/v1/models').done).body).data;
   t.same(models.map((m: { id: string; parent: string | null }) => [m.id, m.parent]), [['open-model', null], ['ad1', 'open-model'], ['ad2', 'open-model']]);
-  const a = send(e.url, 'POST', '/v1/completions', { model: 'ad1', prompt: 'one', max_tokens: 20 });
+  const a = send(e.url, 'POST', '/v1/completions', { model: 'ad1', prompt: 'one', max_tokens: 200 }); // 400 ms wall
   t.ok(await until(() => e.stats().running === 1));
   const b = send(e.url, 'POST', '/v1/completions', { model: 'ad2', prompt: 'two', max_tokens: 2 });
   t.ok(await until(() => e.stats().waiting === 1), 'ad2 waits: one adapter slot');
@@ -180,4 +180,38 @@ t.test('LoRA adapters: at most max-loras distinct adapters run; lora_requests_in
   t.equal(await cached('ad1'), 0, 'no hit across base model and adapter');
   t.equal(await cached('ad1'), 96);
   t.equal(await cached('open-model'), 96);
+});
+
+t.test('serial prefill: concurrent prefills queue for compute and stall running decodes', async (t) => {
+  const base = { timeScale: 0.1, prefillOverheadMs: 0, prefillUsPerToken: 1000, itlMs: 10, decodeSlowdown: 0 };
+  const ttftSum = async (serialPrefill: boolean) => {
+    const e = await startEngine({ ...base, serialPrefill });
+    try {
+      // Two distinct 1000-token prompts at once: 1 s of model prefill each.
+      await Promise.all(['x', 'y'].map((c) => post(e.url, '/v1/completions', { prompt: c.repeat(4000), max_tokens: 1 })));
+      return metric(await scrape(e.url), 'vllm:time_to_first_token_seconds_sum');
+    } finally {
+      await e.close();
+    }
+  };
+  const serial = await ttftSum(true);
+  const parallel = await ttftSum(false);
+  t.ok(serial >= 2.5, `serial: the second prefill waits for the first (TTFT sum ${serial.toFixed(2)} s ≈ 1 + 2)`);
+  t.ok(parallel >= 1.99 && parallel < 2.2, `independent prefills (TTFT sum ${parallel.toFixed(2)} s ≈ 1 + 1)`);
+
+  const stalls = async (serialPrefill: boolean) => {
+    const e = await startEngine({ ...base, serialPrefill });
+    try {
+      const a = send(e.url, 'POST', '/v1/completions', { prompt: 'short', max_tokens: 40, stream: true });
+      await a.first; // decoding
+      await post(e.url, '/v1/completions', { prompt: 'z'.repeat(2000), max_tokens: 1 }); // 500 model ms of prefill
+      await a.done;
+      const ex = await scrape(e.url);
+      return metric(ex, 'vllm:inter_token_latency_seconds_count') - metric(ex, 'vllm:inter_token_latency_seconds_bucket', { le: '0.4' });
+    } finally {
+      await e.close();
+    }
+  };
+  t.equal(await stalls(true), 1, 'one token of the decoding request took 10 + 500 model ms');
+  t.equal(await stalls(false), 0, 'without serial prefill, decoding is not disturbed');
 });

@@ -21,6 +21,7 @@ options (--name value or --name=value):
   --prefill-us-per-token F    cost of each uncached prompt token, microseconds (default ${D.prefillUsPerToken})
   --itl-ms F                  inter-token latency with a batch of one (default ${D.itlMs})
   --decode-slowdown F         ITL grows by F per extra running request (default ${D.decodeSlowdown})
+  --serial-prefill true|false prefills share one compute and stall decodes (default ${D.serialPrefill})
   --time-scale F              multiplies every simulated time; 0 = answer at once (default ${D.timeScale})
   --seed N                    seed of generated text and failure draws (default ${D.seed})
   --revision R                revision label reported in /metrics and /version (default ${D.revision})
@@ -71,6 +72,10 @@ const FLAGS: Record<string, Setter> = {
   '--itl-ms': (o, v, f) => (o.itlMs = number(f, v)),
   '--decode-slowdown': (o, v, f) => (o.decodeSlowdown = number(f, v)),
   '--time-scale': (o, v, f) => (o.timeScale = number(f, v)),
+  '--serial-prefill': (o, v, f) => {
+    if (v !== 'true' && v !== 'false') throw new FlagError(`${f} expects true or false, got '${v}'`);
+    o.serialPrefill = v === 'true';
+  },
   '--seed': (o, v, f) => (o.seed = integer(f, v)),
   '--revision': (o, v) => (o.revision = v),
   '--role': (o, v, f) => {

@@ -26,6 +26,8 @@ export interface SimOptions {
   itlMs?: number;
   /** ITL grows by this fraction per additional running request: itl × (1 + f × (running − 1)). */
   decodeSlowdown?: number;
+  /** Prefills share one compute resource and stall running decodes (see scheduler.ts); false = independent. */
+  serialPrefill?: boolean;
   /** Multiplies every simulated time; 0 answers at once (no timers). */
   timeScale?: number;
   seed?: number;
@@ -61,6 +63,7 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   prefillUsPerToken: 50,
   itlMs: 10,
   decodeSlowdown: 0.01,
+  serialPrefill: true,
   timeScale: 1,
   seed: 0,
   revision: 'r1',
@@ -114,6 +117,7 @@ export function resolveSimOptions(opts: SimOptions = {}): ResolvedSimOptions {
   num('prefillUsPerToken', o.prefillUsPerToken, 0);
   num('itlMs', o.itlMs, 0);
   num('decodeSlowdown', o.decodeSlowdown, 0);
+  if (typeof o.serialPrefill !== 'boolean') throw new SimOptionError('serialPrefill', 'expected a boolean');
   num('timeScale', o.timeScale, 0);
   int('seed', o.seed, 0, 0xffffffff);
   if (typeof o.revision !== 'string') throw new SimOptionError('revision', 'expected a string');

@@ -7,6 +7,12 @@
 //   takes prefillOverheadMs + uncachedTokens × prefillUsPerToken / 1000 (model
 //   milliseconds); the first token is emitted when it ends.
 //   TTFT = time waiting + prefill.
+// - With serialPrefill (the default) there is one compute resource: a
+//   prefill's per-token compute starts when the previous prefill's ends (so
+//   concurrent arrivals queue for it, and that wait is part of their TTFT),
+//   and it delays the next token of every request already decoding by the
+//   same amount (a step that carries prefill work is longer). Cache hits thus
+//   save everyone's time, as on a real engine.
 // - Each further token takes itlMs × (1 + decodeSlowdown × (running − 1)),
 //   evaluated when the token is produced (so the batch size at that moment
 //   counts).
@@ -48,6 +54,8 @@ export class SimRequest {
   /** Due time of the next token, performance.now() milliseconds. */
   nextAt = 0;
   cachedTokens = 0;
+  /** Model ms by which other requests' prefills delayed this request's next token (added to its ITL). */
+  stallMs = 0;
   /** Model milliseconds of the prefill, waiting time, time to first token, end to end. */
   prefillMs = 0;
   queueMs = 0;
@@ -110,6 +118,10 @@ export class Scheduler {
   readonly waitingLoras = new Map<string, number>();
   #head: SimRequest | null = null;
   #tail: SimRequest | null = null;
+  /** Running requests (a second list through the same prev/next links: a request is in one list at a time). */
+  #runHead: SimRequest | null = null;
+  /** performance.now() when the prefill compute already scheduled ends (serialPrefill). */
+  #computeFreeAt = 0;
   readonly #o: ResolvedSimOptions;
   readonly #tick: (req: SimRequest) => void;
 
@@ -207,6 +219,10 @@ export class Scheduler {
     req.state = ReqState.Running;
     req.admitted = now;
     this.running++;
+    req.prev = null;
+    req.next = this.#runHead;
+    if (this.#runHead !== null) this.#runHead.prev = req;
+    this.#runHead = req;
     if (req.lora !== null) bump(this.runningLoras, req.lora, 1);
     // The engine always computes the prompt's last token, so a full hit is capped one token short.
     const maxHitBlocks = Math.floor((req.promptTokens - 1) / o.blockSize);
@@ -225,9 +241,26 @@ export class Scheduler {
       this.#runSync(req);
       return;
     }
-    const delay = req.prefillMs * o.timeScale;
-    req.nextAt = now + delay;
-    req.timer = setTimeout(this.#tick, delay, req);
+    const scale = o.timeScale;
+    let start = now;
+    if (o.serialPrefill) {
+      // One compute resource: prefills run one after another, and each one's
+      // compute delays the next token of every request already decoding.
+      const computeMs = (uncached * o.prefillUsPerToken) / 1000;
+      if (this.#computeFreeAt > start) start = this.#computeFreeAt;
+      this.#computeFreeAt = start + computeMs * scale;
+      if (computeMs > 0) {
+        for (let r = req.next; r !== null; r = r.next) {
+          if (r.out === 0) continue;
+          r.nextAt += computeMs * scale;
+          r.stallMs += computeMs;
+        }
+      }
+      req.ttftMs += (start - now) / scale;
+      req.e2eMs = req.ttftMs;
+    }
+    req.nextAt = start + req.prefillMs * scale;
+    req.timer = setTimeout(this.#tick, req.nextAt - now, req);
   }
 
   #itlMs(): number {
@@ -257,16 +290,26 @@ export class Scheduler {
     const now = performance.now();
     const from = req.out;
     if (from === 0) {
+      if (req.nextAt > now + 0.5) {
+        req.timer = setTimeout(this.#tick, req.nextAt - now, req);
+        return;
+      }
       this.ttft.observe(req.ttftMs / 1000);
       req.out = 1;
       req.nextAt += this.#itlMs() * o.timeScale;
     }
-    while (req.out < req.maxTokens && req.nextAt <= now) {
+    while (req.out < req.maxTokens && req.nextAt <= now + 0.5) {
       const itl = this.#itlMs();
       req.out++;
-      this.itl.observe(itl / 1000);
-      req.e2eMs += itl;
+      const observed = itl + req.stallMs;
+      req.stallMs = 0;
+      this.itl.observe(observed / 1000);
+      req.e2eMs += observed;
       req.nextAt += itl * o.timeScale;
+    }
+    if (req.out === from) {
+      req.timer = setTimeout(this.#tick, Math.max(0, req.nextAt - now), req);
+      return;
     }
     this.generationTokensTotal += req.out - from;
     req.sink.tokens(req, from, req.out);
@@ -291,6 +334,10 @@ export class Scheduler {
 
   #releaseSlot(req: SimRequest): void {
     this.running--;
+    if (req.prev !== null) req.prev.next = req.next;
+    else this.#runHead = req.next;
+    if (req.next !== null) req.next.prev = req.prev;
+    req.prev = req.next = null;
     if (req.lora !== null) bump(this.runningLoras, req.lora, -1);
     if (req.lease !== null) {
       this.cache.release(req.lease);
