@@ -6,13 +6,17 @@
 //   1. fixed rate 1,000 req/s (open loop, bench/loadgen.ts): p50/p99 and the
 //      added latency (router minus direct);
 //   2. max throughput at fixed concurrency (wrk, 1 thread; bench/loadgen.ts
-//      when wrk is missing).
+//      when wrk is missing), plus the CPU each process spent per request;
+//      a second router process using undici as its upstream client
+//      (proxy.client: undici) is measured too, against the default h1 client.
 // With --pin (needs taskset), the router runs alone on cpu 0 and everything
 // else (engine, load generator, this script) on cpu 1. On a machine shared
 // with other jobs pinning concentrates their load too, so it is off by default.
 //   node dist/bench/overhead.js [--seconds 5] [--rate 1000] [--concurrency 64] [--rounds 2] [--pin] [--json]
 import { execFile, execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { CLI, freePort, start, waitReady } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
@@ -82,7 +86,7 @@ function canPin(): boolean {
 
 async function main(): Promise<void> {
   const pinned = canPin(); // children inherit cpu 1
-  const [enginePort, routerPort] = [await freePort(), await freePort()];
+  const [enginePort, routerPort, undiciPort] = [await freePort(), await freePort(), await freePort()];
   const engineUrl = `http://127.0.0.1:${enginePort}`;
   const routerUrl = `http://127.0.0.1:${routerPort}`;
   const engine = start('engine', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0']);
@@ -90,29 +94,42 @@ async function main(): Promise<void> {
   const router = pinned
     ? start('router', 'taskset', ['-c', '0', process.execPath, ...routerArgs])
     : start('router', process.execPath, routerArgs);
+  const cfgFile = join(mkdtempSync(join(tmpdir(), 'swy-overhead-')), 'undici.yaml');
+  writeFileSync(
+    cfgFile,
+    `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: ${undiciPort} }\nproxy: { client: undici }\n` +
+      `logging: { level: warn }\npools:\n  - { name: default, models: [open-model], endpoints: [{ name: e0, url: "${engineUrl}" }] }\n`,
+  );
+  const undiciUrl = `http://127.0.0.1:${undiciPort}`;
+  const routerU = pinned
+    ? start('router-undici', 'taskset', ['-c', '0', process.execPath, CLI, 'serve', '--config', cfgFile])
+    : start('router-undici', process.execPath, [CLI, 'serve', '--config', cfgFile]);
   try {
     await waitReady(`${engineUrl}/health`);
     await waitReady(`${routerUrl}/readyz`);
+    await waitReady(`${undiciUrl}/readyz`);
     const useWrk = await hasWrk();
     const rateDirect: Fig[] = [];
     const rateRouter: Fig[] = [];
     const maxDirect: Fig[] = [];
     const maxRouter: Fig[] = [];
+    const maxUndici: Fig[] = [];
     for (let r = 0; r < rounds; r++) {
       // alternate the order so drift (thermal, other processes) hits both sides
       rateDirect.push(await loadgen(engineUrl, ['--rate', String(rate)]));
       rateRouter.push(await loadgen(routerUrl, ['--rate', String(rate)]));
-      const measured = async (url: string): Promise<Fig> => {
-        const r0 = cpuSeconds(router.child.pid);
+      const measured = async (url: string, via = router): Promise<Fig> => {
+        const r0 = cpuSeconds(via.child.pid);
         const e0 = cpuSeconds(engine.child.pid);
         const f = await maxThroughput(url, useWrk);
         const n = f.rps * seconds;
-        f.routerCpuUs = ((cpuSeconds(router.child.pid) - r0) / n) * 1e6;
+        f.routerCpuUs = ((cpuSeconds(via.child.pid) - r0) / n) * 1e6;
         f.engineCpuUs = ((cpuSeconds(engine.child.pid) - e0) / n) * 1e6;
         return f;
       };
       maxRouter.push(await measured(routerUrl));
       maxDirect.push(await measured(engineUrl));
+      maxUndici.push(await measured(undiciUrl, routerU));
     }
     const pick = (xs: Fig[]): Fig => ({
       rps: median(xs.map((x) => x.rps)),
@@ -126,6 +143,7 @@ async function main(): Promise<void> {
     const rr = pick(rateRouter);
     const md = pick(maxDirect);
     const mr = pick(maxRouter);
+    const mu = pick(maxUndici);
     const result = {
       seconds,
       rounds,
@@ -134,7 +152,7 @@ async function main(): Promise<void> {
       maxTool: useWrk ? 'wrk -t1' : 'loadgen',
       pinned,
       fixedRate: { direct: rd, router: rr, addedP50us: rr.p50us - rd.p50us, addedP99us: rr.p99us - rd.p99us },
-      maxThroughput: { direct: md, router: mr, ratio: mr.rps / md.rps },
+      maxThroughput: { direct: md, router: mr, routerUndici: mu, ratio: mr.rps / md.rps },
     };
     if (argv.includes('--json')) {
       console.log(JSON.stringify(result));
@@ -154,13 +172,18 @@ async function main(): Promise<void> {
     console.log('|---|---:|---:|---:|---:|');
     console.log(`| direct | ${f(md.rps)} | ${f(md.p50us)} | ${f(md.p99us)} | ${md.errors} |`);
     console.log(`| router | ${f(mr.rps)} | ${f(mr.p50us)} | ${f(mr.p99us)} | ${mr.errors} |`);
+    console.log(`| router, undici client | ${f(mu.rps)} | ${f(mu.p50us)} | ${f(mu.p99us)} | ${mu.errors} |`);
     console.log(`router / direct throughput: ${(result.maxThroughput.ratio * 100).toFixed(1)} % (floor: router ≥ 10,000 req/s)`);
     console.log(
       `CPU per request (wall-clock-independent, from /proc): engine ${f(md.engineCpuUs!)} µs direct; through the router: ` +
         `router ${f(mr.routerCpuUs!)} µs + engine ${f(mr.engineCpuUs!)} µs ` +
         `(one router core would carry about ${f(1e6 / mr.routerCpuUs!)} req/s)`,
     );
+    console.log(
+      `router with the undici client: ${f(mu.routerCpuUs!)} µs per request (h1 client / undici: ${((mr.routerCpuUs! / mu.routerCpuUs!) * 100).toFixed(0)} %)`,
+    );
   } finally {
+    await routerU.stop();
     await router.stop();
     await engine.stop();
   }
