@@ -207,3 +207,32 @@ t.test('admission gate seam: reject, hold, release exactly once, abort while hel
   t.equal(fleet.engines[0].stats().finished, 3, 'the abandoned request never reached the engine');
   t.equal(admitted, 4);
 });
+
+t.test('switchyard serve: embedded default and quick mode, graceful exit on SIGTERM', async (t) => {
+  const { spawn } = await import('node:child_process');
+  const { fileURLToPath } = await import('node:url');
+  const bin = fileURLToPath(new URL('../bin/switchyard.js', import.meta.url));
+  const fleet = await startFleet(1, { timeScale: 0 });
+  t.teardown(() => fleet.close());
+  for (const args of [['serve', '--port', '0'], ['serve', '--port', '0', '--upstream', fleet.urls[0], '--model', 'open-model']]) {
+    const child = spawn(process.execPath, [bin, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    const url = await new Promise<string>((resolve, reject) => {
+      child.stdout.on('data', (b: Buffer) => {
+        out += b.toString();
+        const m = /listening on (http:\/\/[0-9.:]+)/.exec(out);
+        if (m) resolve(m[1]);
+      });
+      child.once('exit', (code) => reject(new Error(`exited ${code}: ${out}`)));
+      setTimeout(() => reject(new Error(`no listening line: ${out}`)), 15000);
+    });
+    const r = await post(`${url}/v1/chat/completions`, JSON.stringify({ model: 'open-model', messages: [{ role: 'user', content: 'Hello!' }], max_tokens: 4 }));
+    t.equal(r.status, 200, `${args.join(' ')}: chat completion answered`);
+    t.equal(r.json.object, 'chat.completion');
+    const code = await new Promise<number | null>((resolve) => {
+      child.once('exit', (c) => resolve(c));
+      child.kill('SIGTERM');
+    });
+    t.equal(code, 0, `${args.join(' ')}: exit code 0 after SIGTERM`);
+  }
+});
