@@ -3,7 +3,7 @@
 // taskset when available), the load generator in another process.
 //
 //   npm run bench:sim                      # all scenarios, 5 s each
-//   node dist/bench/sim-bench.js --duration 10 --connections 64 --rounds 3 [--only sim,uws-fixed] [--no-wrk]
+//   node dist/bench/sim-bench.js --duration 10 --connections 64 --rounds 3 [--only sim,uws-fixed,fidelity] [--no-wrk] [--no-fidelity]
 //
 // Servers:
 //   sim          switchyard sim (one engine, time-scale 0), small non-streaming completions
@@ -12,6 +12,8 @@
 //                body of the same size as the sim's answer (the ceiling: HTTP only)
 //   node-fixed   the same on node:http (what a plain Node server does)
 // Load: wrk (1 thread) when installed, else a closed-loop undici generator.
+// Then `fidelity`: at time-scale 1, client-measured TTFT and end-to-end times
+// against the latency model's values.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
@@ -25,6 +27,9 @@ const SELF = fileURLToPath(import.meta.url);
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark, briefly.', max_tokens: 8 });
 const STREAM_BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark, briefly.', max_tokens: 16, stream: true });
 
+/** The engine of the fidelity scenario: real time (time-scale 1). */
+const TIMED = { timeScale: 1, prefillOverheadMs: 5, prefillUsPerToken: 50, itlMs: 20, decodeSlowdown: 0.01, maxNumSeqs: 8 };
+
 const { values } = parseArgs({
   options: {
     serve: { type: 'string' },
@@ -37,6 +42,7 @@ const { values } = parseArgs({
     'fixed-body': { type: 'string', default: '' },
     only: { type: 'string' },
     'no-wrk': { type: 'boolean', default: false },
+    'no-fidelity': { type: 'boolean', default: false },
   },
 });
 
@@ -47,6 +53,10 @@ async function serve(kind: string, port: number, fixedBody: string): Promise<voi
   if (kind === 'sim') {
     const { startEngine } = await import('../src/sim/index.js');
     const e = await startEngine({ port, timeScale: 0 });
+    actual = e.port;
+  } else if (kind === 'sim-timed') {
+    const { startEngine } = await import('../src/sim/index.js');
+    const e = await startEngine({ port, ...TIMED });
     actual = e.port;
   } else if (kind === 'uws-fixed') {
     const { uws } = await import('../src/server/uws.js');
@@ -201,6 +211,58 @@ async function sampleResponse(port: number, body: string): Promise<string> {
   return res.text();
 }
 
+/** Time to first body byte and to the end of one streaming request, from a fresh connection. */
+function timedRequest(port: number, body: string): Promise<{ ttft: number; e2e: number }> {
+  return new Promise((resolve, reject) => {
+    const t0 = performance.now();
+    let ttft = -1;
+    const req = http.request({ host: '127.0.0.1', port, path: '/v1/completions', method: 'POST', headers: { 'content-type': 'application/json' } }, (res) => {
+      res.on('data', () => {
+        if (ttft < 0) ttft = performance.now() - t0;
+      });
+      res.on('end', () => resolve({ ttft, e2e: performance.now() - t0 }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+/**
+ * Fidelity: at time-scale 1, how close do the wall times a client sees come to
+ * the latency model (docs/sim.md)? Sequential requests, so no queueing.
+ */
+async function fidelity(): Promise<void> {
+  const { child, port } = await startServer('sim-timed', '');
+  try {
+    const tokens = 2000;
+    const out = 16;
+    const cached = Math.floor((tokens - 1) / 16) * 16;
+    const modelTtftCold = TIMED.prefillOverheadMs + (tokens * TIMED.prefillUsPerToken) / 1000;
+    const modelTtftWarm = TIMED.prefillOverheadMs + ((tokens - cached) * TIMED.prefillUsPerToken) / 1000;
+    const decode = (out - 1) * TIMED.itlMs;
+    const rows: [string, number, number[]][] = [];
+    const cold: { ttft: number; e2e: number }[] = [];
+    const warm: { ttft: number; e2e: number }[] = [];
+    for (let i = 0; i < 10; i++) {
+      const prompt = String(i).repeat(4 * tokens); // a fresh 2,000-token prompt each time
+      cold.push(await timedRequest(port, JSON.stringify({ prompt, max_tokens: out, stream: true })));
+      warm.push(await timedRequest(port, JSON.stringify({ prompt, max_tokens: out, stream: true })));
+    }
+    rows.push(['TTFT, 2,000 uncached tokens', modelTtftCold, cold.map((r) => r.ttft)]);
+    rows.push([`TTFT, ${cached} of 2,000 cached`, modelTtftWarm, warm.map((r) => r.ttft)]);
+    rows.push(['E2E, uncached, 16 tokens', modelTtftCold + decode, cold.map((r) => r.e2e)]);
+    rows.push(['E2E, cached, 16 tokens', modelTtftWarm + decode, warm.map((r) => r.e2e)]);
+    console.log(`# fidelity at time-scale 1 (${JSON.stringify(TIMED)}), 10 sequential requests each, client in this process`);
+    for (const [name, model, xs] of rows) {
+      const sorted = [...xs].sort((a, b) => a - b);
+      const med = sorted[Math.floor(sorted.length / 2)]!;
+      console.log(`fidelity ${name.padEnd(28)} model ${model.toFixed(1).padStart(7)} ms  measured median ${med.toFixed(1).padStart(7)} ms  max ${sorted.at(-1)!.toFixed(1).padStart(7)} ms  (+${(med - model).toFixed(1)} ms)`);
+    }
+  } finally {
+    await stop(child);
+  }
+}
+
 async function main(): Promise<void> {
   hasTaskset = spawnSync('taskset', ['-c', '0', 'true']).status === 0;
   hasWrk = !values['no-wrk'] && spawnSync('wrk', ['--version']).error === undefined;
@@ -269,6 +331,7 @@ async function main(): Promise<void> {
         `${Math.min(oneCore, Infinity) >= 20000 ? 'meets' : 'MISSES'} the 20,000 req/s floor`,
     );
   }
+  if (!values['no-fidelity'] && (values.only === undefined || values.only.split(',').includes('fidelity'))) await fidelity();
 }
 
 if (values.serve !== undefined) {
