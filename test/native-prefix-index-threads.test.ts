@@ -8,12 +8,25 @@ import { Worker } from 'node:worker_threads';
 import { once } from 'node:events';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
+import { existsSync, statSync } from 'node:fs';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { MatchResult, PrefixIndex } from '../bindings/prefix-index.js';
 
-const bindingsUrl = new URL('../bindings/prefix-index.ts', import.meta.url).href;
-// tap runs this file with a TypeScript loader (--import=...); an eval'd worker
-// does not inherit it, so the worker imports it first.
-const loaders = process.execArgv.filter((a) => a.startsWith('--import=')).map((a) => a.slice('--import='.length));
+// Workers load the compiled binding from dist/ when it is up to date (npm test
+// compiles first; starting a worker with the TypeScript loader is slow, above
+// all under the sanitizer), else the .ts source through tap's loader, which an
+// eval'd worker does not inherit by itself (--import=...).
+function bindingsFor(): { url: string; loaders: string[] } {
+  const src = ['../bindings/prefix-index.ts', '../bindings/native.ts'].map((f) => fileURLToPath(new URL(f, import.meta.url)));
+  const dist = ['../dist/bindings/prefix-index.js', '../dist/bindings/native.js'].map((f) => fileURLToPath(new URL(f, import.meta.url)));
+  const fresh = dist.every((d, i) => existsSync(d) && statSync(d).mtimeMs >= statSync(src[i]!).mtimeMs);
+  if (fresh) return { url: pathToFileURL(dist[0]!).href, loaders: [] };
+  return {
+    url: new URL('../bindings/prefix-index.ts', import.meta.url).href,
+    loaders: process.execArgv.filter((a) => a.startsWith('--import=')).map((a) => a.slice('--import='.length)),
+  };
+}
+const { url: bindingsUrl, loaders } = bindingsFor();
 
 function runWorker(body: string, workerData: unknown): Worker {
   const src = `
