@@ -155,15 +155,22 @@ tt.test('streaming through the router is byte-identical to a direct request to t
 });
 
   tt.test('backpressure: a client that stops reading pauses the engine stream; nothing is lost', async (t) => {
-  const { fleet, router, url } = await setup(t, 1, { timeScale: 0, maxModelLen: 100_000 });
-  const body = JSON.stringify({ model: 'open-model', prompt: 'flood', max_tokens: 30_000, stream: true });
+  const { fleet, router, url } = await setup(t, 1, { timeScale: 0, maxModelLen: 200_000 });
+  const body = JSON.stringify({ model: 'open-model', prompt: 'flood', max_tokens: 60_000, stream: true });
   const { connect } = await import('node:net');
   const u = new URL(url);
   const raw = await new Promise<Buffer>((resolve, reject) => {
     const s = connect(Number(u.port), u.hostname, () => {
       s.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-request-id: bp-1\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
       s.pause(); // stop reading: the kernel buffers fill, uWS reports backpressure
-      setTimeout(() => s.resume(), 700);
+      // resume once the router reports a relay pause (or after 10 s: then the assertion below fails)
+      const until = Date.now() + 10_000;
+      const poll = async () => {
+        const m = await (await fetch(`${url}/metrics`)).text();
+        if (/^switchyard_relay_pauses_total [1-9]/m.test(m) || Date.now() > until) s.resume();
+        else setTimeout(poll, 50);
+      };
+      setTimeout(poll, 50);
     });
     const parts: Buffer[] = [];
     s.on('data', (b) => parts.push(b));
