@@ -82,3 +82,32 @@ t.test('port in use: exit 1 with a message', async (t) => {
   }
   t.match(errors.join('\n'), /cannot listen/);
 });
+
+t.test('the switchyard binary runs a fleet and stops on SIGTERM (needs dist/: npm run build:ts)', async (t) => {
+  const { existsSync } = await import('node:fs');
+  const { spawn } = await import('node:child_process');
+  const bin = new URL('../bin/switchyard.js', import.meta.url);
+  if (!existsSync(new URL('../dist/src/sim/cli.js', import.meta.url))) {
+    t.skip('dist/ is not built');
+    return;
+  }
+  const child = spawn(process.execPath, [bin.pathname, 'sim', '--port', '0', '--fleet', '2', '--time-scale', '0', '--model', 'm'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
+  const urls = await new Promise<string[]>((resolve, reject) => {
+    let out = '';
+    child.stdout!.on('data', (c: Buffer) => {
+      out += c.toString();
+      const found = [...out.matchAll(/on (http:\/\/127\.0\.0\.1:\d+)/g)].map((m) => m[1]!);
+      if (found.length === 2) resolve(found);
+    });
+    setTimeout(() => reject(new Error(`no listening lines: ${out}`)), 10_000);
+  });
+  t.equal(new Set(urls).size, 2);
+  for (const u of urls) {
+    const r = await fetch(u + '/v1/completions', { method: 'POST', body: JSON.stringify({ model: 'm', prompt: 'hi', max_tokens: 2 }) });
+    t.equal(r.status, 200);
+    t.equal((await r.json()).usage.completion_tokens, 2);
+  }
+  child.kill('SIGTERM');
+  t.equal(await exited, 0, 'exit 0 after SIGTERM');
+});
