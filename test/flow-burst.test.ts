@@ -33,7 +33,7 @@ function worker(body: string, workerData: unknown): Worker {
 
 const ENGINE = `
   const { startEngine } = await import(${JSON.stringify(simUrl)});
-  const engine = await startEngine({ maxNumSeqs: 8, itlMs: 10, prefillOverheadMs: 2, prefillUsPerToken: 0, seed: 11 });
+  const engine = await startEngine({ maxNumSeqs: 8, itlMs: 20, prefillOverheadMs: 2, prefillUsPerToken: 0, seed: 11 });
   parentPort.postMessage({ url: engine.url });
   parentPort.once('message', async () => { await engine.close(); parentPort.close(); });
 `;
@@ -69,8 +69,8 @@ const LOADGEN = `
   await phase(5, 20, 0, 0); // warm-up
   parentPort.on('message', async (m) => {
     if (m === 'stop') return parentPort.close();
-    const quiet = await phase(40, 40, 0, 0);
-    const loud = await phase(40, 40, 60, 100);
+    const quiet = await phase(30, 80, 0, 0);
+    const loud = await phase(30, 80, 60, 200);
     parentPort.postMessage({ quiet, loud });
   });
   parentPort.postMessage({ ready: true });
@@ -94,7 +94,7 @@ t.test('premium p95 with a 60-request best-effort burst stays within 1.5x of its
     await once(engineWorker, 'exit');
   });
   if (!em.url) throw new Error(em.error);
-  // one engine running at most 8 requests at once (the rest wait in its queue), ~55 ms per
+  // one engine running at most 8 requests at once (the rest wait in its queue), ~105 ms per
   // request; the router treats 8 in flight as saturated
   const cfg = parseConfig(
     `apiVersion: switchyard/v1
