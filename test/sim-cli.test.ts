@@ -9,15 +9,16 @@ t.test('flags parse into options', async (t) => {
     '--itl-ms', '7', '--decode-slowdown', '0.1', '--time-scale', '0', '--seed', '9', '--revision', 'r2', '--role', 'prefill',
     '--failure-rate', '0.5', '--failure-kinds', '500,reset-mid-stream', '--slow-first-byte-ms', '10', '--max-model-len', '2048',
     '--default-max-tokens', '3', '--max-body-bytes', '1000', '--fleet', '3', '--base-port', '9100',
-    '--lora', 'l1', '--lora=l2', '--max-loras', '2', '--serial-prefill', 'false',
+    '--lora', 'l1', '--lora=l2', '--max-loras', '2', '--serial-prefill', 'false', '--legacy',
   ]);
   t.not(o, 'help');
   t.match(o, {
     host: '0.0.0.0', port: 9001, models: ['a', 'b'], engine: 'sglang', maxNumSeqs: 4, kvCacheBlocks: 100, blockSize: 8,
     prefillOverheadMs: 2.5, prefillUsPerToken: 30, itlMs: 7, decodeSlowdown: 0.1, timeScale: 0, seed: 9, revision: 'r2',
     role: 'prefill', failureRate: 0.5, failureKinds: ['500', 'reset-mid-stream'], slowFirstByteMs: 10, maxModelLen: 2048,
-    defaultMaxTokens: 3, maxBodyBytes: 1000, fleet: 3, basePort: 9100, loras: ['l1', 'l2'], maxLoras: 2, serialPrefill: false,
+    defaultMaxTokens: 3, maxBodyBytes: 1000, fleet: 3, basePort: 9100, loras: ['l1', 'l2'], maxLoras: 2, serialPrefill: false, legacy: true,
   });
+  t.match(parseSimArgs(['--legacy=false']), { legacy: false });
   t.match(parseSimArgs(['--port', '0']), { port: 0, basePort: 0, fleet: 1 });
   t.equal(parseSimArgs(['--itl-ms', '3', '--help']), 'help');
 });
@@ -63,7 +64,7 @@ t.test('bad flags exit 2 with a clear message; --help exits 0 and lists every fl
   t.equal(help, SIM_USAGE);
   for (const f of ['--host', '--port', '--model', '--engine', '--max-num-seqs', '--kv-cache-blocks', '--block-size', '--prefill-overhead-ms',
     '--prefill-us-per-token', '--itl-ms', '--decode-slowdown', '--serial-prefill', '--time-scale', '--seed', '--revision', '--role', '--failure-rate',
-    '--failure-kinds', '--slow-first-byte-ms', '--max-model-len', '--default-max-tokens', '--max-body-bytes', '--lora', '--max-loras', '--fleet', '--base-port']) {
+    '--failure-kinds', '--slow-first-byte-ms', '--max-model-len', '--default-max-tokens', '--max-body-bytes', '--lora', '--max-loras', '--legacy', '--fleet', '--base-port']) {
     t.match(help, f);
   }
 });

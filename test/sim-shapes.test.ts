@@ -235,6 +235,18 @@ t.test('metrics: vLLM names with model_name, parsed by the Prometheus parser', a
   t.equal(buckets.at(-1), 2);
 });
 
+t.test('legacy: an older vLLM (gpu_cache_usage_perc, flat error bodies)', async (t) => {
+  const e = await startEngine({ timeScale: 0, legacy: true });
+  t.teardown(() => e.close());
+  const ex = await scrape(e.url);
+  t.equal(metric(ex, 'vllm:gpu_cache_usage_perc', { model_name: 'open-model' }), 0);
+  t.notOk(ex.samples.some((s) => s.name === 'vllm:kv_cache_usage_perc'));
+  t.notOk(ex.samples.some((s) => 'engine' in s.labels));
+  const r = await post(e.url, '/v1/completions', { model: 'nope', prompt: 'x' });
+  t.equal(r.status, 404);
+  t.same(JSON.parse(r.body), { object: 'error', message: 'The model `nope` does not exist.', type: 'NotFoundError', param: 'model', code: 404 });
+});
+
 t.test('metrics: SGLang names', async (t) => {
   const e = await startEngine({ timeScale: 0, engine: 'sglang', models: ['qwen'], kvCacheBlocks: 500, blockSize: 8 });
   t.teardown(() => e.close());

@@ -35,6 +35,7 @@ options (--name value or --name=value):
   --max-body-bytes N          largest request body (default ${D.maxBodyBytes})
   --lora NAME                 serve a LoRA adapter named NAME on the base model; repeatable
   --max-loras N               distinct adapters in the running batch (default ${D.maxLoras})
+  --legacy                    mimic an older vLLM (gpu_cache_usage_perc, flat error bodies)
   --fleet N                   start N engines on consecutive ports (default 1)
   --base-port P               first port of the fleet (default: --port)
   -h, --help                  show this message`;
@@ -99,6 +100,10 @@ const FLAGS: Record<string, Setter> = {
     o.loras = [...(o.loras ?? []), v];
   },
   '--max-loras': (o, v, f) => (o.maxLoras = integer(f, v)),
+  '--legacy': (o, v, f) => {
+    if (v !== 'true' && v !== 'false') throw new FlagError(`${f} expects true or false, got '${v}'`);
+    o.legacy = v === 'true';
+  },
   '--fleet': (o, v, f) => {
     const n = integer(f, v);
     if (n < 1 || n > 4096) throw new FlagError(`${f} expects an integer in [1, 4096], got '${v}'`);
@@ -107,6 +112,8 @@ const FLAGS: Record<string, Setter> = {
   '--base-port': (o, v, f) => (o.basePort = integer(f, v)),
 };
 FLAGS['--failure-kind'] = FLAGS['--failure-kinds']!;
+/** Flags that take no value (`--legacy`; `--legacy=false` also works). */
+const SWITCHES = new Set(['--legacy']);
 
 /** Parses `switchyard sim` flags; throws FlagError with a clear message. Exported for tests. */
 export function parseSimArgs(argv: string[]): (FleetOptions & { fleet: number }) | 'help' {
@@ -120,6 +127,7 @@ export function parseSimArgs(argv: string[]): (FleetOptions & { fleet: number })
     if (set === undefined) throw new FlagError(arg.startsWith('-') ? `unknown flag '${flag}'` : `unexpected argument '${arg}'`);
     let value: string;
     if (flag !== arg) value = arg.slice(eq + 1);
+    else if (SWITCHES.has(flag)) value = 'true';
     else {
       const next = argv[i + 1];
       if (next === undefined || (next.startsWith('--') && next.length > 2)) throw new FlagError(`${flag} needs a value`);

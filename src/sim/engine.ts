@@ -54,10 +54,12 @@ const ERROR_TYPE: Record<number, string> = {
 };
 
 /** The OpenAI/vLLM error body. */
-export function errorBody(status: number, message: string, param: string | null = null): string {
-  return `{"error":{"message":${JSON.stringify(message)},"type":"${ERROR_TYPE[status] ?? 'Error'}","param":${
+export function errorBody(status: number, message: string, param: string | null = null, legacy = false): string {
+  const fields = `"message":${JSON.stringify(message)},"type":"${ERROR_TYPE[status] ?? 'Error'}","param":${
     param === null ? 'null' : JSON.stringify(param)
-  },"code":${status}}}`;
+  },"code":${status}`;
+  // Older vLLM releases answered a flat object.
+  return legacy ? `{"object":"error",${fields}}` : `{"error":{${fields}}}`;
 }
 
 const JSON_TYPE = 'application/json';
@@ -379,7 +381,7 @@ class Call implements RequestSink {
       e.calls.delete(this);
       const res = this.res;
       res.cork(() => {
-        res.write(`data: ${errorBody(500, 'simulated error in the middle of the stream (injected)')}\n\n`);
+        res.write(`data: ${errorBody(500, 'simulated error in the middle of the stream (injected)', null, this.engine.options.legacy)}\n\n`);
         res.end(DONE);
       });
     } else {
@@ -440,7 +442,7 @@ class Call implements RequestSink {
     res.cork(() => {
       this.writeHead(res, JSON_TYPE, STATUS[status] ?? `${status} Error`);
       if (status === 429) res.writeHeader('Retry-After', '1');
-      res.end(errorBody(status, message, param));
+      res.end(errorBody(status, message, param, this.engine.options.legacy));
     });
   }
 }
@@ -563,7 +565,8 @@ export class Engine implements SimEngine {
         url === '/v1/completions' || url === '/v1/chat/completions' || url === '/tokenize' || url === '/health' || url === '/metrics' || url === '/v1/models';
       const status = known ? 405 : 404;
       res.writeStatus(STATUS[status]!).writeHeader('Content-Type', JSON_TYPE);
-      res.end(errorBody(status, known ? `method ${method.toUpperCase()} not allowed on ${url}` : `no route for ${method.toUpperCase()} ${url}`));
+      const msg = known ? `method ${method.toUpperCase()} not allowed on ${url}` : `no route for ${method.toUpperCase()} ${url}`;
+      res.end(errorBody(status, msg, null, o.legacy));
     });
     return new Promise((resolve, reject) => {
       app.listen(o.host, o.port, (sock) => {

@@ -24,14 +24,15 @@ export function renderMetrics(o: ResolvedSimOptions, s: Scheduler): string {
 }
 
 function renderVllm(o: ResolvedSimOptions, s: Scheduler, model: string, out: string[]): void {
-  const l = `engine="0",model_name="${model}"`;
+  const l = o.legacy ? `model_name="${model}"` : `engine="0",model_name="${model}"`;
   const c = s.cache;
   head(out, 'vllm:num_requests_running', 'gauge', 'Number of requests in model execution batches.');
   out.push(`vllm:num_requests_running{${l}} ${fmt(s.running)}`);
   head(out, 'vllm:num_requests_waiting', 'gauge', 'Number of requests waiting to be processed.');
   out.push(`vllm:num_requests_waiting{${l}} ${fmt(s.waiting)}`);
-  head(out, 'vllm:kv_cache_usage_perc', 'gauge', 'KV-cache usage. 1 means 100 percent usage.');
-  out.push(`vllm:kv_cache_usage_perc{${l}} ${fmt(c.usage)}`);
+  const usageName = o.legacy ? 'vllm:gpu_cache_usage_perc' : 'vllm:kv_cache_usage_perc';
+  head(out, usageName, 'gauge', 'KV-cache usage. 1 means 100 percent usage.');
+  out.push(`${usageName}{${l}} ${fmt(c.usage)}`);
   head(out, 'vllm:prefix_cache_queries_total', 'counter', 'Prefix cache queries, in terms of number of queried tokens.');
   out.push(`vllm:prefix_cache_queries_total{${l}} ${fmt(s.prefixQueryTokens)}`);
   head(out, 'vllm:prefix_cache_hits_total', 'counter', 'Prefix cache hits, in terms of number of cached tokens.');
@@ -49,14 +50,14 @@ function renderVllm(o: ResolvedSimOptions, s: Scheduler, model: string, out: str
   head(out, 'vllm:cache_config_info', 'gauge', 'Information of the LLMEngine CacheConfig');
   out.push(
     `vllm:cache_config_info{block_size="${o.blockSize}",cache_dtype="auto",enable_prefix_caching="True",` +
-      `engine="0",model_name="${model}",num_cpu_blocks="0",num_gpu_blocks="${o.kvCacheBlocks}"} 1.0`,
+      `${o.legacy ? '' : 'engine="0",'}model_name="${model}",num_cpu_blocks="0",num_gpu_blocks="${o.kvCacheBlocks}"} 1.0`,
   );
   if (o.loras.length > 0) {
     head(out, 'vllm:lora_requests_info', 'gauge', 'Running stats on lora requests.');
     const running = [...s.runningLoras.keys()].join(',');
     const waiting = [...s.waitingLoras.keys()].join(',');
     out.push(
-      `vllm:lora_requests_info{engine="0",max_lora="${o.maxLoras}",model_name="${model}",running_lora_adapters="${esc(running)}",waiting_lora_adapters="${esc(waiting)}"} ${fmt(Date.now() / 1000)}`,
+      `vllm:lora_requests_info{${o.legacy ? '' : 'engine="0",'}max_lora="${o.maxLoras}",model_name="${model}",running_lora_adapters="${esc(running)}",waiting_lora_adapters="${esc(waiting)}"} ${fmt(Date.now() / 1000)}`,
     );
   }
   head(out, 'vllm:time_to_first_token_seconds', 'histogram', 'Histogram of time to first token in seconds.');

@@ -47,6 +47,8 @@ export interface SimOptions {
   loras?: string[];
   /** Distinct LoRA adapters allowed in the running batch (vLLM's --max-loras). */
   maxLoras?: number;
+  /** Mimic an older vLLM: vllm:gpu_cache_usage_perc, no engine label, flat error bodies. */
+  legacy?: boolean;
 }
 
 export type ResolvedSimOptions = Required<SimOptions>;
@@ -76,6 +78,7 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   maxBodyBytes: 32 * 1024 * 1024,
   loras: [],
   maxLoras: 1,
+  legacy: false,
 }) as ResolvedSimOptions;
 
 /** Thrown for an invalid option; `option` names it. */
@@ -136,6 +139,7 @@ export function resolveSimOptions(opts: SimOptions = {}): ResolvedSimOptions {
     throw new SimOptionError('loras', 'expected a list of non-empty adapter names distinct from the model names');
   }
   int('maxLoras', o.maxLoras, 1);
+  if (typeof o.legacy !== 'boolean') throw new SimOptionError('legacy', 'expected a boolean');
   o.loras = [...o.loras];
   o.models = [...o.models];
   o.failureKinds = [...o.failureKinds];
