@@ -84,6 +84,8 @@ const enum Kind {
 }
 
 let idCounter = 0;
+const CHAT_MAX_KEYS = ['max_completion_tokens', 'max_tokens'] as const;
+const COMPLETION_MAX_KEYS = ['max_tokens'] as const;
 
 /** The HTTP side of one POST: reads the body, then receives the request's tokens. */
 class Call implements RequestSink {
@@ -235,7 +237,7 @@ class Call implements RequestSink {
     if (nBlocks > 0) seed ^= mix32(hashes[nBlocks - 1]! | 0);
     // Output length.
     let maxTokens: number | undefined;
-    for (const key of this.kind === Kind.Chat ? ['max_completion_tokens', 'max_tokens'] : ['max_tokens']) {
+    for (const key of this.kind === Kind.Chat ? CHAT_MAX_KEYS : COMPLETION_MAX_KEYS) {
       const v = body[key];
       if (v === undefined || v === null) continue;
       if (typeof v !== 'number' || !Number.isInteger(v) || v < 1) throw new BadRequest(400, `'${key}' must be an integer >= 1`, key);
