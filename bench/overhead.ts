@@ -43,12 +43,12 @@ interface Fig {
   errors: number;
 }
 
-function loadgen(url: string, extra: string[]): Promise<Fig> {
+function loadgen(urls: string[], extra: string[]): Promise<Fig[]> {
   return new Promise((resolve, reject) => {
-    execFile(process.execPath, [LOADGEN, url, '--duration', String(seconds), '--warmup', '1', '--body', BODY, ...extra], { maxBuffer: 1 << 20 }, (err, out) => {
+    execFile(process.execPath, [LOADGEN, ...urls, '--duration', String(seconds), '--warmup', '1', '--body', BODY, ...extra], { maxBuffer: 1 << 20 }, (err, out) => {
       if (err) return reject(err);
       const j = JSON.parse(out.trim().split('\n').pop()!);
-      resolve({ rps: j.rps, p50us: j.p50us, p99us: j.p99us, errors: j.errors });
+      resolve(j.targets.map((x: Fig) => ({ rps: x.rps, p50us: x.p50us, p99us: x.p99us, errors: x.errors })));
     });
   });
 }
@@ -58,7 +58,7 @@ async function maxThroughput(url: string, useWrk: boolean): Promise<Fig> {
     const r = await runWrk(`${url}/v1/completions`, BODY, { connections: concurrency, threads: 1, seconds });
     return { rps: r.rps, p50us: r.p50Us, p99us: r.p99Us, errors: r.errors + r.non2xx };
   }
-  return loadgen(url, ['--concurrency', String(concurrency)]);
+  return (await loadgen([url], ['--concurrency', String(concurrency)]))[0];
 }
 
 /** CPU seconds (user + system) a process has used so far, from /proc. */
@@ -116,8 +116,11 @@ async function main(): Promise<void> {
     const maxUndici: Fig[] = [];
     for (let r = 0; r < rounds; r++) {
       // alternate the order so drift (thermal, other processes) hits both sides
-      rateDirect.push(await loadgen(engineUrl, ['--rate', String(rate)]));
-      rateRouter.push(await loadgen(routerUrl, ['--rate', String(rate)]));
+      // both targets in one open-loop run, each at `rate`, slots interleaved: the
+      // same contention hits both at the same moments
+      const [d, r] = await loadgen([engineUrl, routerUrl], ['--rate', String(rate)]);
+      rateDirect.push(d);
+      rateRouter.push(r);
       const measured = async (url: string, via = router): Promise<Fig> => {
         const r0 = cpuSeconds(via.child.pid);
         const e0 = cpuSeconds(engine.child.pid);
@@ -161,7 +164,7 @@ async function main(): Promise<void> {
     const f = (n: number) => (Number.isFinite(n) ? Math.round(n).toLocaleString('en-US') : 'n/a');
     console.log(`overhead: ${rounds} round(s) of ${seconds} s each (median shown); engine = switchyard sim --time-scale 0`);
     console.log(pinned ? 'pinned: router on cpu 0; engine, load generator on cpu 1' : 'not pinned (pass --pin to pin)');
-    console.log(`\nfixed rate ${rate} req/s (open loop, bench/loadgen.ts):`);
+    console.log(`\nfixed rate ${rate} req/s to each target, interleaved in one open-loop run (bench/loadgen.ts):`);
     console.log('| target | achieved req/s | p50 µs | p99 µs | errors |');
     console.log('|---|---:|---:|---:|---:|');
     console.log(`| direct | ${f(rd.rps)} | ${f(rd.p50us)} | ${f(rd.p99us)} | ${rd.errors} |`);
