@@ -27,6 +27,7 @@ constexpr uint32_t kNil = 0xFFFFFFFFu;
 constexpr int kTiers = 3;
 constexpr uint32_t kMaxEndpointsLimit = 16384;  // endpoint ids fit in 14 bits
 constexpr uint32_t kMaxClass = 15;              // holder arrays up to 2^15 >= 16384
+constexpr uint32_t kMaxEntries = 0xFFFFF000u;   // entry ids are 32-bit; kNil is reserved
 
 struct Entry {
   uint32_t prev;  // LRU neighbours within (endpoint, tier); kNil at the ends
@@ -362,6 +363,7 @@ class Index {
       Unlink(ep, ei);
       SetHolderTier(si, pos, target);
     } else {
+      if (free_entry_ == kNil && entries_end_ >= kMaxEntries) return;  // 32-bit entry ids exhausted
       if (si == kNil) si = InsertSlot(key);
       ei = AllocEntry();
       Entry& en = E(ei);

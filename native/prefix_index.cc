@@ -172,6 +172,7 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
     uint32_t ep, cap[kTiers];
     if (!Ready(info) || !GetEndpoint(info, 0, &ep) || !GetCapacity(info, 1, cap)) return;
     index_->SetCapacity(ep, cap);
+    ReportMemory(info.Env());
   }
 
   // hashPrompt(prompt: Uint8Array, seed: bigint, out: BigUint64Array) -> count
@@ -233,6 +234,7 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
         !GetUint(info, 3, "tier must be a number", "tier must be 0, 1 or 2", kTiers - 1, &tier))
       return;
     index_->Record(ep, keys, count, static_cast<int>(tier));
+    ReportMemory(info.Env());
   }
 
   // remove(endpoint, hashes, count)
@@ -242,18 +244,21 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
     size_t count;
     if (!Ready(info) || !GetEndpoint(info, 0, &ep) || !GetHashes(info, 1, &keys, &count)) return;
     index_->Remove(ep, keys, count);
+    ReportMemory(info.Env());
   }
 
   void Clear(const Napi::CallbackInfo& info) {
     uint32_t ep;
     if (!Ready(info) || !GetEndpoint(info, 0, &ep)) return;
     index_->Clear(ep);
+    ReportMemory(info.Env());
   }
 
   void RemoveEndpoint(const Napi::CallbackInfo& info) {
     uint32_t ep;
     if (!Ready(info) || !GetEndpoint(info, 0, &ep)) return;
     index_->RemoveEndpoint(ep);
+    ReportMemory(info.Env());
   }
 
   // stats(out: Float64Array(6)): [gpu, cpu, disk, blocks, bytes, endpoints]
@@ -269,7 +274,27 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
     out[5] = static_cast<double>(st.endpoints);
   }
 
+  // Tells V8 how much native memory this object holds (in 1 MiB steps), so
+  // the garbage collector weighs a dropped index by its real size.
+  void ReportMemory(Napi::Env env) {
+    const int64_t now = static_cast<int64_t>(index_->Bytes());
+    if (now - reported_ > (1 << 20) || reported_ - now > (1 << 20)) {
+      Napi::MemoryManagement::AdjustExternalMemory(env, now - reported_);
+      reported_ = now;
+    }
+  }
+
+ public:
+  ~PrefixIndexWrap() override {
+    if (reported_ != 0) {
+      int64_t ignored;
+      napi_adjust_external_memory(Env(), -reported_, &ignored);
+    }
+  }
+
+ private:
   size_t block_size_ = 64;
+  int64_t reported_ = 0;
   std::unique_ptr<Index> index_;  // freed by the finalizer, also at environment teardown
 };
 
