@@ -55,6 +55,29 @@ t.test('prefix-cache scorer: the same prompt returns to its endpoint, a new one 
   s2.complete(b, 'ok');
 });
 
+t.test('prefix-cache scorer: a saturated holder loses its affinity', async (t) => {
+  const s = createScheduler({ pools: pools(2), scheduling: { scorers: [{ type: 'prefix-cache', weight: 3, params: { saturatedQueue: 4 } }, { type: 'queue', weight: 2 }] } }, { watch: false, random: lcg(9) });
+  t.teardown(() => s.close());
+  const first = s.pick({ model: 'm', prompt: longPrompt('hot') })!;
+  s.complete(first, 'ok');
+  const holder = first.endpoint;
+  const other = s.endpoints.all.find((e) => e !== holder)!;
+  // hold 3 requests on the holder: queue 3 < 4, affinity kept
+  const held = [];
+  for (let i = 0; i < 3; i++) {
+    const d = s.pick({ model: 'm', prompt: longPrompt('hot') })!;
+    t.equal(d.endpoint, holder, `request ${i} stays on the holder`);
+    held.push(d);
+  }
+  const d4 = s.pick({ model: 'm', prompt: longPrompt('hot') })!;
+  t.equal(d4.endpoint, holder, 'queue 3: still the holder');
+  held.push(d4);
+  const d5 = s.pick({ model: 'm', prompt: longPrompt('hot') })!;
+  t.equal(d5.endpoint, other, 'queue 4 = saturated: spills to the other replica');
+  held.push(d5);
+  for (const d of held) s.complete(d, 'ok');
+});
+
 t.test('stale metrics: the queue scorer falls back to the router in-flight count', async (t) => {
   const s = createScheduler({ pools: pools(3), scheduling: { scorers: [{ type: 'queue', weight: 1 }] } }, { watch: false, random: lcg(2) });
   t.teardown(() => s.close());

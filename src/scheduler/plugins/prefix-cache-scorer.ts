@@ -1,6 +1,10 @@
 // Scorer `prefix-cache`: the share of the prompt's leading blocks an endpoint
 // is believed to hold, from the prefix index in approximate mode (the router
-// records each routing decision). Score = matched blocks / prompt blocks.
+// records each routing decision). Score = matched blocks / prompt blocks,
+// except on a saturated endpoint (queue of `saturatedQueue` or more requests:
+// the engine's waiting count plus what this router sent since the last
+// scrape, or the router's in-flight count when metrics are stale), which
+// scores 0 so a hot prefix spills over to other replicas instead of piling up.
 // Capacity per endpoint (how many blocks it can hold before the index evicts
 // its least recently used ones) comes from the config or the engine's
 // cache_config_info (see engine-metrics.ts for the token → byte conversion).
@@ -31,8 +35,11 @@ export class PrefixCacheScorer implements Scorer {
   #matched: Uint32Array = new Uint32Array(0);
   #hashCount = 0;
 
-  constructor(store: PrefixStore, maxEndpoints: number) {
+  readonly #saturatedQueue: number;
+
+  constructor(store: PrefixStore, maxEndpoints: number, saturatedQueue = 16) {
     this.store = store;
+    this.#saturatedQueue = saturatedQueue;
     this.#ids = new Int32Array(Math.max(1, maxEndpoints));
     for (let n = 0; n <= this.#ids.length; n++) this.#idViews.push(this.#ids.subarray(0, n));
   }
@@ -59,7 +66,12 @@ export class PrefixCacheScorer implements Scorer {
     this.#hashCount = total;
     this.#matched = m.matched;
     ctx.promptBlocks = total;
-    for (let i = 0; i < n; i++) out[i] = total > 0 ? Math.min(1, m.matched[i] / total) : 0;
+    const sat = this.#saturatedQueue;
+    for (let i = 0; i < n; i++) {
+      const ep = eps[i];
+      const queue = ep.fresh(ctx.now, ctx.staleAfterMs) ? ep.metrics.waiting + Math.min(ep.sinceScrape, ep.inFlight) : ep.inFlight;
+      out[i] = total > 0 && (sat === 0 || queue < sat) ? Math.min(1, m.matched[i] / total) : 0;
+    }
     return out;
   }
 
@@ -83,14 +95,15 @@ export const prefixCacheScorer: PluginFactory<'scorer'> = {
   type: 'prefix-cache',
   validate: (p) => {
     const out: string[] = [];
-    knownParams(p, ['blockSize'], out);
+    knownParams(p, ['blockSize', 'saturatedQueue'], out);
     numParam(p, 'blockSize', 1, 1 << 20, out);
+    numParam(p, 'saturatedQueue', 0, 1e9, out);
     return out;
   },
   create: (p, env: PluginEnv) => {
     const blockSize = (p.blockSize as number | undefined) ?? env.prefixBlockSize;
     const max = env.endpoints.all.length;
-    const s = new PrefixCacheScorer(new NativePrefixStore(blockSize, max), max);
+    const s = new PrefixCacheScorer(new NativePrefixStore(blockSize, max), max, (p.saturatedQueue as number | undefined) ?? 16);
     for (const ep of env.endpoints.all) s.onCapacity(ep);
     return s;
   },
