@@ -41,7 +41,7 @@ export interface FleetShape {
 
 export const FLEET: FleetShape = {
   engines: 8,
-  kvCacheBlocks: 1024,
+  kvCacheBlocks: 4096,
   blockSize: 16,
   maxNumSeqs: 16,
   prefillUsPerToken: 50,
@@ -153,7 +153,7 @@ async function sendStream(pool: Pool, path: string, body: string, res: Result): 
   return { text };
 }
 
-async function runLoad(url: string, workload: string, rate: number, n: number, seed: number): Promise<Result> {
+export async function runLoad(url: string, workload: string, rate: number, n: number, seed: number): Promise<Result> {
   const pool = new Pool(url, { connections: 1024, pipelining: 1 });
   const res: Result = { ttft: [], e2e: [], promptTokens: 0, cachedTokens: 0, outputTokens: 0, errors: 0, wallS: 0, prompts: [] };
   const rand = rng(seed ^ 0x9e3779b9);
@@ -247,14 +247,14 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
   };
   const quick = argv.includes('--quick');
   if (quick) {
-    SHARED = { groups: 8, systemTokens: 1024, questionTokens: 128, outputTokens: 32 };
+    SHARED = { groups: 16, systemTokens: 1024, questionTokens: 128, outputTokens: 32 };
     MULTI = { turns: 4, systemTokens: 512, userTokens: 64, outputTokens: 32 };
   }
   const rates = (arg('--rates') ?? (quick ? '10,40' : '5,10,20,30,40')).split(',').map(Number);
   const workloads = (arg('--workloads') ?? 'shared-prefix,multi-turn').split(',');
   const policies = (arg('--policies') ?? 'round-robin,least-request,switchyard').split(',');
   const seconds = Number(arg('--seconds') ?? (quick ? 4 : 12));
-  const fleet = { ...FLEET, kvCacheBlocks: quick ? 512 : FLEET.kvCacheBlocks };
+  const fleet = { ...FLEET, kvCacheBlocks: quick ? 1280 : FLEET.kvCacheBlocks };
   const dir = mkdtempSync(join(tmpdir(), 'swy-quality-'));
   const rows: Row[] = [];
   for (const workload of workloads) {
