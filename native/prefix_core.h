@@ -207,10 +207,7 @@ class Index {
     if (distinct == 0) return;
     // Software pipeline: the slot of block b+16 and the holder array of block
     // b+8 are fetched while block b is examined.
-#ifndef SWY_MATCH_AHEAD
-#define SWY_MATCH_AHEAD 16
-#endif
-    constexpr size_t kAhead = SWY_MATCH_AHEAD, kAheadHolders = 8;
+    constexpr size_t kAhead = 16, kAheadHolders = 8;
     for (size_t b = 0; b < n && b < kAhead; b++) __builtin_prefetch(&slots_[Home(keys[b])]);
     for (size_t b = 0; b < n; b++) {
       if (b + kAhead < n) __builtin_prefetch(&slots_[Home(keys[b + kAhead])]);
@@ -220,32 +217,7 @@ class Index {
       }
       const uint32_t si = FindSlot(keys[b]);
       if (si == kNil) break;
-      const Slot& s = slots_[si];
-      const uint32_t want = static_cast<uint32_t>(b);
-      size_t hits = 0;
-      if (s.count == 1) {
-        const uint32_t ep = s.aux & 0x3FFF;
-        if (stamp_[ep] == gen_) {
-          const uint32_t c = cand_of_[ep];
-          if (matched[c] == want) {
-            matched[c] = want + 1;
-            tiers[c * kTiers + (s.aux >> 14)]++;
-            hits++;
-          }
-        }
-      } else {
-        const Holder* h = &arena_[s.ref];
-        for (uint32_t k = 0; k < s.count; k++) {
-          const uint32_t ep = h[k].ep;
-          if (stamp_[ep] != gen_) continue;
-          const uint32_t c = cand_of_[ep];
-          if (matched[c] != want) continue;
-          matched[c] = want + 1;
-          tiers[c * kTiers + h[k].tier]++;
-          hits++;
-        }
-      }
-      if (hits == 0) break;
+      if (!MatchBlock(slots_[si], static_cast<uint32_t>(b), matched, tiers)) break;
     }
     if (!dups) return;
     for (size_t i = 0; i < nc; i++) {
@@ -256,6 +228,35 @@ class Index {
       matched[i] = matched[first];
       for (int t = 0; t < kTiers; t++) tiers[i * kTiers + t] = tiers[first * kTiers + t];
     }
+  }
+
+  // One block of a match walk: advances every candidate still matching
+  // (matched == b) that holds the block; false when none does.
+  bool MatchBlock(const Slot& s, uint32_t want, uint32_t* matched, uint32_t* tiers) const {
+    bool hit = false;
+    if (s.count == 1) {
+      const uint32_t ep = s.aux & 0x3FFF;
+      if (stamp_[ep] == gen_) {
+        const uint32_t c = cand_of_[ep];
+        if (matched[c] == want) {
+          matched[c] = want + 1;
+          tiers[c * kTiers + (s.aux >> 14)]++;
+          hit = true;
+        }
+      }
+      return hit;
+    }
+    const Holder* h = &arena_[s.ref];
+    for (uint32_t k = 0; k < s.count; k++) {
+      const uint32_t ep = h[k].ep;
+      if (stamp_[ep] != gen_) continue;
+      const uint32_t c = cand_of_[ep];
+      if (matched[c] != want) continue;
+      matched[c] = want + 1;
+      tiers[c * kTiers + h[k].tier]++;
+      hit = true;
+    }
+    return hit;
   }
 
   struct Stats {
@@ -530,8 +531,9 @@ class Index {
 
   size_t Home(uint64_t key) const { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_); }
 
-  uint32_t FindSlot(uint64_t key) const {
-    size_t i = Home(key);
+  uint32_t FindSlot(uint64_t key) const { return FindFrom(Home(key), key); }
+
+  uint32_t FindFrom(size_t i, uint64_t key) const {
     for (;;) {
       const Slot& s = slots_[i];
       if (s.count == 0) return kNil;
