@@ -96,7 +96,14 @@ class H1Conn {
       this.connected = true;
       this.#setTimeout(this.call ? this.pool.cfg.headersTimeoutMs : IDLE_KEEPALIVE_MS);
     });
-    s.on('data', (b: Buffer) => this.#onData(b));
+    s.on('data', (b: Buffer) => {
+      try {
+        this.#onData(b);
+      } catch (err) {
+        // a throwing sink must not take the process down: fail this call
+        this.#fail(new UpstreamSocketError(`internal error: ${(err as Error).message}`, 'EINTERNAL'));
+      }
+    });
     s.on('end', () => this.#onEnd());
     s.on('error', (err: NodeJS.ErrnoException) => this.#fail(new UpstreamSocketError(`${err.message}`, err.code ?? 'ECONNRESET')));
     s.on('close', () => this.#fail(new UpstreamSocketError('connection closed by the endpoint', 'ECONNRESET')));

@@ -116,7 +116,17 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     }
     if (!isLast) return;
     this.core.reading.delete(this);
-    this.#process();
+    try {
+      this.#process();
+    } catch (err) {
+      this.internalError(err);
+    }
+  }
+
+  /** A bug or a throwing plugin/gate: answer 500 and log, never crash the process. */
+  internalError(err: unknown): void {
+    this.core.log.error({ err, id: this.requestId }, 'internal error while handling a request');
+    this.reply(500, `internal error: ${(err as Error)?.message ?? String(err)}`, null, false);
   }
 
   #process(): void {
@@ -157,7 +167,13 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     if (typeof (a as Promise<Admission>).then === 'function') {
       this.#promptCopy = Uint8Array.prototype.slice.call(core.prompt.view());
       (a as Promise<Admission>).then(
-        (r) => this.#onAdmission(r),
+        (r) => {
+          try {
+            this.#onAdmission(r);
+          } catch (err) {
+            this.internalError(err);
+          }
+        },
         (err: Error) => this.#onAdmission({ admitted: false, status: 503, message: `admission failed: ${err.message}`, reason: 'gate-error' }),
       );
     } else this.#onAdmission(a as Admission);
