@@ -32,12 +32,41 @@ constexpr uint64_t kMaxRegionCells = (1ull << 30) / 24;
 constexpr uint32_t kRecordWords = 4;  // [idLow, idHigh, bytes, time]
 constexpr double kMaxSafeInteger = 9007199254740991.0;
 
+// A flow's ring is allocated on its first push, so a region sized for many
+// flows costs memory only for the flows that are used.
 struct Region {
   uint32_t handle = 0;
   uint32_t flows = 0;
   uint32_t capacity = 0;
   uint32_t refs = 0;  // guarded by the registry mutex
-  std::vector<std::unique_ptr<Ring>> rings;
+  std::unique_ptr<std::atomic<Ring*>[]> rings;
+
+  ~Region() {
+    if (!rings) return;
+    for (uint32_t f = 0; f < flows; f++) delete rings[f].load(std::memory_order_relaxed);
+  }
+
+  // The flow's ring, or nullptr when nothing was ever pushed to it.
+  Ring* Get(uint32_t f) const noexcept { return rings[f].load(std::memory_order_acquire); }
+
+  // The flow's ring, allocated on first use (racing threads agree on one);
+  // nullptr only when memory runs out.
+  Ring* GetOrCreate(uint32_t f) noexcept {
+    Ring* ring = rings[f].load(std::memory_order_acquire);
+    if (ring != nullptr) return ring;
+    Ring* fresh = new (std::nothrow) Ring(capacity);
+    if (fresh == nullptr) return nullptr;
+    if (!fresh->ok()) {
+      delete fresh;
+      return nullptr;
+    }
+    Ring* expected = nullptr;
+    if (rings[f].compare_exchange_strong(expected, fresh, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      return fresh;
+    }
+    delete fresh;  // another thread installed one first
+    return expected;
+  }
 };
 
 struct Registry {
@@ -192,15 +221,12 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
       owned->flows = static_cast<uint32_t>(flows);
       owned->capacity = cap;
       owned->refs = 1;
-      owned->rings.reserve(owned->flows);
-      for (uint32_t f = 0; f < owned->flows; f++) {
-        Ring* ring = new (std::nothrow) Ring(cap);
-        if (ring == nullptr) {
-          ThrowRange(env, "out of memory allocating FlowQueues");
-          return;
-        }
-        owned->rings.emplace_back(ring);
+      owned->rings.reset(new (std::nothrow) std::atomic<Ring*>[owned->flows]);
+      if (!owned->rings) {
+        ThrowRange(env, "out of memory allocating FlowQueues");
+        return;
       }
+      for (uint32_t f = 0; f < owned->flows; f++) owned->rings[f].store(nullptr, std::memory_order_relaxed);
       Registry& reg = GetRegistry();
       std::lock_guard<std::mutex> lock(reg.mu);
       owned->handle = reg.next_handle++;
@@ -222,7 +248,7 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
       region->refs++;
     }
     attachment_->region = region;
-    rings_ = region->rings.data();
+    region_ = region;
     flows_ = region->flows;
     static_cast<EnvState*>(info.Data())->Track(attachment_);
   }
@@ -230,33 +256,42 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
   ~FlowQueuesWrap() override { attachment_->Release(); }
 
  private:
-  // Checks the object is open and reads the flow index argument.
-  Ring* FlowArg(const Napi::CallbackInfo& info, size_t i) {
+  // Checks the object is open and reads the flow index argument; -1 after throwing.
+  int64_t FlowArg(const Napi::CallbackInfo& info, size_t i) {
     Napi::Env env = info.Env();
     if (attachment_->region == nullptr) {
       Napi::Error::New(env, "FlowQueues is closed").ThrowAsJavaScriptException();
-      return nullptr;
+      return -1;
     }
     if (i >= info.Length() || !info[i].IsNumber()) {
       ThrowType(env, "flow must be a number");
-      return nullptr;
+      return -1;
     }
     const double f = info[i].As<Napi::Number>().DoubleValue();
     if (!(f >= 0) || f >= flows_ || std::trunc(f) != f) {
       ThrowRange(env, "flow must be an integer in [0, " + std::to_string(flows_ - 1) + "], got " + Fmt(f));
-      return nullptr;
+      return -1;
     }
-    return rings_[static_cast<uint32_t>(f)].get();
+    return static_cast<int64_t>(f);
+  }
+
+  // The ring to push into (allocated on first use); nullptr after throwing.
+  Ring* PushRing(Napi::Env env, int64_t f) {
+    Ring* ring = region_->GetOrCreate(static_cast<uint32_t>(f));
+    if (ring == nullptr) ThrowRange(env, "out of memory allocating a flow queue");
+    return ring;
   }
 
   // enqueue(flow, id, bytes, time) -> boolean (false when the flow's ring is full)
   Napi::Value Enqueue(const Napi::CallbackInfo& info) {
-    Ring* ring = FlowArg(info, 0);
-    if (ring == nullptr) return info.Env().Undefined();
+    const int64_t f = FlowArg(info, 0);
+    if (f < 0) return info.Env().Undefined();
     double id, bytes, time;
     if (!ArgInt(info, 1, "id", 0, kMaxSafeInteger, &id)) return info.Env().Undefined();
     if (!ArgInt(info, 2, "bytes", 0, 4294967295.0, &bytes)) return info.Env().Undefined();
     if (!ArgInt(info, 3, "time", 0, 4294967295.0, &time)) return info.Env().Undefined();
+    Ring* ring = PushRing(info.Env(), f);
+    if (ring == nullptr) return info.Env().Undefined();
     const Record r{static_cast<uint64_t>(id), static_cast<uint32_t>(bytes), static_cast<uint32_t>(time)};
     return Napi::Boolean::New(info.Env(), ring->TryPush(r));
   }
@@ -264,8 +299,8 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
   // enqueueBatch(flow, records: Uint32Array, count) -> number pushed (stops at the first full slot)
   Napi::Value EnqueueBatch(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Ring* ring = FlowArg(info, 0);
-    if (ring == nullptr) return env.Undefined();
+    const int64_t f = FlowArg(info, 0);
+    if (f < 0) return env.Undefined();
     uint32_t* data;
     size_t len;
     if (!ArgU32Array(info, 1, "records", &data, &len)) return env.Undefined();
@@ -275,6 +310,9 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
       return ThrowRange(env, "records holds " + std::to_string(len / kRecordWords) + " records, count is " +
                                  std::to_string(static_cast<uint64_t>(count)));
     }
+    if (count == 0) return Napi::Number::New(env, 0);
+    Ring* ring = PushRing(env, f);
+    if (ring == nullptr) return env.Undefined();
     const uint32_t pushed = ring->TryPushMany(data, static_cast<uint32_t>(count));
     return Napi::Number::New(env, pushed);
   }
@@ -282,8 +320,8 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
   // dequeueBatch(flow, out: Uint32Array, max) -> number popped, written to out as records
   Napi::Value DequeueBatch(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Ring* ring = FlowArg(info, 0);
-    if (ring == nullptr) return env.Undefined();
+    const int64_t f = FlowArg(info, 0);
+    if (f < 0) return env.Undefined();
     uint32_t* data;
     size_t len;
     if (!ArgU32Array(info, 1, "out", &data, &len)) return env.Undefined();
@@ -293,21 +331,23 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
       return ThrowRange(env, "out holds " + std::to_string(len / kRecordWords) + " records, max is " +
                                  std::to_string(static_cast<uint64_t>(max)));
     }
-    const uint32_t popped = ring->TryPopMany(data, static_cast<uint32_t>(max));
+    Ring* ring = region_->Get(static_cast<uint32_t>(f));
+    const uint32_t popped = ring == nullptr ? 0 : ring->TryPopMany(data, static_cast<uint32_t>(max));
     return Napi::Number::New(env, popped);
   }
 
   // peek(flow, out: Uint32Array) -> boolean; writes the head record to out[0..3]
   Napi::Value Peek(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Ring* ring = FlowArg(info, 0);
-    if (ring == nullptr) return env.Undefined();
+    const int64_t f = FlowArg(info, 0);
+    if (f < 0) return env.Undefined();
     uint32_t* data;
     size_t len;
     if (!ArgU32Array(info, 1, "out", &data, &len)) return env.Undefined();
     if (len < kRecordWords) return ThrowRange(env, "out must hold at least 4 elements");
+    Ring* ring = region_->Get(static_cast<uint32_t>(f));
     Record r;
-    if (!ring->Peek(&r)) return Napi::Boolean::New(env, false);
+    if (ring == nullptr || !ring->Peek(&r)) return Napi::Boolean::New(env, false);
     data[0] = static_cast<uint32_t>(r.id);
     data[1] = static_cast<uint32_t>(r.id >> 32);
     data[2] = r.bytes;
@@ -316,9 +356,10 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
   }
 
   Napi::Value Size(const Napi::CallbackInfo& info) {
-    Ring* ring = FlowArg(info, 0);
-    if (ring == nullptr) return info.Env().Undefined();
-    return Napi::Number::New(info.Env(), ring->SizeApprox());
+    const int64_t f = FlowArg(info, 0);
+    if (f < 0) return info.Env().Undefined();
+    Ring* ring = region_->Get(static_cast<uint32_t>(f));
+    return Napi::Number::New(info.Env(), ring == nullptr ? 0 : ring->SizeApprox());
   }
 
   // sizes(out: Uint32Array) -> total; out[f] = size of flow f
@@ -334,7 +375,8 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
     if (len < flows_) return ThrowRange(env, "out must hold at least " + std::to_string(flows_) + " elements");
     double total = 0;
     for (uint32_t f = 0; f < flows_; f++) {
-      data[f] = rings_[f]->SizeApprox();
+      Ring* ring = region_->Get(f);
+      data[f] = ring == nullptr ? 0 : ring->SizeApprox();
       total += data[f];
     }
     return Napi::Number::New(env, total);
@@ -366,7 +408,7 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
   }
 
   std::shared_ptr<Attachment> attachment_;
-  const std::unique_ptr<Ring>* rings_ = nullptr;  // valid while attachment_->region is set
+  Region* region_ = nullptr;  // valid while attachment_->region is set
   uint32_t flows_ = 0;
 };
 

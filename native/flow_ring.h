@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <new>
 
 namespace switchyard::flow {
 
@@ -24,10 +25,14 @@ struct Record {
 
 class Ring {
  public:
-  // capacity must be a power of two, >= 2.
-  explicit Ring(uint32_t capacity) : mask_(capacity - 1), cells_(new Cell[capacity]) {
+  // capacity must be a power of two, >= 2. Check ok(): the cells are
+  // allocated without exceptions and may be missing when memory runs out.
+  explicit Ring(uint32_t capacity) : mask_(capacity - 1), cells_(new (std::nothrow) Cell[capacity]) {
+    if (!cells_) return;
     for (uint64_t i = 0; i < capacity; i++) cells_[i].seq.store(i, std::memory_order_relaxed);
   }
+
+  bool ok() const noexcept { return cells_ != nullptr; }
 
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;

@@ -184,3 +184,22 @@ t.test('a FlowQueues object that is garbage-collected without close() releases i
   }
   t.equal(FlowQueues.liveRegions(), before, 'the finalizer freed the region');
 });
+
+t.test('rings are allocated on first push: a large region costs memory only for the flows used', (t) => {
+  const rss0 = process.memoryUsage().rss;
+  // 4096 x 8192 records would be ~800 MB if every ring were allocated up front
+  const q = FlowQueues.create({ flows: 4096, capacity: 8192 });
+  const out = new Uint32Array(4);
+  t.equal(q.size(4095), 0);
+  t.equal(q.dequeueBatch(7, out, 1), 0, 'popping an untouched flow is fine');
+  t.notOk(q.peek(7, out));
+  t.ok(q.enqueue(4095, 9, 8, 7));
+  t.ok(q.enqueue(0, 1, 2, 3));
+  const sizes = new Uint32Array(4096);
+  t.equal(q.sizes(sizes), 2);
+  t.same(q.dequeue(4095), { id: 9, bytes: 8, time: 7 });
+  const grown = process.memoryUsage().rss - rss0;
+  t.ok(grown < 64 * 1024 * 1024, `RSS grew ${(grown / 1048576).toFixed(1)} MB`);
+  q.close();
+  t.end();
+});
