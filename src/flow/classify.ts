@@ -47,12 +47,9 @@ export class Classifier {
   /** The fairness id of a request. */
   flowId(get: HeaderGetter): string {
     const auth = get('authorization');
-    if (auth) {
-      const m = /^\s*Bearer\s+(\S+)\s*$/i.exec(auth);
-      if (m) {
-        const tenant = this.#tenants.get(m[1]!);
-        if (tenant !== undefined) return tenant;
-      }
+    if (auth && this.#tenants.size > 0) {
+      const tenant = this.#tenantOfAuth(auth);
+      if (tenant !== '') return tenant;
     }
     if (this.#trustHeaders) {
       const t = get('x-tenant-id');
@@ -70,6 +67,19 @@ export class Classifier {
       if (id !== undefined) return id;
     }
     return ANONYMOUS_FLOW;
+  }
+
+  // Authorization header -> tenant flow id ('' for no mapped key), cached like the ids below.
+  readonly #authTenants = new Map<string, string>();
+
+  #tenantOfAuth(auth: string): string {
+    const hit = this.#authTenants.get(auth);
+    if (hit !== undefined) return hit;
+    const m = /^\s*Bearer\s+(\S+)\s*$/i.exec(auth);
+    const tenant = (m && this.#tenants.get(m[1]!)) ?? '';
+    if (this.#authTenants.size >= 4096) this.#authTenants.clear();
+    this.#authTenants.set(auth, tenant);
+    return tenant;
   }
 
   // Header value -> prefixed flow id, cached so repeat callers cost a lookup

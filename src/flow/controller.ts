@@ -238,6 +238,7 @@ export class FlowController {
     const u = this.#utilisation();
     if (u === Infinity) return this.#reject(band, 'rejected-no-endpoints');
     if (this.#admission !== null && !this.#admission.admit(band, u)) return this.#reject(band, 'rejected-saturated');
+    if (signal !== null && signal.aborted) return this.#refused.cancelled;
     const slot = this.#slotFor(req.flowId, band);
 
     if (!this.#waitingAtOrAbove(band) && this.#inFlight < this.#maxInFlight && this.#canDispatch(band, u)) {
@@ -267,13 +268,7 @@ export class FlowController {
       const w: Waiting = { id, slot, bytes, enqueuedAt: now, resolve, signal };
       this.#waiting.set(id, w);
       this.#addQueued(slot, bytes);
-      if (signal !== null) {
-        if (signal.aborted) {
-          this.#cancel(w);
-          return;
-        }
-        signal.onabort = () => this.#cancel(w);
-      }
+      if (signal !== null) signal.onabort = () => this.#cancel(w);
       this.#schedulePump();
     });
   }
@@ -309,8 +304,11 @@ export class FlowController {
             this.bandStats[slot.band]!.rejected[REJECT_REASONS.indexOf('rejected-ttl-expired')]!++;
             w.resolve(this.#refused['rejected-ttl-expired']);
             expired++;
-            if (!slot.active) i--; // it left band.active
-            if (!slot.active) break;
+            if (!slot.active) {
+              // it left band.active (swapped with the last entry): revisit index i; only tombstones remain in its ring
+              i--;
+              break;
+            }
           }
         }
       }
