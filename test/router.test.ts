@@ -236,3 +236,29 @@ t.test('switchyard serve: embedded default and quick mode, graceful exit on SIGT
     t.equal(code, 0, `${args.join(' ')}: exit code 0 after SIGTERM`);
   }
 });
+
+t.test('a flowControl block puts the flow-control gate in front of scheduling', async (t) => {
+  const { flowGateFactory } = await import('../src/server/flow-gate.js');
+  const fleet = await startFleet(1, { timeScale: 0 });
+  t.teardown(() => fleet.close());
+  const cfg = validateConfig(
+    {
+      apiVersion: API_VERSION,
+      kind: 'Router',
+      pools: [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'e0', url: fleet.urls[0] }] }],
+      logging: { level: 'silent' },
+      flowControl: { enabled: true, flows: [{ id: 'tenant:x', priority: 'premium' }] },
+    },
+    validate,
+  );
+  const gate = await flowGateFactory(cfg);
+  t.type(gate, 'function');
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1', gate });
+  t.teardown(() => router.close(200));
+  const r = await post(`${router.url}/v1/completions`, '{"model":"open-model","prompt":"hi","max_tokens":2}', { 'x-llm-d-inference-fairness-id': 'tenant:x' });
+  t.equal(r.status, 200);
+  const m = await (await fetch(`${router.url}/metrics`)).text();
+  t.match(m, /switchyard_flow_queue_length\{pool="open-model",band="premium",flow="tenant:x"\} 0/, 'flow-control metrics in /metrics');
+  t.equal(await flowGateFactory({ ...cfg, flowControl: undefined }), undefined, 'no block: no gate');
+  await t.rejects(flowGateFactory({ ...cfg, flowControl: { flows: [{ id: 'tenant:y', minShare: 7 }] } }), { code: 'SWY_ERR_CONFIG' });
+});
