@@ -21,6 +21,7 @@ export class UpstreamSocketError extends Error {
 
 const CRLFCRLF = Buffer.from('\r\n\r\n');
 const IDLE_KEEPALIVE_MS = 4000; // below the 10 s idle timeout of uWS-based engines
+const IDLE_SWEEP_MS = 1000;
 
 const enum St {
   Idle,
@@ -81,6 +82,8 @@ class H1Conn {
   reused = false;
   gotBytes = false;
   dead = false;
+  /** Date.now() when the connection last went idle (the pool's sweep closes long-idle ones). */
+  idleSince = 0;
   #st = St.Idle;
   #pending: Buffer | null = null;
   #remaining = 0;
@@ -94,7 +97,7 @@ class H1Conn {
     this.#setTimeout(pool.cfg.connectTimeoutMs);
     s.on('connect', () => {
       this.connected = true;
-      this.#setTimeout(this.call ? this.pool.cfg.headersTimeoutMs : IDLE_KEEPALIVE_MS);
+      this.#setTimeout(this.pool.cfg.headersTimeoutMs);
     });
     s.on('data', (b: Buffer) => {
       try {
@@ -127,7 +130,7 @@ class H1Conn {
     this.#st = St.Head;
     this.#pending = null;
     this.#keepAlive = true;
-    if (this.connected) this.#setTimeout(this.pool.cfg.headersTimeoutMs);
+    if (this.connected) this.#setTimeout(this.pool.cfg.headersTimeoutMs); // no-op unless the body timeout differs
     if (call.paused) this.socket.pause();
     else this.socket.resume();
     const r = call.req;
@@ -307,7 +310,7 @@ class H1Conn {
     call.sink = null;
     if (this.#keepAlive && !this.dead) {
       this.reused = true;
-      this.#setTimeout(IDLE_KEEPALIVE_MS);
+      this.idleSince = Date.now();
       if (call.paused) this.socket.resume();
       this.pool.release(this);
     } else this.destroy();
@@ -357,6 +360,7 @@ class H1Pool {
   readonly #idle: H1Conn[] = [];
   readonly #queue: H1Call[] = [];
   #open = 0;
+  #sweep: NodeJS.Timeout | undefined;
   closed = false;
 
   constructor(url: string, cfg: ProxyConfig) {
@@ -397,7 +401,22 @@ class H1Pool {
   release(c: H1Conn): void {
     const next = this.#queue.shift();
     if (next !== undefined) c.start(next);
-    else this.#idle.push(c);
+    else {
+      this.#idle.push(c);
+      if (this.#sweep === undefined) {
+        this.#sweep = setInterval(() => this.#sweepIdle(), IDLE_SWEEP_MS);
+        this.#sweep.unref();
+      }
+    }
+  }
+
+  /** Closes connections idle for longer than the keep-alive window (before the engine does). */
+  #sweepIdle(): void {
+    const cutoff = Date.now() - IDLE_KEEPALIVE_MS;
+    for (let i = this.#idle.length - 1; i >= 0; i--) {
+      const c = this.#idle[i];
+      if (c.idleSince < cutoff) c.destroy();
+    }
   }
 
   forget(c: H1Conn): void {
@@ -412,6 +431,7 @@ class H1Pool {
 
   close(): void {
     this.closed = true;
+    clearInterval(this.#sweep);
     for (const call of this.#queue.splice(0)) {
       const s = call.sink;
       call.sink = null;
