@@ -443,3 +443,11 @@ t.test('admit validates the band', (t) => {
   ctl.close();
   t.end();
 });
+
+t.test('odd byte sizes never reach the native queue as invalid numbers', async (t) => {
+  const { ctl } = harness({ admission: { mode: 'off' } }, 1);
+  t.ok((ctl.admit({ flowId: 'a', band: 1, bytes: 1 }) as AdmitResult).ok);
+  for (const bytes of [NaN, -5, 1.7, 2 ** 40]) t.ok(ctl.admit({ flowId: 'a', band: 1, bytes }) instanceof Promise, `queued with bytes=${bytes}`);
+  t.equal(ctl.queuedBytes, 0 + 0 + 1 + 0xffffffff);
+  ctl.close();
+});

@@ -240,6 +240,8 @@ export class FlowController {
     if (this.#admission !== null && !this.#admission.admit(band, u)) return this.#reject(band, 'rejected-saturated');
     if (signal !== null && signal.aborted) return this.#refused.cancelled;
     const slot = this.#slotFor(req.flowId, band);
+    // NaN, negative or fractional sizes count as their integer part, at least 0
+    const bytes = req.bytes >= 0 ? Math.min(Math.floor(req.bytes), 0xffffffff) : 0;
 
     if (!this.#waitingAtOrAbove(band) && this.#inFlight < this.#maxInFlight && this.#canDispatch(band, u)) {
       this.#grantStats(slot, 0);
@@ -253,14 +255,13 @@ export class FlowController {
     const bs = this.bandStats[band]!;
     if (
       this.#queued + 1 > cfg.limits.maxRequests ||
-      this.#queuedBytes + req.bytes > cfg.limits.maxBytes ||
-      (bl !== undefined && (bs.queued + 1 > bl.maxRequests || bs.queuedBytes + req.bytes > bl.maxBytes))
+      this.#queuedBytes + bytes > cfg.limits.maxBytes ||
+      (bl !== undefined && (bs.queued + 1 > bl.maxRequests || bs.queuedBytes + bytes > bl.maxBytes))
     ) {
       return this.#reject(band, 'rejected-capacity');
     }
     const now = this.#now();
     const id = this.#nextId++;
-    const bytes = Math.min(Math.max(0, Math.floor(req.bytes)), 0xffffffff);
     if (!this.#queues.enqueue(slot.index, id, bytes, now >>> 0) && !(this.#compact(slot) && this.#queues.enqueue(slot.index, id, bytes, now >>> 0))) {
       return this.#reject(band, 'rejected-capacity');
     }
