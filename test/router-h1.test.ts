@@ -1,0 +1,149 @@
+// The router's built-in HTTP/1.1 upstream client against raw TCP servers that
+// answer byte by byte, chunked, with 1xx, Connection: close, or close idle
+// keep-alive connections: the parser and connection reuse under real sockets.
+import t from 'tap';
+import { createServer, type Server, type Socket } from 'node:net';
+import { H1UpstreamClient } from '../src/proxy/h1-client.js';
+import { EndpointSet } from '../src/endpoints/endpoint.js';
+import type { UpstreamSink } from '../src/proxy/upstream.js';
+import { DEFAULTS } from '../src/config/schema.js';
+
+interface Result {
+  status: number;
+  contentType: string;
+  body: string;
+  error?: Error;
+}
+
+function collect(client: H1UpstreamClient, set: EndpointSet, path = '/x'): Promise<Result> {
+  return new Promise((resolve) => {
+    const r: Result = { status: 0, contentType: '', body: '' };
+    const sink: UpstreamSink = {
+      onUpstreamHeaders: (status, ct) => {
+        r.status = status;
+        r.contentType = ct;
+      },
+      onUpstreamData: (chunk) => {
+        r.body += chunk.toString('latin1');
+      },
+      onUpstreamEnd: () => resolve(r),
+      onUpstreamError: (err) => {
+        r.error = err;
+        resolve(r);
+      },
+    };
+    client.send(set.all[0], { method: 'POST', path, headers: ['content-type', 'application/json'], body: Buffer.from('{}') }, sink);
+  });
+}
+
+async function rawServer(t: Tap.Test, onRequest: (sock: Socket, n: number, conn: number) => void): Promise<{ set: EndpointSet; conns: () => number }> {
+  let conns = 0;
+  let requests = 0;
+  const server: Server = createServer((sock) => {
+    const conn = ++conns;
+    let buf = '';
+    sock.on('data', (b) => {
+      buf += b.toString('latin1');
+      for (;;) {
+        const end = buf.indexOf('\r\n\r\n');
+        if (end < 0) return;
+        const len = Number(/content-length: (\d+)/i.exec(buf.slice(0, end))?.[1] ?? 0);
+        if (buf.length < end + 4 + len) return;
+        buf = buf.slice(end + 4 + len);
+        onRequest(sock, ++requests, conn);
+      }
+    });
+    sock.on('error', () => {});
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const port = (server.address() as { port: number }).port;
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
+  return { set, conns: () => conns };
+}
+
+async function dribble(sock: Socket, text: string): Promise<void> {
+  for (const ch of text) {
+    sock.write(ch, 'latin1');
+    await new Promise((r) => setImmediate(r));
+  }
+}
+
+t.test('chunked body and headers arriving one byte at a time; 1xx skipped; keep-alive reuse', async (t) => {
+  const { set, conns } = await rawServer(t, (sock, n) => {
+    const body = `data: {"n":${n}}\n\n`;
+    const resp =
+      'HTTP/1.1 100 Continue\r\n\r\n' +
+      'HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nX-Other: y\r\n\r\n' +
+      `${body.length.toString(16)};ext=1\r\n${body}\r\n` +
+      `5\r\nhello\r\n0\r\nTrailer-A: b\r\n\r\n`;
+    void dribble(sock, resp);
+  });
+  const client = new H1UpstreamClient(DEFAULTS.proxy);
+  t.teardown(() => client.close());
+  for (let i = 1; i <= 3; i++) {
+    const r = await collect(client, set);
+    t.equal(r.error, undefined, `request ${i}: no error`);
+    t.equal(r.status, 200);
+    t.equal(r.contentType, 'text/event-stream');
+    t.equal(r.body, `data: {"n":${i}}\n\nhello`, `request ${i}: de-chunked body`);
+  }
+  t.equal(conns(), 1, 'one keep-alive connection reused');
+});
+
+t.test('content-length body split across writes; Connection: close is honoured', async (t) => {
+  const { set, conns } = await rawServer(t, (sock, n) => {
+    const body = JSON.stringify({ n, pad: 'x'.repeat(5000) });
+    sock.write(`HTTP/1.1 201 Created\r\nContent-Length: ${body.length}\r\ncontent-type: application/json\r\n${n === 1 ? 'Connection: close\r\n' : ''}\r\n`);
+    sock.write(body.slice(0, 100));
+    setTimeout(() => {
+      sock.write(body.slice(100));
+      if (n === 1) sock.end();
+    }, 5);
+  });
+  const client = new H1UpstreamClient(DEFAULTS.proxy);
+  t.teardown(() => client.close());
+  const a = await collect(client, set);
+  t.equal(a.status, 201);
+  t.equal(JSON.parse(a.body).n, 1);
+  const b = await collect(client, set);
+  t.equal(JSON.parse(b.body).n, 2);
+  t.equal(conns(), 2, 'the closed connection was not reused');
+});
+
+t.test('an idle keep-alive connection closed by the endpoint: the next request goes out on a fresh one', async (t) => {
+  const { set, conns } = await rawServer(t, (sock, n, conn) => {
+    sock.write(`HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n${n}${conn}`);
+    if (n === 1) setTimeout(() => sock.destroy(), 20); // close the idle connection after the response
+  });
+  const client = new H1UpstreamClient(DEFAULTS.proxy);
+  t.teardown(() => client.close());
+  t.equal((await collect(client, set)).body, '11');
+  await new Promise((r) => setTimeout(r, 60));
+  const r = await collect(client, set);
+  t.equal(r.error, undefined, 'no error surfaced');
+  t.equal(r.body, '22', 'answered on connection 2');
+  t.equal(conns(), 2);
+});
+
+t.test('errors: refused connection, reset mid-body, malformed status line', async (t) => {
+  const refused = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'gone', url: 'http://127.0.0.1:1', role: 'both' }] }]);
+  const client = new H1UpstreamClient(DEFAULTS.proxy);
+  t.teardown(() => client.close());
+  const a = await collect(client, refused);
+  t.match(a.error, { code: 'ECONNREFUSED' });
+  const { set } = await rawServer(t, (sock, n) => {
+    if (n === 1) {
+      sock.write('HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial');
+      setTimeout(() => sock.destroy(), 10);
+    } else sock.write('SPDY/9 what\r\n\r\n');
+  });
+  const client2 = new H1UpstreamClient(DEFAULTS.proxy); // pools are keyed by endpoint id: a new set needs its own client
+  t.teardown(() => client2.close());
+  const b = await collect(client2, set);
+  t.equal(b.status, 200);
+  t.equal(b.body, 'partial');
+  t.match(b.error, { code: 'ECONNRESET' }, 'reset mid-body surfaces as an error after the data');
+  const c = await collect(client2, set);
+  t.match(c.error, { code: 'EPROTO' }, 'malformed status line');
+});
