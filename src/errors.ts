@@ -6,9 +6,8 @@
 // | SwitchyardError    | SWY_ERR_GENERIC           | base class                                      |
 // | ConfigError        | SWY_ERR_CONFIG            | a config file or object fails validation        |
 // | PluginError        | SWY_ERR_PLUGIN            | unknown plugin type or bad plugin parameters    |
-// | NoEndpointError    | SWY_ERR_NO_ENDPOINT       | no endpoint can serve a request (HTTP 503)      |
-// | UnknownModelError  | SWY_ERR_UNKNOWN_MODEL     | no pool serves the requested model (HTTP 404)   |
-// | UpstreamError      | SWY_ERR_UPSTREAM          | an upstream request failed (HTTP 502)           |
+// | NoEndpointError    | SWY_ERR_NO_ENDPOINT       | Scheduler.pickOrThrow: every candidate filtered |
+// | UnknownModelError  | SWY_ERR_UNKNOWN_MODEL     | Scheduler.pickOrThrow: no pool serves the model |
 
 export class SwitchyardError extends Error {
   readonly code: string = 'SWY_ERR_GENERIC';
@@ -44,8 +43,4 @@ export class NoEndpointError extends SwitchyardError {
 
 export class UnknownModelError extends SwitchyardError {
   override readonly code = 'SWY_ERR_UNKNOWN_MODEL';
-}
-
-export class UpstreamError extends SwitchyardError {
-  override readonly code = 'SWY_ERR_UPSTREAM';
 }

@@ -11,7 +11,7 @@ export { validateConfig, type RouterConfig, type PoolConfig, type EndpointConfig
 export { startRouter, type RunningRouter, type StartRouterOptions } from './server/router.js';
 export type { AdmissionGate, Admission, Admitted, Rejected, RequestInfo, AbortLike } from './server/gate.js';
 export type { UpstreamClient, UpstreamCall, UpstreamSink, UpstreamRequest } from './proxy/upstream.js';
-export { SwitchyardError, ConfigError, PluginError, NoEndpointError, UnknownModelError, UpstreamError } from './errors.js';
+export { SwitchyardError, ConfigError, PluginError, NoEndpointError, UnknownModelError } from './errors.js';
 export { H1UpstreamClient } from './proxy/h1-client.js';
 export { UndiciUpstreamClient } from './proxy/undici-client.js';
 export { PassThroughGate } from './server/gate.js';

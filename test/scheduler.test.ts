@@ -149,12 +149,14 @@ t.test('filters: model, role, health and the circuit breaker', async (t) => {
   );
   t.teardown(() => s.close());
   t.equal(pickName(s, 'unknown'), null, 'unknown model: null');
+  t.throws(() => s.pickOrThrow({ model: 'unknown' }), { code: 'SWY_ERR_UNKNOWN_MODEL' });
   t.notOk(s.hasModel('unknown'));
   t.equal(pickName(s, 'x'), 'both');
   for (let i = 0; i < 5; i++) t.equal(pickName(s, 'm'), 'both', 'role both preferred; prefill never');
   const both = s.endpoints.byName('both')!;
   both.health = 'down';
   t.equal(pickName(s, 'm'), 'dc', 'unhealthy filtered; decode endpoint serves plain requests');
+  t.throws(() => s.pickOrThrow({ model: 'x' }), { code: 'SWY_ERR_NO_ENDPOINT' }, 'every candidate filtered');
   both.health = 'up';
   // breaker: two failures open it
   for (let i = 0; i < 2; i++) {

@@ -5,6 +5,7 @@ import { performance } from 'node:perf_hooks';
 import { validateConfig, API_VERSION, type RouterConfig, type SchedulingConfig } from '../config/schema.js';
 import { DataLayer } from '../endpoints/data-layer.js';
 import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
+import { NoEndpointError, UnknownModelError } from '../errors.js';
 import { registry as defaultRegistry } from './builtins.js';
 import type { PluginRegistry } from './registry.js';
 import type { CycleContext, Filter, Picker, Plugin, SchedRequest, Scorer } from './types.js';
@@ -126,6 +127,14 @@ export class Scheduler {
       return out;
     }
     return { endpoint: ep, promptBlocks: ctx.promptBlocks, matchedBlocks: ctx.matchedBlocks };
+  }
+
+  /** Like pick(), but throws UnknownModelError or NoEndpointError instead of returning null. */
+  pickOrThrow(req: SchedRequest, exclude?: readonly Endpoint[] | null): Decision {
+    const d = this.pick(req, exclude);
+    if (d !== null) return d;
+    if (!this.hasModel(req.model)) throw new UnknownModelError(`no pool serves model "${req.model}"`);
+    throw new NoEndpointError(`no ready endpoint for model "${req.model}"`);
   }
 
   /**

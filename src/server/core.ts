@@ -15,7 +15,7 @@ import { PassThroughGate, type AdmissionGate } from './gate.js';
 import { errorBody, statusLine } from './http-errors.js';
 import { RouterMetrics } from './metrics.js';
 import { PromptWriter } from './prompt.js';
-import { KIND_CHAT, KIND_COMPLETION, KIND_PATHS, ProxyRequest } from './request.js';
+import { KIND_CHAT, KIND_COMPLETION, ProxyRequest } from './request.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from './uws.js';
 
 export interface RouterOptions {
@@ -238,6 +238,4 @@ export class RouterCore {
     await this.scheduler.close();
     await this.upstream.close();
   }
-
-  static readonly paths = KIND_PATHS;
 }
