@@ -3,6 +3,8 @@
 // the router in its own process (`switchyard serve --upstream ...`), and the
 // load generator in a third: the same small non-streaming /v1/completions
 // request sent directly to the engine (the baseline) and through the router.
+//   0. one request at a time (closed loop, concurrency 1): added latency with
+//      no queueing anywhere;
 //   1. fixed rate 1,000 req/s (open loop, bench/loadgen.ts): p50/p99 and the
 //      added latency (router minus direct);
 //   2. max throughput at fixed concurrency (wrk, 1 thread; bench/loadgen.ts
@@ -109,6 +111,8 @@ async function main(): Promise<void> {
     await waitReady(`${routerUrl}/readyz`);
     await waitReady(`${undiciUrl}/readyz`);
     const useWrk = await hasWrk();
+    const seqDirect: Fig[] = [];
+    const seqRouter: Fig[] = [];
     const rateDirect: Fig[] = [];
     const rateRouter: Fig[] = [];
     const maxDirect: Fig[] = [];
@@ -116,6 +120,8 @@ async function main(): Promise<void> {
     const maxUndici: Fig[] = [];
     for (let r = 0; r < rounds; r++) {
       // alternate the order so drift (thermal, other processes) hits both sides
+      seqDirect.push((await loadgen([engineUrl], ['--concurrency', '1']))[0]);
+      seqRouter.push((await loadgen([routerUrl], ['--concurrency', '1']))[0]);
       // both targets in one open-loop run, each at `rate`, slots interleaved: the
       // same contention hits both at the same moments
       const [d, r] = await loadgen([engineUrl, routerUrl], ['--rate', String(rate)]);
@@ -142,6 +148,8 @@ async function main(): Promise<void> {
       p99us: median(xs.map((x) => x.p99us)),
       errors: xs.reduce((a, x) => a + x.errors, 0),
     });
+    const sd = pick(seqDirect);
+    const sr = pick(seqRouter);
     const rd = pick(rateDirect);
     const rr = pick(rateRouter);
     const md = pick(maxDirect);
@@ -154,6 +162,7 @@ async function main(): Promise<void> {
       concurrency,
       maxTool: useWrk ? 'wrk -t1' : 'loadgen',
       pinned,
+      sequential: { direct: sd, router: sr, addedP50us: sr.p50us - sd.p50us, addedP99us: sr.p99us - sd.p99us },
       fixedRate: { direct: rd, router: rr, addedP50us: rr.p50us - rd.p50us, addedP99us: rr.p99us - rd.p99us },
       maxThroughput: { direct: md, router: mr, routerUndici: mu, ratio: mr.rps / md.rps },
     };
@@ -164,6 +173,12 @@ async function main(): Promise<void> {
     const f = (n: number) => (Number.isFinite(n) ? Math.round(n).toLocaleString('en-US') : 'n/a');
     console.log(`overhead: ${rounds} round(s) of ${seconds} s each (median shown); engine = switchyard sim --time-scale 0`);
     console.log(pinned ? 'pinned: router on cpu 0; engine, load generator on cpu 1' : 'not pinned (pass --pin to pin)');
+    console.log('\none request at a time (closed loop, concurrency 1):');
+    console.log('| target | req/s | p50 µs | p99 µs | errors |');
+    console.log('|---|---:|---:|---:|---:|');
+    console.log(`| direct | ${f(sd.rps)} | ${f(sd.p50us)} | ${f(sd.p99us)} | ${sd.errors} |`);
+    console.log(`| router | ${f(sr.rps)} | ${f(sr.p50us)} | ${f(sr.p99us)} | ${sr.errors} |`);
+    console.log(`added latency: p50 ${f(result.sequential.addedP50us)} µs, p99 ${f(result.sequential.addedP99us)} µs`);
     console.log(`\nfixed rate ${rate} req/s to each target, interleaved in one open-loop run (bench/loadgen.ts):`);
     console.log('| target | achieved req/s | p50 µs | p99 µs | errors |');
     console.log('|---|---:|---:|---:|---:|');
