@@ -14,7 +14,7 @@
 // With --pin (needs taskset), the router runs alone on cpu 0 and everything
 // else (engine, load generator, this script) on cpu 1. On a machine shared
 // with other jobs pinning concentrates their load too, so it is off by default.
-//   node dist/bench/overhead.js [--seconds 5] [--rate 1000] [--concurrency 64] [--rounds 2] [--pin] [--json]
+//   node dist/bench/overhead.js [--seconds 5] [--rate 1000] [--concurrency 64] [--rounds 2] [--windows 4] [--pin] [--json]
 import { execFile, execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -32,6 +32,7 @@ const seconds = Number(arg('--seconds', '5'));
 const rate = Number(arg('--rate', '1000'));
 const concurrency = Number(arg('--concurrency', '64'));
 const rounds = Number(arg('--rounds', '2'));
+const windows = Number(arg('--windows', '4'));
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
 const LOADGEN = fileURLToPath(new URL('./loadgen.js', import.meta.url));
 
@@ -45,9 +46,9 @@ interface Fig {
   errors: number;
 }
 
-function loadgen(urls: string[], extra: string[]): Promise<Fig[]> {
+function loadgen(urls: string[], extra: string[], duration = seconds, warmup = 1): Promise<Fig[]> {
   return new Promise((resolve, reject) => {
-    execFile(process.execPath, [LOADGEN, ...urls, '--duration', String(seconds), '--warmup', '1', '--body', BODY, ...extra], { maxBuffer: 1 << 20 }, (err, out) => {
+    execFile(process.execPath, [LOADGEN, ...urls, '--duration', String(duration), '--warmup', String(warmup), '--body', BODY, ...extra], { maxBuffer: 1 << 20 }, (err, out) => {
       if (err) return reject(err);
       const j = JSON.parse(out.trim().split('\n').pop()!);
       resolve(j.targets.map((x: Fig) => ({ rps: x.rps, p50us: x.p50us, p99us: x.p99us, errors: x.errors })));
@@ -122,11 +123,13 @@ async function main(): Promise<void> {
       // alternate the order so drift (thermal, other processes) hits both sides
       seqDirect.push((await loadgen([engineUrl], ['--concurrency', '1']))[0]);
       seqRouter.push((await loadgen([routerUrl], ['--concurrency', '1']))[0]);
-      // both targets in one open-loop run, each at `rate`, slots interleaved: the
-      // same contention hits both at the same moments
-      const [d, r] = await loadgen([engineUrl, routerUrl], ['--rate', String(rate)]);
-      rateDirect.push(d);
-      rateRouter.push(r);
+      // fixed rate: alternating short windows (direct, router, direct, ...), so
+      // slow drift in the machine's load hits both sides alike while the two
+      // never compete with each other for the engine or the CPUs
+      for (let w = 0; w < windows; w++) {
+        rateDirect.push((await loadgen([engineUrl], ['--rate', String(rate)], seconds / windows, 0.25))[0]);
+        rateRouter.push((await loadgen([routerUrl], ['--rate', String(rate)], seconds / windows, 0.25))[0]);
+      }
       const measured = async (url: string, via = router): Promise<Fig> => {
         const r0 = cpuSeconds(via.child.pid);
         const e0 = cpuSeconds(engine.child.pid);
@@ -179,7 +182,7 @@ async function main(): Promise<void> {
     console.log(`| direct | ${f(sd.rps)} | ${f(sd.p50us)} | ${f(sd.p99us)} | ${sd.errors} |`);
     console.log(`| router | ${f(sr.rps)} | ${f(sr.p50us)} | ${f(sr.p99us)} | ${sr.errors} |`);
     console.log(`added latency: p50 ${f(result.sequential.addedP50us)} µs, p99 ${f(result.sequential.addedP99us)} µs`);
-    console.log(`\nfixed rate ${rate} req/s to each target, interleaved in one open-loop run (bench/loadgen.ts):`);
+    console.log(`\nfixed rate ${rate} req/s, open loop (bench/loadgen.ts), ${windows} alternating windows of ${seconds / windows} s per round (median over windows):`);
     console.log('| target | achieved req/s | p50 µs | p99 µs | errors |');
     console.log('|---|---:|---:|---:|---:|');
     console.log(`| direct | ${f(rd.rps)} | ${f(rd.p50us)} | ${f(rd.p99us)} | ${rd.errors} |`);
