@@ -117,7 +117,8 @@ export class Classifier {
   band(flowId: string, priority: string | undefined): number {
     const declared = this.declaredBand(flowId);
     if (!priority) return declared;
-    const asked = this.#bandIndex.get(priority.trim().toLowerCase());
+    // exact names need no new string; others are normalised (' Batch' -> 'batch')
+    const asked = this.#bandIndex.get(priority) ?? this.#bandIndex.get(priority.trim().toLowerCase());
     if (asked === undefined) return declared;
     return asked > declared ? asked : declared;
   }
