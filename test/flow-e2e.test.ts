@@ -92,6 +92,16 @@ async function complete(url: string, tag: string, headers: Record<string, string
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/** Polls until cond() holds (tolerates a slow, shared machine); false after timeoutMs. */
+async function waitFor(cond: () => boolean, timeoutMs = 3000): Promise<boolean> {
+  const until = performance.now() + timeoutMs;
+  while (!cond()) {
+    if (performance.now() > until) return false;
+    await sleep(5);
+  }
+  return true;
+}
+
 t.test("the operator's exact block loads through the router config and takes effect", async (t) => {
   const { router, gate } = await setup(t, OPERATOR_BLOCK);
   const r = await complete(router.url, 'p1', { 'x-tenant-id': 'payments' }, 2);
@@ -108,19 +118,19 @@ t.test("the operator's exact block loads through the router config and takes eff
 t.test('when the endpoint is saturated, requests are held and dispatched by band priority', async (t) => {
   const { router, engine, gate } = await setup(t, OPERATOR_BLOCK.replace('  admission:', '  saturation: { maxConcurrency: 2 }\n  admission:').replace('probabilistic', 'off'));
   const url = router.url;
-  const blockers = [complete(url, 'blk0', { 'x-tenant-id': 'internal-tools' }, 30), complete(url, 'blk1', { 'x-tenant-id': 'internal-tools' }, 30)];
-  await sleep(60);
+  const ctl = () => gate.controller('open-model');
+  const blockers = [complete(url, 'blk0', { 'x-tenant-id': 'internal-tools' }, 60), complete(url, 'blk1', { 'x-tenant-id': 'internal-tools' }, 60)];
+  t.ok(await waitFor(() => ctl().inFlight === 2), 'both slots taken');
   const queued: Promise<Reply>[] = [];
   for (let i = 0; i < 4; i++) {
     queued.push(complete(url, `be${i}`, { 'x-tenant-id': 'internal-tools' }, 5));
-    await sleep(5);
+    await waitFor(() => ctl().queued === i + 1);
   }
   for (let i = 0; i < 2; i++) {
     queued.push(complete(url, `pr${i}`, { 'x-tenant-id': 'payments' }, 5));
-    await sleep(5);
+    await waitFor(() => ctl().queued === 5 + i);
   }
-  await sleep(20);
-  t.equal(gate.controller('open-model').queued, 6, 'all six wait in the router while both slots are busy');
+  t.equal(ctl().queued, 6, 'all six wait in the router while both slots are busy');
   t.ok(engine.stats().running <= 2, 'the engine never gets more than the cap');
   const all = await Promise.all([...blockers, ...queued]);
   t.ok(all.every((r) => r.status === 200), 'everything completes');
@@ -143,28 +153,28 @@ t.test('TTL expiry answers 429 rejected-ttl-expired with Retry-After', async (t)
 `,
   );
   const started = performance.now();
-  const blocker = complete(router.url, 'blk', {}, 80);
+  const blocker = complete(router.url, 'blk', {}, 150);
   await sleep(50);
   const late = await complete(router.url, 'late', {}, 2);
   t.equal(late.status, 429);
   t.equal(late.reason, 'rejected-ttl-expired');
   t.equal(late.retryAfter, '2');
-  t.ok(late.endedAt - started < 700, 'rejected at the TTL, not when the blocker finished');
+  t.ok(late.endedAt - started < 1300, 'rejected at the TTL, not when the blocker (1.5 s) finished');
   t.equal((await blocker).status, 200);
 });
 
 t.test('a client that disconnects while queued leaves the queue; no upstream request is made', async (t) => {
   const { router, engine, gate } = await setup(t, `flowControl:\n  admission: { mode: "off" }\n  saturation: { maxConcurrency: 1 }\n`);
-  const blocker = complete(router.url, 'blk', {}, 30);
-  await sleep(50);
+  const blocker = complete(router.url, 'blk', {}, 60);
+  const ctl = () => gate.controller('open-model');
+  t.ok(await waitFor(() => ctl().inFlight === 1), 'the slot is taken');
   const ac = new AbortController();
   const gone = complete(router.url, 'gone', {}, 2, ac.signal).catch((err: Error) => err);
-  await sleep(30);
-  t.equal(gate.controller('open-model').queued, 1);
+  t.ok(await waitFor(() => ctl().queued === 1), 'the second request waits');
   ac.abort();
   t.ok((await gone) instanceof Error, 'the client gave up');
-  await sleep(30);
-  t.equal(gate.controller('open-model').queued, 0, 'it left the queue at once');
+  t.ok(await waitFor(() => ctl().queued === 0, 500), 'it left the queue at once');
+  t.equal(ctl().inFlight, 1, 'while the blocker still runs');
   t.equal((await blocker).status, 200);
   const after = await complete(router.url, 'after', {}, 2);
   t.equal(after.status, 200);
@@ -174,9 +184,9 @@ t.test('a client that disconnects while queued leaves the queue; no upstream req
 });
 
 t.test('probabilistic admission sheds low bands when saturated; the top band is held, not shed', async (t) => {
-  const { router } = await setup(t, OPERATOR_BLOCK.replace('  admission:', '  saturation: { maxConcurrency: 2 }\n  admission:'));
-  const blockers = [complete(router.url, 'b0', { 'x-tenant-id': 'internal-tools' }, 30), complete(router.url, 'b1', { 'x-tenant-id': 'internal-tools' }, 30)];
-  await sleep(60);
+  const { router, gate } = await setup(t, OPERATOR_BLOCK.replace('  admission:', '  saturation: { maxConcurrency: 2 }\n  admission:'));
+  const blockers = [complete(router.url, 'b0', { 'x-tenant-id': 'internal-tools' }, 60), complete(router.url, 'b1', { 'x-tenant-id': 'internal-tools' }, 60)];
+  t.ok(await waitFor(() => gate.controller('open-model').inFlight === 2), 'both slots taken');
   // utilisation is 2/2 = 1: everything below premium has admission probability 0
   const batch = await complete(router.url, 'batch', { 'x-workload-id': 'nightly-batch' }, 2);
   t.equal(batch.status, 429);
