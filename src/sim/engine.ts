@@ -568,7 +568,12 @@ export class Engine implements SimEngine {
       const status = known ? 405 : 404;
       res.writeStatus(STATUS[status]!).writeHeader('Content-Type', JSON_TYPE);
       const msg = known ? `method ${method.toUpperCase()} not allowed on ${url}` : `no route for ${method.toUpperCase()} ${url}`;
-      res.end(errorBody(status, msg, null, o.legacy));
+      // A response to HEAD carries no body (RFC 9110 9.3.2): the client reads
+      // none, so body bytes would be parsed as the next response on its
+      // keep-alive connection. (uWS 20.30's endWithoutBody() does not count as
+      // responding and aborts the process, hence an empty end().)
+      if (method.toLowerCase() === 'head') res.end();
+      else res.end(errorBody(status, msg, null, o.legacy));
     });
     return new Promise((resolve, reject) => {
       app.listen(o.host, o.port, (sock) => {
