@@ -85,6 +85,33 @@ t.test('bad input: each answered with OpenAI error JSON, and the router keeps se
   t.equal(nope.status, 404);
   await nope.text();
 
+  // HEAD: headers only (a body would desynchronise the keep-alive connection)
+  const headRaw = await new Promise<string>((resolve, reject) => {
+    const u = new URL(url);
+    const s = connect(Number(u.port), u.hostname, () => {
+      s.write('HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nHEAD /v1/completions HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n');
+    });
+    let got = '';
+    s.on('data', (b) => {
+      got += b.toString();
+      if (got.includes('{"status":"ok"}')) {
+        s.destroy();
+        resolve(got);
+      }
+    });
+    s.on('error', reject);
+    setTimeout(() => {
+      s.destroy();
+      resolve(got);
+    }, 3000);
+  });
+  const heads = headRaw.split(/(?=HTTP\/1\.1 )/);
+  t.equal(heads.length, 3, 'three answers on one connection');
+  t.match(heads[0], /^HTTP\/1\.1 200 /, 'HEAD /healthz: 200');
+  t.match(heads[1], /^HTTP\/1\.1 405 /, 'HEAD on an inference path: 405');
+  t.notOk(heads[0].includes('{') || heads[1].includes('{'), 'HEAD answers have no body');
+  t.match(heads[2], /\{"status":"ok"\}$/, 'the following GET is answered in sync');
+
   // a stalled body: headers promise 100 bytes, 10 arrive, then nothing
   const reply = await new Promise<string>((resolve, reject) => {
     const u = new URL(url);

@@ -117,7 +117,17 @@ export class RouterCore {
       const url = req.getUrl();
       const method = req.getMethod().toUpperCase();
       const allowed = KNOWN_PATHS[url];
-      const hasBody = method !== 'GET' && method !== 'HEAD';
+      if (method === 'HEAD') {
+        // a HEAD answer has headers only, or the keep-alive connection goes out of sync
+        const status = allowed === 'GET' ? 200 : allowed !== undefined ? 405 : 404;
+        res.cork(() => {
+          res.writeStatus(statusLine(status));
+          if (status === 405) res.writeHeader('allow', allowed!);
+          res.endWithoutBody();
+        });
+        return;
+      }
+      const hasBody = method !== 'GET';
       if (allowed !== undefined) {
         this.#error(res, 405, `method ${method} is not allowed on ${url} (use ${allowed})`, hasBody, allowed);
       } else {
