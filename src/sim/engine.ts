@@ -570,8 +570,8 @@ export class Engine implements SimEngine {
       const msg = known ? `method ${method.toUpperCase()} not allowed on ${url}` : `no route for ${method.toUpperCase()} ${url}`;
       // A response to HEAD carries no body (RFC 9110 9.3.2): the client reads
       // none, so body bytes would be parsed as the next response on its
-      // keep-alive connection. (uWS 20.30's endWithoutBody() does not count as
-      // responding and aborts the process, hence an empty end().)
+      // keep-alive connection. (Not endWithoutBody(length): in uWS 20.30 that
+      // does not count as responding, and uWS aborts the process.)
       if (method.toLowerCase() === 'head') res.end();
       else res.end(errorBody(status, msg, null, o.legacy));
     });
