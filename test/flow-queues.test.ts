@@ -39,7 +39,7 @@ t.test('native queues match the reference model on random op sequences', (t) => 
   fc.assert(
     fc.property(
       fc.integer({ min: 1, max: 4 }).chain((flows) =>
-        fc.tuple(fc.constant(flows), fc.integer({ min: 1, max: 9 }), fc.array(opArb(flows), { maxLength: 120 })),
+        fc.tuple(fc.constant(flows), fc.integer({ min: 1, max: 9 }), fc.array(opArb(flows), { maxLength: 120, size: 'max' })),
       ),
       ([flows, capacity, ops]) => {
         const q = FlowQueues.create({ flows, capacity });

@@ -302,8 +302,7 @@ export class FlowController {
           if (w !== undefined) {
             this.#waiting.delete(w.id);
             this.#removeQueued(w);
-            this.bandStats[slot.band]!.rejected[REJECT_REASONS.indexOf('rejected-ttl-expired')]!++;
-            w.resolve(this.#refused['rejected-ttl-expired']);
+            this.#expire(w);
             expired++;
             if (!slot.active) {
               // it left band.active (swapped with the last entry): revisit index i; only tombstones remain in its ring
@@ -341,6 +340,11 @@ export class FlowController {
       if (band < 0 || !this.#canDispatch(band, this.#utilisation())) break;
       const w = this.#nextIn(band);
       if (w === undefined) continue;
+      if (this.#now() - w.enqueuedAt >= this.config.ttlMs) {
+        // expired between sweeps: never dispatch a request its client has been told to give up on
+        this.#expire(w);
+        continue;
+      }
       this.#grant(w);
       // One grant per turn of the event loop: the server's dispatch of this
       // request (which raises the endpoint's in-flight count, and so the
@@ -458,6 +462,13 @@ export class FlowController {
       band.active.pop();
     }
     band.weightsDirty = true;
+  }
+
+  /** Rejects a request that waited past the TTL (already out of the queue and the counters). */
+  #expire(w: Waiting): void {
+    if (w.signal !== null) w.signal.onabort = null;
+    this.bandStats[w.slot.band]!.rejected[REJECT_REASONS.indexOf('rejected-ttl-expired')]!++;
+    w.resolve(this.#refused['rejected-ttl-expired']);
   }
 
   #cancel(w: Waiting): void {
