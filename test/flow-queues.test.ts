@@ -35,6 +35,10 @@ function readRecords(buf: Uint32Array, n: number): ModelRecord[] {
   return out;
 }
 
+function sameRecords(a: ModelRecord[], b: ModelRecord[]): boolean {
+  return a.length === b.length && a.every((r, i) => r.id === b[i]!.id && r.bytes === b[i]!.bytes && r.time === b[i]!.time);
+}
+
 t.test('native queues match the reference model on random op sequences', (t) => {
   fc.assert(
     fc.property(
@@ -63,15 +67,14 @@ t.test('native queues match the reference model on random op sequences', (t) => 
               case 'dequeueBatch': {
                 const n = q.dequeueBatch(op.flow, buf, op.max);
                 const want = m.dequeueBatch(op.flow, op.max);
-                t.same(readRecords(buf, n), want);
-                if (n !== want.length) return false;
+                if (n !== want.length || !sameRecords(readRecords(buf, n), want)) return false;
                 break;
               }
               case 'peek': {
                 const got = q.peek(op.flow, buf);
                 const want = m.peek(op.flow);
                 if (got !== (want !== undefined)) return false;
-                if (want) t.same(readRecords(buf, 1)[0], want);
+                if (want && !sameRecords(readRecords(buf, 1), [want])) return false;
                 break;
               }
               case 'sizes': {
@@ -91,6 +94,7 @@ t.test('native queues match the reference model on random op sequences', (t) => 
     ),
     { numRuns: 300 },
   );
+  t.pass('300 random sequences agree with the model');
   t.end();
 });
 
