@@ -415,9 +415,26 @@ t.test('HEAD answers carry no body (the keep-alive connection stays in sync)', a
   });
 });
 
+t.test('x-request-id with non-ASCII bytes is echoed byte for byte', async (t) => {
+  // obs-text (bytes >= 0x80) is legal in a header value; a client matching
+  // replies by id must get back the bytes it sent, not a UTF-8 re-encoding.
+  // (ends in ASCII: uWS 20.30 trims trailing bytes >= 0x80 off every header value as if they were spaces)
+  const id = Buffer.concat([Buffer.from('req-'), Buffer.from('é✓', 'utf8'), Buffer.from([0xff, 0x80]), Buffer.from('-1')]);
+  for (const { name, port } of targets) {
+    const r = await raw(port, [Buffer.concat([Buffer.from(head(`Content-Length: ${GOOD.length}\r\nx-request-id: `).slice(0, -2)), id, Buffer.from(`\r\n\r\n${GOOD}`)])], {
+      done: oneResponse,
+    });
+    const res = parseResponses(r.data).responses[0];
+    t.equal(res?.status, 200, `${name}: served`);
+    const echoed = res ? Buffer.from(res.headers['x-request-id'] ?? '', 'latin1') : Buffer.alloc(0);
+    t.equal(echoed.toString('hex'), id.toString('hex'), `${name}: x-request-id echoed as the same bytes`);
+  }
+});
+
 t.test('request forms uWS 20.30 does not parse: no answer, nothing else disturbed', async (t) => {
   // HTTP/1.0 (ApacheBench, haproxy's default httpchk), OPTIONS *, CONNECT,
-  // absolute-form targets, bare-LF line ends and an HTTP/2 preface get no
+  // absolute-form targets, bare-LF line ends, an HTTP/2 preface, a space
+  // before a header colon, obs-fold and a NUL in a header value get no
   // answer at all until uWS's idle timeout (about 10 s) closes the
   // connection. A clear 400/505 would be better; that needs a newer uWS.
   await hostileBatch(t, 'unparsed forms', async () => {
@@ -429,6 +446,9 @@ t.test('request forms uWS 20.30 does not parse: no answer, nothing else disturbe
       `POST http://x${COMP} HTTP/1.1\r\nHost: x\r\nContent-Length: ${GOOD.length}\r\n\r\n${GOOD}`,
       `POST ${COMP} HTTP/1.1\nHost: x\nContent-Length: ${GOOD.length}\n\n${GOOD}`,
       'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n',
+      `POST ${COMP} HTTP/1.1\r\nHost: x\r\nContent-Length : ${GOOD.length}\r\n\r\n${GOOD}`, // space before the colon
+      `POST ${COMP} HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n  folded\r\nContent-Length: ${GOOD.length}\r\n\r\n${GOOD}`, // obs-fold
+      `POST ${COMP} HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\nContent-Length: ${GOOD.length}\r\n\r\n${GOOD}`, // NUL in a value
     ];
     for (const { name, port } of targets) {
       const pending = forms.map((f) => raw(port, [f], { waitMs: 300, done: oneResponse }));

@@ -432,7 +432,7 @@ class Call implements RequestSink {
 
   writeHead(res: HttpResponse, type: string, status = '200 OK'): void {
     res.writeStatus(status).writeHeader('Content-Type', type);
-    if (this.rid !== '') res.writeHeader('x-request-id', this.rid);
+    if (this.rid !== '') res.writeHeader('x-request-id', echoId(this.rid));
   }
 
   sendError(status: number, message: string, param: string | null): void {
@@ -447,6 +447,17 @@ class Call implements RequestSink {
       res.end(errorBody(status, message, param, this.engine.options.legacy));
     });
   }
+}
+
+/**
+ * The x-request-id value to echo. uWS hands header values over as latin1
+ * strings (one char per byte) but writes strings as UTF-8, so an id with bytes
+ * >= 0x80 would come back re-encoded (the client could not match it): echo
+ * such an id as its original bytes. ASCII ids (the norm) pass as they are.
+ */
+function echoId(rid: string): string | Buffer {
+  for (let i = 0; i < rid.length; i++) if (rid.charCodeAt(i) > 0x7f) return Buffer.from(rid, 'latin1');
+  return rid;
 }
 
 function checkMessage(m: unknown, i: number): void {
@@ -545,7 +556,7 @@ export class Engine implements SimEngine {
     app.get('/health', (res, req) => {
       const rid = req.getHeader('x-request-id');
       res.writeStatus(this.healthy ? '200 OK' : '503 Service Unavailable');
-      if (rid !== '') res.writeHeader('x-request-id', rid);
+      if (rid !== '') res.writeHeader('x-request-id', echoId(rid));
       res.end();
     });
     app.get('/metrics', (res) => {
@@ -554,7 +565,7 @@ export class Engine implements SimEngine {
     app.get('/v1/models', (res, req) => {
       const rid = req.getHeader('x-request-id');
       res.writeHeader('Content-Type', JSON_TYPE);
-      if (rid !== '') res.writeHeader('x-request-id', rid);
+      if (rid !== '') res.writeHeader('x-request-id', echoId(rid));
       res.end(this.#modelsBody());
     });
     app.get('/version', (res) => {
