@@ -19,17 +19,8 @@ export function fmt(x: number, digits = 1): string {
   return Number.isFinite(x) ? x.toFixed(digits) : '—';
 }
 
-/** A seeded PRNG (mulberry32) so workloads and arrivals are reproducible. */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A seeded PRNG (the one flow control uses) so workloads and arrivals are reproducible. */
+export { seededRng as rng } from '../../src/flow/admission.js';
 
 /** Exponential inter-arrival time (seconds) for a Poisson process of `rate` per second. */
 export function expGap(rand: () => number, rate: number): number {
