@@ -835,3 +835,124 @@ t.test('fuzz: many hostile requests at once, some abandoned mid-flight', async (
   });
   t.same(problems, [], `${jobs.length} requests, 16 at a time: ${answered} answered well-formed, ${abandoned} abandoned by the client`);
 });
+
+t.test('sim: a client leaving during an injected slow first byte strands no queued request', async (t) => {
+  // One slot: A runs, B waits in the queue, C is held in its slow-first-byte
+  // delay and its client leaves. B must still be served (the abort of the
+  // never-queued C once emptied the whole queue) and `waiting` never goes negative.
+  const { startEngine } = await import('../src/sim/index.js');
+  const e = await startEngine({ timeScale: 1, itlMs: 2, maxNumSeqs: 1, slowFirstByteMs: 100 });
+  t.teardown(() => e.close());
+  const a = request(e.port, 'POST', COMP, JSON.stringify({ model: MODEL, prompt: 'a', max_tokens: 60 }));
+  t.ok(await until(() => e.stats().running === 1), 'A runs');
+  const b = request(e.port, 'POST', COMP, JSON.stringify({ model: MODEL, prompt: 'b', max_tokens: 3 }));
+  t.ok(await until(() => e.stats().waiting === 1), 'B waits');
+  e.setFailures(1, ['slow-first-byte']);
+  const c = await raw(e.port, [head(`Content-Length: ${GOOD.length}\r\n`) + GOOD], { waitMs: 30 });
+  e.setFailures(0);
+  t.equal(c.data.length, 0, 'C left before its first byte');
+  t.equal(e.stats().waiting, 1, 'B still queued after C left');
+  const timeout = sleep(3000).then(() => ({ status: -1 }));
+  t.equal((await Promise.race([a, timeout])).status, 200, 'A served');
+  t.equal((await Promise.race([b, timeout])).status, 200, 'B served');
+  t.same([e.stats().running, e.stats().waiting, e.stats().open], [0, 0, 0], 'engine idle, counters at 0');
+});
+
+t.test('hostile clients over failing engines: every answer well-formed, every slot released', async (t) => {
+  // Injected engine failures (errors, resets mid-stream, slow first bytes)
+  // trigger the router's retry and mid-stream error paths while clients send
+  // junk and vanish at random moments.
+  const failing = await startFleet(2, {
+    timeScale: 1,
+    itlMs: 1,
+    prefillOverheadMs: 1,
+    prefillUsPerToken: 1,
+    decodeSlowdown: 0,
+    failureRate: 0.4,
+    failureKinds: ['500', '429', '503', 'reset-mid-stream', 'slow-first-byte', 'error-mid-stream'],
+    slowFirstByteMs: 40,
+  });
+  const fcfg = { ...cfg, pools: [{ ...cfg.pools[0]!, endpoints: failing.urls.map((url, i) => ({ ...cfg.pools[0]!.endpoints[0]!, name: `f${i}`, url })) }] };
+  const fr = [
+    await startRouter(fcfg, { port: 0, host: '127.0.0.1' }),
+    await startRouter({ ...fcfg, proxy: { ...fcfg.proxy, client: 'undici' } }, { port: 0, host: '127.0.0.1' }),
+  ];
+  t.teardown(async () => {
+    for (const r of fr) await r.close(200);
+    await failing.close();
+  });
+  const job = fc.record({
+    router: fc.constantFrom(0, 1),
+    path: fc.constantFrom(COMP, CHAT),
+    valid: fc.boolean(),
+    stream: fc.boolean(),
+    maxTokens: fc.integer({ min: 1, max: 60 }),
+    seed: fc.integer(),
+    abortAfterMs: fc.option(fc.integer({ min: 0, max: 80 }), { freq: 4 }),
+  });
+  const jobs = fc.sample(job, { numRuns: RUNS * 2, seed: process.env.HOSTILE_SEED ? Number(process.env.HOSTILE_SEED) : undefined });
+  const problems: string[] = [];
+  const seen = new Map<string, number>();
+  let next = 0;
+  const worker = async () => {
+    while (next < jobs.length) {
+      const j = jobs[next++]!;
+      const body = j.valid
+        ? Buffer.from(
+            j.path === CHAT
+              ? JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: `f ${j.seed}` }], max_tokens: j.maxTokens, stream: j.stream })
+              : JSON.stringify({ model: MODEL, prompt: `f ${j.seed}`, max_tokens: j.maxTokens, stream: j.stream }),
+          )
+        : fc.sample(fuzzBody(j.path), { numRuns: 1, seed: j.seed })[0]!;
+      const r = await new Promise<Reply | 'cut' | null>((resolve) => {
+        const req = http.request(
+          { host: '127.0.0.1', port: fr[j.router]!.port, method: 'POST', path: j.path, agent, headers: { 'content-type': 'application/json' } },
+          (res) => {
+            const parts: Buffer[] = [];
+            res.on('data', (b: Buffer) => parts.push(b));
+            res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(parts).toString('utf8') }));
+            res.on('aborted', () => resolve('cut'));
+            res.on('error', () => resolve('cut'));
+          },
+        );
+        req.on('error', () => resolve(null));
+        req.end(body);
+        if (j.abortAfterMs !== null) setTimeout(() => req.destroy(), j.abortAfterMs);
+      });
+      const what = `router ${j.router} ${j.path} ${JSON.stringify(body.toString('latin1').slice(0, 160))}`;
+      if (r === null || r === 'cut') {
+        // the client left, or a non-SSE answer was cut after an engine reset mid-body
+        if (j.abortAfterMs === null && r === null) problems.push(`${what}: connection failed`);
+        seen.set(j.abortAfterMs !== null ? 'client left' : 'cut', (seen.get(j.abortAfterMs !== null ? 'client left' : 'cut') ?? 0) + 1);
+        continue;
+      }
+      seen.set(String(r.status), (seen.get(String(r.status)) ?? 0) + 1);
+      if (r.status === 200 && String(r.headers['content-type']).startsWith('text/event-stream')) {
+        // an engine failure mid-stream reaches the client as one error event, then [DONE]
+        const ev = sseData(r.body);
+        if (ev.at(-1) !== '[DONE]') problems.push(`${what}: stream without [DONE]`);
+        const errors = ev.slice(0, -1).filter((e) => JSON.parse(e).error !== undefined);
+        if (errors.length > 1) problems.push(`${what}: ${errors.length} error events`);
+        for (const e of errors) {
+          const p = errorShapeProblem(JSON.parse(e).error.code, JSON.stringify(JSON.parse(e)));
+          if (p !== '') problems.push(`${what}: mid-stream error event: ${p}`);
+        }
+      } else {
+        const p = replyProblem(j.path, r);
+        if (p !== '') problems.push(`${what}: ${p}`);
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: 16 }, worker));
+  t.same(problems, [], `${jobs.length} requests over failing engines: ${JSON.stringify(Object.fromEntries(seen))}`);
+  for (const r of fr) {
+    t.ok(await until(() => r.core.activeRequests === 0 && r.core.reading.size === 0, 3000), `router (${r.core.config.proxy.client}) drained (${r.core.activeRequests} in flight)`);
+  }
+  const busy = () => failing.engines.map((e) => e.stats().open + e.stats().running + e.stats().waiting);
+  t.ok(await until(() => busy().every((n) => n === 0), 3000), `failing engines idle (${busy().join(',')})`);
+  for (const e of failing.engines) e.setFailures(0);
+  for (const r of fr) {
+    const ok = await request(r.port, 'POST', COMP, GOOD);
+    t.equal(ok.status, 200, `router (${r.core.config.proxy.client}) serves once the engines recover`);
+  }
+});

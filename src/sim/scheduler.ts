@@ -156,6 +156,11 @@ export class Scheduler {
   /** Drops a request (client gone): frees its slot and blocks at once. Idempotent. */
   abort(req: SimRequest): void {
     if (req.state === ReqState.Waiting) {
+      // A request that was never submitted (its client left during an injected
+      // slow-first-byte delay) is Waiting but not queued: unlinking it would
+      // reset the queue's head and tail, stranding every queued request, and
+      // drive `waiting` negative. Nothing to undo.
+      if (req.prev === null && this.#head !== req) return;
       this.#unlink(req);
       req.state = ReqState.Aborted;
       this.aborted++;
