@@ -1,7 +1,6 @@
 // Builds the flow-control admission gate from the config's `flowControl`
 // block (validated by flow/'s own validator). Loaded only when the block is
 // present, so the router does not depend on flow/ otherwise.
-import { performance } from 'node:perf_hooks';
 import type { RouterConfig } from '../config/schema.js';
 import type { EndpointSet } from '../endpoints/endpoint.js';
 import { ConfigError } from '../errors.js';
@@ -12,7 +11,6 @@ export async function flowGateFactory(config: RouterConfig): Promise<((set: Endp
   if (config.flowControl === undefined) return undefined;
   const { validateFlowControl } = await import('../flow/config.js');
   const { FlowControlGate } = await import('../flow/gate.js');
-  const { SaturationDetector } = await import('../flow/saturation.js');
   const { value, errors } = validateFlowControl(config.flowControl);
   if (errors.length > 0 || value === undefined) {
     throw new ConfigError(
@@ -22,10 +20,9 @@ export async function flowGateFactory(config: RouterConfig): Promise<((set: Endp
       }),
     );
   }
-  const detector = new SaturationDetector(value.saturation);
-  return (set) =>
-    new FlowControlGate({
-      config: value,
-      utilisation: (model) => detector.poolLoad(set.forModel(model) ?? [], performance.now()),
-    }) as unknown as AdmissionGate;
+  const fc = value;
+  // Pool utilisation is the least-loaded routable endpoint's load: endpoints
+  // that are down or behind an open circuit breaker are skipped, and a model
+  // with none left is answered 503 instead of being queued.
+  return (set) => FlowControlGate.fromEndpoints({ config: fc, endpointsFor: (model) => set.forModel(model) });
 }
