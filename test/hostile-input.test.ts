@@ -313,6 +313,21 @@ async function checkAlive(t: Tap.Test, label: string): Promise<void> {
   t.equal(replyProblem(CHAT, okS), '', `${label}: sim answer well-formed`);
 }
 
+t.test('the shape checks reject what they must (so the checks below can fail)', async (t) => {
+  const ok = '{"error":{"message":"m","type":"BadRequestError","param":null,"code":400}}';
+  t.equal(errorShapeProblem(400, ok), '');
+  t.not(errorShapeProblem(404, ok), '', 'code differs from the status');
+  t.not(errorShapeProblem(200, ok), '', 'a success status');
+  t.not(errorShapeProblem(400, '{"object":"error","message":"m","type":"t","param":null,"code":400}'), '', 'the older flat shape');
+  t.not(errorShapeProblem(400, '{"error":{"message":"","type":"t","param":null,"code":400}}'), '', 'an empty message');
+  t.not(errorShapeProblem(400, '{"error":{"message":"m","type":"t","code":400}}'), '', 'no param');
+  t.not(errorShapeProblem(400, 'Bad Request'), '', 'not JSON');
+  t.not(replyProblem(COMP, { status: 200, headers: { 'content-type': 'text/event-stream' }, body: 'data: {"object":"text_completion"}\n\n' }), '', 'a stream without [DONE]');
+  t.not(replyProblem(CHAT, { status: 200, headers: {}, body: '{"object":"text_completion","choices":[]}' }), '', 'the wrong object');
+  const { responses, rest } = parseResponses(Buffer.from('HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}HTTP/1.1 4'));
+  t.same([responses.map((r) => r.status), rest], [[200], 10], 'response splitter: 1xx skipped, partial tail left over');
+});
+
 // ---- raw HTTP framing ---------------------------------------------------------------------
 
 const GOOD = JSON.stringify({ model: MODEL, prompt: 'hi', max_tokens: 2 });
@@ -834,6 +849,35 @@ t.test('fuzz: many hostile requests at once, some abandoned mid-flight', async (
     await Promise.all(Array.from({ length: 16 }, worker));
   });
   t.same(problems, [], `${jobs.length} requests, 16 at a time: ${answered} answered well-formed, ${abandoned} abandoned by the client`);
+});
+
+t.test('bad input rejected by an older engine (flat error body) still reaches the client as OpenAI error JSON', async (t) => {
+  // PROTOCOLS.md: older vLLM answers {"object":"error",...}; parse both, emit the current shape.
+  const legacy = await startFleet(1, { timeScale: 1, itlMs: 1, legacy: true });
+  const lcfg = { ...cfg, pools: [{ ...cfg.pools[0]!, endpoints: [{ ...cfg.pools[0]!.endpoints[0]!, name: 'old', url: legacy.urls[0]! }] }] };
+  const lr = await startRouter(lcfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(async () => {
+    await lr.close(200);
+    await legacy.close();
+  });
+  const wrong: string[] = [];
+  let example = '';
+  for (const [label, path, body, status, param] of EDGE.filter(([, , , st]) => st !== 200 && st !== null)) {
+    const r = await request(lr.port, 'POST', path, body);
+    const problem = errorShapeProblem(r.status, r.body);
+    if (problem !== '' || r.status !== status || (param !== undefined && JSON.parse(r.body).error.param !== param)) {
+      wrong.push(label);
+      example ||= `${r.status} ${r.body.slice(0, 200)}`;
+    }
+  }
+  t.same(wrong, [], `every engine rejection relayed as {"error":{...}} (example of a wrong one: ${example || 'none'})`);
+  legacy.engines[0]!.setFailures(1, ['error-mid-stream']);
+  const s = await request(lr.port, 'POST', COMP, JSON.stringify({ model: MODEL, prompt: 'a', max_tokens: 10, stream: true }));
+  legacy.engines[0]!.setFailures(0);
+  const ev = sseData(s.body);
+  const err = ev.map((e) => (e === '[DONE]' ? null : JSON.parse(e))).find((j) => j && (j.error || j.object === 'error'));
+  t.ok(err?.error && err.error.code === 500, `a flat mid-stream error event is relayed in the current shape: ${JSON.stringify(err)}`);
+  t.equal(ev.at(-1), '[DONE]', 'then [DONE]');
 });
 
 t.test('sim: a client leaving during an injected slow first byte strands no queued request', async (t) => {
