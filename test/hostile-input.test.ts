@@ -780,6 +780,26 @@ t.test('fuzz: random JSON and random bytes on both routes of the router and the 
   });
 });
 
+t.test('fuzz: the sim\'s /tokenize', async (t) => {
+  const seen = new Map<number, number>();
+  await fc.assert(
+    fc.asyncProperty(fc.oneof(fuzzBody(COMP), fuzzBody(CHAT)), async (body) => {
+      const r = await request(engine0.port, 'POST', '/tokenize', body);
+      seen.set(r.status, (seen.get(r.status) ?? 0) + 1);
+      if (r.status === 200) {
+        const j = JSON.parse(r.body);
+        if (!Number.isInteger(j.count) || !Array.isArray(j.tokens) || j.tokens.length !== j.count) throw new Error(`bad tokenize answer ${r.body.slice(0, 200)}`);
+      } else {
+        const problem = errorShapeProblem(r.status, r.body);
+        if (problem !== '') throw new Error(`${JSON.stringify(body.toString('latin1').slice(0, 200))}: ${problem}`);
+      }
+    }),
+    { numRuns: RUNS, seed: process.env.HOSTILE_SEED ? Number(process.env.HOSTILE_SEED) : undefined },
+  );
+  t.ok((seen.get(200) ?? 0) > 0, `/tokenize: ${RUNS} fuzzed bodies, statuses ${JSON.stringify(Object.fromEntries(seen))}`);
+  await checkAlive(t, 'tokenize fuzz');
+});
+
 t.test('fuzz: random header lines and bytes after a valid request line', async (t) => {
   const headerLine = fc.oneof(
     fc.tuple(fc.string({ minLength: 1, maxLength: 12 }), fc.string({ maxLength: 30 })).map(([k, v]) => `${k}: ${v}`),
