@@ -919,6 +919,30 @@ t.test('bad input rejected by an older engine (flat error body) still reaches th
   t.equal(ev.at(-1), '[DONE]', 'then [DONE]');
 });
 
+t.test('flow control: a client inventing fairness ids cannot lock other tenants out', async (t) => {
+  // Every distinct x-llm-d-inference-fairness-id is a new flow. Past the
+  // per-band bound on flow statistics (maxFlows x 4 = 1024 by default), a
+  // new flow must share the "(other)" series, not fail.
+  const { flowGateFactory } = await import('../src/server/flow-gate.js');
+  const fcfg = { ...cfg, flowControl: { enabled: true } };
+  const fr = await startRouter(fcfg, { port: 0, host: '127.0.0.1', gate: await flowGateFactory(fcfg) });
+  t.teardown(() => fr.close(200));
+  const send = (fid: string) => request(fr.port, 'POST', COMP, JSON.stringify({ model: MODEL, prompt: 'p', max_tokens: 1 }), { 'x-llm-d-inference-fairness-id': fid });
+  const statuses = new Map<number, number>();
+  let example = '';
+  for (let i = 0; i < 1100; i += 20) {
+    for (const r of await Promise.all(Array.from({ length: 20 }, (_, k) => send(`made-up-${i + k}`)))) {
+      statuses.set(r.status, (statuses.get(r.status) ?? 0) + 1);
+      if (r.status >= 500) example ||= r.body.slice(0, 200);
+    }
+  }
+  t.notOk(statuses.has(500), `1100 invented fairness ids: statuses ${JSON.stringify(Object.fromEntries(statuses))} ${example}`);
+  const newcomer = await send('tenant-arriving-later');
+  t.equal(newcomer.status, 200, `a new tenant afterwards is served: ${newcomer.status} ${newcomer.body.slice(0, 160)}`);
+  const anon = await request(fr.port, 'POST', COMP, GOOD);
+  t.equal(anon.status, 200, 'a request without a fairness id is served');
+});
+
 t.test('sim: a client leaving during an injected slow first byte strands no queued request', async (t) => {
   // One slot: A runs, B waits in the queue, C is held in its slow-first-byte
   // delay and its client leaves. B must still be served (the abort of the
