@@ -40,6 +40,7 @@ const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
 // The same router over the other upstream client (h1 is the default for http://).
 const routerUndici = await startRouter({ ...cfg, proxy: { ...cfg.proxy, client: 'undici' } }, { port: 0, host: '127.0.0.1' });
 t.teardown(async () => {
+  agent.destroy();
   await router.close(200);
   await routerUndici.close(200);
   await fleet.close();
