@@ -18,6 +18,13 @@ const live = new Set<Proc>();
 process.on('exit', () => {
   for (const p of live) p.child.kill('SIGKILL');
 });
+// An interrupted benchmark must not leave engines and routers behind.
+for (const sig of ['SIGINT', 'SIGTERM'] as const) {
+  process.once(sig, () => {
+    for (const p of live) p.child.kill('SIGKILL');
+    process.exit(130);
+  });
+}
 
 /** Starts a command; its output goes to the parent's stderr when `verbose`. */
 export function start(name: string, cmd: string, args: string[], opts: { verbose?: boolean } = {}): Proc {

@@ -111,6 +111,9 @@ class Band {
 
 const MAX_FLOW_STATS_FACTOR = 4;
 
+/** The metrics series shared by flows beyond the label-cardinality limit. */
+const OTHER_FLOWS = '(other)';
+
 export class FlowController {
   readonly config: FlowControlConfig;
   readonly pool: string;
@@ -384,9 +387,13 @@ export class FlowController {
     let s = m.get(flowId);
     if (s === undefined) {
       // bound label cardinality: beyond the limit, new flows share one series
-      if (m.size >= this.config.maxFlows * MAX_FLOW_STATS_FACTOR) return this.#statsFor('(other)', band);
-      s = new FlowStats(flowId, band);
-      m.set(flowId, s);
+      // (created past the limit itself: looking it up again would recurse)
+      if (m.size >= this.config.maxFlows * MAX_FLOW_STATS_FACTOR) flowId = OTHER_FLOWS;
+      s = m.get(flowId);
+      if (s === undefined) {
+        s = new FlowStats(flowId, band);
+        m.set(flowId, s);
+      }
     }
     return s;
   }

@@ -8,7 +8,7 @@ import type { Endpoint } from '../endpoints/endpoint.js';
 import type { Decision, Outcome } from '../scheduler/scheduler.js';
 import type { UpstreamCall, UpstreamSink } from '../proxy/upstream.js';
 import type { AbortLike, Admission, RequestInfo } from './gate.js';
-import { errorBody, statusLine } from './http-errors.js';
+import { errorBody, normalizeErrorBody, statusLine } from './http-errors.js';
 import type { RouterCore } from './core.js';
 import type { HttpResponse } from './uws.js';
 
@@ -19,6 +19,16 @@ export const KIND_PATHS = ['/v1/chat/completions', '/v1/completions'];
 const EMPTY_HEADERS: Readonly<Record<string, string>> = Object.freeze({});
 const SSE_ERROR_PREFIX = Buffer.from('data: ');
 const SSE_DONE = Buffer.from('\n\ndata: [DONE]\n\n');
+/** A mid-stream error event in older vLLM's flat shape (rewritten to the current one). */
+const SSE_FLAT_ERROR = Buffer.from('data: {"object":"error"');
+/** Largest upstream error body the router buffers to rewrite into the current shape. */
+const MAX_ERROR_BODY = 65536;
+
+/** uWS hands header values over one char per byte: echo non-ASCII ones as their original bytes. */
+function headerBytes(s: string): string | Buffer {
+  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) return Buffer.from(s, 'latin1');
+  return s;
+}
 
 // Module-level cork targets: uWS cork takes a callback; these avoid a closure per write.
 let cur: ProxyRequest;
@@ -76,6 +86,9 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   #paused = false;
   #onWritable: ((offset: number) => boolean) | null = null;
   #errorMessage = '';
+  /** An upstream error answer (status >= 400, not SSE) being buffered to normalise its shape. */
+  #errorBody: Buffer[] | null = null;
+  #errorBytes = 0;
 
   constructor(core: RouterCore, res: HttpResponse, kind: number, requestId: string, authorization: string, contentLength: number) {
     this.core = core;
@@ -106,7 +119,9 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     } else if (n > 0) {
       let raw = this.#raw;
       if (raw === null || raw.length < this.#received + n) {
-        const want = Math.min(limit, Math.max(this.contentLength > 0 ? this.contentLength : 0, (this.#received + n) * 2, 16384));
+        // Grow by doubling; trust the declared Content-Length only up to 64 KiB,
+        // so idle connections that announce large bodies cannot reserve memory.
+        const want = Math.min(limit, Math.max(Math.min(this.contentLength, 65536), (this.#received + n) * 2, 16384));
         const next = Buffer.allocUnsafe(want);
         if (raw !== null) raw.copy(next, 0, 0, this.#received);
         this.#raw = raw = next;
@@ -270,10 +285,29 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     this.#status = status;
     this.#contentType = contentType === '' ? 'application/json' : contentType;
     this.#upstreamLength = contentLength;
+    if (status >= 400 && !this.#contentType.startsWith('text/event-stream') && contentLength <= MAX_ERROR_BODY) {
+      this.#errorBody = [];
+      this.#errorBytes = 0;
+    }
   }
 
   onUpstreamData(chunk: Buffer): void {
     if (this.aborted || this.#clientEnded) return;
+    const eb = this.#errorBody;
+    if (eb !== null) {
+      this.#errorBytes += chunk.length;
+      if (this.#errorBytes <= MAX_ERROR_BODY) {
+        eb.push(chunk);
+        return;
+      }
+      // too large to be an error object: relay what was held, then stream on
+      this.#errorBody = null;
+      for (const held of eb) this.#relay(held);
+    } else if (this.#status === 200 && chunk.indexOf(SSE_FLAT_ERROR) >= 0) chunk = this.#rewriteSseError(chunk);
+    this.#relay(chunk);
+  }
+
+  #relay(chunk: Buffer): void {
     cur = this;
     curChunk = chunk;
     if (!this.#started && this.#upstreamLength === chunk.length) this.res.cork(corkedEnd);
@@ -286,6 +320,13 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     if (!this.#clientEnded) {
       cur = this;
       curChunk = '';
+      const eb = this.#errorBody;
+      if (eb !== null) {
+        this.#errorBody = null;
+        const raw = eb.length === 1 ? eb[0]! : Buffer.concat(eb);
+        curChunk = normalizeErrorBody(raw.toString('utf8'), this.#status) ?? raw;
+        this.#contentType = 'application/json';
+      }
       this.res.cork(corkedEnd);
     }
     this.#finish(this.#status >= 500 ? 'failed' : 'ok', this.#status);
@@ -317,8 +358,19 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     res.writeStatus(statusLine(this.#status));
     res.writeHeader('content-type', this.#contentType);
     res.writeHeader('x-switchyard-endpoint', this.endpoint.name);
-    res.writeHeader('x-request-id', this.requestId);
+    res.writeHeader('x-request-id', headerBytes(this.requestId));
     this.#started = true;
+  }
+
+  /** Rewrites complete flat-shape error events of a chunk into the current shape. */
+  #rewriteSseError(chunk: Buffer): Buffer {
+    const text = chunk.toString('utf8');
+    return Buffer.from(
+      text.replace(/data: (\{"object":"error".*?\})\n\n/g, (whole, json: string) => {
+        const fixed = normalizeErrorBody(json, 500);
+        return fixed === null ? whole : `data: ${fixed}\n\n`;
+      }),
+    );
   }
 
   writeChunk(chunk: Buffer | string): void {
@@ -388,7 +440,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     res.cork(() => {
       res.writeStatus(statusLine(status));
       res.writeHeader('content-type', 'application/json');
-      res.writeHeader('x-request-id', this.requestId);
+      res.writeHeader('x-request-id', headerBytes(this.requestId));
       if (ep) res.writeHeader('x-switchyard-endpoint', ep.name);
       if (reason) res.writeHeader('x-switchyard-dropped-reason', reason);
       if (retryAfter > 0) res.writeHeader('retry-after', String(Math.ceil(retryAfter)));
