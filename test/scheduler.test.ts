@@ -78,6 +78,25 @@ t.test('prefix-cache scorer: a saturated holder loses its affinity', async (t) =
   for (const d of held) s.complete(d, 'ok');
 });
 
+t.test('prefix-cache scorer: when every replica is backed up, affinity holds', async (t) => {
+  const s = createScheduler({ pools: pools(2), scheduling: { scorers: [{ type: 'prefix-cache', weight: 3, params: { saturatedQueue: 4 } }, { type: 'queue', weight: 2 }] } }, { watch: false, random: lcg(5) });
+  t.teardown(() => s.close());
+  const first = s.pick({ model: 'm', prompt: longPrompt('hot') })!;
+  s.complete(first, 'ok');
+  const holder = first.endpoint;
+  const other = s.endpoints.all.find((e) => e !== holder)!;
+  const held: NonNullable<ReturnType<typeof s.pick>>[] = [];
+  const count = (ep: typeof holder) => held.filter((d) => d.endpoint === ep).length;
+  // back both replicas up with unrelated requests: 6 or more in flight each
+  for (let i = 0; (count(holder) < 6 || count(other) < 6) && i < 100; i++) held.push(s.pick({ model: 'm', prompt: longPrompt('cold' + i) })!);
+  t.ok(count(holder) >= 6 && count(other) >= 6 && Math.abs(count(holder) - count(other)) < 4, `in flight: holder ${count(holder)}, other ${count(other)}`);
+  // the holder's queue is over saturatedQueue in absolute terms, but not 4 longer than the other's: it keeps the prefix
+  const d = s.pick({ model: 'm', prompt: longPrompt('hot') })!;
+  t.equal(d.endpoint, holder, 'no spill while the other replica is as busy');
+  held.push(d);
+  for (const x of held) s.complete(x, 'ok');
+});
+
 t.test('stale metrics: the queue scorer falls back to the router in-flight count', async (t) => {
   const s = createScheduler({ pools: pools(3), scheduling: { scorers: [{ type: 'queue', weight: 1 }] } }, { watch: false, random: lcg(2) });
   t.teardown(() => s.close());

@@ -1,10 +1,11 @@
 // Scorer `prefix-cache`: the share of the prompt's leading blocks an endpoint
 // is believed to hold, from the prefix index in approximate mode (the router
 // records each routing decision). Score = matched blocks / prompt blocks,
-// except on a saturated endpoint (queue of `saturatedQueue` or more requests:
-// the engine's waiting count plus what this router sent since the last
-// scrape, or the router's in-flight count when metrics are stale), which
-// scores 0 so a hot prefix spills over to other replicas instead of piling up.
+// except on a saturated endpoint (a queue `saturatedQueue` or more requests
+// longer than the shortest candidate's: the engine's waiting count plus what
+// this router sent since the last scrape, or the router's in-flight count when
+// metrics are stale), which scores 0 so a hot prefix spills over to replicas
+// with room instead of piling up.
 // Capacity per endpoint (how many blocks it can hold before the index evicts
 // its least recently used ones) comes from the config or the engine's
 // cache_config_info (see engine-metrics.ts for the token → byte conversion).
@@ -32,6 +33,7 @@ export class PrefixCacheScorer implements Scorer {
   readonly #ids: Int32Array;
   readonly #idViews: Int32Array[] = [];
   #out = new Float64Array(16);
+  #queues = new Float64Array(16);
   #matched: Uint32Array = new Uint32Array(0);
   #hashCount = 0;
 
@@ -67,10 +69,19 @@ export class PrefixCacheScorer implements Scorer {
     this.#matched = m.matched;
     ctx.promptBlocks = total;
     const sat = this.#saturatedQueue;
+    const queues = (this.#queues = ensure(this.#queues, n));
+    let shortest = Infinity;
     for (let i = 0; i < n; i++) {
       const ep = eps[i];
-      const queue = ep.fresh(ctx.now, ctx.staleAfterMs) ? ep.metrics.waiting + Math.min(ep.sinceScrape, ep.inFlight) : ep.inFlight;
-      out[i] = total > 0 && (sat === 0 || queue < sat) ? Math.min(1, m.matched[i] / total) : 0;
+      const q = ep.fresh(ctx.now, ctx.staleAfterMs) ? ep.metrics.waiting + Math.min(ep.sinceScrape, ep.inFlight) : ep.inFlight;
+      queues[i] = q;
+      if (q < shortest) shortest = q;
+    }
+    // Saturation is relative to the shortest candidate queue: when every
+    // replica is backed up, spilling a prefix elsewhere only adds prefill work
+    // and KV pressure, so affinity holds until another replica is clearly freer.
+    for (let i = 0; i < n; i++) {
+      out[i] = total > 0 && (sat === 0 || queues[i] - shortest < sat) ? Math.min(1, m.matched[i] / total) : 0;
     }
     return out;
   }
