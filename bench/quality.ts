@@ -41,7 +41,7 @@ export interface FleetShape {
 
 export const FLEET: FleetShape = {
   engines: 8,
-  kvCacheBlocks: 4096,
+  kvCacheBlocks: 1216,
   blockSize: 16,
   maxNumSeqs: 16,
   prefillUsPerToken: 50,
@@ -250,11 +250,11 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
     SHARED = { groups: 16, systemTokens: 1024, questionTokens: 128, outputTokens: 32 };
     MULTI = { turns: 4, systemTokens: 512, userTokens: 64, outputTokens: 32 };
   }
-  const rates = (arg('--rates') ?? (quick ? '10,40' : '5,10,20,30,40')).split(',').map(Number);
+  const rates = (arg('--rates') ?? (quick ? '10,40' : '5,10,20,30,40,60')).split(',').map(Number);
   const workloads = (arg('--workloads') ?? 'shared-prefix,multi-turn').split(',');
   const policies = (arg('--policies') ?? 'round-robin,least-request,switchyard').split(',');
   const seconds = Number(arg('--seconds') ?? (quick ? 4 : 12));
-  const fleet = { ...FLEET, kvCacheBlocks: quick ? 1280 : FLEET.kvCacheBlocks };
+  const fleet = { ...FLEET, kvCacheBlocks: quick ? 600 : FLEET.kvCacheBlocks };
   const dir = mkdtempSync(join(tmpdir(), 'swy-quality-'));
   const rows: Row[] = [];
   for (const workload of workloads) {

@@ -2,7 +2,7 @@
 // (overhead against nginx/HAProxy, routing quality against the baselines, and
 // flow-control fairness when present), writes bench/report/REPORT.md with the
 // figures, the machine and the exact command, and SVG plots beside it.
-import { mkdirSync, writeFileSync, existsSync } from 'node:fs';
+import { mkdirSync, writeFileSync, existsSync, readFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { ROOT } from './lib/proc.js';
@@ -19,8 +19,11 @@ async function main(argv: string[]): Promise<number> {
   const out = join(ROOT, 'bench', 'report');
   mkdirSync(out, { recursive: true });
   const cpu = cpus()[0]?.model ?? 'unknown CPU';
-  let md = `# Switchyard benchmark report\n\nDate: ${new Date().toISOString()}; machine: ${cpus().length} × ${cpu}, ` +
-    `${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}.\nCommand: \`npm run bench -- ${argv.join(' ')}\`\n\n`;
+  const stamp = `Run: ${new Date().toISOString()}; machine: ${cpus().length} × ${cpu}, ${Math.round(totalmem() / 2 ** 30)} GiB, ` +
+    `Node ${process.version}; command: \`npm run bench -- ${argv.join(' ')}\`\n\n`;
+  // Each scenario writes its own section file, so running one scenario updates its part of the report.
+  const section = (name: string, text: string) => writeFileSync(join(out, `${name}.md`), text.replace(/\n\n/, `\n\n${stamp}`));
+  let md = '';
 
   if (run.includes('overhead')) {
     const { rows, notes } = await runProxyOverhead(opts);
@@ -38,6 +41,8 @@ async function main(argv: string[]): Promise<number> {
     const cats = levels.map((c) => `${c} connections`);
     writeFileSync(join(out, 'overhead-rps.svg'), barChart('Throughput (req/s)', cats, 'requests/s', series('rps', false)));
     writeFileSync(join(out, 'overhead-p99.svg'), barChart('Added p99 latency over direct (µs)', cats, 'µs', series('addedP99Us', true)));
+    section('overhead', md);
+    md = '';
   }
 
   if (run.includes('quality')) {
@@ -52,18 +57,25 @@ async function main(argv: string[]): Promise<number> {
       writeFileSync(join(out, `quality-${w}-throughput.svg`), lineChart(`${w}: output tokens/s vs request rate`, 'requests/s', 'output tokens/s', ser('outTokS')));
       md += `![${w} TTFT](quality-${w}-ttft.svg)\n![${w} throughput](quality-${w}-throughput.svg)\n\n`;
     }
+    section('quality', md);
+    md = '';
   }
 
   if (run.includes('fairness')) {
     const file = join(ROOT, 'dist', 'bench', 'fairness.js');
     if (existsSync(file)) {
       const mod = await import(file);
-      if (typeof mod.runFairness === 'function') md += await mod.runFairness(opts);
-    } else md += '## Fairness\n\nNot run: bench/fairness.ts is not built.\n\n';
+      if (typeof mod.runFairness === 'function') section('fairness', await mod.runFairness(opts));
+    } else console.error('fairness: not run, dist/bench/fairness.js is not built');
   }
 
-  writeFileSync(join(out, 'REPORT.md'), md);
-  console.log(md);
+  let report = '# Switchyard benchmark report\n\nEach section names the run and the command that produced it.\n\n';
+  for (const name of SCENARIOS) {
+    const f = join(out, `${name}.md`);
+    if (existsSync(f)) report += readFileSync(f, 'utf8');
+  }
+  writeFileSync(join(out, 'REPORT.md'), report);
+  console.log(report);
   return 0;
 }
 

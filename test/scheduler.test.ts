@@ -88,8 +88,9 @@ t.test('prefix-cache scorer: when every replica is backed up, affinity holds', a
   const held: NonNullable<ReturnType<typeof s.pick>>[] = [];
   const count = (ep: typeof holder) => held.filter((d) => d.endpoint === ep).length;
   // back both replicas up with unrelated requests: 6 or more in flight each
-  for (let i = 0; (count(holder) < 6 || count(other) < 6) && i < 100; i++) held.push(s.pick({ model: 'm', prompt: longPrompt('cold' + i) })!);
-  t.ok(count(holder) >= 6 && count(other) >= 6 && Math.abs(count(holder) - count(other)) < 4, `in flight: holder ${count(holder)}, other ${count(other)}`);
+  // (stop when the holder has exactly one more than the other: the plain queue scorer would then prefer the other)
+  for (let i = 0; !(count(other) >= 6 && count(holder) === count(other) + 1) && i < 200; i++) held.push(s.pick({ model: 'm', prompt: longPrompt('cold' + i) })!);
+  t.ok(count(other) >= 6 && count(holder) === count(other) + 1, `in flight: holder ${count(holder)}, other ${count(other)}`);
   // the holder's queue is over saturatedQueue in absolute terms, but not 4 longer than the other's: it keeps the prefix
   const d = s.pick({ model: 'm', prompt: longPrompt('hot') })!;
   t.equal(d.endpoint, holder, 'no spill while the other replica is as busy');
