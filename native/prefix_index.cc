@@ -209,8 +209,7 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
       ThrowRange(info.Env(), "hashes is too small for the prompt's blocks");
       return info.Env().Undefined();
     }
-    prefix::HashPrompt(p, len, block_size_, seed, out);
-    index_->Match(out, count, cands, nc, matched, tiers);
+    index_->MatchPrompt(p, len, block_size_, seed, out, cands, nc, matched, tiers);
     return Napi::Number::New(info.Env(), static_cast<double>(count));
   }
 

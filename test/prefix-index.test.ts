@@ -47,6 +47,31 @@ t.test('a 16 MiB prompt: one call, and the leading blocks survive a record large
   t.end();
 });
 
+t.test('matchPrompt fills every hash, also past the block where the walk stops', (t) => {
+  // matchPrompt hashes blocks as its walk reaches them and the rest after the
+  // walk ends: every hash must equal hashPrompt's, wherever the walk stopped.
+  const idx = new PrefixIndex({ maxEndpoints: 4 });
+  const prompt = randomBytes(64 * 200 + 17);
+  const want = new BigUint64Array(200);
+  idx.hashPrompt(prompt, SEED, want);
+  const res = new MatchResult(1, 1);
+  const check = (label: string, cands: Int32Array) => {
+    res.hashes.fill(0n);
+    idx.matchPrompt(prompt, SEED, cands, res);
+    t.equal(res.hashCount, 200, `${label}: count`);
+    t.ok([...res.hashes.subarray(0, 200)].every((h, i) => h === want[i]), `${label}: all 200 hashes`);
+  };
+  check('no known candidate', all(4));
+  check('no candidate at all', new Int32Array(0));
+  for (const held of [1, 3, 17, 40, 199, 200]) {
+    idx.clear(0);
+    idx.record(0, want, held);
+    check(`walk stops after ${held} blocks`, all(2));
+    t.equal(res.matched[0], held, `endpoint 0 matches its ${held} blocks`);
+  }
+  t.end();
+});
+
 t.test('arbitrary non-UTF-8 bytes and typed-array views hash by their bytes only', (t) => {
   const idx = new PrefixIndex({ blockSize: 8 });
   const bytes = Uint8Array.from([0xff, 0xfe, 0x00, 0xc3, 0x28, 0xa0, 0xa1, 0xe2, 0x82, 0x28, 0xf0, 0x28, 0x8c, 0xbc, 0x80, 0x81]);
