@@ -5,6 +5,7 @@
 // about half the CPU per proxied request of undici's general-purpose client
 // (bench/overhead.ts measures both: `proxy.client: undici | h1`).
 import { connect, type Socket } from 'node:net';
+import { performance } from 'node:perf_hooks';
 import type { ProxyConfig } from '../config/schema.js';
 import { DEFAULTS } from '../config/schema.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
@@ -20,8 +21,17 @@ export class UpstreamSocketError extends Error {
 }
 
 const CRLFCRLF = Buffer.from('\r\n\r\n');
+/**
+ * Every upstream socket reads into this one buffer (Node's `onread` option:
+ * no Buffer and no stream machinery per read). Safe because a chunk is handed
+ * to the sink synchronously and the sink copies what it keeps.
+ */
+const READ_BUFFER = Buffer.allocUnsafe(64 * 1024);
+/** Bodies up to this size are copied behind the request head to go out in one write of one buffer. */
+const JOIN_BODY_MAX = 16 * 1024;
 const IDLE_KEEPALIVE_MS = 4000; // below the 10 s idle timeout of uWS-based engines
-const IDLE_SWEEP_MS = 1000;
+/** Upper bound of the pool's clock tick (timeouts fire up to two ticks late). */
+const MAX_TICK_MS = 250;
 
 const enum St {
   Idle,
@@ -82,45 +92,48 @@ class H1Conn {
   reused = false;
   gotBytes = false;
   dead = false;
-  /** Date.now() when the connection last went idle (the pool's sweep closes long-idle ones). */
-  idleSince = 0;
+  /**
+   * The pool's coarse clock when this connection last saw progress (connect,
+   * request start, response bytes) or went idle. Timeouts are checked by the
+   * pool's one timer instead of a socket timer refreshed on every read/write.
+   */
+  activeAt = 0;
   #st = St.Idle;
   #pending: Buffer | null = null;
   #remaining = 0;
   #chunkLine = '';
   #keepAlive = true;
-  #timeout = 0;
+  /** Inactivity limit of the current phase (connect, headers, body) in ms. */
+  limitMs = 0;
 
   constructor(pool: H1Pool) {
     this.pool = pool;
-    const s = (this.socket = connect({ host: pool.host, port: pool.port, noDelay: true, keepAlive: true }));
-    this.#setTimeout(pool.cfg.connectTimeoutMs);
+    const s = (this.socket = connect({
+      host: pool.host,
+      port: pool.port,
+      noDelay: true,
+      keepAlive: true,
+      onread: { buffer: READ_BUFFER, callback: (n: number, buf: Buffer) => this.#onRead(n, buf) },
+    }));
+    this.activeAt = pool.clock;
+    this.limitMs = pool.cfg.connectTimeoutMs;
     s.on('connect', () => {
       this.connected = true;
-      this.#setTimeout(this.pool.cfg.headersTimeoutMs);
-    });
-    s.on('data', (b: Buffer) => {
-      try {
-        this.#onData(b);
-      } catch (err) {
-        // a throwing sink must not take the process down: fail this call
-        this.#fail(new UpstreamSocketError(`internal error: ${(err as Error).message}`, 'EINTERNAL'));
-      }
+      this.activeAt = this.pool.clock;
+      this.limitMs = this.pool.cfg.headersTimeoutMs;
     });
     s.on('end', () => this.#onEnd());
     s.on('error', (err: NodeJS.ErrnoException) => this.#fail(new UpstreamSocketError(`${err.message}`, err.code ?? 'ECONNRESET')));
     s.on('close', () => this.#fail(new UpstreamSocketError('connection closed by the endpoint', 'ECONNRESET')));
-    s.on('timeout', () => {
-      if (this.call) this.#fail(new UpstreamSocketError(this.connected ? 'timed out waiting for the endpoint' : 'connect timeout', 'ETIMEDOUT'));
-      else this.destroy();
-    });
   }
 
-  #setTimeout(ms: number): void {
-    if (ms !== this.#timeout) {
-      this.#timeout = ms;
-      this.socket.setTimeout(ms);
-    }
+  /** Called by the pool's timer: fails a call whose phase saw no progress for its limit. */
+  checkTimeout(now: number, slackMs: number): void {
+    if (this.dead || (this.call === null && this.connected)) return;
+    // activeAt is the clock of the tick before the progress: allow one tick so nothing ends early
+    if (now - this.activeAt <= this.limitMs + slackMs) return;
+    if (this.call) this.#fail(new UpstreamSocketError(this.connected ? 'timed out waiting for the endpoint' : 'connect timeout', 'ETIMEDOUT'));
+    else this.destroy();
   }
 
   start(call: H1Call): void {
@@ -130,24 +143,46 @@ class H1Conn {
     this.#st = St.Head;
     this.#pending = null;
     this.#keepAlive = true;
-    if (this.connected) this.#setTimeout(this.pool.cfg.headersTimeoutMs); // no-op unless the body timeout differs
+    this.activeAt = this.pool.clock;
+    if (this.connected) this.limitMs = this.pool.cfg.headersTimeoutMs;
     if (call.paused) this.socket.pause();
     else this.socket.resume();
     const r = call.req;
     let head = `${r.method} ${r.path} HTTP/1.1\r\nhost: ${this.pool.hostHeader}\r\n`;
     const h = r.headers;
     for (let i = 0; i + 1 < h.length; i += 2) head += `${h[i]}: ${h[i + 1]}\r\n`;
-    if (r.body !== null) {
-      head += `content-length: ${r.body.length}\r\n\r\n`;
-      this.socket.cork();
-      this.socket.write(head, 'latin1');
-      this.socket.write(r.body);
-      this.socket.uncork();
+    const body = r.body;
+    if (body !== null) {
+      head += `content-length: ${body.length}\r\n\r\n`;
+      if (body.length <= JOIN_BODY_MAX) {
+        // one buffer, one write: no writev, no stream cork bookkeeping
+        const hl = head.length;
+        const out = Buffer.allocUnsafe(hl + body.length);
+        out.write(head, 0, hl, 'latin1');
+        body.copy(out, hl);
+        this.socket.write(out);
+      } else {
+        this.socket.cork();
+        this.socket.write(head, 'latin1');
+        this.socket.write(body);
+        this.socket.uncork();
+      }
     } else {
       this.socket.write(head + '\r\n', 'latin1');
     }
   }
 
+  #onRead(n: number, shared: Buffer): boolean {
+    try {
+      this.#onData(n === shared.length ? shared : shared.subarray(0, n));
+    } catch (err) {
+      // a throwing sink must not take the process down: fail this call
+      this.#fail(new UpstreamSocketError(`internal error: ${(err as Error).message}`, 'EINTERNAL'));
+    }
+    return true;
+  }
+
+  /** `b` may be the shared read buffer: anything kept past this call is copied. */
   #onData(b: Buffer): void {
     const call = this.call;
     if (call === null) {
@@ -156,6 +191,7 @@ class H1Conn {
       return;
     }
     this.gotBytes = true;
+    this.activeAt = this.pool.clock;
     let buf = b;
     if (this.#pending !== null) {
       buf = Buffer.concat([this.#pending, b]);
@@ -169,7 +205,7 @@ class H1Conn {
           const end = buf.indexOf(CRLFCRLF, i);
           if (end < 0) {
             if (n - i > 65536) return this.#fail(new UpstreamSocketError('response headers too large', 'EPROTO'));
-            this.#pending = buf.subarray(i);
+            this.#pending = Buffer.from(buf.subarray(i)); // a copy: buf may be the shared read buffer
             return;
           }
           const next = this.#parseHead(buf.toString('latin1', i, end));
@@ -280,7 +316,7 @@ class H1Conn {
       else if (name === 'transfer-encoding') chunked = value.toLowerCase().includes('chunked');
       else if (name === 'connection') this.#keepAlive = value.toLowerCase() !== 'close';
     }
-    this.#setTimeout(this.pool.cfg.bodyTimeoutMs);
+    this.limitMs = this.pool.cfg.bodyTimeoutMs;
     if (chunked) {
       contentLength = -1;
       this.#st = St.ChunkSize;
@@ -310,7 +346,7 @@ class H1Conn {
     call.sink = null;
     if (this.#keepAlive && !this.dead) {
       this.reused = true;
-      this.idleSince = Date.now();
+      this.activeAt = this.pool.clock;
       if (call.paused) this.socket.resume();
       this.pool.release(this);
     } else this.destroy();
@@ -359,8 +395,13 @@ class H1Pool {
   readonly cfg: ProxyConfig;
   readonly #idle: H1Conn[] = [];
   readonly #queue: H1Call[] = [];
+  /** Every open connection (for the timeout sweep). */
+  readonly #conns: H1Conn[] = [];
+  readonly #tickMs: number;
   #open = 0;
   #sweep: NodeJS.Timeout | undefined;
+  /** Coarse clock (performance.now() at the last tick) that connections stamp their progress with. */
+  clock = performance.now();
   closed = false;
 
   constructor(url: string, cfg: ProxyConfig) {
@@ -369,6 +410,20 @@ class H1Pool {
     this.port = Number(u.port || (u.protocol === 'https:' ? 443 : 80));
     this.hostHeader = u.host;
     this.cfg = cfg;
+    const shortest = Math.min(cfg.connectTimeoutMs, cfg.headersTimeoutMs, cfg.bodyTimeoutMs);
+    this.#tickMs = Math.max(5, Math.min(MAX_TICK_MS, Math.floor(shortest / 8)));
+  }
+
+  #connect(call: H1Call): void {
+    this.#open++;
+    if (this.#sweep === undefined) {
+      this.clock = performance.now();
+      this.#sweep = setInterval(() => this.#tick(), this.#tickMs);
+      this.#sweep.unref();
+    }
+    const c = new H1Conn(this);
+    this.#conns.push(c);
+    c.start(call);
   }
 
   dispatch(call: H1Call): void {
@@ -386,8 +441,7 @@ class H1Pool {
       }
     }
     if (this.#open < this.cfg.connectionsPerEndpoint) {
-      this.#open++;
-      new H1Conn(this).start(call);
+      this.#connect(call);
       return;
     }
     this.#queue.push(call);
@@ -401,37 +455,47 @@ class H1Pool {
   release(c: H1Conn): void {
     const next = this.#queue.shift();
     if (next !== undefined) c.start(next);
-    else {
-      this.#idle.push(c);
-      if (this.#sweep === undefined) {
-        this.#sweep = setInterval(() => this.#sweepIdle(), IDLE_SWEEP_MS);
-        this.#sweep.unref();
-      }
-    }
+    else this.#idle.push(c);
   }
 
-  /** Closes connections idle for longer than the keep-alive window (before the engine does). */
-  #sweepIdle(): void {
-    const cutoff = Date.now() - IDLE_KEEPALIVE_MS;
+  /**
+   * The pool's one timer: advances the clock, fails calls whose connection
+   * made no progress within its phase's timeout, and closes connections idle
+   * for longer than the keep-alive window (before the engine does).
+   */
+  #tick(): void {
+    const now = (this.clock = performance.now());
+    const conns = this.#conns;
+    for (let i = conns.length - 1; i >= 0; i--) if (i < conns.length) conns[i].checkTimeout(now, this.#tickMs);
+    const cutoff = now - IDLE_KEEPALIVE_MS;
     for (let i = this.#idle.length - 1; i >= 0; i--) {
       const c = this.#idle[i];
-      if (c.idleSince < cutoff) c.destroy();
+      if (c !== undefined && c.activeAt < cutoff) c.destroy();
     }
   }
 
   forget(c: H1Conn): void {
     this.#open--;
-    const i = this.#idle.indexOf(c);
+    let i = this.#idle.indexOf(c);
     if (i >= 0) this.#idle.splice(i, 1);
+    i = this.#conns.indexOf(c);
+    if (i >= 0) this.#conns.splice(i, 1);
+    if (this.#conns.length === 0 && this.#sweep !== undefined) {
+      clearInterval(this.#sweep);
+      this.#sweep = undefined;
+    }
     if (!this.closed && this.#queue.length > 0 && this.#open < this.cfg.connectionsPerEndpoint) {
-      this.#open++;
-      new H1Conn(this).start(this.#queue.shift()!);
+      this.#connect(this.#queue.shift()!);
     }
   }
 
   close(): void {
     this.closed = true;
-    clearInterval(this.#sweep);
+    if (this.#conns.length === 0) {
+      // busy connections keep the timer (and their timeouts) until they end
+      clearInterval(this.#sweep);
+      this.#sweep = undefined;
+    }
     for (const call of this.#queue.splice(0)) {
       const s = call.sink;
       call.sink = null;

@@ -81,9 +81,11 @@ export class Scheduler {
    * Picks an endpoint for `req`, or returns null when none can serve it
    * (unknown model, or every candidate filtered out). The pick counts as
    * dispatched: call `complete()` once when the request ends. `exclude` lists
-   * endpoints already tried (retries); `out` lets a caller reuse a Decision.
+   * endpoints already tried (retries); `out` lets a caller reuse a Decision;
+   * `now` (performance.now()) spares the scheduler a clock read when the
+   * caller already has one.
    */
-  pick(req: SchedRequest, exclude?: readonly Endpoint[] | null, out?: Decision): Decision | null {
+  pick(req: SchedRequest, exclude?: readonly Endpoint[] | null, out?: Decision, now?: number): Decision | null {
     const base = this.endpoints.forModel(req.model);
     if (base === undefined) return null;
     let eps: readonly Endpoint[] = base;
@@ -95,7 +97,7 @@ export class Scheduler {
     }
     const ctx = this.#ctx;
     ctx.request = req;
-    ctx.now = performance.now();
+    ctx.now = now ?? performance.now();
     ctx.promptBlocks = 0;
     ctx.matchedBlocks = 0;
     for (let f = 0; f < this.filters.length && eps.length > 0; f++) eps = this.filters[f].filter(ctx, eps);
@@ -144,9 +146,9 @@ export class Scheduler {
    */
   complete(d: Decision, outcome: Outcome): void {
     const ep = d.endpoint;
-    if (outcome === 'aborted') ep.onRelease();
-    else ep.onOutcome(performance.now(), outcome === 'failed', this.endpoints.dataLayer);
     const failed = outcome === 'failed';
+    if (outcome === 'aborted') ep.onRelease();
+    else ep.onOutcome(failed ? performance.now() : 0, failed, this.endpoints.dataLayer); // the clock matters only to the breaker
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onComplete?.(ep, failed);
   }
 

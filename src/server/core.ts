@@ -54,6 +54,8 @@ export class RouterCore {
   /** Set just before a gate rejection reply; read by reply(). */
   rejectReason = '';
   retryAfter = 0;
+  /** performance.now() at the last body-timeout sweep: requests stamp their start with it (no clock read per request). */
+  clock = performance.now();
   #active = 0;
   #idPrefix = randomBytes(4).toString('hex');
   #idCounter = 0;
@@ -61,6 +63,7 @@ export class RouterCore {
   #app: TemplatedApp;
   #listenSocket: us_listen_socket | null = null;
   #sweep: NodeJS.Timeout;
+  #sweepEvery: number;
   #modelsBody: string;
   #drainWaiters: (() => void)[] = [];
   port = 0;
@@ -90,7 +93,7 @@ export class RouterCore {
       object: 'list',
       data: set.models().map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
     });
-    const sweepEvery = Math.max(10, Math.min(1000, Math.floor(cfg.limits.requestBodyTimeoutMs / 4)));
+    const sweepEvery = (this.#sweepEvery = Math.max(10, Math.min(1000, Math.floor(cfg.limits.requestBodyTimeoutMs / 4))));
     this.#sweep = setInterval(() => this.#sweepSlowBodies(), sweepEvery);
     this.#sweep.unref();
     this.#app = this.#routes(uws.App());
@@ -182,14 +185,16 @@ export class RouterCore {
       ctx.reply(413, `request body of ${contentLength} bytes exceeds the limit of ${this.limits.maxBodyBytes} bytes`, null, true);
       return;
     }
-    ctx.readStart = performance.now();
+    ctx.readStart = this.clock;
     this.reading.add(ctx);
     res.onData((ab, isLast) => ctx.onBodyChunk(ab, isLast));
   }
 
   #sweepSlowBodies(): void {
+    const now = (this.clock = performance.now());
     if (this.reading.size === 0) return;
-    const deadline = performance.now() - this.limits.requestBodyTimeoutMs;
+    // readStart is the clock of the sweep before the request began: allow one sweep period so none ends early
+    const deadline = now - this.limits.requestBodyTimeoutMs - this.#sweepEvery;
     for (const ctx of this.reading) {
       if (ctx.readStart < deadline) {
         this.reading.delete(ctx);

@@ -232,7 +232,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
       sreq.prompt = core.prompt.view();
     }
     const t0 = performance.now();
-    const d = core.scheduler.pick(sreq, this.#tried, this);
+    const d = core.scheduler.pick(sreq, this.#tried, this, t0);
     const t1 = performance.now();
     sreq.prompt = undefined;
     core.metrics.decision.observe((t1 - t0) / 1000);
@@ -297,7 +297,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     if (eb !== null) {
       this.#errorBytes += chunk.length;
       if (this.#errorBytes <= MAX_ERROR_BODY) {
-        eb.push(chunk);
+        eb.push(Buffer.from(chunk)); // a copy: the client may reuse the chunk's memory
         return;
       }
       // too large to be an error object: relay what was held, then stream on

@@ -1,0 +1,115 @@
+// The built-in HTTP/1.1 upstream client's timeouts, kept by one coarse timer
+// per pool instead of a socket timer refreshed on every read and write:
+// an endpoint that never answers, one that stalls mid-body, and one that is
+// slow but keeps sending (inactivity, not total time, is what times out).
+import t from 'tap';
+import { createServer, type Server, type Socket } from 'node:net';
+import { H1UpstreamClient } from '../src/proxy/h1-client.js';
+import { EndpointSet } from '../src/endpoints/endpoint.js';
+import type { UpstreamSink } from '../src/proxy/upstream.js';
+import { DEFAULTS } from '../src/config/schema.js';
+
+interface Result {
+  status: number;
+  body: string;
+  ms: number;
+  error?: Error & { code?: string };
+}
+
+function collect(client: H1UpstreamClient, set: EndpointSet): Promise<Result> {
+  const t0 = performance.now();
+  return new Promise((resolve) => {
+    const r: Result = { status: 0, body: '', ms: 0 };
+    const sink: UpstreamSink = {
+      onUpstreamHeaders: (status) => {
+        r.status = status;
+      },
+      onUpstreamData: (chunk) => {
+        r.body += chunk.toString('latin1');
+      },
+      onUpstreamEnd: () => {
+        r.ms = performance.now() - t0;
+        resolve(r);
+      },
+      onUpstreamError: (err) => {
+        r.error = err;
+        r.ms = performance.now() - t0;
+        resolve(r);
+      },
+    };
+    client.send(set.all[0], { method: 'POST', path: '/x', headers: ['content-type', 'application/json'], body: Buffer.from('{}') }, sink);
+  });
+}
+
+async function server(t: Tap.Test, onRequest: (sock: Socket) => void): Promise<EndpointSet> {
+  const socks = new Set<Socket>();
+  const srv: Server = createServer((sock) => {
+    socks.add(sock);
+    let seen = '';
+    sock.on('data', (b) => {
+      seen += b.toString('latin1');
+      const end = seen.indexOf('\r\n\r\n');
+      if (end >= 0 && seen.length >= end + 4 + 2) {
+        seen = '';
+        onRequest(sock);
+      }
+    });
+    sock.on('error', () => {});
+    sock.on('close', () => socks.delete(sock));
+  });
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const port = (srv.address() as { port: number }).port;
+  t.teardown(
+    () =>
+      new Promise<void>((r) => {
+        for (const s of socks) s.destroy();
+        srv.close(() => r());
+      }),
+  );
+  return new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
+}
+
+const LIMIT = 200;
+const cfg = { ...DEFAULTS.proxy, headersTimeoutMs: LIMIT, bodyTimeoutMs: LIMIT };
+
+t.test('an endpoint that never answers times out after headersTimeoutMs, not before', async (t) => {
+  const set = await server(t, () => {});
+  const client = new H1UpstreamClient(cfg);
+  t.teardown(() => client.close());
+  const r = await collect(client, set);
+  t.equal(r.error?.code, 'ETIMEDOUT', `timed out (${r.error?.message})`);
+  t.ok(r.ms >= LIMIT - 5 && r.ms < LIMIT * 3 + 200, `after ${r.ms.toFixed(0)} ms (limit ${LIMIT} ms)`);
+});
+
+t.test('a body that stalls halfway times out after bodyTimeoutMs', async (t) => {
+  const set = await server(t, (sock) => {
+    sock.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{"a"');
+  });
+  const client = new H1UpstreamClient(cfg);
+  t.teardown(() => client.close());
+  const r = await collect(client, set);
+  t.equal(r.status, 200, 'headers arrived');
+  t.equal(r.body, '{"a"', 'the first bytes were relayed');
+  t.equal(r.error?.code, 'ETIMEDOUT', `then it timed out (${r.error?.message})`);
+  t.ok(r.ms >= LIMIT - 5, `after ${r.ms.toFixed(0)} ms`);
+});
+
+t.test('a slow body that keeps making progress is not cut off', async (t) => {
+  const body = '0123456789';
+  const set = await server(t, (sock) => {
+    sock.write(`HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: ${body.length}\r\n\r\n`);
+    let i = 0;
+    const next = () => {
+      if (sock.destroyed) return;
+      sock.write(body[i++]);
+      if (i < body.length) setTimeout(next, LIMIT / 4);
+    };
+    setTimeout(next, LIMIT / 4);
+  });
+  const client = new H1UpstreamClient(cfg);
+  t.teardown(() => client.close());
+  const r = await collect(client, set);
+  t.equal(r.error, undefined, 'no timeout');
+  t.equal(r.body, body, 'whole body');
+  t.ok(r.ms > LIMIT * 2, `took ${r.ms.toFixed(0)} ms, longer than the limit in total`);
+});
