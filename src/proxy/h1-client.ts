@@ -44,6 +44,32 @@ const enum St {
   Trailers,
 }
 
+const CONTENT_TYPE = Buffer.from('content-type');
+const CONTENT_LENGTH = Buffer.from('content-length');
+const TRANSFER_ENCODING = Buffer.from('transfer-encoding');
+const CONNECTION = Buffer.from('connection');
+
+/** Case-insensitive match of a header name at buf[at] against lower-case `lower` (letters and '-'). */
+function nameIs(buf: Buffer, at: number, lower: Buffer): boolean {
+  for (let k = 0; k < lower.length; k++) if ((buf[at + k] | 0x20) !== lower[k]) return false;
+  return true;
+}
+
+function digit(c: number): number {
+  return c >= 48 && c <= 57 ? c - 48 : NaN;
+}
+
+/** A decimal header value in buf[a, b) (already trimmed); NaN if it has anything but digits. */
+function decimal(buf: Buffer, a: number, b: number): number {
+  let v = 0;
+  for (let k = a; k < b; k++) {
+    const c = buf[k];
+    if (c < 48 || c > 57) return NaN;
+    v = v * 10 + (c - 48);
+  }
+  return v;
+}
+
 class H1Call implements UpstreamCall {
   sink: UpstreamSink | null;
   readonly pool: H1Pool;
@@ -208,7 +234,7 @@ class H1Conn {
             this.#pending = Buffer.from(buf.subarray(i)); // a copy: buf may be the shared read buffer
             return;
           }
-          const next = this.#parseHead(buf.toString('latin1', i, end));
+          const next = this.#parseHead(buf, i, end);
           if (next < 0) return;
           i = end + 4;
           break;
@@ -287,34 +313,46 @@ class H1Conn {
     if (i < n && this.call === null && !this.dead) this.destroy(); // bytes after the response: not ours
   }
 
-  /** Parses the status line and headers; returns -1 if the call ended. */
-  #parseHead(head: string): number {
+  /** Parses the status line and headers in buf[start, end) (bytes, no head string); returns -1 if the call ended. */
+  #parseHead(buf: Buffer, start: number, end: number): number {
     const call = this.call!;
-    const status = head.length >= 12 && head.startsWith('HTTP/1.') ? Number(head.slice(9, 12)) : NaN;
+    const status =
+      end - start >= 12 && buf[start] === 72 && buf[start + 4] === 47 && buf[start + 5] === 49 && buf[start + 6] === 46 // "HTTP/1."
+        ? digit(buf[start + 9]) * 100 + digit(buf[start + 10]) * 10 + digit(buf[start + 11])
+        : NaN;
     if (!(status >= 100 && status < 600)) {
-      this.#fail(new UpstreamSocketError(`malformed status line ${JSON.stringify(head.slice(0, 40))}`, 'EPROTO'));
+      this.#fail(new UpstreamSocketError(`malformed status line ${JSON.stringify(buf.toString('latin1', start, Math.min(end, start + 40)))}`, 'EPROTO'));
       return -1;
     }
     if (status < 200) return 0; // 1xx informational: the real response follows
     let contentType = '';
     let contentLength = -1;
     let chunked = false;
-    this.#keepAlive = head.charCodeAt(7) !== 48; // HTTP/1.0 closes by default
-    let p = head.indexOf('\r\n');
-    while (p >= 0) {
-      const q = head.indexOf('\r\n', p + 2);
-      const line = head.slice(p + 2, q < 0 ? head.length : q);
+    this.#keepAlive = buf[start + 7] !== 48; // HTTP/1.0 closes by default
+    let p = buf.indexOf(10, start);
+    while (p >= 0 && p < end) {
+      const a = p + 1; // line start
+      let q = buf.indexOf(10, a);
+      if (q < 0 || q > end) q = end;
       p = q;
-      const colon = line.indexOf(':');
-      if (colon <= 0) continue;
-      const len = colon;
+      const lineEnd = q; // a trailing CR is trimmed off the value below
+      let colon = -1;
+      for (let k = a; k < lineEnd && k - a <= 17; k++) {
+        if (buf[k] === 58) {
+          colon = k;
+          break;
+        }
+      }
+      const len = colon - a;
       if (len !== 12 && len !== 14 && len !== 17 && len !== 10) continue;
-      const name = line.slice(0, colon).toLowerCase();
-      const value = line.slice(colon + 1).trim();
-      if (name === 'content-type') contentType = value;
-      else if (name === 'content-length') contentLength = Number(value);
-      else if (name === 'transfer-encoding') chunked = value.toLowerCase().includes('chunked');
-      else if (name === 'connection') this.#keepAlive = value.toLowerCase() !== 'close';
+      let v0 = colon + 1;
+      let v1 = lineEnd;
+      while (v0 < v1 && (buf[v0] === 32 || buf[v0] === 9)) v0++;
+      while (v1 > v0 && (buf[v1 - 1] === 32 || buf[v1 - 1] === 9 || buf[v1 - 1] === 13)) v1--;
+      if (len === 12 && nameIs(buf, a, CONTENT_TYPE)) contentType = buf.toString('latin1', v0, v1);
+      else if (len === 14 && nameIs(buf, a, CONTENT_LENGTH)) contentLength = decimal(buf, v0, v1);
+      else if (len === 17 && nameIs(buf, a, TRANSFER_ENCODING)) chunked = buf.toString('latin1', v0, v1).toLowerCase().includes('chunked');
+      else if (len === 10 && nameIs(buf, a, CONNECTION)) this.#keepAlive = buf.toString('latin1', v0, v1).toLowerCase() !== 'close';
     }
     this.limitMs = this.pool.cfg.bodyTimeoutMs;
     if (chunked) {

@@ -79,6 +79,8 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   #dispatchedAt = 0;
   #status = 0;
   #contentType = '';
+  /** The answer is an SSE stream (only those can carry mid-stream error events to rewrite). */
+  #sse = false;
   #upstreamLength = -1;
   #started = false;
   #clientEnded = false;
@@ -284,6 +286,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     }
     this.#status = status;
     this.#contentType = contentType === '' ? 'application/json' : contentType;
+    this.#sse = contentType.startsWith('text/event-stream');
     this.#upstreamLength = contentLength;
     if (status >= 400 && !this.#contentType.startsWith('text/event-stream') && contentLength <= MAX_ERROR_BODY) {
       this.#errorBody = [];
@@ -303,7 +306,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
       // too large to be an error object: relay what was held, then stream on
       this.#errorBody = null;
       for (const held of eb) this.#relay(held);
-    } else if (this.#status === 200 && chunk.indexOf(SSE_FLAT_ERROR) >= 0) chunk = this.#rewriteSseError(chunk);
+    } else if (this.#sse && this.#status === 200 && chunk.indexOf(SSE_FLAT_ERROR) >= 0) chunk = this.#rewriteSseError(chunk);
     this.#relay(chunk);
   }
 
