@@ -358,7 +358,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
 
   #writeHead(): void {
     const res = this.res;
-    res.writeStatus(statusLine(this.#status));
+    if (this.#status !== 200) res.writeStatus(statusLine(this.#status)); // uWS writes 200 OK itself (one native call less)
     res.writeHeader('content-type', this.#contentType);
     res.writeHeader('x-switchyard-endpoint', this.endpoint.name);
     res.writeHeader('x-request-id', headerBytes(this.requestId));
