@@ -187,29 +187,18 @@ class Index {
   void Match(const uint64_t* keys, size_t n, const int32_t* cands, size_t nc, uint32_t* matched,
              uint32_t* tiers) {
     bool dups = false;
-    if (BeginMatch(cands, nc, matched, tiers, &dups)) Walk(keys, n, matched, tiers, [](size_t) {});
+    if (BeginMatch(cands, nc, matched, tiers, &dups)) Walk(keys, n, matched, tiers);
     if (dups) CopyDuplicates(cands, nc, matched, tiers);
   }
 
-  // Approximate mode in one pass: hashes the prompt's full blocks into out
-  // (as HashPrompt does) while matching them. Each block is hashed just before
-  // its slot is prefetched, so the hashing arithmetic overlaps the walk's
-  // memory waits instead of running before it; blocks past the end of the walk
-  // are hashed afterwards. Same results as HashPrompt followed by Match.
+  // Approximate mode: hashes the prompt's full blocks into out (HashPrompt),
+  // then matches them. (Hashing inside the walk, a few blocks ahead of it, was
+  // tried and measured slower: the serial hash chain and the probes compete
+  // for the same out-of-order window.)
   void MatchPrompt(const uint8_t* p, size_t len, size_t block_size, uint64_t seed, uint64_t* out,
                    const int32_t* cands, size_t nc, uint32_t* matched, uint32_t* tiers) {
-    const size_t n = len / block_size;
-    uint64_t h = seed;
-    size_t hashed = 0;
-    const auto hash_next = [&](size_t b) {  // called for b = 0, 1, 2, ... in order
-      h = ChainHash(h, ContentHash(p + b * block_size, block_size));
-      out[b] = h;
-      hashed = b + 1;
-    };
-    bool dups = false;
-    if (BeginMatch(cands, nc, matched, tiers, &dups)) Walk(out, n, matched, tiers, hash_next);
-    while (hashed < n) hash_next(hashed);
-    if (dups) CopyDuplicates(cands, nc, matched, tiers);
+    const size_t n = HashPrompt(p, len, block_size, seed, out);
+    Match(out, n, cands, nc, matched, tiers);
   }
 
  private:
@@ -238,23 +227,13 @@ class Index {
     return distinct != 0;
   }
 
-  // The walk: block b's key must be in keys[b] once ready(b) has returned;
-  // ready is called for b = 0, 1, 2, ... in order, kAhead blocks ahead of the
-  // examined block. Software pipeline: the slot of block b+32 and the holder
-  // array of block b+12 are fetched while block b is examined (32 measured a
-  // little better than 16 on a shared 2-core VM, where misses take longer).
-  template <typename Ready>
-  void Walk(const uint64_t* keys, size_t n, uint32_t* matched, uint32_t* tiers, Ready&& ready) {
+  // The walk. Software pipeline: the slot of block b+kAhead and the holder
+  // array of block b+kAheadHolders are fetched while block b is examined.
+  void Walk(const uint64_t* keys, size_t n, uint32_t* matched, uint32_t* tiers) {
     constexpr size_t kAhead = 32, kAheadHolders = 12;
-    for (size_t b = 0; b < n && b < kAhead; b++) {
-      ready(b);
-      __builtin_prefetch(&slots_[Home(keys[b])]);
-    }
+    for (size_t b = 0; b < n && b < kAhead; b++) __builtin_prefetch(&slots_[Home(keys[b])]);
     for (size_t b = 0; b < n; b++) {
-      if (b + kAhead < n) {
-        ready(b + kAhead);
-        __builtin_prefetch(&slots_[Home(keys[b + kAhead])]);
-      }
+      if (b + kAhead < n) __builtin_prefetch(&slots_[Home(keys[b + kAhead])]);
       if (b + kAheadHolders < n) {
         const Slot& ahead = slots_[Home(keys[b + kAheadHolders])];
         if (ahead.count > 1 && ahead.key == keys[b + kAheadHolders]) __builtin_prefetch(&arena_[ahead.ref]);
