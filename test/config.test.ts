@@ -57,6 +57,7 @@ t.test('every problem is reported at once, each with its field path', async (t) 
     ['pools[1].name', /duplicate pool name "p1"/],
     ['pools[1].endpoints', /is required/],
     ['scheduling.scorers[0].weight', /number in \[0/],
+    ['scheduling.scorers[0]', /params.blockSize must be an integer/],
     ['scheduling.scorers[1]', /unknown scorer type "telepathy"/],
     ['scheduling.picker', /params.epsilon/],
     ['proxy.maxRetries', /integer in \[0, 10\]/],

@@ -113,3 +113,55 @@ t.test('a slow body that keeps making progress is not cut off', async (t) => {
   t.equal(r.body, body, 'whole body');
   t.ok(r.ms > LIMIT * 2, `took ${r.ms.toFixed(0)} ms, longer than the limit in total`);
 });
+
+t.test('bodyTimeoutMs 0 means no body timeout: gaps between chunks never cut a stream', async (t) => {
+  const body = '0123456789';
+  const set = await server(t, (sock) => {
+    sock.write(`HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: ${body.length}\r\n\r\n`);
+    let i = 0;
+    const next = () => {
+      if (sock.destroyed) return;
+      sock.write(body[i++]);
+      if (i < body.length) setTimeout(next, 30);
+    };
+    setTimeout(next, 30);
+  });
+  const client = new H1UpstreamClient({ ...DEFAULTS.proxy, headersTimeoutMs: LIMIT, bodyTimeoutMs: 0 });
+  t.teardown(() => client.close());
+  const r = await collect(client, set);
+  t.equal(r.error, undefined, `no timeout (${r.error?.message})`);
+  t.equal(r.body, body, 'whole body');
+});
+
+t.test('a call paused for a slow client is not timed out while paused', async (t) => {
+  const set = await server(t, (sock) => {
+    sock.write('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nab');
+    setTimeout(() => sock.destroyed || sock.write('cd'), LIMIT * 2.5);
+  });
+  const client = new H1UpstreamClient(cfg);
+  t.teardown(() => client.close());
+  const t0 = performance.now();
+  const r = await new Promise<Result>((resolve) => {
+    const res: Result = { status: 0, body: '', ms: 0 };
+    // eslint-disable-next-line prefer-const
+    let call: ReturnType<H1UpstreamClient['send']>;
+    const sink: UpstreamSink = {
+      onUpstreamHeaders: (status) => {
+        res.status = status;
+      },
+      onUpstreamData: (chunk) => {
+        res.body += chunk.toString('latin1');
+        if (res.body === 'ab') {
+          // the client stops reading for longer than the body timeout, then resumes
+          call.pause();
+          setTimeout(() => call.resume(), LIMIT * 2);
+        }
+      },
+      onUpstreamEnd: () => resolve(((res.ms = performance.now() - t0), res)),
+      onUpstreamError: (err) => resolve(((res.error = err), res)),
+    };
+    call = client.send(set.all[0], { method: 'POST', path: '/x', headers: ['content-type', 'application/json'], body: Buffer.from('{}') }, sink);
+  });
+  t.equal(r.error, undefined, `no timeout (${r.error?.message})`);
+  t.equal(r.body, 'abcd', 'whole body');
+});

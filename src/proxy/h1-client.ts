@@ -94,7 +94,12 @@ class H1Call implements UpstreamCall {
   resume(): void {
     if (!this.paused) return;
     this.paused = false;
-    this.conn?.socket.resume();
+    const conn = this.conn;
+    if (conn) {
+      // the pause was the client's doing: the body timeout starts afresh
+      conn.activeAt = conn.pool.clock;
+      conn.socket.resume();
+    }
   }
 
   abort(): void {
@@ -156,6 +161,8 @@ class H1Conn {
   /** Called by the pool's timer: fails a call whose phase saw no progress for its limit. */
   checkTimeout(now: number, slackMs: number): void {
     if (this.dead || (this.call === null && this.connected)) return;
+    // 0 = no limit for this phase; a call paused for a slow client receives nothing by design
+    if (this.limitMs === 0 || (this.call !== null && this.call.paused)) return;
     // activeAt is the clock of the tick before the progress: allow one tick so nothing ends early
     if (now - this.activeAt <= this.limitMs + slackMs) return;
     if (this.call) this.#fail(new UpstreamSocketError(this.connected ? 'timed out waiting for the endpoint' : 'connect timeout', 'ETIMEDOUT'));
@@ -448,7 +455,9 @@ class H1Pool {
     this.port = Number(u.port || (u.protocol === 'https:' ? 443 : 80));
     this.hostHeader = u.host;
     this.cfg = cfg;
-    const shortest = Math.min(cfg.connectTimeoutMs, cfg.headersTimeoutMs, cfg.bodyTimeoutMs);
+    // 0 disables a limit: it does not count towards the tick
+    const limits = [cfg.connectTimeoutMs, cfg.headersTimeoutMs, cfg.bodyTimeoutMs].filter((ms) => ms > 0);
+    const shortest = limits.length ? Math.min(...limits) : MAX_TICK_MS * 8;
     this.#tickMs = Math.max(5, Math.min(MAX_TICK_MS, Math.floor(shortest / 8)));
   }
 

@@ -49,11 +49,12 @@ export function numParam(
   min: number,
   max: number,
   problems: string[],
+  integer = false,
 ): void {
   const v = params[key];
   if (v === undefined) return;
-  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) {
-    problems.push(`params.${key} must be a number in [${min}, ${max}] (got ${JSON.stringify(v)})`);
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max || (integer && !Number.isInteger(v))) {
+    problems.push(`params.${key} must be ${integer ? 'an integer' : 'a number'} in [${min}, ${max}] (got ${JSON.stringify(v)})`);
   }
 }
 

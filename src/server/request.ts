@@ -191,7 +191,13 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
             this.internalError(err);
           }
         },
-        (err: Error) => this.#onAdmission({ admitted: false, status: 503, message: `admission failed: ${err.message}`, reason: 'gate-error' }),
+        (err: Error) => {
+          try {
+            this.#onAdmission({ admitted: false, status: 503, message: `admission failed: ${err.message}`, reason: 'gate-error' });
+          } catch (e) {
+            this.internalError(e);
+          }
+        },
       );
     } else this.#onAdmission(a as Admission);
   }
@@ -259,13 +265,21 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
 
   #retry(reason: string): void {
     this.#errorMessage = reason;
+    // nothing of the failed attempt's answer (status, a buffered error body) carries over
+    this.#status = 0;
+    this.#errorBody = null;
     this.#call?.abort();
     this.#call = null;
     this.#release('failed');
     (this.#tried ??= []).push(this.endpoint);
     this.#attempts++;
     this.core.metrics.retries++;
-    this.#dispatch();
+    // runs inside upstream socket callbacks: a throwing plugin or gate must answer 500, not crash
+    try {
+      this.#dispatch();
+    } catch (err) {
+      this.internalError(err);
+    }
   }
 
   /** Completes the scheduler's accounting for the current attempt (once). */
@@ -288,10 +302,8 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     this.#contentType = contentType === '' ? 'application/json' : contentType;
     this.#sse = contentType.startsWith('text/event-stream');
     this.#upstreamLength = contentLength;
-    if (status >= 400 && !this.#contentType.startsWith('text/event-stream') && contentLength <= MAX_ERROR_BODY) {
-      this.#errorBody = [];
-      this.#errorBytes = 0;
-    }
+    this.#errorBytes = 0;
+    this.#errorBody = status >= 400 && !this.#sse && contentLength <= MAX_ERROR_BODY ? [] : null;
   }
 
   onUpstreamData(chunk: Buffer): void {
@@ -327,8 +339,11 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
       if (eb !== null) {
         this.#errorBody = null;
         const raw = eb.length === 1 ? eb[0]! : Buffer.concat(eb);
-        curChunk = normalizeErrorBody(raw.toString('utf8'), this.#status) ?? raw;
-        this.#contentType = 'application/json';
+        const fixed = normalizeErrorBody(raw.toString('utf8'), this.#status);
+        if (fixed !== null) {
+          curChunk = fixed;
+          this.#contentType = 'application/json';
+        } else curChunk = raw;
       }
       this.res.cork(corkedEnd);
     }

@@ -107,7 +107,7 @@ export const prefixCacheScorer: PluginFactory<'scorer'> = {
   validate: (p) => {
     const out: string[] = [];
     knownParams(p, ['blockSize', 'saturatedQueue'], out);
-    numParam(p, 'blockSize', 1, 1 << 20, out);
+    numParam(p, 'blockSize', 1, 1 << 20, out, true);
     numParam(p, 'saturatedQueue', 0, 1e9, out);
     return out;
   },
