@@ -293,11 +293,11 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
 
   onUpstreamHeaders(status: number, contentType: string, contentLength: number): void {
     if (this.aborted) return;
-    this.core.metrics.ttft[this.endpoint.id].observe((performance.now() - this.#dispatchedAt) / 1000);
     if (status >= 500 && this.#canRetry()) {
       this.#retry(`endpoint ${this.endpoint.name} answered HTTP ${status}`);
       return;
     }
+    this.core.metrics.ttft[this.endpoint.id].observe((performance.now() - this.#dispatchedAt) / 1000);
     this.#status = status;
     this.#contentType = contentType === '' ? 'application/json' : contentType;
     this.#sse = contentType.startsWith('text/event-stream');
@@ -431,6 +431,9 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   #finish(outcome: Outcome, status: number): void {
     if (this.#done) return;
     this.#done = true;
+    // the body is no longer needed (no retry after this); module-level cork state may keep this object alive
+    this.#raw = null;
+    this.#promptCopy = null;
     this.#release(outcome);
     const core = this.core;
     if (this.#admitted) {
