@@ -256,7 +256,9 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     const headers = this.authorization
       ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
       : ['content-type', 'application/json', 'x-request-id', this.requestId];
-    this.#call = core.upstream.send(this.endpoint, { method: 'POST', path: this.path, headers, body: this.#raw }, this);
+    const call = core.upstream.send(this.endpoint, { method: 'POST', path: this.path, headers, body: this.#raw }, this);
+    // a client may fail the call synchronously (a closed pool): the nested retry or end already took over
+    if (this.#call === null && !this.#done) this.#call = call;
   }
 
   #canRetry(): boolean {
