@@ -6,7 +6,7 @@ import t from 'tap';
 import { createServer, type Server, type Socket } from 'node:net';
 import { H1UpstreamClient } from '../src/proxy/h1-client.js';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
-import type { UpstreamSink } from '../src/proxy/upstream.js';
+import type { UpstreamCall, UpstreamSink } from '../src/proxy/upstream.js';
 import { DEFAULTS } from '../src/config/schema.js';
 
 interface Result {
@@ -16,7 +16,7 @@ interface Result {
   error?: Error & { code?: string };
 }
 
-function collect(client: H1UpstreamClient, set: EndpointSet): Promise<Result> {
+function collect(client: H1UpstreamClient, set: EndpointSet, onData?: (r: Result, call: UpstreamCall) => void): Promise<Result> {
   const t0 = performance.now();
   return new Promise((resolve) => {
     const r: Result = { status: 0, body: '', ms: 0 };
@@ -26,6 +26,7 @@ function collect(client: H1UpstreamClient, set: EndpointSet): Promise<Result> {
       },
       onUpstreamData: (chunk) => {
         r.body += chunk.toString('latin1');
+        onData?.(r, call);
       },
       onUpstreamEnd: () => {
         r.ms = performance.now() - t0;
@@ -37,7 +38,7 @@ function collect(client: H1UpstreamClient, set: EndpointSet): Promise<Result> {
         resolve(r);
       },
     };
-    client.send(set.all[0], { method: 'POST', path: '/x', headers: ['content-type', 'application/json'], body: Buffer.from('{}') }, sink);
+    const call = client.send(set.all[0], { method: 'POST', path: '/x', headers: ['content-type', 'application/json'], body: Buffer.from('{}') }, sink);
   });
 }
 
@@ -140,27 +141,12 @@ t.test('a call paused for a slow client is not timed out while paused', async (t
   });
   const client = new H1UpstreamClient(cfg);
   t.teardown(() => client.close());
-  const t0 = performance.now();
-  const r = await new Promise<Result>((resolve) => {
-    const res: Result = { status: 0, body: '', ms: 0 };
-    // eslint-disable-next-line prefer-const
-    let call: ReturnType<H1UpstreamClient['send']>;
-    const sink: UpstreamSink = {
-      onUpstreamHeaders: (status) => {
-        res.status = status;
-      },
-      onUpstreamData: (chunk) => {
-        res.body += chunk.toString('latin1');
-        if (res.body === 'ab') {
-          // the client stops reading for longer than the body timeout, then resumes
-          call.pause();
-          setTimeout(() => call.resume(), LIMIT * 2);
-        }
-      },
-      onUpstreamEnd: () => resolve(((res.ms = performance.now() - t0), res)),
-      onUpstreamError: (err) => resolve(((res.error = err), res)),
-    };
-    call = client.send(set.all[0], { method: 'POST', path: '/x', headers: ['content-type', 'application/json'], body: Buffer.from('{}') }, sink);
+  const r = await collect(client, set, (res, call) => {
+    if (res.body === 'ab') {
+      // the client stops reading for longer than the body timeout, then resumes
+      call.pause();
+      setTimeout(() => call.resume(), LIMIT * 2);
+    }
   });
   t.equal(r.error, undefined, `no timeout (${r.error?.message})`);
   t.equal(r.body, 'abcd', 'whole body');

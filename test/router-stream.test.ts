@@ -1,39 +1,21 @@
 // Streaming relay, client aborts and failover over loopback against simulated
 // engines.
 import t from 'tap';
+import { startTestRouter, validatePlugin } from './router-util.js';
 import { startFleet, type SimFleet, type FleetOptions } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
-import { registry } from '../src/scheduler/builtins.js';
 import { startRouter, type RunningRouter } from '../src/server/router.js';
 
-const validate = (kind: 'filter' | 'scorer' | 'picker', s: { type: string; params: Record<string, unknown> }) =>
-  registry.validate(kind, s.type, s.params);
+const validate = validatePlugin;
 
-async function setup(
+function setup(
   t: Tap.Test,
   n: number,
   fleetOpts: FleetOptions,
   extra: Record<string, unknown> = {},
   extraEndpoints: { name: string; url: string }[] = [],
 ): Promise<{ fleet: SimFleet; router: RunningRouter; url: string }> {
-  const fleet = await startFleet(n, fleetOpts);
-  const cfg = validateConfig(
-    {
-      apiVersion: API_VERSION,
-      kind: 'Router',
-      proxy: { client: currentClient },
-      pools: [{ name: 'p', models: ['open-model'], endpoints: [...fleet.urls.map((url, i) => ({ name: `e${i}`, url })), ...extraEndpoints] }],
-      logging: { level: 'silent' },
-      ...extra,
-    },
-    validate,
-  );
-  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(async () => {
-    await router.close(200);
-    await fleet.close();
-  });
-  return { fleet, router, url: router.url };
+  return startTestRouter(t, { n, fleet: fleetOpts, extra: { proxy: { client: currentClient }, ...extra }, extraEndpoints });
 }
 
 let currentClient: 'h1' | 'undici' = 'h1';

@@ -2,36 +2,17 @@
 // input gets OpenAI error JSON with the right status, headers, and the
 // non-inference endpoints.
 import t from 'tap';
+import { startTestRouter, validatePlugin } from './router-util.js';
 import { connect } from 'node:net';
 import { startFleet } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
-import { registry } from '../src/scheduler/builtins.js';
 import { startRouter } from '../src/server/router.js';
 import type { AbortLike, Admission, RequestInfo } from '../src/server/gate.js';
 
-const validate = (kind: 'filter' | 'scorer' | 'picker', s: { type: string; params: Record<string, unknown> }) =>
-  registry.validate(kind, s.type, s.params);
+const validate = validatePlugin;
 
-async function setup(t: Tap.Test, extra: Record<string, unknown> = {}, pools?: (urls: string[]) => unknown) {
-  const fleet = await startFleet(2, { timeScale: 0 });
-  const cfg = validateConfig(
-    {
-      apiVersion: API_VERSION,
-      kind: 'Router',
-      pools: pools
-        ? pools(fleet.urls)
-        : [{ name: 'p', models: ['open-model'], endpoints: fleet.urls.map((url, i) => ({ name: `e${i}`, url })) }],
-      logging: { level: 'silent' },
-      ...extra,
-    },
-    validate,
-  );
-  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(async () => {
-    await router.close(200);
-    await fleet.close();
-  });
-  return { fleet, router, url: router.url };
+function setup(t: Tap.Test, extra: Record<string, unknown> = {}, pools?: (urls: string[]) => unknown) {
+  return startTestRouter(t, { n: 2, fleet: { timeScale: 0 }, extra, pools });
 }
 
 async function post(url: string, body: string, headers: Record<string, string> = {}) {

@@ -1,0 +1,44 @@
+// Shared setup for router tests: a simulated fleet and a router in front of it,
+// both on loopback ports the OS picks, torn down with the test.
+import { startFleet, type SimFleet, type FleetOptions } from '../src/sim/index.js';
+import { validateConfig, API_VERSION } from '../src/config/schema.js';
+import { registry } from '../src/scheduler/builtins.js';
+import { startRouter, type RunningRouter } from '../src/server/router.js';
+
+/** Plugin validation as `switchyard serve` does it. */
+export const validatePlugin = (kind: 'filter' | 'scorer' | 'picker', s: { type: string; params: Record<string, unknown> }) =>
+  registry.validate(kind, s.type, s.params);
+
+export interface TestRouterOptions {
+  /** Engines in the fleet (default 2). */
+  n?: number;
+  fleet?: FleetOptions;
+  /** Top-level config fields merged over the defaults (proxy, scheduling, flowControl, ...). */
+  extra?: Record<string, unknown>;
+  /** Builds `pools` from the fleet's URLs; default: one pool `p` serving open-model. */
+  pools?: (urls: string[]) => unknown;
+  /** Endpoints appended to the default pool (e.g. a dead one). */
+  extraEndpoints?: { name: string; url: string }[];
+}
+
+export async function startTestRouter(t: Tap.Test, o: TestRouterOptions = {}): Promise<{ fleet: SimFleet; router: RunningRouter; url: string }> {
+  const fleet = await startFleet(o.n ?? 2, o.fleet ?? { timeScale: 0 });
+  const cfg = validateConfig(
+    {
+      apiVersion: API_VERSION,
+      kind: 'Router',
+      pools: o.pools
+        ? o.pools(fleet.urls)
+        : [{ name: 'p', models: ['open-model'], endpoints: [...fleet.urls.map((url, i) => ({ name: `e${i}`, url })), ...(o.extraEndpoints ?? [])] }],
+      logging: { level: 'silent' },
+      ...o.extra,
+    },
+    validatePlugin,
+  );
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(async () => {
+    await router.close(200);
+    await fleet.close();
+  });
+  return { fleet, router, url: router.url };
+}
