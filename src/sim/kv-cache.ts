@@ -30,17 +30,16 @@ export interface KvLease {
 const HASH_SCALE = 2 ** 21;
 
 /**
- * Chain-hashes the full blocks of `bytes[0, len)` into `out` (53-bit integers),
- * returns the number of full blocks. `blockBytes` = blockSize × 4.
+ * The chain hash: per full block of `blockLen` values of `src[0, len)`, two
+ * 32-bit lanes seeded with (h1, h2) and carried from block to block, folded
+ * into a 53-bit integer in `out`. Returns the number of full blocks.
  */
-export function hashByteBlocks(bytes: Uint8Array, len: number, blockBytes: number, out: number[]): number {
-  const n = Math.floor(len / blockBytes);
-  let h1 = 0x811c9dc5;
-  let h2 = 0x2545f491;
+function chainHash(src: ArrayLike<number>, len: number, blockLen: number, h1: number, h2: number, out: number[]): number {
+  const n = Math.floor(len / blockLen);
   for (let b = 0; b < n; b++) {
-    const end = (b + 1) * blockBytes;
-    for (let i = b * blockBytes; i < end; i++) {
-      const c = bytes[i]!;
+    const end = (b + 1) * blockLen;
+    for (let i = b * blockLen; i < end; i++) {
+      const c = src[i]! | 0;
       h1 = Math.imul(h1 ^ c, 0x01000193);
       h2 = Math.imul(h2 ^ c, 0x5bd1e995);
       h2 ^= h2 >>> 15;
@@ -53,25 +52,18 @@ export function hashByteBlocks(bytes: Uint8Array, len: number, blockBytes: numbe
   return n;
 }
 
-/** Same chain hash over token ids (a prompt given as integers), blockSize ids per block. */
+/**
+ * Chain-hashes the full blocks of `bytes[0, len)` into `out` (53-bit integers),
+ * returns the number of full blocks. `blockBytes` = blockSize × 4.
+ */
+export function hashByteBlocks(bytes: Uint8Array, len: number, blockBytes: number, out: number[]): number {
+  return chainHash(bytes, len, blockBytes, 0x811c9dc5, 0x2545f491, out);
+}
+
+/** Same chain hash over token ids (a prompt given as integers), blockSize ids per block; its own seeds, so
+ * a token-id prompt never shares blocks with a text prompt. */
 export function hashTokenBlocks(ids: ArrayLike<number>, blockSize: number, out: number[]): number {
-  const n = Math.floor(ids.length / blockSize);
-  let h1 = 0x6a09e667;
-  let h2 = 0x3c6ef372;
-  for (let b = 0; b < n; b++) {
-    const end = (b + 1) * blockSize;
-    for (let i = b * blockSize; i < end; i++) {
-      const c = ids[i]! | 0;
-      h1 = Math.imul(h1 ^ c, 0x01000193);
-      h2 = Math.imul(h2 ^ c, 0x5bd1e995);
-      h2 ^= h2 >>> 15;
-    }
-    h1 = Math.imul(h1 ^ (h1 >>> 16), 0x85ebca6b);
-    h2 = Math.imul(h2 ^ (h2 >>> 13), 0xc2b2ae35);
-    out[b] = (h1 >>> 0) * HASH_SCALE + ((h2 >>> 0) & (HASH_SCALE - 1));
-  }
-  out.length = n;
-  return n;
+  return chainHash(ids, ids.length, blockSize, 0x6a09e667, 0x3c6ef372, out);
 }
 
 export const BLOCK_BYTES_PER_TOKEN = BYTES_PER_TOKEN;
