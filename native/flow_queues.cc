@@ -168,6 +168,23 @@ bool ArgU32Array(const Napi::CallbackInfo& info, size_t i, const char* name, uin
   return true;
 }
 
+// Reads the (records: Uint32Array, count) pair of the batch calls at arguments 1
+// and 2: count records of kRecordWords words must fit. Throws and returns false otherwise.
+bool ArgRecordBatch(const Napi::CallbackInfo& info, const char* arrName, const char* countName, uint32_t** data,
+                    uint32_t* count) {
+  size_t len;
+  double n;
+  if (!ArgU32Array(info, 1, arrName, data, &len)) return false;
+  if (!ArgInt(info, 2, countName, 0, 4294967295.0, &n)) return false;
+  if (n * kRecordWords > static_cast<double>(len)) {
+    ThrowRange(info.Env(), std::string(arrName) + " holds " + std::to_string(len / kRecordWords) + " records, " +
+                               countName + " is " + std::to_string(static_cast<uint64_t>(n)));
+    return false;
+  }
+  *count = static_cast<uint32_t>(n);
+  return true;
+}
+
 uint32_t RoundUpPow2(uint32_t v) {
   uint32_t p = 2;
   while (p < v) p <<= 1;
@@ -302,18 +319,12 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
     const int64_t f = FlowArg(info, 0);
     if (f < 0) return env.Undefined();
     uint32_t* data;
-    size_t len;
-    if (!ArgU32Array(info, 1, "records", &data, &len)) return env.Undefined();
-    double count;
-    if (!ArgInt(info, 2, "count", 0, 4294967295.0, &count)) return env.Undefined();
-    if (count * kRecordWords > static_cast<double>(len)) {
-      return ThrowRange(env, "records holds " + std::to_string(len / kRecordWords) + " records, count is " +
-                                 std::to_string(static_cast<uint64_t>(count)));
-    }
+    uint32_t count;
+    if (!ArgRecordBatch(info, "records", "count", &data, &count)) return env.Undefined();
     if (count == 0) return Napi::Number::New(env, 0);
     Ring* ring = PushRing(env, f);
     if (ring == nullptr) return env.Undefined();
-    const uint32_t pushed = ring->TryPushMany(data, static_cast<uint32_t>(count));
+    const uint32_t pushed = ring->TryPushMany(data, count);
     return Napi::Number::New(env, pushed);
   }
 
@@ -323,16 +334,10 @@ class FlowQueuesWrap : public Napi::ObjectWrap<FlowQueuesWrap> {
     const int64_t f = FlowArg(info, 0);
     if (f < 0) return env.Undefined();
     uint32_t* data;
-    size_t len;
-    if (!ArgU32Array(info, 1, "out", &data, &len)) return env.Undefined();
-    double max;
-    if (!ArgInt(info, 2, "max", 0, 4294967295.0, &max)) return env.Undefined();
-    if (max * kRecordWords > static_cast<double>(len)) {
-      return ThrowRange(env, "out holds " + std::to_string(len / kRecordWords) + " records, max is " +
-                                 std::to_string(static_cast<uint64_t>(max)));
-    }
+    uint32_t max;
+    if (!ArgRecordBatch(info, "out", "max", &data, &max)) return env.Undefined();
     Ring* ring = region_->Get(static_cast<uint32_t>(f));
-    const uint32_t popped = ring == nullptr ? 0 : ring->TryPopMany(data, static_cast<uint32_t>(max));
+    const uint32_t popped = ring == nullptr ? 0 : ring->TryPopMany(data, max);
     return Napi::Number::New(env, popped);
   }
 
