@@ -70,6 +70,20 @@ async function server(t: Tap.Test, onRequest: (sock: Socket) => void): Promise<E
   return new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
 }
 
+/** A request handler that answers `body` one byte every `gapMs`. */
+function trickle(body: string, gapMs: number) {
+  return (sock: Socket) => {
+    sock.write(`HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: ${body.length}\r\n\r\n`);
+    let i = 0;
+    const next = () => {
+      if (sock.destroyed) return;
+      sock.write(body[i++]);
+      if (i < body.length) setTimeout(next, gapMs);
+    };
+    setTimeout(next, gapMs);
+  };
+}
+
 const LIMIT = 200;
 const cfg = { ...DEFAULTS.proxy, headersTimeoutMs: LIMIT, bodyTimeoutMs: LIMIT };
 
@@ -97,16 +111,7 @@ t.test('a body that stalls halfway times out after bodyTimeoutMs', async (t) => 
 
 t.test('a slow body that keeps making progress is not cut off', async (t) => {
   const body = '0123456789';
-  const set = await server(t, (sock) => {
-    sock.write(`HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: ${body.length}\r\n\r\n`);
-    let i = 0;
-    const next = () => {
-      if (sock.destroyed) return;
-      sock.write(body[i++]);
-      if (i < body.length) setTimeout(next, LIMIT / 4);
-    };
-    setTimeout(next, LIMIT / 4);
-  });
+  const set = await server(t, trickle(body, LIMIT / 4));
   const client = new H1UpstreamClient(cfg);
   t.teardown(() => client.close());
   const r = await collect(client, set);
@@ -117,16 +122,7 @@ t.test('a slow body that keeps making progress is not cut off', async (t) => {
 
 t.test('bodyTimeoutMs 0 means no body timeout: gaps between chunks never cut a stream', async (t) => {
   const body = '0123456789';
-  const set = await server(t, (sock) => {
-    sock.write(`HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: ${body.length}\r\n\r\n`);
-    let i = 0;
-    const next = () => {
-      if (sock.destroyed) return;
-      sock.write(body[i++]);
-      if (i < body.length) setTimeout(next, 30);
-    };
-    setTimeout(next, 30);
-  });
+  const set = await server(t, trickle(body, 30));
   const client = new H1UpstreamClient({ ...DEFAULTS.proxy, headersTimeoutMs: LIMIT, bodyTimeoutMs: 0 });
   t.teardown(() => client.close());
   const r = await collect(client, set);
