@@ -5,11 +5,13 @@
 // through Switchyard, nginx (proxy_pass, upstream keepalive) and HAProxy, in
 // one run. Every proxy runs as one process with one worker thread.
 //
-//   node dist/bench/overhead-proxies.js [--seconds 5] [--concurrency 16,64,256]
+//   node dist/bench/overhead-proxies.js [--seconds 4] [--rounds 3] [--concurrency 16,64,256]
 import { CLI, freePort, start, waitReady, type Proc } from './lib/proc.js';
 import { startHaproxy, startNginx } from './lib/proxies.js';
 import { hasWrk, runWrk, type WrkResult } from './lib/wrk.js';
-import { fmt } from './lib/stats.js';
+import { fmt, quantile } from './lib/stats.js';
+
+const median = (xs: number[]) => quantile(xs, 0.5);
 
 export interface OverheadRow {
   target: string;
@@ -20,6 +22,8 @@ export interface OverheadRow {
   addedP50Us: number;
   addedP99Us: number;
   errors: number;
+  /** req/s of each round, in round order (the order of targets rotates per round). */
+  roundRps: number[];
 }
 
 export const REQUEST_BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the router benchmark.', max_tokens: 8 });
@@ -29,8 +33,9 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
     const i = argv.indexOf(name);
     return i >= 0 ? argv[i + 1] : undefined;
   };
-  const seconds = Number(arg('--seconds') ?? 5);
+  const seconds = Number(arg('--seconds') ?? 4);
   const levels = (arg('--concurrency') ?? '16,64,256').split(',').map(Number);
+  const rounds = Number(arg('--rounds') ?? 3);
   const notes: string[] = [];
   if (!(await hasWrk())) throw new Error('wrk is not installed: `apt-get install -y wrk` (Debian) and run again');
   const enginePort = await freePort();
@@ -58,28 +63,40 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
       targets.push({ name: 'haproxy', port: haPort });
     } else notes.push('haproxy is not installed (`apt-get install -y haproxy`): skipped');
 
+    // The machine is shared and its speed drifts by up to 2x over seconds, so
+    // every level runs `rounds` rounds, each visiting all targets in an order
+    // rotated per round; a target's figures are the medians over its rounds.
     const rows: OverheadRow[] = [];
     for (const c of levels) {
-      const results = new Map<string, WrkResult>();
-      for (const t of targets) {
-        const url = `http://127.0.0.1:${t.port}/v1/completions`;
-        await runWrk(url, REQUEST_BODY, { connections: c, seconds: 1 }); // warm-up
-        results.set(t.name, await runWrk(url, REQUEST_BODY, { connections: c, seconds }));
+      const runs = new Map<string, WrkResult[]>(targets.map((t) => [t.name, []]));
+      for (let round = 0; round < rounds; round++) {
+        for (let k = 0; k < targets.length; k++) {
+          const t = targets[(k + round) % targets.length];
+          const url = `http://127.0.0.1:${t.port}/v1/completions`;
+          await runWrk(url, REQUEST_BODY, { connections: c, seconds: 1 }); // warm-up
+          const r = await runWrk(url, REQUEST_BODY, { connections: c, seconds });
+          runs.get(t.name)!.push(r);
+          console.error(`overhead c=${c} round ${round + 1} ${t.name}: ${fmt(r.rps, 0)} req/s, p50 ${r.p50Us} µs, p99 ${r.p99Us} µs, errors ${r.errors + r.non2xx}`);
+        }
       }
-      const d = results.get('direct')!;
+      const med = (name: string, f: (r: WrkResult) => number) => median(runs.get(name)!.map(f));
+      const dP50 = med('direct', (r) => r.p50Us);
+      const dP99 = med('direct', (r) => r.p99Us);
       for (const t of targets) {
-        const r = results.get(t.name)!;
+        const rs = runs.get(t.name)!;
+        const p50 = med(t.name, (r) => r.p50Us);
+        const p99 = med(t.name, (r) => r.p99Us);
         rows.push({
           target: t.name,
           concurrency: c,
-          rps: r.rps,
-          p50Us: r.p50Us,
-          p99Us: r.p99Us,
-          addedP50Us: r.p50Us - d.p50Us,
-          addedP99Us: r.p99Us - d.p99Us,
-          errors: r.errors + r.non2xx,
+          rps: med(t.name, (r) => r.rps),
+          p50Us: p50,
+          p99Us: p99,
+          addedP50Us: p50 - dP50,
+          addedP99Us: p99 - dP99,
+          errors: rs.reduce((a, r) => a + r.errors + r.non2xx, 0),
+          roundRps: rs.map((r) => Math.round(r.rps)),
         });
-        console.error(`overhead c=${c} ${t.name}: ${fmt(r.rps, 0)} req/s, p50 ${r.p50Us} µs, p99 ${r.p99Us} µs, errors ${r.errors + r.non2xx}`);
       }
     }
     return { rows, notes };
@@ -89,10 +106,10 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
 }
 
 export function overheadTable(rows: OverheadRow[]): string {
-  let md = '| concurrency | target | req/s | vs nginx | p50 (µs) | p99 (µs) | added p50 (µs) | added p99 (µs) | errors |\n|---|---|---|---|---|---|---|---|---|\n';
+  let md = '| concurrency | target | req/s | vs nginx | p50 (µs) | p99 (µs) | added p50 (µs) | added p99 (µs) | errors | req/s per round |\n|---|---|---|---|---|---|---|---|---|---|\n';
   for (const r of rows) {
     const ng = rows.find((x) => x.target === 'nginx' && x.concurrency === r.concurrency);
-    md += `| ${r.concurrency} | ${r.target} | ${fmt(r.rps, 0)} | ${ng ? fmt(r.rps / ng.rps, 2) + '×' : '—'} | ${r.p50Us} | ${r.p99Us} | ${r.target === 'direct' ? '—' : r.addedP50Us} | ${r.target === 'direct' ? '—' : r.addedP99Us} | ${r.errors} |\n`;
+    md += `| ${r.concurrency} | ${r.target} | ${fmt(r.rps, 0)} | ${ng ? fmt(r.rps / ng.rps, 2) + '×' : '—'} | ${r.p50Us} | ${r.p99Us} | ${r.target === 'direct' ? '—' : r.addedP50Us} | ${r.target === 'direct' ? '—' : r.addedP99Us} | ${r.errors} | ${r.roundRps.join(' / ')} |\n`;
   }
   return md;
 }
