@@ -259,3 +259,25 @@ t.test('Prometheus text parser and engine metrics (vLLM current and old names, S
   t.same(all.map((s) => [s.name, s.value]), [['a', 1], ['b', NaN], ['c', Infinity], ['d', -1000]]);
   t.equal(indexBlocksFor(2048, 16, 64), 2048, '2048 blocks × 16 tokens × 4 bytes / 64-byte index blocks');
 });
+
+t.test('prefix-cache scorer: a failed dispatch forgets only the blocks it recorded', async (t) => {
+  const s = createScheduler({ pools: pools(2), scheduling: { filters: ['model'], scorers: [{ type: 'prefix-cache', weight: 1 }] } }, { watch: false, random: lcg(4) });
+  t.teardown(() => s.close());
+  const base = longPrompt('shared');
+  const longer = enc.encode(`${'shared '.repeat(200)}${'question '.repeat(100)}`);
+  const d1 = s.pick({ model: 'm', prompt: base })!;
+  const holder = d1.endpoint;
+  s.complete(d1, 'ok', { model: 'm', prompt: base }); // an ok outcome never forgets, with or without the request
+  const other = s.endpoints.all.find((e) => e !== holder)!;
+  const d2 = s.pick({ model: 'm', prompt: longer }, [other])!;
+  t.equal(d2.endpoint, holder);
+  t.equal(d2.matchedBlocks, d1.promptBlocks, 'the longer prompt starts with the held blocks');
+  t.ok(d2.promptBlocks > d2.matchedBlocks, 'and adds blocks of its own');
+  s.complete(d2, 'failed', { model: 'm', prompt: longer });
+  const d3 = s.pick({ model: 'm', prompt: longer }, [other])!;
+  t.equal(d3.matchedBlocks, d1.promptBlocks, 'after the failure: the blocks held before remain, the new ones are gone');
+  s.complete(d3, 'ok');
+  const d4 = s.pick({ model: 'm', prompt: longer }, [other])!;
+  t.equal(d4.matchedBlocks, d4.promptBlocks, 'a success records them all');
+  s.complete(d4, 'ok');
+});

@@ -17,6 +17,8 @@ export interface PrefixStore {
   match(prompt: Uint8Array, seed: bigint, ids: Int32Array): PrefixMatch;
   /** Records the last match's blocks as held by `endpointId`. */
   recordLast(endpointId: number): void;
+  /** Removes `prompt`'s blocks from `fromBlock` on from what `endpointId` is believed to hold (a failed dispatch). */
+  forget(endpointId: number, prompt: Uint8Array, seed: bigint, fromBlock: number): void;
   setCapacity(endpointId: number, gpuBlocks: number, cpuBlocks: number, diskBlocks: number): void;
   clear(endpointId: number): void;
 }
@@ -43,6 +45,15 @@ export class NativePrefixStore implements PrefixStore {
   recordLast(endpointId: number): void {
     const r = this.#result;
     if (r.hashCount > 0) this.#idx.record(endpointId, r.hashes, r.hashCount);
+  }
+
+  forget(endpointId: number, prompt: Uint8Array, seed: bigint, fromBlock: number): void {
+    const need = Math.floor(prompt.length / this.blockSize);
+    if (need <= fromBlock) return;
+    // cold path (failures only): a scratch array sized to the prompt
+    const hashes = new BigUint64Array(need);
+    const n = this.#idx.hashPrompt(prompt, seed, hashes);
+    if (n > fromBlock) this.#idx.remove(endpointId, hashes.subarray(fromBlock, n));
   }
 
   setCapacity(endpointId: number, gpuBlocks: number, cpuBlocks: number, diskBlocks: number): void {

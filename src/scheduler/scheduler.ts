@@ -143,13 +143,16 @@ export class Scheduler {
    * Reports the end of a picked request: `ok` (the engine answered, any
    * status below 500), `failed` (connect error, reset, 5xx: feeds the circuit
    * breaker) or `aborted` (the client went away: only releases accounting).
+   * With a failure, pass the request again (`req`, same model and prompt as
+   * the pick) so the prefix-cache scorer can forget the blocks this pick
+   * recorded: the engine never computed them.
    */
-  complete(d: Decision, outcome: Outcome): void {
+  complete(d: Decision, outcome: Outcome, req?: SchedRequest): void {
     const ep = d.endpoint;
     const failed = outcome === 'failed';
     if (outcome === 'aborted') ep.onRelease();
     else ep.onOutcome(failed ? performance.now() : 0, failed, this.endpoints.dataLayer); // the clock matters only to the breaker
-    for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onComplete?.(ep, failed);
+    for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onComplete?.(ep, failed, d, failed ? req : undefined);
   }
 
   async close(): Promise<void> {

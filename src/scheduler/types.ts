@@ -11,6 +11,12 @@ export interface SchedRequest {
   prompt?: Uint8Array;
 }
 
+/** Prefix blocks of one pick: hashed from the prompt, and of those, held by the picked endpoint. */
+export interface PickBlocks {
+  promptBlocks: number;
+  matchedBlocks: number;
+}
+
 /** Per-cycle state shared by the plugins of one pick. Reused between cycles: do not keep references. */
 export interface CycleContext {
   request: SchedRequest;
@@ -28,8 +34,12 @@ export interface Plugin {
   readonly name: string;
   /** Called once the picker chose `ep` (at candidate index `index`); the request is being dispatched. */
   onPicked?(ctx: CycleContext, ep: Endpoint, index: number): void;
-  /** Called when a dispatched request finishes (any outcome). */
-  onComplete?(ep: Endpoint, failed: boolean): void;
+  /**
+   * Called when a dispatched request finishes (any outcome). On a failure,
+   * `blocks` is the pick's { promptBlocks, matchedBlocks } and `req` the
+   * request again when the caller passed it to complete() (cold path only).
+   */
+  onComplete?(ep: Endpoint, failed: boolean, blocks?: PickBlocks, req?: SchedRequest): void;
   /** Called when an endpoint's KV-cache geometry (from cache_config_info) is learnt or changes. */
   onCapacity?(ep: Endpoint): void;
   close?(): void;

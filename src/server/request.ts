@@ -288,6 +288,23 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   #release(outcome: Outcome): void {
     if (!this.#picked) return;
     this.#picked = false;
+    if (outcome === 'failed' && (!this.#started || this.#status >= 500) && this.promptBlocks > this.matchedBlocks) {
+      // cold path: the engine never took the prompt, so the prefix scorer
+      // forgets the blocks this pick recorded (it needs the prompt again)
+      const sreq = this.core.schedRequest;
+      sreq.model = this.model;
+      if (this.#promptCopy !== null) sreq.prompt = this.#promptCopy;
+      else {
+        this.#renderPrompt();
+        sreq.prompt = this.core.prompt.view();
+      }
+      try {
+        this.core.scheduler.complete(this, outcome, sreq);
+      } finally {
+        sreq.prompt = undefined;
+      }
+      return;
+    }
     this.core.scheduler.complete(this, outcome);
   }
 

@@ -13,7 +13,7 @@ import type { Endpoint } from '../../endpoints/endpoint.js';
 import { indexBlocksFor } from '../../endpoints/engine-metrics.js';
 import { knownParams, numParam, type PluginFactory } from '../registry.js';
 import { NativePrefixStore, type PrefixStore } from '../prefix-store.js';
-import type { CycleContext, PluginEnv, Scorer } from '../types.js';
+import type { CycleContext, PickBlocks, PluginEnv, SchedRequest, Scorer } from '../types.js';
 import { ensure } from './score-util.js';
 
 function fnv1a64(s: string): bigint {
@@ -90,6 +90,17 @@ export class PrefixCacheScorer implements Scorer {
     if (this.#hashCount === 0) return;
     ctx.matchedBlocks = this.#matched[index];
     this.store.recordLast(ep.id);
+  }
+
+  /**
+   * A dispatch that failed (connect error, reset, 5xx before any byte) never
+   * made the engine compute the prompt: forget the blocks the pick recorded
+   * beyond those the endpoint already held, so the next request for this
+   * prefix is not drawn to an endpoint that lacks it.
+   */
+  onComplete(ep: Endpoint, failed: boolean, blocks?: PickBlocks, req?: SchedRequest): void {
+    if (!failed || blocks === undefined || req?.prompt === undefined) return;
+    if (blocks.promptBlocks > blocks.matchedBlocks) this.store.forget(ep.id, req.prompt, this.#seed(req.model), blocks.matchedBlocks);
   }
 
   /** Applies a configured capacity or one learnt from cache_config_info. */
