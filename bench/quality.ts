@@ -8,20 +8,32 @@
 //   shared-prefix: groups × prompts per group, a long system prompt per group,
 //                  a unique question per prompt, a fixed output length;
 //   multi-turn:    agent sessions that resend their growing history each turn.
-// Reported per run: TTFT p50/p90, end-to-end p50, output tokens/s, prefix-cache
-// hit rate from the engines' own usage.prompt_tokens_details.cached_tokens, and
-// the hit-rate bound of a perfect router (every full block already seen by any
-// earlier request counts as a hit: an infinite cache; the report states whether
-// the workload's distinct blocks fit in the fleet's capacity).
+// Reported per run: TTFT p50/p90, end-to-end p50, prefix-cache hit rate from
+// the engines' own usage.prompt_tokens_details.cached_tokens, the hit-rate
+// bound of a perfect router (every full block already seen by any earlier
+// request counts as a hit: an infinite cache; the report states whether the
+// workload's distinct blocks fit in the fleet's capacity), and two output
+// throughputs:
+//   overall:      all output tokens / wall time of the whole run (arrivals,
+//                 then the drain of whatever is still queued or running);
+//   steady state: streamed tokens received by the client (each SSE token
+//                 event timestamped on arrival) inside the window from 25% of
+//                 the arrival window to the last arrival, per second of that
+//                 window: the fleet's delivered rate once it has filled up and
+//                 before the drain, which is what a capacity comparison needs.
+// During each run every engine's /metrics is sampled (every 200 ms) for the
+// running and waiting requests and KV usage; their means over the same
+// steady-state window show how many requests each policy keeps running.
 //
 //   node dist/bench/quality.js [--quick] [--rates 5,10,20] [--workloads shared-prefix,multi-turn]
-//                              [--policies round-robin,least-request,switchyard] [--json out.json]
+//                              [--policies round-robin,least-request,switchyard] [--seconds 12]
+//                              [--long-seconds 20 --long-from 40] [--json out.json]
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
 import { CLI, freePort, freePortRange, start, waitReady } from './lib/proc.js';
-import { expGap, fmt, quantile, rng } from './lib/stats.js';
+import { expGap, fmt, mean, quantile, rng } from './lib/stats.js';
 
 export const POLICIES: Record<string, string> = {
   'round-robin': 'scheduling:\n  scorers: []\n  picker: round-robin\n',
@@ -67,7 +79,125 @@ interface Result {
   outputTokens: number;
   errors: number;
   wallS: number;
+  /** Seconds from the start of the run to the last arrival (last request or session sent). */
+  arrivalS: number;
+  /** Streamed output tokens received per TOKEN_BIN_MS bin since the start of the run. */
+  tokenBins: number[];
+  t0: number;
   prompts: string[]; // rendered prompts in send order, for the bound
+  errorSamples: string[];
+}
+
+const TOKEN_BIN_MS = 100;
+
+/** Counts a failed request; the first few distinct causes are kept for the log. */
+function noteError(res: Result, what: string): void {
+  res.errors++;
+  if (res.errorSamples.length < 5 && !res.errorSamples.includes(what)) res.errorSamples.push(what);
+}
+
+function countTokens(res: Result, now: number, n: number): void {
+  const bin = Math.floor((now - res.t0) / TOKEN_BIN_MS);
+  const bins = res.tokenBins;
+  while (bins.length <= bin) bins.push(0);
+  bins[bin]! += n;
+}
+
+/** Output tokens received per second between `fromS` and `toS` seconds after the start (whole bins). */
+export function windowRate(bins: readonly number[], fromS: number, toS: number): number {
+  const a = Math.ceil((fromS * 1000) / TOKEN_BIN_MS);
+  const b = Math.floor((toS * 1000) / TOKEN_BIN_MS);
+  if (b <= a) return NaN;
+  let t = 0;
+  for (let i = a; i < b; i++) t += bins[i] ?? 0;
+  return t / (((b - a) * TOKEN_BIN_MS) / 1000);
+}
+
+/** One /metrics sample of one engine. */
+interface EngineSample {
+  t: number; // seconds since the start of the run
+  engine: number;
+  running: number;
+  waiting: number;
+  kvUsage: number;
+}
+
+function gauge(text: string, name: string): number {
+  const i = text.indexOf('\n' + name + '{');
+  if (i < 0) return NaN;
+  const sp = text.indexOf('} ', i);
+  const nl = text.indexOf('\n', sp);
+  return Number(text.slice(sp + 2, nl < 0 ? undefined : nl));
+}
+
+/** Samples every engine's /metrics every `everyMs` until stopped. */
+function sampleEngines(urls: string[], t0: number, everyMs: number): { stop: () => Promise<EngineSample[]> } {
+  const out: EngineSample[] = [];
+  let live = true;
+  const loop = (async () => {
+    while (live) {
+      const due = performance.now() + everyMs;
+      await Promise.all(
+        urls.map(async (u, engine) => {
+          try {
+            const r = await fetch(u + '/metrics');
+            const text = '\n' + (await r.text());
+            out.push({
+              t: (performance.now() - t0) / 1000,
+              engine,
+              running: gauge(text, 'vllm:num_requests_running'),
+              waiting: gauge(text, 'vllm:num_requests_waiting'),
+              kvUsage: gauge(text, 'vllm:kv_cache_usage_perc'),
+            });
+          } catch {
+            // a missed sample is only a missed sample
+          }
+        }),
+      );
+      const d = due - performance.now();
+      if (d > 0 && live) await new Promise((r) => setTimeout(r, d));
+    }
+  })();
+  return {
+    stop: async () => {
+      live = false;
+      await loop;
+      return out;
+    },
+  };
+}
+
+export interface EngineLoad {
+  /** Mean running requests per engine over the window (mean of the per-engine means). */
+  running: number;
+  /** Lowest and highest per-engine mean. */
+  runningMin: number;
+  runningMax: number;
+  waiting: number;
+  kvUsage: number;
+}
+
+export function engineLoad(samples: EngineSample[], engines: number, fromS: number, toS: number): EngineLoad {
+  const run = new Float64Array(engines);
+  const wait = new Float64Array(engines);
+  const kv = new Float64Array(engines);
+  const cnt = new Float64Array(engines);
+  for (const s of samples) {
+    if (s.t < fromS || s.t > toS) continue;
+    run[s.engine] += s.running;
+    wait[s.engine] += s.waiting;
+    kv[s.engine] += s.kvUsage;
+    cnt[s.engine]++;
+  }
+  const per = (a: Float64Array) => Array.from(a, (v, i) => (cnt[i] ? v / cnt[i]! : NaN)).filter(Number.isFinite);
+  const r = per(run);
+  return {
+    running: mean(r),
+    runningMin: r.length ? Math.min(...r) : NaN,
+    runningMax: r.length ? Math.max(...r) : NaN,
+    waiting: mean(per(wait)),
+    kvUsage: mean(per(kv)),
+  };
 }
 
 function text(rand: () => number, bytes: number): string {
@@ -109,7 +239,7 @@ function render(messages: Array<{ role: string; content: string }>): string {
   return s + '<|assistant|>\n';
 }
 
-async function sendStream(pool: Pool, path: string, body: string, res: Result): Promise<{ text: string } | null> {
+async function sendStream(pool: Pool, path: string, body: string, res: Result, keepText: boolean): Promise<{ text: string } | null> {
   const t0 = performance.now();
   let first = 0;
   let text = '';
@@ -117,24 +247,33 @@ async function sendStream(pool: Pool, path: string, body: string, res: Result): 
   try {
     const r = await pool.request({ method: 'POST', path, headers: { 'content-type': 'application/json' }, body });
     if (r.statusCode !== 200) {
-      await r.body.dump();
-      res.errors++;
+      const b = await r.body.text();
+      noteError(res, `HTTP ${r.statusCode}: ${b.slice(0, 200)}`);
       return null;
     }
     for await (const chunk of r.body) {
-      if (!first) first = performance.now();
+      const now = performance.now();
+      if (!first) first = now;
       tail += (chunk as Buffer).toString('utf8');
       let nl: number;
+      let tokens = 0;
       while ((nl = tail.indexOf('\n\n')) >= 0) {
         const ev = tail.slice(0, nl);
         tail = tail.slice(nl + 2);
         if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
+        // A completions token event (one token each) is counted without parsing it: the client
+        // shares the machine with the fleet and the router.
+        if (!keepText && ev.includes('"choices":[{"index":0,"text":"')) {
+          tokens++;
+          continue;
+        }
         const j = JSON.parse(ev.slice(6));
         if (j.error) {
-          res.errors++;
+          noteError(res, `stream error: ${JSON.stringify(j.error).slice(0, 200)}`);
           return null;
         }
         const c = j.choices?.[0];
+        if (c && (c.text !== undefined || (c.delta?.content !== undefined && c.delta.role === undefined))) tokens++;
         if (c) text += c.delta?.content ?? c.text ?? '';
         if (j.usage) {
           res.promptTokens += j.usage.prompt_tokens;
@@ -142,9 +281,10 @@ async function sendStream(pool: Pool, path: string, body: string, res: Result): 
           res.cachedTokens += j.usage.prompt_tokens_details?.cached_tokens ?? 0;
         }
       }
+      if (tokens) countTokens(res, now, tokens);
     }
-  } catch {
-    res.errors++;
+  } catch (e) {
+    noteError(res, `client: ${(e as Error).message}`);
     return null;
   }
   const t1 = performance.now();
@@ -153,12 +293,22 @@ async function sendStream(pool: Pool, path: string, body: string, res: Result): 
   return { text };
 }
 
-export async function runLoad(url: string, workload: string, rate: number, n: number, seed: number): Promise<Result> {
-  const pool = new Pool(url, { connections: 1024, pipelining: 1 });
-  const res: Result = { ttft: [], e2e: [], promptTokens: 0, cachedTokens: 0, outputTokens: 0, errors: 0, wallS: 0, prompts: [] };
+export async function runLoad(
+  url: string,
+  workload: string,
+  rate: number,
+  n: number,
+  seed: number,
+  engineUrls: string[] = [],
+): Promise<Result & { samples: EngineSample[] }> {
+  const pool = new Pool(url, { connections: 4096, pipelining: 1 });
+  const t0 = performance.now();
+  const res: Result = {
+    ttft: [], e2e: [], promptTokens: 0, cachedTokens: 0, outputTokens: 0, errors: 0, wallS: 0, arrivalS: 0, tokenBins: [], t0, prompts: [], errorSamples: [],
+  };
+  const sampler = sampleEngines(engineUrls, t0, 200);
   const rand = rng(seed ^ 0x9e3779b9);
   const pending: Promise<unknown>[] = [];
-  const t0 = performance.now();
   let at = 0;
   const sleepUntil = async (ms: number) => {
     const d = ms - (performance.now() - t0);
@@ -170,7 +320,7 @@ export async function runLoad(url: string, workload: string, rate: number, n: nu
       await sleepUntil(at);
       res.prompts.push(turn.prompt!);
       const body = JSON.stringify({ model: 'open-model', prompt: turn.prompt, max_tokens: turn.maxTokens, stream: true, stream_options: { include_usage: true } });
-      pending.push(sendStream(pool, '/v1/completions', body, res));
+      pending.push(sendStream(pool, '/v1/completions', body, res, false));
     }
   } else {
     // Sessions arrive as a Poisson process of rate / turns, so requests arrive at about `rate`.
@@ -187,7 +337,7 @@ export async function runLoad(url: string, workload: string, rate: number, n: nu
             messages.push({ role: 'user', content: userTexts[t]! });
             res.prompts.push(render(messages));
             const body = JSON.stringify({ model: 'open-model', messages, max_tokens: MULTI.outputTokens, stream: true, stream_options: { include_usage: true } });
-            const r = await sendStream(pool, '/v1/chat/completions', body, res);
+            const r = await sendStream(pool, '/v1/chat/completions', body, res, true);
             if (!r) return;
             messages.push({ role: 'assistant', content: r.text });
           }
@@ -195,10 +345,12 @@ export async function runLoad(url: string, workload: string, rate: number, n: nu
       );
     }
   }
+  res.arrivalS = at / 1000;
   await Promise.all(pending);
   res.wallS = (performance.now() - t0) / 1000;
+  const samples = await sampler.stop();
   await pool.close();
-  return res;
+  return { ...res, samples };
 }
 
 /** Hit-rate bound of a perfect router with an infinite cache: leading full blocks seen before / prompt tokens. */
@@ -223,6 +375,9 @@ export function hitBound(prompts: string[], blockTokens: number): { rate: number
   return { rate: total ? hit / total : 0, distinctBlocks: seen.size };
 }
 
+/** The steady-state window starts at this fraction of the arrival window (ramp-up excluded) and ends at the last arrival (drain excluded). */
+const STEADY_FROM = 0.25;
+
 let SHARED: SharedPrefixShape = { groups: 16, systemTokens: 2048, questionTokens: 256, outputTokens: 128 };
 let MULTI: MultiTurnShape = { turns: 6, systemTokens: 1024, userTokens: 128, outputTokens: 64 };
 
@@ -234,7 +389,15 @@ export interface Row {
   ttftP50: number;
   ttftP90: number;
   e2eP50: number;
+  /** Output tokens / wall time of the whole run (arrivals + drain). */
   outTokS: number;
+  /** Streamed output tokens/s between 25% of the arrival window and the last arrival. */
+  steadyTokS: number;
+  /** Offered output tokens/s: rate × output tokens per request (shared-prefix; NaN for multi-turn). */
+  offeredTokS: number;
+  arrivalS: number;
+  wallS: number;
+  load: EngineLoad;
   hitRate: number;
   bound: number;
   errors: number;
@@ -254,12 +417,15 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
   const workloads = (arg('--workloads') ?? 'shared-prefix,multi-turn').split(',');
   const policies = (arg('--policies') ?? 'round-robin,least-request,switchyard').split(',');
   const seconds = Number(arg('--seconds') ?? (quick ? 4 : 12));
+  // Past saturation a longer arrival window, so the steady state dominates the run.
+  const longSeconds = Number(arg('--long-seconds') ?? seconds);
+  const longFrom = Number(arg('--long-from') ?? Infinity);
   const fleet = { ...FLEET, kvCacheBlocks: quick ? 600 : FLEET.kvCacheBlocks };
   const dir = mkdtempSync(join(tmpdir(), 'swy-quality-'));
   const rows: Row[] = [];
   for (const workload of workloads) {
     for (const rate of rates) {
-      const n = Math.max(48, Math.round(rate * seconds));
+      const n = Math.max(48, Math.round(rate * (rate >= longFrom ? longSeconds : seconds)));
       for (const policy of policies) {
         if (!(policy in POLICIES)) throw new Error(`unknown policy ${policy}`);
         const base = await freePortRange(fleet.engines);
@@ -282,18 +448,26 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
         const router = start('router', process.execPath, [CLI, 'serve', '--config', cfg]);
         try {
           await waitReady(`http://127.0.0.1:${port}/readyz`);
-          const r = await runLoad(`http://127.0.0.1:${port}`, workload, rate, n, 1234 + rate);
+          const engineUrls = Array.from({ length: fleet.engines }, (_, i) => `http://127.0.0.1:${base + i}`);
+          const r = await runLoad(`http://127.0.0.1:${port}`, workload, rate, n, 1234 + rate, engineUrls);
           const bound = hitBound(r.prompts, fleet.blockSize);
+          const from = STEADY_FROM * r.arrivalS;
           const row: Row = {
             workload, policy, rate, requests: r.prompts.length,
             ttftP50: quantile(r.ttft, 0.5), ttftP90: quantile(r.ttft, 0.9), e2eP50: quantile(r.e2e, 0.5),
-            outTokS: r.outputTokens / r.wallS, hitRate: r.promptTokens ? r.cachedTokens / r.promptTokens : 0,
+            outTokS: r.outputTokens / r.wallS, steadyTokS: windowRate(r.tokenBins, from, r.arrivalS),
+            offeredTokS: workload === 'shared-prefix' ? rate * SHARED.outputTokens : NaN,
+            arrivalS: r.arrivalS, wallS: r.wallS, load: engineLoad(r.samples, fleet.engines, from, r.arrivalS),
+            hitRate: r.promptTokens ? r.cachedTokens / r.promptTokens : 0,
             bound: bound.rate, errors: r.errors,
           };
           rows.push(row);
+          if (r.errorSamples.length) console.error(`  errors: ${r.errorSamples.join(' | ')}`);
           console.error(
             `${workload} rate=${rate}/s ${policy}: ttft p50 ${fmt(row.ttftP50)} ms p90 ${fmt(row.ttftP90)} ms, e2e p50 ${fmt(row.e2eP50)} ms, ` +
-              `${fmt(row.outTokS)} out tok/s, hit ${fmt(row.hitRate * 100)}% (bound ${fmt(row.bound * 100)}%, ${bound.distinctBlocks} distinct blocks vs fleet ${fleet.engines * fleet.kvCacheBlocks}), errors ${r.errors}`,
+              `out tok/s steady ${fmt(row.steadyTokS)} overall ${fmt(row.outTokS)} (arrivals ${fmt(row.arrivalS)} s, wall ${fmt(row.wallS)} s), ` +
+              `running/engine ${fmt(row.load.running)} [${fmt(row.load.runningMin)}–${fmt(row.load.runningMax)}] waiting ${fmt(row.load.waiting)} kv ${fmt(row.load.kvUsage * 100)}%, ` +
+              `hit ${fmt(row.hitRate * 100)}% (bound ${fmt(row.bound * 100)}%, ${bound.distinctBlocks} distinct blocks vs fleet ${fleet.engines * fleet.kvCacheBlocks}), errors ${r.errors}`,
           );
         } finally {
           await router.stop();
@@ -307,18 +481,94 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
     `prefill ${fleet.prefillOverheadMs} ms + ${fleet.prefillUsPerToken} µs/uncached token, ITL ${fleet.itlMs} ms; ` +
     `shared-prefix: ${SHARED.groups} groups, ${SHARED.systemTokens}-token system prompt, ${SHARED.questionTokens}-token question, ${SHARED.outputTokens} output tokens; ` +
     `multi-turn: ${MULTI.turns} turns, ${MULTI.systemTokens}-token system prompt, ${MULTI.userTokens}-token user turns, ${MULTI.outputTokens} output tokens; ` +
-    `~${seconds} s of Poisson arrivals per rate (at least 48 requests)`;
+    `~${seconds} s of Poisson arrivals per rate${longFrom < Infinity ? ` (~${longSeconds} s from ${longFrom} req/s)` : ''} (at least 48 requests); ` +
+    `steady-state output tokens/s counted from streamed tokens between ${STEADY_FROM * 100}% of the arrival window and the last arrival`;
   const json = arg('--json');
   if (json) writeFileSync(json, JSON.stringify({ config, rows }, null, 2));
   return { rows, config };
 }
 
 export function qualityTable(rows: Row[]): string {
-  let md = '| workload | rate (req/s) | policy | requests | TTFT p50 (ms) | TTFT p90 (ms) | e2e p50 (ms) | output tok/s | hit rate | bound | errors |\n';
-  md += '|---|---|---|---|---|---|---|---|---|---|---|\n';
+  let md =
+    '| workload | rate (req/s) | policy | requests | TTFT p50 (ms) | TTFT p90 (ms) | e2e p50 (ms) | output tok/s, steady state | output tok/s, overall | ' +
+    'running / engine (min–max) | waiting / engine | KV usage | hit rate | bound | errors |\n';
+  md += '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n';
   for (const r of rows) {
-    md += `| ${r.workload} | ${r.rate} | ${r.policy} | ${r.requests} | ${fmt(r.ttftP50)} | ${fmt(r.ttftP90)} | ${fmt(r.e2eP50)} | ${fmt(r.outTokS)} | ${fmt(r.hitRate * 100)}% | ${fmt(r.bound * 100)}% | ${r.errors} |\n`;
+    md +=
+      `| ${r.workload} | ${r.rate} | ${r.policy} | ${r.requests} | ${fmt(r.ttftP50)} | ${fmt(r.ttftP90)} | ${fmt(r.e2eP50)} | ${fmt(r.steadyTokS, 0)} | ` +
+      `${fmt(r.outTokS, 0)} | ${fmt(r.load.running)} (${fmt(r.load.runningMin)}–${fmt(r.load.runningMax)}) | ${fmt(r.load.waiting)} | ${fmt(r.load.kvUsage * 100, 0)}% | ` +
+      `${fmt(r.hitRate * 100)}% | ${fmt(r.bound * 100)}% | ${r.errors} |\n`;
   }
+  return md;
+}
+
+export interface Floor {
+  ok: boolean;
+  name: string;
+  value: string;
+}
+
+const x = (a: number, b: number) => (Number.isFinite(a / b) ? `${(a / b).toFixed(2)}×` : '—');
+
+/**
+ * Issue 6's floors on the shared-prefix workload, Switchyard against
+ * round-robin: at the highest rate before round-robin saturates (its
+ * steady-state output rate still ≥ 90% of the offered rate) and at every rate
+ * past it, TTFT p50 ≥ 5× lower and output tokens/s ≥ 2× higher (the
+ * steady-state figure: a capacity comparison; the overall figure is shown
+ * beside it); hit rate ≥ 90% of the bound at every rate.
+ */
+export function qualityFloors(rows: Row[]): { floors: Floor[]; notes: string[] } {
+  const sub = rows.filter((r) => r.workload === 'shared-prefix');
+  const get = (p: string, rate: number) => sub.find((r) => r.policy === p && r.rate === rate);
+  const rates = [...new Set(sub.map((r) => r.rate))].sort((a, b) => a - b).filter((q) => get('round-robin', q) && get('switchyard', q));
+  const floors: Floor[] = [];
+  const notes: string[] = [];
+  if (rates.length === 0) return { floors, notes: ['no shared-prefix run with both round-robin and switchyard: floors not checked'] };
+  const unsaturated = rates.filter((q) => get('round-robin', q)!.steadyTokS >= 0.9 * get('round-robin', q)!.offeredTokS);
+  const r0 = unsaturated.length ? unsaturated[unsaturated.length - 1]! : rates[0]!;
+  notes.push(
+    `round-robin keeps up with the offered load (steady-state output ≥ 90% of offered) up to ${unsaturated.length ? `${r0} req/s` : 'none of the rates run'}; ` +
+      `the TTFT and throughput floors apply from ${r0} req/s up`,
+  );
+  for (const q of rates.filter((v) => v >= r0)) {
+    const rr = get('round-robin', q)!;
+    const sy = get('switchyard', q)!;
+    const tag = q === r0 ? ' (highest rate before round-robin saturates)' : '';
+    floors.push({
+      ok: rr.ttftP50 / sy.ttftP50 >= 5,
+      name: `TTFT p50 ≥ 5× lower than round-robin at ${q} req/s${tag}`,
+      value: `${fmt(rr.ttftP50)} → ${fmt(sy.ttftP50)} ms = ${x(rr.ttftP50, sy.ttftP50)}`,
+    });
+    floors.push({
+      ok: sy.steadyTokS / rr.steadyTokS >= 2,
+      name: `output tokens/s (steady state) ≥ 2× round-robin at ${q} req/s${tag}`,
+      value:
+        `${fmt(rr.steadyTokS, 0)} → ${fmt(sy.steadyTokS, 0)} = ${x(sy.steadyTokS, rr.steadyTokS)} (offered ${fmt(sy.offeredTokS, 0)}; ` +
+        `overall ${fmt(rr.outTokS, 0)} → ${fmt(sy.outTokS, 0)} = ${x(sy.outTokS, rr.outTokS)}; running/engine ${fmt(rr.load.running)} → ${fmt(sy.load.running)})`,
+    });
+  }
+  for (const q of rates) {
+    const sy = get('switchyard', q)!;
+    floors.push({
+      ok: sy.hitRate >= 0.9 * sy.bound,
+      name: `hit rate ≥ 90% of the bound at ${q} req/s`,
+      value: `${fmt(sy.hitRate * 100)}% of ${fmt(sy.bound * 100)}% = ${fmt((sy.hitRate / sy.bound) * 100)}%`,
+    });
+  }
+  const peak = (p: string) => Math.max(...sub.filter((r) => r.policy === p).map((r) => r.steadyTokS).filter(Number.isFinite));
+  notes.push(
+    `peak steady-state output tokens/s over the rates run: round-robin ${fmt(peak('round-robin'), 0)}, switchyard ${fmt(peak('switchyard'), 0)} ` +
+      `(${x(peak('switchyard'), peak('round-robin'))}); below its saturation a policy delivers the offered load, so a throughput ratio there is ~1 whatever the router`,
+  );
+  return { floors, notes };
+}
+
+export function floorLines(rows: Row[]): string {
+  const { floors, notes } = qualityFloors(rows);
+  let md = 'Floors (issue 6, shared-prefix, Switchyard vs round-robin):\n\n';
+  for (const n of notes) md += `- ${n}\n`;
+  for (const f of floors) md += `- ${f.ok ? 'PASS' : 'MISS'} ${f.name}: ${f.value}\n`;
   return md;
 }
 
@@ -326,4 +576,5 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   const { rows, config } = await runQuality(process.argv.slice(2));
   console.log(config + '\n');
   console.log(qualityTable(rows));
+  console.log(floorLines(rows));
 }

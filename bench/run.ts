@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { ROOT } from './lib/proc.js';
 import { barChart, lineChart, type Series } from './lib/svg.js';
 import { overheadTable, runProxyOverhead } from './overhead-proxies.js';
-import { qualityTable, runQuality, type Row } from './quality.js';
+import { floorLines, qualityTable, runQuality, type Row } from './quality.js';
 
 const SCENARIOS = ['overhead', 'quality', 'fairness'];
 
@@ -47,15 +47,33 @@ async function main(argv: string[]): Promise<number> {
 
   if (run.includes('quality')) {
     const { rows, config } = await runQuality(opts);
-    md += `## Routing quality: round-robin vs least-request vs Switchyard\n\n${config}.\n\n` + qualityTable(rows) + '\n';
+    md +=
+      `## Routing quality: round-robin vs least-request vs Switchyard\n\n${config}.\n\n` +
+      'Output tokens/s: "steady state" counts the streamed tokens the client received between 25% of the arrival window and ' +
+      'the last arrival (ramp-up and drain excluded), per second; "overall" is all output tokens over the wall time of the whole ' +
+      'run, drain included (below saturation both equal the offered rate; past it the overall figure is diluted by the drain). ' +
+      'The throughput floor uses the steady-state figure, which measures what the fleet delivers under each policy. ' +
+      'Running / waiting / KV usage: means of the engines\' own /metrics (sampled every 200 ms) over the same window; ' +
+      'min–max is the spread of the per-engine means.\n\n' +
+      qualityTable(rows) + '\n' + floorLines(rows) + '\n';
     for (const w of [...new Set(rows.map((r) => r.workload))]) {
       const sub = rows.filter((r) => r.workload === w);
       const pol = [...new Set(sub.map((r) => r.policy))];
-      const ser = (key: keyof Row): Series[] =>
-        pol.map((p) => ({ name: p, points: sub.filter((r) => r.policy === p).map((r) => [r.rate, r[key] as number] as [number, number]) }));
-      writeFileSync(join(out, `quality-${w}-ttft.svg`), lineChart(`${w}: TTFT p50 vs request rate`, 'requests/s', 'TTFT p50 (ms)', ser('ttftP50')));
-      writeFileSync(join(out, `quality-${w}-throughput.svg`), lineChart(`${w}: output tokens/s vs request rate`, 'requests/s', 'output tokens/s', ser('outTokS')));
-      md += `![${w} TTFT](quality-${w}-ttft.svg)\n![${w} throughput](quality-${w}-throughput.svg)\n\n`;
+      const ser = (key: (r: Row) => number, suffix = '', dashed = false): Series[] =>
+        pol.map((p, i) => ({ name: p + suffix, color: i, dashed, points: sub.filter((r) => r.policy === p).map((r) => [r.rate, key(r)] as [number, number]) }));
+      writeFileSync(join(out, `quality-${w}-ttft.svg`), lineChart(`${w}: TTFT p50 vs request rate`, 'requests/s', 'TTFT p50 (ms)', ser((r) => r.ttftP50)));
+      writeFileSync(
+        join(out, `quality-${w}-throughput.svg`),
+        lineChart(`${w}: output tokens/s vs request rate`, 'requests/s', 'output tokens/s', [
+          ...ser((r) => r.steadyTokS, ' steady'),
+          ...ser((r) => r.outTokS, ' overall', true),
+        ]),
+      );
+      writeFileSync(
+        join(out, `quality-${w}-running.svg`),
+        lineChart(`${w}: running requests per engine vs rate`, 'requests/s', 'mean running per engine', ser((r) => r.load.running)),
+      );
+      md += `![${w} TTFT](quality-${w}-ttft.svg)\n![${w} throughput](quality-${w}-throughput.svg)\n![${w} running per engine](quality-${w}-running.svg)\n\n`;
     }
     section('quality', md);
     md = '';

@@ -4,6 +4,10 @@
 export interface Series {
   name: string;
   points: Array<[number, number]>;
+  /** Dashed line (line charts), e.g. a second measure of the same policy. */
+  dashed?: boolean;
+  /** Palette index; defaults to the series' position. */
+  color?: number;
 }
 
 const COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b'];
@@ -22,13 +26,15 @@ function niceMax(v: number): number {
   return 10 * p;
 }
 
-function frame(title: string, xLabel: string, yLabel: string, body: string, legend: string[]): string {
+function frame(title: string, xLabel: string, yLabel: string, body: string, legend: string[], colors?: number[], dashed?: boolean[]): string {
   const items = legend
-    .map(
-      (name, i) =>
-        `<rect x="${W - M.r + 15}" y="${M.t + i * 20}" width="12" height="12" fill="${COLORS[i % COLORS.length]}"/>` +
-        `<text x="${W - M.r + 32}" y="${M.t + i * 20 + 11}" font-size="12">${esc(name)}</text>`,
-    )
+    .map((name, i) => {
+      const c = COLORS[(colors?.[i] ?? i) % COLORS.length];
+      const mark = dashed?.[i]
+        ? `<line x1="${W - M.r + 13}" x2="${W - M.r + 29}" y1="${M.t + i * 20 + 6}" y2="${M.t + i * 20 + 6}" stroke="${c}" stroke-width="2" stroke-dasharray="4 3"/>`
+        : `<rect x="${W - M.r + 15}" y="${M.t + i * 20}" width="12" height="12" fill="${c}"/>`;
+      return mark + `<text x="${W - M.r + 32}" y="${M.t + i * 20 + 11}" font-size="12">${esc(name)}</text>`;
+    })
     .join('');
   return (
     `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" font-family="sans-serif">` +
@@ -72,12 +78,12 @@ export function lineChart(title: string, xLabel: string, yLabel: string, series:
   body += `<line x1="${M.l}" x2="${M.l}" y1="${M.t}" y2="${H - M.b}" stroke="#333"/>`;
   body += `<line x1="${M.l}" x2="${W - M.r}" y1="${H - M.b}" y2="${H - M.b}" stroke="#333"/>`;
   series.forEach((s, i) => {
-    const c = COLORS[i % COLORS.length];
+    const c = COLORS[(s.color ?? i) % COLORS.length];
     const pts = s.points.filter((p) => Number.isFinite(p[1]));
-    body += `<polyline fill="none" stroke="${c}" stroke-width="2" points="${pts.map((p) => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(' ')}"/>`;
+    body += `<polyline fill="none" stroke="${c}" stroke-width="2"${s.dashed ? ' stroke-dasharray="6 4"' : ''} points="${pts.map((p) => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(' ')}"/>`;
     for (const p of pts) body += `<circle cx="${X(p[0]).toFixed(1)}" cy="${Y(p[1]).toFixed(1)}" r="3" fill="${c}"/>`;
   });
-  return frame(title, xLabel, yLabel, body, series.map((s) => s.name));
+  return frame(title, xLabel, yLabel, body, series.map((s) => s.name), series.map((s, i) => s.color ?? i), series.map((s) => !!s.dashed));
 }
 
 /** Grouped bars: one group per category, one bar per series. */
