@@ -192,9 +192,8 @@ class Index {
   }
 
   // Approximate mode: hashes the prompt's full blocks into out (HashPrompt),
-  // then matches them. (Hashing inside the walk, one block or one 32-block
-  // chunk ahead of the examined block, was tried: in the bench it measured
-  // slower, or no faster, than hashing first.)
+  // then matches them. (Hashing inside the walk, and prefetching the first
+  // blocks' slots as their hashes come out, were both measured: no faster.)
   void MatchPrompt(const uint8_t* p, size_t len, size_t block_size, uint64_t seed, uint64_t* out,
                    const int32_t* cands, size_t nc, uint32_t* matched, uint32_t* tiers) {
     const size_t n = HashPrompt(p, len, block_size, seed, out);
@@ -202,6 +201,10 @@ class Index {
   }
 
  private:
+  // Prefetch distances of the walk, in blocks: table slots, and holder arrays
+  // (whose address is only known once the slot has arrived).
+  static constexpr size_t kWalkAhead = 64, kWalkAheadHolders = 12;
+
   // Zeroes the outputs and marks the distinct known candidates; false when
   // there is none (nothing to walk). *dups: some candidate id repeats.
   bool BeginMatch(const int32_t* cands, size_t nc, uint32_t* matched, uint32_t* tiers, bool* dups) {
@@ -227,21 +230,66 @@ class Index {
     return distinct != 0;
   }
 
-  // The walk. Software pipeline: the slot of block b+kAhead and the holder
-  // array of block b+kAheadHolders are fetched while block b is examined.
+  // The walk, in two phases. While several candidates still match, each
+  // block's holders are checked against the candidate marks (MatchBlock).
+  // Once a single candidate is left (after the first block with a single
+  // holder, or any block only one candidate holds), WalkOne takes over: it
+  // only asks "does this endpoint hold the block?", which for a block in its
+  // home slot with one holder is a compare on the slot already loaded.
+  // Software pipeline: the slot of block b+kWalkAhead and the holder array of
+  // block b+kWalkAheadHolders are fetched while block b is examined.
   void Walk(const uint64_t* keys, size_t n, uint32_t* matched, uint32_t* tiers) {
-    constexpr size_t kAhead = 32, kAheadHolders = 12;
-    for (size_t b = 0; b < n && b < kAhead; b++) __builtin_prefetch(&slots_[Home(keys[b])]);
+    for (size_t b = 0; b < n && b < kWalkAhead; b++) __builtin_prefetch(&slots_[Home(keys[b])]);
     for (size_t b = 0; b < n; b++) {
-      if (b + kAhead < n) __builtin_prefetch(&slots_[Home(keys[b + kAhead])]);
-      if (b + kAheadHolders < n) {
-        const Slot& ahead = slots_[Home(keys[b + kAheadHolders])];
-        if (ahead.count > 1 && ahead.key == keys[b + kAheadHolders]) __builtin_prefetch(&arena_[ahead.ref]);
+      if (b + kWalkAhead < n) __builtin_prefetch(&slots_[Home(keys[b + kWalkAhead])]);
+      if (b + kWalkAheadHolders < n) {
+        const Slot& ahead = slots_[Home(keys[b + kWalkAheadHolders])];
+        if (ahead.count > 1 && ahead.key == keys[b + kWalkAheadHolders]) __builtin_prefetch(&arena_[ahead.ref]);
       }
       const uint32_t si = FindSlot(keys[b]);
-      if (si == kNil) break;
-      if (!MatchBlock(slots_[si], static_cast<uint32_t>(b), matched, tiers)) break;
+      if (si == kNil) return;
+      uint32_t last;
+      const uint32_t advanced = MatchBlock(slots_[si], static_cast<uint32_t>(b), matched, tiers, &last);
+      if (advanced == 0) return;
+      if (advanced == 1) return WalkOne(keys, b + 1, n, last, matched, tiers);
     }
+  }
+
+  // The walk with one candidate left, endpoint ep, which holds blocks [0, b).
+  // Tier counts are kept in registers (tier 1 and 2 counted, tier 0 derived)
+  // and written once at the end.
+  void WalkOne(const uint64_t* keys, size_t b, size_t n, uint32_t ep, uint32_t* matched, uint32_t* tiers) const {
+    const size_t from = b;
+    uint32_t t1 = 0, t2 = 0;
+    for (; b < n; b++) {
+      __builtin_prefetch(&slots_[Home(keys[std::min(b + kWalkAhead, n - 1)])]);
+      const uint64_t key = keys[b];
+      const Slot& s = slots_[Home(key)];
+      uint32_t tier;
+      if ((s.key == key) & (s.count == 1) & ((s.aux & 0x3FFFu) == ep)) {
+        tier = s.aux >> 14;  // the common case: at home, sole holder
+      } else {
+        const int t = TierOf(key, ep);
+        if (t < 0) break;
+        tier = static_cast<uint32_t>(t);
+      }
+      t1 += tier & 1;
+      t2 += tier >> 1;
+    }
+    const uint32_t c = cand_of_[ep];
+    const uint32_t walked = static_cast<uint32_t>(b - from);
+    matched[c] = static_cast<uint32_t>(b);
+    tiers[c * kTiers + 0] += walked - t1 - t2;
+    tiers[c * kTiers + 1] += t1;
+    tiers[c * kTiers + 2] += t2;
+  }
+
+  // The tier in which ep holds the block `key`, or -1.
+  int TierOf(uint64_t key, uint32_t ep) const {
+    const uint32_t si = FindSlot(key);
+    if (si == kNil) return -1;
+    const int pos = FindHolder(si, ep);
+    return pos < 0 ? -1 : HolderAt(si, pos).tier;
   }
 
   // Duplicate candidate ids get the answer of their first occurrence.
@@ -257,11 +305,11 @@ class Index {
     }
   }
 
- public:
-  // One block of a match walk: advances every candidate still matching
-  // (matched == b) that holds the block; false when none does.
-  bool MatchBlock(const Slot& s, uint32_t want, uint32_t* matched, uint32_t* tiers) const {
-    bool hit = false;
+  // One block of a match walk with several candidates: advances every
+  // candidate still matching (matched == want) that holds the block. Returns
+  // how many advanced; *last = the endpoint of the last one.
+  uint32_t MatchBlock(const Slot& s, uint32_t want, uint32_t* matched, uint32_t* tiers, uint32_t* last) const {
+    uint32_t advanced = 0;
     if (s.count == 1) {
       const uint32_t ep = s.aux & 0x3FFF;
       if (stamp_[ep] == gen_) {
@@ -269,10 +317,11 @@ class Index {
         if (matched[c] == want) {
           matched[c] = want + 1;
           tiers[c * kTiers + (s.aux >> 14)]++;
-          hit = true;
+          *last = ep;
+          advanced = 1;
         }
       }
-      return hit;
+      return advanced;
     }
     const Holder* h = &arena_[s.ref];
     for (uint32_t k = 0; k < s.count; k++) {
@@ -282,11 +331,13 @@ class Index {
       if (matched[c] != want) continue;
       matched[c] = want + 1;
       tiers[c * kTiers + h[k].tier]++;
-      hit = true;
+      *last = ep;
+      advanced++;
     }
-    return hit;
+    return advanced;
   }
 
+ public:
   struct Stats {
     uint64_t entries[kTiers];
     uint64_t blocks;

@@ -4,14 +4,16 @@
 // block's 64-bit hash covers its parent's hash (the seed for the first block)
 // and the block's bytes, so one hash names a whole prefix:
 //
-//   content(block) : two lanes folded over 32-byte strides (see below)
-//   h[i] = Fold(Fold(content(block[i]) ^ P3, h[i-1] ^ P0) ^ P1, P2),  h[-1] = seed
+//   (a[i], b[i]) = Lanes(block i)                 two 64-bit lanes of the bytes (see below)
+//   h[i] = Fold(h[i-1] ^ a[i], b[i] ^ P3),  h[-1] = seed
 //
-// Fold(a, b) is the 128-bit product a*b folded to 64 bits (low ^ high), the
-// core step of wyhash-style hashes. Words are read little-endian. The content
-// hash of different blocks is independent, so the CPU overlaps their work;
-// only the two Fold steps of the chain are serial. This is a fast,
-// non-cryptographic hash: a collision only costs a mis-scored cache affinity.
+// Fold(x, y) is the 128-bit product x*y folded to 64 bits (low ^ high), the
+// core step of wyhash-style hashes. Words are read little-endian (byte-swapped
+// on big-endian hosts). The lanes of different blocks are independent of each
+// other, so the CPU computes them for many blocks at once; the chain itself
+// is one multiply per block (h[i-1] is one operand of that product), which is
+// the only serial step. This is a fast, non-cryptographic hash: a collision,
+// or a prompt crafted to collide, only costs a mis-scored cache affinity.
 // test/reference/prefix-index-model.ts implements the same function with
 // BigInt and the property tests compare the two bit for bit.
 #pragma once
@@ -40,34 +42,36 @@ inline uint64_t Load64(const uint8_t* p) {
   return v;
 }
 
-// Hash of one block's bytes, independent of its position.
-//   lane0 = P0, lane1 = P1
-//   per 32 bytes: lane0 = Fold(w0 ^ P1, w1 ^ lane0); lane1 = Fold(w2 ^ P2, w3 ^ lane1)
-//   then 16 bytes if left: lane0 = Fold(w0 ^ P1, w1 ^ lane0)
-//   then 1..15 bytes if left, zero-padded to 16: lane1 = Fold(w0 ^ P2, w1 ^ lane1)
-//   content = Fold(lane0 ^ P2, lane1 ^ n)
-inline uint64_t ContentHash(const uint8_t* p, size_t n) {
-  uint64_t lane0 = kP0, lane1 = kP1;
+// The two lanes of n bytes, independent of their position:
+//   a = P0, b = P1
+//   per 32 bytes: a = Fold(w0 ^ P1, w1 ^ a); b = Fold(w2 ^ P2, w3 ^ b)
+//   then 16 bytes if left: a = Fold(w0 ^ P1, w1 ^ a)
+//   then 1..15 bytes if left, zero-padded to 16: b = Fold(w0 ^ P2, w1 ^ b)
+struct Lanes {
+  uint64_t a, b;
+};
+
+inline Lanes LanesOf(const uint8_t* p, size_t n) {
+  uint64_t a = kP0, b = kP1;
   size_t i = 0;
   for (; n - i >= 32; i += 32) {
-    lane0 = Fold(Load64(p + i) ^ kP1, Load64(p + i + 8) ^ lane0);
-    lane1 = Fold(Load64(p + i + 16) ^ kP2, Load64(p + i + 24) ^ lane1);
+    a = Fold(Load64(p + i) ^ kP1, Load64(p + i + 8) ^ a);
+    b = Fold(Load64(p + i + 16) ^ kP2, Load64(p + i + 24) ^ b);
   }
   if (n - i >= 16) {
-    lane0 = Fold(Load64(p + i) ^ kP1, Load64(p + i + 8) ^ lane0);
+    a = Fold(Load64(p + i) ^ kP1, Load64(p + i + 8) ^ a);
     i += 16;
   }
   if (n - i > 0) {
     uint8_t tail[16] = {0};
     std::memcpy(tail, p + i, n - i);
-    lane1 = Fold(Load64(tail) ^ kP2, Load64(tail + 8) ^ lane1);
+    b = Fold(Load64(tail) ^ kP2, Load64(tail + 8) ^ b);
   }
-  return Fold(lane0 ^ kP2, lane1 ^ static_cast<uint64_t>(n));
+  return {a, b};
 }
 
-inline uint64_t ChainHash(uint64_t parent, uint64_t content) {
-  return Fold(Fold(content ^ kP3, parent ^ kP0) ^ kP1, kP2);
-}
+// One link of the chain: the hash of a block whose parent hashes to `parent`.
+inline uint64_t Link(uint64_t parent, Lanes l) { return Fold(parent ^ l.a, l.b ^ kP3); }
 
 // Hashes the full blocks of [p, p+len) chained from `seed` into out[0..count);
 // returns count = len / block_size. The caller guarantees out has room.
@@ -75,10 +79,16 @@ inline size_t HashPrompt(const uint8_t* p, size_t len, size_t block_size, uint64
   const size_t count = len / block_size;
   uint64_t h = seed;
   for (size_t b = 0; b < count; b++) {
-    h = ChainHash(h, ContentHash(p + b * block_size, block_size));
+    h = Link(h, LanesOf(p + b * block_size, block_size));
     out[b] = h;
   }
   return count;
+}
+
+// The chain seed of a model name (any length) and a cache salt:
+//   Fold(Link(salt, Lanes(name)) ^ P1, length ^ P2)
+inline uint64_t SeedOf(const uint8_t* p, size_t n, uint64_t salt) {
+  return Fold(Link(salt, LanesOf(p, n)) ^ kP1, static_cast<uint64_t>(n) ^ kP2);
 }
 
 }  // namespace switchyard::prefix

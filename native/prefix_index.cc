@@ -305,7 +305,7 @@ Napi::Value PrefixSeed(const Napi::CallbackInfo& info) {
   uint64_t salt;
   if (!GetArray(info, 0, napi_uint8_array, "bytes must be a Uint8Array", &p, &len) || !GetSeed(info, 1, &salt))
     return info.Env().Undefined();
-  return Napi::BigInt::New(info.Env(), prefix::ChainHash(salt, prefix::ContentHash(p, len)));
+  return Napi::BigInt::New(info.Env(), prefix::SeedOf(p, len, salt));
 }
 
 }  // namespace

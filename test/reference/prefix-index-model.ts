@@ -21,43 +21,46 @@ function load64(p: Uint8Array, i: number): bigint {
   return v;
 }
 
-export function contentHash(p: Uint8Array): bigint {
+/** The two lanes of a block's bytes (native/prefix_hash.h LanesOf). */
+export function lanesOf(p: Uint8Array): [bigint, bigint] {
   const n = p.length;
-  let lane0 = P0;
-  let lane1 = P1;
+  let a = P0;
+  let b = P1;
   let i = 0;
   for (; n - i >= 32; i += 32) {
-    lane0 = fold(load64(p, i) ^ P1, load64(p, i + 8) ^ lane0);
-    lane1 = fold(load64(p, i + 16) ^ P2, load64(p, i + 24) ^ lane1);
+    a = fold(load64(p, i) ^ P1, load64(p, i + 8) ^ a);
+    b = fold(load64(p, i + 16) ^ P2, load64(p, i + 24) ^ b);
   }
   if (n - i >= 16) {
-    lane0 = fold(load64(p, i) ^ P1, load64(p, i + 8) ^ lane0);
+    a = fold(load64(p, i) ^ P1, load64(p, i + 8) ^ a);
     i += 16;
   }
   if (n - i > 0) {
     const tail = new Uint8Array(16);
     tail.set(p.subarray(i));
-    lane1 = fold(load64(tail, 0) ^ P2, load64(tail, 8) ^ lane1);
+    b = fold(load64(tail, 0) ^ P2, load64(tail, 8) ^ b);
   }
-  return fold(lane0 ^ P2, lane1 ^ BigInt(n));
+  return [a, b];
 }
 
-export function chainHash(parent: bigint, content: bigint): bigint {
-  return fold(fold(content ^ P3, parent ^ P0) ^ P1, P2);
+/** One link of the chain: h = Fold(parent ^ a, b ^ P3). */
+export function link(parent: bigint, [a, b]: [bigint, bigint]): bigint {
+  return fold(parent ^ a, b ^ P3);
 }
 
 export function hashPromptModel(prompt: Uint8Array, blockSize: number, seed: bigint): bigint[] {
   const out: bigint[] = [];
   let h = seed;
   for (let b = 0; b + blockSize <= prompt.length; b += blockSize) {
-    h = chainHash(h, contentHash(prompt.subarray(b, b + blockSize)));
+    h = link(h, lanesOf(prompt.subarray(b, b + blockSize)));
     out.push(h);
   }
   return out;
 }
 
 export function seedModel(model: string, salt = 0n): bigint {
-  return chainHash(salt, contentHash(new TextEncoder().encode(model)));
+  const bytes = new TextEncoder().encode(model);
+  return fold(link(salt, lanesOf(bytes)) ^ P1, BigInt(bytes.length) ^ P2);
 }
 
 type Cap = [number, number, number];
