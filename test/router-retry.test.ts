@@ -109,3 +109,63 @@ t.test('a dispatch that fails before any byte is forgotten by the prefix index',
     s.complete(onGood, 'aborted');
   }
 });
+
+t.test('a flat-shape error event split over several reads is still rewritten into the current shape', async (t) => {
+  const token = 'data: {"id":"c1","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":null}]}\n\n';
+  const flat = 'data: {"object":"error","message":"engine fell over","type":"InternalServerError","param":null,"code":500}\n\n';
+  // each case: the pieces the stream is cut into (written 30 ms apart)
+  const cases: [string, string[]][] = [
+    ['inside the event', [token, flat.slice(0, 40), flat.slice(40), 'data: [DONE]\n\n']],
+    ['inside the marker', [token, flat.slice(0, 3), flat.slice(3, 15), flat.slice(15), 'data: [DONE]\n\n']],
+    ['before the blank line', [token, flat.slice(0, -1), flat.slice(-1) + 'data: [DONE]\n\n']],
+    ['token then the start of the error in one read', [token + flat.slice(0, 10), flat.slice(10) + 'data: [DONE]\n\n']],
+  ];
+  let current: string[] = [];
+  const socks = new Set<Socket>();
+  const up = createServer((sock) => {
+    socks.add(sock);
+    sock.on('error', () => {});
+    sock.on('data', (b: Buffer) => {
+      if (b.toString('latin1', 0, 4) === 'GET ') {
+        sock.write('HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n');
+        return;
+      }
+      const pieces = current;
+      const hex = (s: string) => `${Buffer.byteLength(s).toString(16)}\r\n${s}\r\n`;
+      sock.write('HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n');
+      let i = 0;
+      const next = () => {
+        if (i < pieces.length) {
+          sock.write(hex(pieces[i++]!));
+          setTimeout(next, 30);
+        } else sock.write('0\r\n\r\n');
+      };
+      next();
+    });
+  });
+  await new Promise<void>((r) => up.listen(0, '127.0.0.1', r));
+  t.teardown(() => {
+    for (const s of socks) s.destroy();
+    up.close();
+  });
+  const port = (up.address() as { port: number }).port;
+  const { url } = await startTestRouter(t, {
+    n: 1,
+    pools: () => [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'old', url: `http://127.0.0.1:${port}` }] }],
+    extra: { scheduling: { scorers: [], picker: 'round-robin' }, proxy: { client: 'h1' } },
+  });
+  for (const [label, pieces] of cases) {
+    current = pieces;
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'open-model', prompt: 'hi', max_tokens: 4, stream: true }),
+    });
+    const text = await res.text();
+    const events = text.split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
+    t.same(events.length, 3, `${label}: token, error, [DONE] (${JSON.stringify(text)})`);
+    t.equal(JSON.parse(events[0]!).choices[0].text, 'hi', `${label}: the token event unchanged`);
+    t.same(JSON.parse(events[1]!), { error: { message: 'engine fell over', type: 'InternalServerError', param: null, code: 500 } }, `${label}: the error in the current shape`);
+    t.equal(events[2], '[DONE]', `${label}: then [DONE]`);
+  }
+});

@@ -21,6 +21,23 @@ const SSE_ERROR_PREFIX = Buffer.from('data: ');
 const SSE_DONE = Buffer.from('\n\ndata: [DONE]\n\n');
 /** A mid-stream error event in older vLLM's flat shape (rewritten to the current one). */
 const SSE_FLAT_ERROR = Buffer.from('data: {"object":"error"');
+const EVENT_END = Buffer.from('\n\n');
+
+/**
+ * Length of the longest proper prefix of a flat error event that `chunk`
+ * ends with, starting where an event can start (after a blank line or at the
+ * chunk's start); 0 if none. Token chunks end with a blank line: one compare.
+ */
+function flatErrorStartAtEnd(chunk: Buffer): number {
+  const n = chunk.length;
+  if (n === 0 || chunk[n - 1] === 10) return 0;
+  for (let k = Math.min(n, SSE_FLAT_ERROR.length - 1); k > 0; k--) {
+    const at = n - k;
+    if (at !== 0 && (at < 2 || chunk[at - 1] !== 10 || chunk[at - 2] !== 10)) continue;
+    if (chunk.compare(SSE_FLAT_ERROR, 0, k, at, n) === 0) return k;
+  }
+  return 0;
+}
 /** Largest upstream error body the router buffers to rewrite into the current shape. */
 const MAX_ERROR_BODY = 65536;
 
@@ -91,6 +108,8 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   /** An upstream error answer (status >= 400, not SSE) being buffered to normalise its shape. */
   #errorBody: Buffer[] | null = null;
   #errorBytes = 0;
+  /** The tail of an SSE stream that may be an incomplete flat-shape error event, held for the next chunk. */
+  #sseHold: Buffer | null = null;
 
   constructor(core: RouterCore, res: HttpResponse, kind: number, requestId: string, authorization: string, contentLength: number) {
     this.core = core;
@@ -337,8 +356,45 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
       // too large to be an error object: relay what was held, then stream on
       this.#errorBody = null;
       for (const held of eb) this.#relay(held);
-    } else if (this.#sse && this.#status === 200 && chunk.indexOf(SSE_FLAT_ERROR) >= 0) chunk = this.#rewriteSseError(chunk);
+    } else if (this.#sse && this.#status === 200) {
+      chunk = this.#sseErrors(chunk);
+      if (chunk.length === 0) return;
+    }
     this.#relay(chunk);
+  }
+
+  /**
+   * Rewrites flat-shape error events of an SSE stream into the current shape,
+   * also when an event arrives split over reads: a tail that is (or may
+   * become) an incomplete flat error event is held back and joined to the
+   * next chunk. Plain token events pass without a copy.
+   */
+  #sseErrors(chunk: Buffer): Buffer {
+    const held = this.#sseHold;
+    if (held !== null) {
+      this.#sseHold = null;
+      chunk = Buffer.concat([held, chunk]);
+    }
+    let cut = chunk.length;
+    const at = chunk.lastIndexOf(SSE_FLAT_ERROR);
+    if (at >= 0 && chunk.indexOf(EVENT_END, at) < 0) cut = at;
+    else cut -= flatErrorStartAtEnd(chunk);
+    if (cut < chunk.length) {
+      if (chunk.length - cut > MAX_ERROR_BODY) cut = chunk.length; // too long for an error event: relay as it is
+      else {
+        this.#sseHold = Buffer.from(chunk.subarray(cut)); // a copy: the client may reuse the chunk's memory
+        chunk = chunk.subarray(0, cut);
+      }
+    }
+    return chunk.indexOf(SSE_FLAT_ERROR) >= 0 ? this.#rewriteSseError(chunk) : chunk;
+  }
+
+  /** Relays a held SSE tail as it is (the stream ended or failed before it completed). */
+  #flushSseHold(): void {
+    const held = this.#sseHold;
+    if (held === null) return;
+    this.#sseHold = null;
+    this.#relay(held.indexOf(EVENT_END) >= 0 ? this.#rewriteSseError(held) : held);
   }
 
   #relay(chunk: Buffer): void {
@@ -352,6 +408,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   onUpstreamEnd(): void {
     if (this.aborted) return;
     if (!this.#clientEnded) {
+      this.#flushSseHold();
       cur = this;
       curChunk = '';
       const eb = this.#errorBody;
@@ -382,6 +439,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     }
     this.#errorMessage = err.message;
     if (!this.#clientEnded) {
+      this.#flushSseHold();
       cur = this;
       this.res.cork(corkedError);
     }
