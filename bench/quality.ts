@@ -413,19 +413,21 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
     SHARED = { groups: 16, systemTokens: 1024, questionTokens: 128, outputTokens: 32 };
     MULTI = { turns: 4, systemTokens: 512, userTokens: 64, outputTokens: 32 };
   }
-  const rates = (arg('--rates') ?? (quick ? '10,40' : '5,10,20,30,40,60')).split(',').map(Number);
+  const rates = (arg('--rates') ?? (quick ? '10,40' : '5,10,20,30,40,60,80')).split(',').map(Number);
   const workloads = (arg('--workloads') ?? 'shared-prefix,multi-turn').split(',');
   const policies = (arg('--policies') ?? 'round-robin,least-request,switchyard').split(',');
   const seconds = Number(arg('--seconds') ?? (quick ? 4 : 12));
-  // Past saturation a longer arrival window, so the steady state dominates the run.
-  const longSeconds = Number(arg('--long-seconds') ?? seconds);
-  const longFrom = Number(arg('--long-from') ?? Infinity);
+  // Shared-prefix past round-robin's saturation: a longer arrival window, so the steady state dominates
+  // the run (the multi-turn runs keep `seconds`: no floor is read from them).
+  const longSeconds = Number(arg('--long-seconds') ?? (quick ? seconds : 20));
+  const longFrom = Number(arg('--long-from') ?? (quick ? Infinity : 40));
   const fleet = { ...FLEET, kvCacheBlocks: quick ? 600 : FLEET.kvCacheBlocks };
   const dir = mkdtempSync(join(tmpdir(), 'swy-quality-'));
   const rows: Row[] = [];
   for (const workload of workloads) {
     for (const rate of rates) {
-      const n = Math.max(48, Math.round(rate * (rate >= longFrom ? longSeconds : seconds)));
+      const long = workload === 'shared-prefix' && rate >= longFrom;
+      const n = Math.max(48, Math.round(rate * (long ? longSeconds : seconds)));
       for (const policy of policies) {
         if (!(policy in POLICIES)) throw new Error(`unknown policy ${policy}`);
         const base = await freePortRange(fleet.engines);
@@ -481,7 +483,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
     `prefill ${fleet.prefillOverheadMs} ms + ${fleet.prefillUsPerToken} µs/uncached token, ITL ${fleet.itlMs} ms; ` +
     `shared-prefix: ${SHARED.groups} groups, ${SHARED.systemTokens}-token system prompt, ${SHARED.questionTokens}-token question, ${SHARED.outputTokens} output tokens; ` +
     `multi-turn: ${MULTI.turns} turns, ${MULTI.systemTokens}-token system prompt, ${MULTI.userTokens}-token user turns, ${MULTI.outputTokens} output tokens; ` +
-    `~${seconds} s of Poisson arrivals per rate${longFrom < Infinity ? ` (~${longSeconds} s from ${longFrom} req/s)` : ''} (at least 48 requests); ` +
+    `~${seconds} s of Poisson arrivals per rate${longFrom < Infinity ? ` (shared-prefix: ~${longSeconds} s from ${longFrom} req/s)` : ''} (at least 48 requests); ` +
     `steady-state output tokens/s counted from streamed tokens between ${STEADY_FROM * 100}% of the arrival window and the last arrival`;
   const json = arg('--json');
   if (json) writeFileSync(json, JSON.stringify({ config, rows }, null, 2));
