@@ -232,10 +232,9 @@ class Index {
 
   // The walk, in two phases. While several candidates still match, each
   // block's holders are checked against the candidate marks (MatchBlock).
-  // Once a single candidate is left (after the first block with a single
-  // holder, or any block only one candidate holds), WalkOne takes over: it
-  // only asks "does this endpoint hold the block?", which for a block in its
-  // home slot with one holder is a compare on the slot already loaded.
+  // After the first matched block with a single holder only that endpoint can
+  // still match, and WalkOne takes over: it only asks "does this endpoint
+  // hold the block?".
   // Software pipeline: the slot of block b+kWalkAhead and the holder array of
   // block b+kWalkAheadHolders are fetched while block b is examined.
   void Walk(const uint64_t* keys, size_t n, uint32_t* matched, uint32_t* tiers) {
@@ -248,40 +247,55 @@ class Index {
       }
       const uint32_t si = FindSlot(keys[b]);
       if (si == kNil) return;
-      uint32_t last;
-      const uint32_t advanced = MatchBlock(slots_[si], static_cast<uint32_t>(b), matched, tiers, &last);
-      if (advanced == 0) return;
-      if (advanced == 1) return WalkOne(keys, b + 1, n, last, matched, tiers);
+      const Slot& s = slots_[si];
+      if (!MatchBlock(s, static_cast<uint32_t>(b), matched, tiers)) return;
+      if (s.count == 1) return WalkOne(keys, b + 1, n, s.aux & 0x3FFF, matched, tiers);
     }
   }
 
   // The walk with one candidate left, endpoint ep, which holds blocks [0, b).
-  // Tier counts are kept in registers (tier 1 and 2 counted, tier 0 derived)
-  // and written once at the end.
+  // The common block sits in its home slot with ep as its only holder: one
+  // compare of the key and one of the slot's (count, holder) bytes against a
+  // pattern built once (from a Slot, so it holds on either byte order). Tier
+  // counts stay in registers: ts = sum of tiers, t2 = tier-2 blocks, and the
+  // counts are written once at the end.
   void WalkOne(const uint64_t* keys, size_t b, size_t n, uint32_t ep, uint32_t* matched, uint32_t* tiers) const {
-    const size_t from = b;
-    uint32_t t1 = 0, t2 = 0;
+    Slot pattern{}, mask{};
+    pattern.count = 1;
+    pattern.aux = static_cast<uint16_t>(ep);
+    mask.count = 0xFFFF;
+    mask.aux = 0x3FFF;
+    const uint64_t want = HolderWord(pattern), bits = HolderWord(mask);
+    const size_t from = b, prefetch_end = n > kWalkAhead ? n - kWalkAhead : 0;
+    uint32_t ts = 0, t2 = 0;
     for (; b < n; b++) {
-      __builtin_prefetch(&slots_[Home(keys[std::min(b + kWalkAhead, n - 1)])]);
+      if (b < prefetch_end) __builtin_prefetch(&slots_[Home(keys[b + kWalkAhead])]);
       const uint64_t key = keys[b];
       const Slot& s = slots_[Home(key)];
-      uint32_t tier;
-      if ((s.key == key) & (s.count == 1) & ((s.aux & 0x3FFFu) == ep)) {
-        tier = s.aux >> 14;  // the common case: at home, sole holder
+      uint32_t aux;
+      if ((s.key == key) & ((HolderWord(s) & bits) == want)) {
+        aux = s.aux;
       } else {
         const int t = TierOf(key, ep);
         if (t < 0) break;
-        tier = static_cast<uint32_t>(t);
+        aux = static_cast<uint32_t>(t) << 14;
       }
-      t1 += tier & 1;
-      t2 += tier >> 1;
+      ts += aux >> 14;
+      t2 += aux >> 15;
     }
     const uint32_t c = cand_of_[ep];
-    const uint32_t walked = static_cast<uint32_t>(b - from);
+    const uint32_t walked = static_cast<uint32_t>(b - from), t1 = ts - 2 * t2;
     matched[c] = static_cast<uint32_t>(b);
     tiers[c * kTiers + 0] += walked - t1 - t2;
     tiers[c * kTiers + 1] += t1;
     tiers[c * kTiers + 2] += t2;
+  }
+
+  // The slot's bytes after the key (ref, count, aux) as one word.
+  static uint64_t HolderWord(const Slot& s) {
+    uint64_t w;
+    std::memcpy(&w, reinterpret_cast<const char*>(&s) + sizeof(s.key), sizeof(w));
+    return w;
   }
 
   // The tier in which ep holds the block `key`, or -1.
@@ -306,10 +320,10 @@ class Index {
   }
 
   // One block of a match walk with several candidates: advances every
-  // candidate still matching (matched == want) that holds the block. Returns
-  // how many advanced; *last = the endpoint of the last one.
-  uint32_t MatchBlock(const Slot& s, uint32_t want, uint32_t* matched, uint32_t* tiers, uint32_t* last) const {
-    uint32_t advanced = 0;
+  // candidate still matching (matched == want) that holds the block; false
+  // when none does.
+  bool MatchBlock(const Slot& s, uint32_t want, uint32_t* matched, uint32_t* tiers) const {
+    bool hit = false;
     if (s.count == 1) {
       const uint32_t ep = s.aux & 0x3FFF;
       if (stamp_[ep] == gen_) {
@@ -317,11 +331,10 @@ class Index {
         if (matched[c] == want) {
           matched[c] = want + 1;
           tiers[c * kTiers + (s.aux >> 14)]++;
-          *last = ep;
-          advanced = 1;
+          hit = true;
         }
       }
-      return advanced;
+      return hit;
     }
     const Holder* h = &arena_[s.ref];
     for (uint32_t k = 0; k < s.count; k++) {
@@ -331,10 +344,9 @@ class Index {
       if (matched[c] != want) continue;
       matched[c] = want + 1;
       tiers[c * kTiers + h[k].tier]++;
-      *last = ep;
-      advanced++;
+      hit = true;
     }
-    return advanced;
+    return hit;
   }
 
  public:

@@ -17,6 +17,7 @@
 // test/reference/prefix-index-model.ts implements the same function with
 // BigInt and the property tests compare the two bit for bit.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -75,10 +76,20 @@ inline uint64_t Link(uint64_t parent, Lanes l) { return Fold(parent ^ l.a, l.b ^
 
 // Hashes the full blocks of [p, p+len) chained from `seed` into out[0..count);
 // returns count = len / block_size. The caller guarantees out has room.
+// The prompt's bytes are prefetched kPromptAhead bytes ahead of the block
+// being hashed: a prompt that is not in cache streams in from memory, and
+// the hardware prefetcher alone (which restarts at every 4 KiB page) left
+// the hash waiting on it (measured: 32 KiB from memory 3.8-4.2 us -> 1.2-1.6 us,
+// the same as from cache).
+constexpr size_t kPromptAhead = 4096;
+
 inline size_t HashPrompt(const uint8_t* p, size_t len, size_t block_size, uint64_t seed, uint64_t* out) {
   const size_t count = len / block_size;
+  size_t fetched = 0;  // prompt bytes [0, fetched) requested, in 64-byte lines
   uint64_t h = seed;
   for (size_t b = 0; b < count; b++) {
+    const size_t upto = std::min(len, (b + 1) * block_size + kPromptAhead);
+    for (; fetched < upto; fetched += 64) __builtin_prefetch(p + fetched);
     h = Link(h, LanesOf(p + b * block_size, block_size));
     out[b] = h;
   }
