@@ -169,3 +169,52 @@ t.test('a flat-shape error event split over several reads is still rewritten int
     t.equal(events[2], '[DONE]', `${label}: then [DONE]`);
   }
 });
+
+t.test('a plugin that throws while a retry is picked: 500 with OpenAI error JSON, the router keeps serving', async (t) => {
+  const { registry } = await import('../src/scheduler/builtins.js');
+  let calls = 0;
+  registry.register({
+    kind: 'scorer',
+    type: 'test-throws-on-second-call',
+    validate: () => [],
+    create: () => ({
+      type: 'test-throws-on-second-call',
+      name: 'test-throws-on-second-call',
+      score: (_ctx: unknown, eps: readonly unknown[]) => {
+        if (++calls === 2) throw new Error('scorer bug on the retry');
+        return new Float64Array(eps.length);
+      },
+    }),
+  });
+  const socks = new Set<Socket>();
+  const bad = createServer((sock) => {
+    socks.add(sock);
+    sock.on('error', () => {});
+    sock.on('data', (b: Buffer) => {
+      if (b.toString('latin1', 0, 4) === 'GET ') sock.write('HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n');
+      else sock.write('HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}');
+    });
+  });
+  await new Promise<void>((r) => bad.listen(0, '127.0.0.1', r));
+  t.teardown(() => {
+    for (const s of socks) s.destroy();
+    bad.close();
+  });
+  const port = (bad.address() as { port: number }).port;
+  const { url } = await startTestRouter(t, {
+    n: 1,
+    // the failing endpoint first, so round-robin's first pick lands on it and the retry picks again
+    pools: (urls) => [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'bad', url: `http://127.0.0.1:${port}` }, { name: 'e0', url: urls[0] }] }],
+    extra: { scheduling: { filters: ['model'], scorers: [{ type: 'test-throws-on-second-call', weight: 1 }], picker: 'round-robin' }, proxy: { client: 'h1' } },
+  });
+  const post = () =>
+    fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'open-model', prompt: 'hi', max_tokens: 2 }) });
+  const r1 = await post();
+  const j1 = await r1.json();
+  t.equal(r1.status, 500, 'the throw on the retry path is answered with 500');
+  t.match(j1, { error: { message: /internal error: scorer bug on the retry/, type: String } }, 'as OpenAI error JSON');
+  t.equal(calls, 2, 'the first pick went to the failing endpoint, the retry pick threw');
+  const r2 = await post();
+  await r2.text();
+  t.equal(r2.status, 200, 'the next request is served: the process did not crash');
+});
