@@ -2,32 +2,10 @@
 // landing on the endpoint that holds it, while different prefixes spread
 // across the fleet; the round-robin baseline shows the contrast.
 import t from 'tap';
-import { startFleet } from '../src/sim/index.js';
-import { validateConfig, API_VERSION } from '../src/config/schema.js';
-import { registry } from '../src/scheduler/builtins.js';
-import { startRouter } from '../src/server/router.js';
+import { startTestRouter } from './router-util.js';
 
-const validate = (kind: 'filter' | 'scorer' | 'picker', s: { type: string; params: Record<string, unknown> }) =>
-  registry.validate(kind, s.type, s.params);
-
-async function setup(t: Tap.Test, scheduling?: unknown) {
-  const fleet = await startFleet(4, { timeScale: 0.05, seed: 7 });
-  const cfg = validateConfig(
-    {
-      apiVersion: API_VERSION,
-      kind: 'Router',
-      pools: [{ name: 'p', models: ['open-model'], endpoints: fleet.urls.map((url, i) => ({ name: `e${i}`, url })) }],
-      scheduling,
-      logging: { level: 'silent' },
-    },
-    validate,
-  );
-  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(async () => {
-    await router.close(200);
-    await fleet.close();
-  });
-  return { fleet, router };
+function setup(t: Tap.Test, scheduling?: unknown) {
+  return startTestRouter(t, { n: 4, fleet: { timeScale: 0.05, seed: 7 }, extra: scheduling === undefined ? {} : { scheduling } });
 }
 
 const GROUPS = 6; // not a multiple of the fleet size, so round-robin rotates
