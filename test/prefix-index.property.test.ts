@@ -169,28 +169,50 @@ t.test('native index agrees with the reference model on random operation sequenc
 
 t.test('larger sequences with many blocks per record (tables grow, shrink and rehash)', (t) => {
   const bigOp = fc.oneof(
-    fc.record({
-      op: fc.constant('record' as const),
-      ep: epArb,
-      keys: fc.array(fc.integer({ min: 0, max: 5000 }), { minLength: 1, maxLength: 200, size: 'max' }),
-      tier: fc.constantFrom(0 as const, 1 as const, 2 as const),
-    }),
+    {
+      arbitrary: fc.record({
+        op: fc.constant('record' as const),
+        ep: epArb,
+        keys: fc.array(fc.integer({ min: 0, max: 5000 }), { minLength: 1, maxLength: 200, size: 'max' }),
+        tier: fc.constantFrom(0 as const, 0 as const, 1 as const, 2 as const),
+      }),
+      weight: 3,
+    },
     fc.record({ op: fc.constant('remove' as const), ep: epArb, keys: fc.array(fc.integer({ min: 0, max: 5000 }), { maxLength: 200, size: 'max' }) }),
     fc.record({ op: fc.constant('setCapacity' as const), ep: epArb, cap: fc.tuple(fc.integer({ min: 0, max: 300 }), fc.integer({ min: 0, max: 200 }), fc.integer({ min: 0, max: 100 })) }),
     fc.record({ op: fc.constant('removeEndpoint' as const), ep: epArb }),
     fc.record({ op: fc.constant('match' as const), keys: fc.array(fc.integer({ min: 0, max: 5000 }), { maxLength: 200, size: 'max' }), cands: candArb }),
+    // a recorded prompt again, possibly extended: long walks, most of them by one candidate (the walk's
+    // single-candidate loop), across tiers and through blocks other endpoints hold too
+    {
+      arbitrary: fc.record({
+        op: fc.constant('matchRecorded' as const),
+        pick: fc.nat(),
+        extra: fc.array(fc.integer({ min: 0, max: 5000 }), { maxLength: 3 }),
+        cands: candArb,
+      }),
+      weight: 3,
+    },
   );
   const keyOf = (k: number) => (BigInt(k) * 0x2545f4914f6cdd1dn) & 0xffffffffffffffffn;
+  let longSeen = 0;
+  let tieredSeen = 0;
+  const runs = Math.max(10, Math.floor(RUNS / 5));
   fc.assert(
     fc.property(fc.array(bigOp, { minLength: 1, maxLength: 30, size: 'max' }), (ops) => {
       const idx = new PrefixIndex({ maxEndpoints: MAX_EPS, defaultCapacity: [120, 60, 30] });
       const model = new PrefixIndexModel(MAX_EPS, [120, 60, 30]);
       const res = new MatchResult();
-      for (const op of ops) {
+      const recorded: number[][] = [];
+      for (let op of ops) {
+        if (op.op === 'matchRecorded') {
+          const base = recorded.length === 0 ? [] : recorded[op.pick % recorded.length]!;
+          op = { op: 'match', keys: [...base, ...op.extra], cands: [...op.cands, ...Array.from({ length: MAX_EPS }, (_, i) => i)] };
+        }
         const keys = 'keys' in op ? BigUint64Array.from(op.keys.map(keyOf)) : new BigUint64Array(0);
         const list = [...keys];
         switch (op.op) {
-          case 'record': idx.record(op.ep, keys, keys.length, op.tier); model.record(op.ep, list, op.tier); break;
+          case 'record': idx.record(op.ep, keys, keys.length, op.tier); model.record(op.ep, list, op.tier); recorded.push(op.keys); break;
           case 'remove': idx.remove(op.ep, keys); model.remove(op.ep, list); break;
           case 'setCapacity': idx.setCapacity(op.ep, op.cap); model.setCapacity(op.ep, op.cap); break;
           case 'removeEndpoint': idx.removeEndpoint(op.ep); model.removeEndpoint(op.ep); break;
@@ -199,6 +221,8 @@ t.test('larger sequences with many blocks per record (tables grow, shrink and re
             const m = model.match(list, op.cands);
             const got = JSON.stringify({ matched: [...r.matched.subarray(0, op.cands.length)], tiers: [...r.tiers.subarray(0, op.cands.length * 3)] });
             if (got !== JSON.stringify(m)) throw new Error(`match differs: native ${got} model ${JSON.stringify(m)}`);
+            if (m.matched.some((x) => x >= 50)) longSeen++;
+            if (m.matched.some((x, i) => x >= 20 && [0, 1, 2].filter((t) => m.tiers[3 * i + t]! > 0).length >= 2)) tieredSeen++;
           }
         }
         const s = idx.stats();
@@ -208,9 +232,12 @@ t.test('larger sequences with many blocks per record (tables grow, shrink and re
         }
       }
     }),
-    { numRuns: Math.max(10, Math.floor(RUNS / 5)), interruptAfterTimeLimit: 60_000, markInterruptAsFailure: true },
+    { numRuns: runs, interruptAfterTimeLimit: 60_000, markInterruptAsFailure: true },
   );
   t.pass('agree');
+  // the generator must reach the long walks it is there for (counts vary from run to run: loose bounds)
+  t.ok(longSeen >= Math.max(1, runs / 5), `matches of 50+ blocks: ${longSeen}`);
+  t.ok(tieredSeen >= Math.max(1, runs / 10), `matches of 20+ blocks spanning two or more tiers: ${tieredSeen}`);
   t.end();
 });
 
