@@ -205,8 +205,10 @@ class Index {
   // (whose address is only known once the slot has arrived).
   static constexpr size_t kWalkAhead = 64, kWalkAheadHolders = 12;
 
-  // Zeroes the outputs and marks the distinct known candidates; false when
-  // there is none (nothing to walk). *dups: some candidate id repeats.
+  // Zeroes the outputs and marks the distinct in-range candidates; false when
+  // there is none (nothing to walk). *dups: some candidate id repeats. An
+  // endpoint the index does not know holds no block, so marking it changes
+  // nothing, and not reading eps_ keeps this loop on two small arrays.
   bool BeginMatch(const int32_t* cands, size_t nc, uint32_t* matched, uint32_t* tiers, bool* dups) {
     std::memset(matched, 0, nc * sizeof(uint32_t));
     std::memset(tiers, 0, nc * kTiers * sizeof(uint32_t));
@@ -218,7 +220,7 @@ class Index {
     size_t distinct = 0;
     for (size_t i = 0; i < nc; i++) {
       const int32_t c = cands[i];
-      if (c < 0 || static_cast<uint32_t>(c) >= max || !eps_[c].exists) continue;
+      if (c < 0 || static_cast<uint32_t>(c) >= max) continue;
       if (stamp_[c] == gen_) {
         *dups = true;
         continue;
@@ -311,7 +313,7 @@ class Index {
     const uint32_t max = max_endpoints();
     for (size_t i = 0; i < nc; i++) {
       const int32_t c = cands[i];
-      if (c < 0 || static_cast<uint32_t>(c) >= max || !eps_[c].exists) continue;
+      if (c < 0 || static_cast<uint32_t>(c) >= max) continue;
       const uint32_t first = cand_of_[c];
       if (first == i) continue;
       matched[i] = matched[first];
