@@ -38,6 +38,45 @@ const KNOWN_PATHS: Record<string, string> = {
   '/metrics': 'GET',
 };
 
+/**
+ * The requests still reading their body: an array with swap-remove through an
+ * index kept on each request. A Set would rehash as it grows and shrinks with
+ * every request; this allocates nothing per request.
+ */
+export class ReadingList {
+  readonly #items: ProxyRequest[] = [];
+
+  get size(): number {
+    return this.#items.length;
+  }
+
+  add(r: ProxyRequest): void {
+    if (r.readSlot >= 0) return;
+    r.readSlot = this.#items.length;
+    this.#items.push(r);
+  }
+
+  delete(r: ProxyRequest): void {
+    const i = r.readSlot;
+    if (i < 0) return;
+    r.readSlot = -1;
+    const last = this.#items.pop()!;
+    if (last !== r) {
+      this.#items[i] = last;
+      last.readSlot = i;
+    }
+  }
+
+  has(r: ProxyRequest): boolean {
+    return r.readSlot >= 0 && this.#items[r.readSlot] === r;
+  }
+
+  /** Those whose body reading began before `deadline` (a new array: the sweep is not on the request path). */
+  startedBefore(deadline: number): ProxyRequest[] {
+    return this.#items.filter((r) => r.readStart < deadline);
+  }
+}
+
 export class RouterCore {
   readonly config: RouterConfig;
   readonly log: Logger;
@@ -50,7 +89,7 @@ export class RouterCore {
   readonly prompt = new PromptWriter();
   readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
   /** Requests still reading their body (for the 408 sweep). */
-  readonly reading = new Set<ProxyRequest>();
+  readonly reading = new ReadingList();
   /** Set just before a gate rejection reply; read by reply(). */
   rejectReason = '';
   retryAfter = 0;
@@ -195,11 +234,10 @@ export class RouterCore {
     if (this.reading.size === 0) return;
     // readStart is the clock of the sweep before the request began: allow one sweep period so none ends early
     const deadline = now - this.limits.requestBodyTimeoutMs - this.#sweepEvery;
-    for (const ctx of this.reading) {
-      if (ctx.readStart < deadline) {
-        this.reading.delete(ctx);
-        ctx.reply(408, `the request body did not arrive within ${this.limits.requestBodyTimeoutMs} ms`, null, true);
-      }
+    const late = this.reading.startedBefore(deadline);
+    for (const ctx of late) {
+      this.reading.delete(ctx);
+      ctx.reply(408, `the request body did not arrive within ${this.limits.requestBodyTimeoutMs} ms`, null, true);
     }
   }
 

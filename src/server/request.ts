@@ -83,6 +83,8 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   authorization: string;
   contentLength: number;
   readStart = 0;
+  /** Position in core.reading while the body is being read; -1 otherwise. */
+  readSlot = -1;
   #raw: Buffer | null = null;
   #received = 0;
   /** Prompt bytes copied out of the shared writer when admission is asynchronous. */
