@@ -2,20 +2,23 @@
 //
 // A prompt is cut into fixed-size blocks; only full blocks are hashed. Each
 // block's 64-bit hash covers its parent's hash (the seed for the first block)
-// and the block's bytes, so one hash names a whole prefix:
+// and the block's bytes, so one hash names a whole prefix. A block is split
+// into its body (all but its last 16 bytes) and its last 16 bytes (l0, l1):
 //
-//   (a[i], b[i]) = Lanes(block i)                 two 64-bit lanes of the bytes (see below)
-//   h[i] = Fold(h[i-1] ^ a[i], b[i] ^ P3),  h[-1] = seed
+//   (a[i], b[i]) = Lanes(body of block i)        two 64-bit lanes (see LanesOf)
+//   h[i] = Fold(h[i-1] ^ a[i] ^ l0[i], b[i] ^ l1[i] ^ P3),  h[-1] = seed
 //
-// Fold(x, y) is the 128-bit product x*y folded to 64 bits (low ^ high), the
-// core step of wyhash-style hashes. Words are read little-endian (byte-swapped
-// on big-endian hosts). The lanes of different blocks are independent of each
-// other, so the CPU computes them for many blocks at once; the chain itself
-// is one multiply per block (h[i-1] is one operand of that product), which is
-// the only serial step. This is a fast, non-cryptographic hash: a collision,
-// or a prompt crafted to collide, only costs a mis-scored cache affinity.
-// test/reference/prefix-index-model.ts implements the same function with
-// BigInt and the property tests compare the two bit for bit.
+// (a block shorter than 16 bytes has an empty body and its bytes, zero-padded
+// to 16, as (l0, l1)). Fold(x, y) is the 128-bit product x*y folded to 64
+// bits (low ^ high), the core step of wyhash-style hashes. Words are read
+// little-endian (byte-swapped on big-endian hosts). The lanes of different
+// blocks are independent of each other, so the CPU computes them for many
+// blocks at once; the chain is the one multiply per block that also takes
+// the block's last 16 bytes, the only serial step. A 64-byte block costs four
+// multiplies, one per 16 bytes. This is a fast, non-cryptographic hash: a
+// collision, or a prompt crafted to collide, only costs a mis-scored cache
+// affinity. test/reference/prefix-index-model.ts implements the same function
+// with BigInt and the property tests compare the two bit for bit.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -71,8 +74,25 @@ inline Lanes LanesOf(const uint8_t* p, size_t n) {
   return {a, b};
 }
 
-// One link of the chain: the hash of a block whose parent hashes to `parent`.
+// One link of the chain for the seed: Fold(parent ^ a, b ^ P3).
 inline uint64_t Link(uint64_t parent, Lanes l) { return Fold(parent ^ l.a, l.b ^ kP3); }
+
+// The hash of a block of n bytes whose parent hashes to `parent` (see top).
+inline uint64_t BlockHash(uint64_t parent, const uint8_t* p, size_t n) {
+  const size_t body = n >= 16 ? n - 16 : 0;
+  const Lanes l = LanesOf(p, body);
+  uint64_t l0, l1;
+  if (n >= 16) {
+    l0 = Load64(p + body);
+    l1 = Load64(p + body + 8);
+  } else {
+    uint8_t last[16] = {0};
+    std::memcpy(last, p, n);
+    l0 = Load64(last);
+    l1 = Load64(last + 8);
+  }
+  return Fold(parent ^ l.a ^ l0, l.b ^ l1 ^ kP3);
+}
 
 // Hashes the full blocks of [p, p+len) chained from `seed` into out[0..count);
 // returns count = len / block_size. The caller guarantees out has room.
@@ -90,7 +110,7 @@ inline size_t HashPrompt(const uint8_t* p, size_t len, size_t block_size, uint64
   for (size_t b = 0; b < count; b++) {
     const size_t upto = std::min(len, (b + 1) * block_size + kPromptAhead);
     for (; fetched < upto; fetched += 64) __builtin_prefetch(p + fetched);
-    h = Link(h, LanesOf(p + b * block_size, block_size));
+    h = BlockHash(h, p + b * block_size, block_size);
     out[b] = h;
   }
   return count;

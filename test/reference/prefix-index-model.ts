@@ -43,16 +43,26 @@ export function lanesOf(p: Uint8Array): [bigint, bigint] {
   return [a, b];
 }
 
-/** One link of the chain: h = Fold(parent ^ a, b ^ P3). */
+/** One link of the chain for the seed: Fold(parent ^ a, b ^ P3). */
 export function link(parent: bigint, [a, b]: [bigint, bigint]): bigint {
   return fold(parent ^ a, b ^ P3);
+}
+
+/** A block's hash from its parent's (native/prefix_hash.h BlockHash): lanes of all but the last 16 bytes,
+ * then one fold that takes the parent and the last 16 bytes (zero-padded when the block is shorter). */
+export function blockHash(parent: bigint, block: Uint8Array): bigint {
+  const body = Math.max(0, block.length - 16);
+  const [a, b] = lanesOf(block.subarray(0, body));
+  const last = new Uint8Array(16);
+  last.set(block.subarray(body));
+  return fold(parent ^ a ^ load64(last, 0), b ^ load64(last, 8) ^ P3);
 }
 
 export function hashPromptModel(prompt: Uint8Array, blockSize: number, seed: bigint): bigint[] {
   const out: bigint[] = [];
   let h = seed;
   for (let b = 0; b + blockSize <= prompt.length; b += blockSize) {
-    h = link(h, lanesOf(prompt.subarray(b, b + blockSize)));
+    h = blockHash(h, prompt.subarray(b, b + blockSize));
     out.push(h);
   }
   return out;
