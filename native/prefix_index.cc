@@ -46,16 +46,10 @@ bool GetArray(const Napi::CallbackInfo& info, size_t i, napi_typedarray_type wan
               size_t* len) {
   napi_env env = info.Env();
   napi_value v = info[i];
-  bool is_ta = false;
-  napi_is_typedarray(env, v, &is_ta);
-  if (!is_ta) {
-    ThrowType(info.Env(), msg);
-    return false;
-  }
   napi_typedarray_type type;
   void* ptr = nullptr;
-  napi_get_typedarray_info(env, v, &type, len, &ptr, nullptr, nullptr);
-  if (type != want) {
+  // Fails (napi_invalid_arg, no exception) for anything but a typed array.
+  if (napi_get_typedarray_info(env, v, &type, len, &ptr, nullptr, nullptr) != napi_ok || type != want) {
     ThrowType(info.Env(), msg);
     return false;
   }
@@ -65,12 +59,12 @@ bool GetArray(const Napi::CallbackInfo& info, size_t i, napi_typedarray_type wan
 }
 
 bool GetSeed(const Napi::CallbackInfo& info, size_t i, uint64_t* out) {
-  if (!info[i].IsBigInt()) {
+  bool lossless = false;
+  // Fails (napi_bigint_expected, no exception) for anything but a bigint.
+  if (napi_get_value_bigint_uint64(info.Env(), info[i], out, &lossless) != napi_ok) {
     ThrowType(info.Env(), "seed must be a bigint");
     return false;
   }
-  bool lossless = false;
-  *out = info[i].As<Napi::BigInt>().Uint64Value(&lossless);
   if (!lossless) {
     ThrowRange(info.Env(), "seed must be a bigint in [0, 2^64)");
     return false;
