@@ -480,7 +480,8 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
   }
   const config =
     `fleet: ${fleet.engines} simulated vLLM engines, kv-cache-blocks ${fleet.kvCacheBlocks} × ${fleet.blockSize} tokens, max-num-seqs ${fleet.maxNumSeqs}, ` +
-    `prefill ${fleet.prefillOverheadMs} ms + ${fleet.prefillUsPerToken} µs/uncached token, ITL ${fleet.itlMs} ms; ` +
+    `prefill ${fleet.prefillOverheadMs} ms + ${fleet.prefillUsPerToken} µs/uncached token (serial, stalls decode), ` +
+    `ITL ${fleet.itlMs} ms × (1 + 1% per other running request: the simulator's default decode slowdown); ` +
     `shared-prefix: ${SHARED.groups} groups, ${SHARED.systemTokens}-token system prompt, ${SHARED.questionTokens}-token question, ${SHARED.outputTokens} output tokens; ` +
     `multi-turn: ${MULTI.turns} turns, ${MULTI.systemTokens}-token system prompt, ${MULTI.userTokens}-token user turns, ${MULTI.outputTokens} output tokens; ` +
     `~${seconds} s of Poisson arrivals per rate${longFrom < Infinity ? ` (shared-prefix: ~${longSeconds} s from ${longFrom} req/s)` : ''} (at least 48 requests); ` +

@@ -36,9 +36,12 @@ function frame(title: string, xLabel: string, yLabel: string, body: string, lege
       return mark + `<text x="${W - M.r + 32}" y="${M.t + i * 20 + 11}" font-size="12">${esc(name)}</text>`;
     })
     .join('');
+  // Long legend names widen the canvas to the right (the plot area keeps its size).
+  const longest = Math.max(0, ...legend.map((n) => n.length));
+  const width = Math.max(W, W - M.r + 32 + Math.ceil(longest * 7) + 10);
   return (
-    `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" font-family="sans-serif">` +
-    `<rect width="${W}" height="${H}" fill="white"/>` +
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${H}" font-family="sans-serif">` +
+    `<rect width="${width}" height="${H}" fill="white"/>` +
     `<text x="${W / 2}" y="22" font-size="15" text-anchor="middle">${esc(title)}</text>` +
     `<text x="${M.l + (W - M.l - M.r) / 2}" y="${H - 10}" font-size="12" text-anchor="middle">${esc(xLabel)}</text>` +
     `<text transform="translate(16 ${M.t + (H - M.t - M.b) / 2}) rotate(-90)" font-size="12" text-anchor="middle">${esc(yLabel)}</text>` +
