@@ -25,7 +25,7 @@
 // running and waiting requests and KV usage; their means over the same
 // steady-state window show how many requests each policy keeps running.
 //
-//   node dist/bench/quality.js [--quick] [--rates 5,10,20] [--workloads shared-prefix,multi-turn]
+//   node dist/bench/quality.js [--quick] [--kv-cache-blocks N] [--rates 5,10,20] [--workloads shared-prefix,multi-turn]
 //                              [--policies round-robin,least-request,switchyard] [--seconds 12]
 //                              [--long-seconds 20 --long-from 40] [--json out.json]
 import { writeFileSync, mkdtempSync } from 'node:fs';
@@ -421,7 +421,10 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
   // the run (the multi-turn runs keep `seconds`: no floor is read from them).
   const longSeconds = Number(arg('--long-seconds') ?? (quick ? seconds : 20));
   const longFrom = Number(arg('--long-from') ?? (quick ? Infinity : 40));
-  const fleet = { ...FLEET, kvCacheBlocks: quick ? 600 : FLEET.kvCacheBlocks };
+  // --kv-cache-blocks N: the same fleet with another KV capacity per engine (e.g. a KV-bound fleet)
+  const kvOverride = arg('--kv-cache-blocks');
+  const fleet = { ...FLEET, kvCacheBlocks: kvOverride !== undefined ? Number(kvOverride) : quick ? 600 : FLEET.kvCacheBlocks };
+  if (!Number.isInteger(fleet.kvCacheBlocks) || fleet.kvCacheBlocks < 1) throw new Error(`--kv-cache-blocks must be a positive integer (got ${kvOverride})`);
   const dir = mkdtempSync(join(tmpdir(), 'swy-quality-'));
   const rows: Row[] = [];
   for (const workload of workloads) {
