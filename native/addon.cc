@@ -4,12 +4,14 @@
 
 #include "prefix_index.h"
 #include "flow_queues.h"
+#include "upstream_client.h"
 
 namespace {
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   switchyard::InitPrefixIndex(env, exports);
   switchyard::InitFlowQueues(env, exports);
+  switchyard::InitUpstreamClient(env, exports);
   exports.Set("abiVersion", Napi::Number::New(env, 1));
   return exports;
 }

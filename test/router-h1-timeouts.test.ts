@@ -5,8 +5,9 @@
 import t from 'tap';
 import { createServer, type Server, type Socket } from 'node:net';
 import { H1UpstreamClient } from '../src/proxy/h1-client.js';
+import { NativeUpstreamClient } from '../src/proxy/native-client.js';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
-import type { UpstreamCall, UpstreamSink } from '../src/proxy/upstream.js';
+import type { UpstreamCall, UpstreamClient, UpstreamSink } from '../src/proxy/upstream.js';
 import { DEFAULTS } from '../src/config/schema.js';
 
 interface Result {
@@ -16,7 +17,12 @@ interface Result {
   error?: Error & { code?: string };
 }
 
-function collect(client: H1UpstreamClient, set: EndpointSet, onData?: (r: Result, call: UpstreamCall) => void): Promise<Result> {
+const CLIENTS = [
+  ['h1', H1UpstreamClient],
+  ['native', NativeUpstreamClient],
+] as const;
+
+function collect(client: UpstreamClient, set: EndpointSet, onData?: (r: Result, call: UpstreamCall) => void): Promise<Result> {
   const t0 = performance.now();
   return new Promise((resolve) => {
     const r: Result = { status: 0, body: '', ms: 0 };
@@ -87,63 +93,65 @@ function trickle(body: string, gapMs: number) {
 const LIMIT = 200;
 const cfg = { ...DEFAULTS.proxy, headersTimeoutMs: LIMIT, bodyTimeoutMs: LIMIT };
 
-t.test('an endpoint that never answers times out after headersTimeoutMs, not before', async (t) => {
-  const set = await server(t, () => {});
-  const client = new H1UpstreamClient(cfg);
-  t.teardown(() => client.close());
-  const r = await collect(client, set);
-  t.equal(r.error?.code, 'ETIMEDOUT', `timed out (${r.error?.message})`);
-  t.ok(r.ms >= LIMIT - 5 && r.ms < LIMIT * 3 + 200, `after ${r.ms.toFixed(0)} ms (limit ${LIMIT} ms)`);
-});
-
-t.test('a body that stalls halfway times out after bodyTimeoutMs', async (t) => {
-  const set = await server(t, (sock) => {
-    sock.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{"a"');
+for (const [name, Client] of CLIENTS) {
+  t.test(`${name}: an endpoint that never answers times out after headersTimeoutMs, not before`, async (t) => {
+    const set = await server(t, () => {});
+    const client = new Client(cfg);
+    t.teardown(() => client.close());
+    const r = await collect(client, set);
+    t.equal(r.error?.code, 'ETIMEDOUT', `timed out (${r.error?.message})`);
+    t.ok(r.ms >= LIMIT - 5 && r.ms < LIMIT * 3 + 200, `after ${r.ms.toFixed(0)} ms (limit ${LIMIT} ms)`);
   });
-  const client = new H1UpstreamClient(cfg);
-  t.teardown(() => client.close());
-  const r = await collect(client, set);
-  t.equal(r.status, 200, 'headers arrived');
-  t.equal(r.body, '{"a"', 'the first bytes were relayed');
-  t.equal(r.error?.code, 'ETIMEDOUT', `then it timed out (${r.error?.message})`);
-  t.ok(r.ms >= LIMIT - 5, `after ${r.ms.toFixed(0)} ms`);
-});
 
-t.test('a slow body that keeps making progress is not cut off', async (t) => {
-  const body = '0123456789';
-  const set = await server(t, trickle(body, LIMIT / 4));
-  const client = new H1UpstreamClient(cfg);
-  t.teardown(() => client.close());
-  const r = await collect(client, set);
-  t.equal(r.error, undefined, 'no timeout');
-  t.equal(r.body, body, 'whole body');
-  t.ok(r.ms > LIMIT * 2, `took ${r.ms.toFixed(0)} ms, longer than the limit in total`);
-});
-
-t.test('bodyTimeoutMs 0 means no body timeout: gaps between chunks never cut a stream', async (t) => {
-  const body = '0123456789';
-  const set = await server(t, trickle(body, 30));
-  const client = new H1UpstreamClient({ ...DEFAULTS.proxy, headersTimeoutMs: LIMIT, bodyTimeoutMs: 0 });
-  t.teardown(() => client.close());
-  const r = await collect(client, set);
-  t.equal(r.error, undefined, `no timeout (${r.error?.message})`);
-  t.equal(r.body, body, 'whole body');
-});
-
-t.test('a call paused for a slow client is not timed out while paused', async (t) => {
-  const set = await server(t, (sock) => {
-    sock.write('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nab');
-    setTimeout(() => sock.destroyed || sock.write('cd'), LIMIT * 2.5);
+  t.test(`${name}: a body that stalls halfway times out after bodyTimeoutMs`, async (t) => {
+    const set = await server(t, (sock) => {
+      sock.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{"a"');
+    });
+    const client = new Client(cfg);
+    t.teardown(() => client.close());
+    const r = await collect(client, set);
+    t.equal(r.status, 200, 'headers arrived');
+    t.equal(r.body, '{"a"', 'the first bytes were relayed');
+    t.equal(r.error?.code, 'ETIMEDOUT', `then it timed out (${r.error?.message})`);
+    t.ok(r.ms >= LIMIT - 5, `after ${r.ms.toFixed(0)} ms`);
   });
-  const client = new H1UpstreamClient(cfg);
-  t.teardown(() => client.close());
-  const r = await collect(client, set, (res, call) => {
-    if (res.body === 'ab') {
-      // the client stops reading for longer than the body timeout, then resumes
-      call.pause();
-      setTimeout(() => call.resume(), LIMIT * 2);
-    }
+
+  t.test(`${name}: a slow body that keeps making progress is not cut off`, async (t) => {
+    const body = '0123456789';
+    const set = await server(t, trickle(body, LIMIT / 4));
+    const client = new Client(cfg);
+    t.teardown(() => client.close());
+    const r = await collect(client, set);
+    t.equal(r.error, undefined, 'no timeout');
+    t.equal(r.body, body, 'whole body');
+    t.ok(r.ms > LIMIT * 2, `took ${r.ms.toFixed(0)} ms, longer than the limit in total`);
   });
-  t.equal(r.error, undefined, `no timeout (${r.error?.message})`);
-  t.equal(r.body, 'abcd', 'whole body');
-});
+
+  t.test(`${name}: bodyTimeoutMs 0 means no body timeout: gaps between chunks never cut a stream`, async (t) => {
+    const body = '0123456789';
+    const set = await server(t, trickle(body, 30));
+    const client = new Client({ ...DEFAULTS.proxy, headersTimeoutMs: LIMIT, bodyTimeoutMs: 0 });
+    t.teardown(() => client.close());
+    const r = await collect(client, set);
+    t.equal(r.error, undefined, `no timeout (${r.error?.message})`);
+    t.equal(r.body, body, 'whole body');
+  });
+
+  t.test(`${name}: a call paused for a slow client is not timed out while paused`, async (t) => {
+    const set = await server(t, (sock) => {
+      sock.write('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nab');
+      setTimeout(() => sock.destroyed || sock.write('cd'), LIMIT * 2.5);
+    });
+    const client = new Client(cfg);
+    t.teardown(() => client.close());
+    const r = await collect(client, set, (res, call) => {
+      if (res.body === 'ab') {
+        // the client stops reading for longer than the body timeout, then resumes
+        call.pause();
+        setTimeout(() => call.resume(), LIMIT * 2);
+      }
+    });
+    t.equal(r.error, undefined, `no timeout (${r.error?.message})`);
+    t.equal(r.body, 'abcd', 'whole body');
+  });
+}

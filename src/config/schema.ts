@@ -1,6 +1,7 @@
 // The switchyard/v1 Router config: types, defaults and validation. Validation
 // collects every problem (with its field path) before failing, so a user fixes
 // a file in one pass. docs/config.md documents each field.
+import { isIP } from 'node:net';
 import { ConfigError, type ConfigIssue } from '../errors.js';
 
 export const API_VERSION = 'switchyard/v1';
@@ -63,10 +64,10 @@ export interface DataLayerConfig {
   breakerCooldownMs: number;
 }
 
-export const UPSTREAM_CLIENTS = ['auto', 'h1', 'undici'] as const;
+export const UPSTREAM_CLIENTS = ['auto', 'h1', 'native', 'undici'] as const;
 
 export interface ProxyConfig {
-  /** Upstream HTTP client: the lean built-in HTTP/1.1 client or undici. */
+  /** Upstream HTTP client: the lean built-in HTTP/1.1 client, the native (addon) HTTP/1.1 client, or undici. */
   client: (typeof UPSTREAM_CLIENTS)[number];
   maxRetries: number;
   connectionsPerEndpoint: number;
@@ -214,6 +215,16 @@ function join(path: string, key: string): string {
   return path ? `${path}.${key}` : key;
 }
 
+/** True when an http URL's host is an IP address literal or localhost (what the native client can connect to). */
+export function hostIsAddress(url: string): boolean {
+  try {
+    const host = new URL(url).hostname.replace(/^\[|\]$/g, '');
+    return host === 'localhost' || isIP(host) !== 0;
+  } catch {
+    return false;
+  }
+}
+
 function isHttpUrl(s: string): boolean {
   try {
     const u = new URL(s);
@@ -354,10 +365,12 @@ export function validateConfig(
     headersTimeoutMs: c.int(px, 'headersTimeoutMs', 'proxy', p.headersTimeoutMs, 1, 86_400_000),
     bodyTimeoutMs: c.int(px, 'bodyTimeoutMs', 'proxy', p.bodyTimeoutMs, 0, 86_400_000),
   };
-  if (proxy.client === 'h1') {
+  if (proxy.client === 'h1' || proxy.client === 'native') {
     pools.forEach((pool, i) =>
       pool.endpoints.forEach((e, j) => {
         if (e.url.startsWith('https:')) c.add(`pools[${i}].endpoints[${j}].url`, 'https endpoints need proxy.client: undici (or auto)');
+        else if (proxy.client === 'native' && !hostIsAddress(e.url))
+          c.add(`pools[${i}].endpoints[${j}].url`, 'proxy.client: native needs an IP address or localhost as host (it does no DNS lookups); use h1 or auto');
       }),
     );
   }

@@ -4,10 +4,11 @@
 import { performance } from 'node:perf_hooks';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
-import type { LimitsConfig, RouterConfig } from '../config/schema.js';
+import type { LimitsConfig, ProxyConfig, RouterConfig } from '../config/schema.js';
 import { EndpointSet } from '../endpoints/endpoint.js';
 import { UndiciUpstreamClient } from '../proxy/undici-client.js';
 import { H1UpstreamClient } from '../proxy/h1-client.js';
+import { NativeUpstreamClient } from '../proxy/native-client.js';
 import type { UpstreamClient } from '../proxy/upstream.js';
 import { Scheduler } from '../scheduler/scheduler.js';
 import type { SchedRequest } from '../scheduler/types.js';
@@ -77,6 +78,14 @@ export class ReadingList {
   }
 }
 
+/** The upstream client `proxy.client` names (`auto`: undici if any endpoint is https, else h1). */
+export function newUpstreamClient(cfg: ProxyConfig, set: EndpointSet): UpstreamClient {
+  const c = cfg.client;
+  if (c === 'undici' || (c === 'auto' && set.all.some((ep) => ep.url.startsWith('https:')))) return new UndiciUpstreamClient(cfg);
+  if (c === 'native') return new NativeUpstreamClient(cfg);
+  return new H1UpstreamClient(cfg);
+}
+
 export class RouterCore {
   readonly config: RouterConfig;
   readonly log: Logger;
@@ -113,9 +122,7 @@ export class RouterCore {
     this.#debug = this.log.isLevelEnabled('debug');
     const set = new EndpointSet(cfg.pools, cfg.dataLayer);
     this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random });
-    const useUndici =
-      cfg.proxy.client === 'undici' || (cfg.proxy.client === 'auto' && set.all.some((ep) => ep.url.startsWith('https:')));
-    this.upstream = opts.upstream ?? (useUndici ? new UndiciUpstreamClient(cfg.proxy) : new H1UpstreamClient(cfg.proxy));
+    this.upstream = opts.upstream ?? newUpstreamClient(cfg.proxy, set);
     const g = opts.gate;
     this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g;
     const gate = this.gate;

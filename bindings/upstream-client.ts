@@ -1,0 +1,126 @@
+// Typed surface over the native HTTP/1.1 upstream client (native/upstream_client.cc).
+//
+// The native side owns the sockets (libuv, on this thread's event loop) and
+// reports responses as event records in a shared Int32Array, delivered to
+// `onEvents(count)` in batches (at most one call per event-loop turn, or when
+// the read arena fills up). Body events name byte ranges of the shared arena,
+// which is valid only during the onEvents call.
+import { native } from './native.js';
+
+/** Int32 words per event record (32 bytes; a Float64 sits at byte 16). */
+export const UPSTREAM_EVENT_WORDS = 8;
+export const UPSTREAM_EVENT_HEAD = 1;
+export const UPSTREAM_EVENT_DATA = 2;
+export const UPSTREAM_EVENT_END = 3;
+export const UPSTREAM_EVENT_ERROR = 4;
+/** Call ids: slot | generation << UPSTREAM_SLOT_BITS. */
+export const UPSTREAM_SLOT_BITS = 20;
+export const UPSTREAM_MAX_SLOTS = 1 << UPSTREAM_SLOT_BITS;
+/** Content-type indexes below this are stable for the client's lifetime (cacheable). */
+export const UPSTREAM_INTERNED_TYPES = 256;
+
+/** Error reasons of UPSTREAM_EVENT_ERROR records (word 3). */
+export const enum UpstreamErrorReason {
+  Connect = 1,
+  ConnectTimeout = 2,
+  Timeout = 3,
+  Closed = 4,
+  Io = 5,
+  BadStatus = 6,
+  HeadTooLarge = 7,
+  BadChunk = 8,
+  BadLength = 9,
+  Unexpected = 10,
+  ClientClosed = 11,
+}
+
+export interface NativeUpstreamOptions {
+  connectTimeoutMs: number;
+  headersTimeoutMs: number;
+  bodyTimeoutMs: number;
+  connectionsPerEndpoint: number;
+}
+
+interface NativeUpstream {
+  addPool(poolId: number, ip: string, port: number): void;
+  send(id: number, poolId: number, head: string, body: Uint8Array | null): void;
+  abort(id: number): void;
+  pause(id: number): void;
+  resume(id: number): void;
+  close(): void;
+  destroy(): void;
+  contentType(index: number): string;
+  stats(): number[];
+}
+
+const NativeCtor = native.UpstreamClient as {
+  new (
+    onEvents: (count: number) => void,
+    events: Int32Array,
+    arena: Uint8Array,
+    connectTimeoutMs: number,
+    headersTimeoutMs: number,
+    bodyTimeoutMs: number,
+    connectionsPerEndpoint: number,
+  ): NativeUpstream;
+};
+
+/**
+ * The native connection pools of one client. Methods are thin: the caller
+ * (src/proxy/native-client.ts) owns call ids and turns events into sink calls.
+ */
+export class NativeUpstreamConnections {
+  readonly events: Int32Array;
+  readonly events64: Float64Array;
+  readonly arena: Buffer;
+  readonly #n: NativeUpstream;
+
+  constructor(opts: NativeUpstreamOptions, onEvents: (count: number) => void, eventCapacity = 1024, arenaBytes = 1 << 20) {
+    const buf = new ArrayBuffer(eventCapacity * UPSTREAM_EVENT_WORDS * 4);
+    this.events = new Int32Array(buf);
+    this.events64 = new Float64Array(buf);
+    this.arena = Buffer.allocUnsafeSlow(arenaBytes);
+    this.#n = new NativeCtor(
+      onEvents,
+      this.events,
+      this.arena,
+      opts.connectTimeoutMs,
+      opts.headersTimeoutMs,
+      opts.bodyTimeoutMs,
+      opts.connectionsPerEndpoint,
+    );
+  }
+
+  addPool(poolId: number, ip: string, port: number): void {
+    this.#n.addPool(poolId, ip, port);
+  }
+  /** `head` is the request head (latin1, ending in CRLF CRLF); the body follows it on the wire. */
+  send(id: number, poolId: number, head: string, body: Uint8Array | null): void {
+    this.#n.send(id, poolId, head, body);
+  }
+  abort(id: number): void {
+    this.#n.abort(id);
+  }
+  pause(id: number): void {
+    this.#n.pause(id);
+  }
+  resume(id: number): void {
+    this.#n.resume(id);
+  }
+  /** Fails waiting calls and closes idle connections; calls in flight finish. */
+  close(): void {
+    this.#n.close();
+  }
+  /** Closes every connection at once (no events follow) and frees the native state. */
+  destroy(): void {
+    this.#n.destroy();
+  }
+  contentType(index: number): string {
+    return this.#n.contentType(index);
+  }
+  /** [event batches delivered, events delivered, connections opened, connections open]. */
+  stats(): { flushes: number; events: number; opened: number; open: number } {
+    const s = this.#n.stats();
+    return { flushes: s[0]!, events: s[1]!, opened: s[2]!, open: s[3]! };
+  }
+}
