@@ -39,20 +39,22 @@ const cfg = validateConfig(
 const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
 // The same router over the other upstream client (h1 is the default for http://).
 const routerUndici = await startRouter({ ...cfg, proxy: { ...cfg.proxy, client: 'undici' } }, { port: 0, host: '127.0.0.1' });
+const routerNative = await startRouter({ ...cfg, proxy: { ...cfg.proxy, client: 'native' } }, { port: 0, host: '127.0.0.1' });
 t.teardown(async () => {
   agent.destroy();
   await router.close(200);
   await routerUndici.close(200);
+  await routerNative.close(200);
   await fleet.close();
 });
 const engine0 = fleet.engines[0]!;
-const routers = [router, routerUndici];
+const routers = [router, routerUndici, routerNative];
 const targets = [
   { name: 'router', port: router.port },
   { name: 'sim', port: engine0.port },
 ] as const;
-/** Where client disconnects and fuzzing also run: both upstream clients. */
-const allTargets = [...targets, { name: 'router(undici)', port: routerUndici.port }] as const;
+/** Where client disconnects and fuzzing also run: every upstream client. */
+const allTargets = [...targets, { name: 'router(undici)', port: routerUndici.port }, { name: 'router(native)', port: routerNative.port }] as const;
 
 // ---- clients ---------------------------------------------------------------------------
 
@@ -990,13 +992,14 @@ t.test('hostile clients over failing engines: every answer well-formed, every sl
   const fr = [
     await startRouter(fcfg, { port: 0, host: '127.0.0.1' }),
     await startRouter({ ...fcfg, proxy: { ...fcfg.proxy, client: 'undici' } }, { port: 0, host: '127.0.0.1' }),
+    await startRouter({ ...fcfg, proxy: { ...fcfg.proxy, client: 'native' } }, { port: 0, host: '127.0.0.1' }),
   ];
   t.teardown(async () => {
     for (const r of fr) await r.close(200);
     await failing.close();
   });
   const job = fc.record({
-    router: fc.constantFrom(0, 1),
+    router: fc.constantFrom(0, 1, 2),
     path: fc.constantFrom(COMP, CHAT),
     valid: fc.boolean(),
     stream: fc.boolean(),
