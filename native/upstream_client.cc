@@ -811,8 +811,8 @@ void Conn::Complete(bool extra_bytes) {
 
 bool Conn::ParseHead(const char* h, size_t len) {
   // status line: HTTP/1.x SSS
-  if (len < 12 || memcmp(h, "HTTP/1.", 7) != 0 || h[8] != ' ' || h[9] < '0' || h[9] > '9' || h[10] < '0' ||
-      h[10] > '9' || h[11] < '0' || h[11] > '9') {
+  if (len < 13 || memcmp(h, "HTTP/1.", 7) != 0 || h[8] != ' ' || h[9] < '0' || h[9] > '9' || h[10] < '0' ||
+      h[10] > '9' || h[11] < '0' || h[11] > '9' || (h[12] != ' ' && h[12] != '\r' && h[12] != '\n')) {
     Fail(UV_EPROTO, kRBadStatus);
     return false;
   }
