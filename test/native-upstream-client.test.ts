@@ -226,23 +226,31 @@ t.test('pause holds the engine back (its writes block); resume delivers every by
   const c = client(t);
   let paused = false;
   let whilePaused = 0;
+  let bytesAtPause = 0;
+  let checked!: () => void;
+  const pauseChecked = new Promise<void>((r) => (checked = r));
   const { done } = collect(c, raw.set, Buffer.from('{}'), {
     onData: (r, call) => {
       if (paused) whilePaused++;
       if (!paused && r.chunks.length === 1) {
         paused = true;
+        bytesAtPause = r.chunks.reduce((a, b) => a + b.length, 0);
         call.pause();
         setTimeout(() => {
           t.ok(blocked, "the engine's socket backed up while the call was paused");
           t.notOk(drained, 'and did not drain while paused');
           t.ok(whilePaused <= 1, `at most the rest of the current batch arrived while paused (${whilePaused})`);
+          t.ok(bytesAtPause < size / 2, `the pause came early in the body (${bytesAtPause} bytes)`);
           paused = false;
           call.resume();
+          checked();
         }, 300);
       }
     },
   });
   const r = await done;
+  await Promise.race([pauseChecked, sleep(1000)]);
+  t.ok(r.chunks.length > 1 && !paused, 'the body completed only after the resume');
   t.equal(r.error, undefined);
   t.equal(r.body.length, size, '8 MiB arrived');
   t.equal(sha(r.body), sha(payload), 'byte for byte');
