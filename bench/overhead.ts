@@ -9,8 +9,9 @@
 //      added latency (router minus direct);
 //   2. max throughput at fixed concurrency (wrk, 1 thread; bench/loadgen.ts
 //      when wrk is missing), plus the CPU each process spent per request;
-//      a second router process using undici as its upstream client
-//      (proxy.client: undici) is measured too, against the default h1 client.
+//      router processes using undici (proxy.client: undici) and the native
+//      addon client (proxy.client: native) as their upstream client are
+//      measured too, against the default h1 client.
 // With --pin (needs taskset), the router runs alone on cpu 0 and everything
 // else (engine, load generator, this script) on cpu 1. On a machine shared
 // with other jobs pinning concentrates their load too, so it is off by default.
@@ -89,7 +90,7 @@ function canPin(): boolean {
 
 async function main(): Promise<void> {
   const pinned = canPin(); // children inherit cpu 1
-  const [enginePort, routerPort, undiciPort] = [await freePort(), await freePort(), await freePort()];
+  const [enginePort, routerPort, undiciPort, nativePort] = [await freePort(), await freePort(), await freePort(), await freePort()];
   const engineUrl = `http://127.0.0.1:${enginePort}`;
   const routerUrl = `http://127.0.0.1:${routerPort}`;
   const engine = start('engine', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0']);
@@ -107,10 +108,17 @@ async function main(): Promise<void> {
   const routerU = pinned
     ? start('router-undici', 'taskset', ['-c', '0', process.execPath, CLI, 'serve', '--config', cfgFile])
     : start('router-undici', process.execPath, [CLI, 'serve', '--config', cfgFile]);
+  const nativeCfg = cfgFile.replace(/undici\.yaml$/, 'native.yaml');
+  writeFileSync(nativeCfg, readFileSync(cfgFile, 'utf8').replace('client: undici', 'client: native').replace(`port: ${undiciPort}`, `port: ${nativePort}`));
+  const nativeUrl = `http://127.0.0.1:${nativePort}`;
+  const routerN = pinned
+    ? start('router-native', 'taskset', ['-c', '0', process.execPath, CLI, 'serve', '--config', nativeCfg])
+    : start('router-native', process.execPath, [CLI, 'serve', '--config', nativeCfg]);
   try {
     await waitReady(`${engineUrl}/health`);
     await waitReady(`${routerUrl}/readyz`);
     await waitReady(`${undiciUrl}/readyz`);
+    await waitReady(`${nativeUrl}/readyz`);
     const useWrk = await hasWrk();
     const seqDirect: Fig[] = [];
     const seqRouter: Fig[] = [];
@@ -119,6 +127,7 @@ async function main(): Promise<void> {
     const maxDirect: Fig[] = [];
     const maxRouter: Fig[] = [];
     const maxUndici: Fig[] = [];
+    const maxNative: Fig[] = [];
     for (let r = 0; r < rounds; r++) {
       // alternate the order so drift (thermal, other processes) hits both sides
       seqDirect.push((await loadgen([engineUrl], ['--concurrency', '1']))[0]);
@@ -142,6 +151,7 @@ async function main(): Promise<void> {
       maxRouter.push(await measured(routerUrl));
       maxDirect.push(await measured(engineUrl));
       maxUndici.push(await measured(undiciUrl, routerU));
+      maxNative.push(await measured(nativeUrl, routerN));
     }
     const pick = (xs: Fig[]): Fig => ({
       rps: median(xs.map((x) => x.rps)),
@@ -158,6 +168,7 @@ async function main(): Promise<void> {
     const md = pick(maxDirect);
     const mr = pick(maxRouter);
     const mu = pick(maxUndici);
+    const mn = pick(maxNative);
     const result = {
       seconds,
       rounds,
@@ -167,7 +178,7 @@ async function main(): Promise<void> {
       pinned,
       sequential: { direct: sd, router: sr, addedP50us: sr.p50us - sd.p50us, addedP99us: sr.p99us - sd.p99us },
       fixedRate: { direct: rd, router: rr, addedP50us: rr.p50us - rd.p50us, addedP99us: rr.p99us - rd.p99us },
-      maxThroughput: { direct: md, router: mr, routerUndici: mu, ratio: mr.rps / md.rps },
+      maxThroughput: { direct: md, router: mr, routerUndici: mu, routerNative: mn, ratio: mr.rps / md.rps },
     };
     if (argv.includes('--json')) {
       console.log(JSON.stringify(result));
@@ -194,6 +205,7 @@ async function main(): Promise<void> {
     console.log(`| direct | ${f(md.rps)} | ${f(md.p50us)} | ${f(md.p99us)} | ${md.errors} |`);
     console.log(`| router | ${f(mr.rps)} | ${f(mr.p50us)} | ${f(mr.p99us)} | ${mr.errors} |`);
     console.log(`| router, undici client | ${f(mu.rps)} | ${f(mu.p50us)} | ${f(mu.p99us)} | ${mu.errors} |`);
+    console.log(`| router, native client | ${f(mn.rps)} | ${f(mn.p50us)} | ${f(mn.p99us)} | ${mn.errors} |`);
     console.log(`router / direct throughput: ${(result.maxThroughput.ratio * 100).toFixed(1)} % (floor: router ≥ 10,000 req/s)`);
     console.log(
       `CPU per request (wall-clock-independent, from /proc): engine ${f(md.engineCpuUs!)} µs direct; through the router: ` +
@@ -203,7 +215,11 @@ async function main(): Promise<void> {
     console.log(
       `router with the undici client: ${f(mu.routerCpuUs!)} µs per request (h1 client / undici: ${((mr.routerCpuUs! / mu.routerCpuUs!) * 100).toFixed(0)} %)`,
     );
+    console.log(
+      `router with the native client: ${f(mn.routerCpuUs!)} µs per request (native client / h1: ${((mn.routerCpuUs! / mr.routerCpuUs!) * 100).toFixed(0)} %)`,
+    );
   } finally {
+    await routerN.stop();
     await routerU.stop();
     await router.stop();
     await engine.stop();
