@@ -9,9 +9,10 @@
 //      added latency (router minus direct);
 //   2. max throughput at fixed concurrency (wrk, 1 thread; bench/loadgen.ts
 //      when wrk is missing), plus the CPU each process spent per request;
-//      router processes using undici (proxy.client: undici) and the native
-//      addon client (proxy.client: native) as their upstream client are
-//      measured too, against the default h1 client.
+//      router processes using undici (proxy.client: undici) and the lean JS
+//      HTTP/1.1 client (proxy.client: h1) as their upstream client are
+//      measured too, against the default (auto = the native addon client for
+//      http:// endpoints addressed by IP).
 // With --pin (needs taskset), the router runs alone on cpu 0 and everything
 // else (engine, load generator, this script) on cpu 1. On a machine shared
 // with other jobs pinning concentrates their load too, so it is off by default.
@@ -90,7 +91,7 @@ function canPin(): boolean {
 
 async function main(): Promise<void> {
   const pinned = canPin(); // children inherit cpu 1
-  const [enginePort, routerPort, undiciPort, nativePort] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const [enginePort, routerPort, undiciPort, h1Port] = [await freePort(), await freePort(), await freePort(), await freePort()];
   const engineUrl = `http://127.0.0.1:${enginePort}`;
   const routerUrl = `http://127.0.0.1:${routerPort}`;
   const engine = start('engine', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0']);
@@ -108,17 +109,17 @@ async function main(): Promise<void> {
   const routerU = pinned
     ? start('router-undici', 'taskset', ['-c', '0', process.execPath, CLI, 'serve', '--config', cfgFile])
     : start('router-undici', process.execPath, [CLI, 'serve', '--config', cfgFile]);
-  const nativeCfg = cfgFile.replace(/undici\.yaml$/, 'native.yaml');
-  writeFileSync(nativeCfg, readFileSync(cfgFile, 'utf8').replace('client: undici', 'client: native').replace(`port: ${undiciPort}`, `port: ${nativePort}`));
-  const nativeUrl = `http://127.0.0.1:${nativePort}`;
-  const routerN = pinned
-    ? start('router-native', 'taskset', ['-c', '0', process.execPath, CLI, 'serve', '--config', nativeCfg])
-    : start('router-native', process.execPath, [CLI, 'serve', '--config', nativeCfg]);
+  const h1Cfg = cfgFile.replace(/undici\.yaml$/, 'h1.yaml');
+  writeFileSync(h1Cfg, readFileSync(cfgFile, 'utf8').replace('client: undici', 'client: h1').replace(`port: ${undiciPort}`, `port: ${h1Port}`));
+  const h1Url = `http://127.0.0.1:${h1Port}`;
+  const routerH = pinned
+    ? start('router-h1', 'taskset', ['-c', '0', process.execPath, CLI, 'serve', '--config', h1Cfg])
+    : start('router-h1', process.execPath, [CLI, 'serve', '--config', h1Cfg]);
   try {
     await waitReady(`${engineUrl}/health`);
     await waitReady(`${routerUrl}/readyz`);
     await waitReady(`${undiciUrl}/readyz`);
-    await waitReady(`${nativeUrl}/readyz`);
+    await waitReady(`${h1Url}/readyz`);
     const useWrk = await hasWrk();
     const seqDirect: Fig[] = [];
     const seqRouter: Fig[] = [];
@@ -127,7 +128,7 @@ async function main(): Promise<void> {
     const maxDirect: Fig[] = [];
     const maxRouter: Fig[] = [];
     const maxUndici: Fig[] = [];
-    const maxNative: Fig[] = [];
+    const maxH1: Fig[] = [];
     for (let r = 0; r < rounds; r++) {
       // alternate the order so drift (thermal, other processes) hits both sides
       seqDirect.push((await loadgen([engineUrl], ['--concurrency', '1']))[0]);
@@ -151,7 +152,7 @@ async function main(): Promise<void> {
       maxRouter.push(await measured(routerUrl));
       maxDirect.push(await measured(engineUrl));
       maxUndici.push(await measured(undiciUrl, routerU));
-      maxNative.push(await measured(nativeUrl, routerN));
+      maxH1.push(await measured(h1Url, routerH));
     }
     const pick = (xs: Fig[]): Fig => ({
       rps: median(xs.map((x) => x.rps)),
@@ -168,7 +169,7 @@ async function main(): Promise<void> {
     const md = pick(maxDirect);
     const mr = pick(maxRouter);
     const mu = pick(maxUndici);
-    const mn = pick(maxNative);
+    const mh = pick(maxH1);
     const result = {
       seconds,
       rounds,
@@ -178,7 +179,7 @@ async function main(): Promise<void> {
       pinned,
       sequential: { direct: sd, router: sr, addedP50us: sr.p50us - sd.p50us, addedP99us: sr.p99us - sd.p99us },
       fixedRate: { direct: rd, router: rr, addedP50us: rr.p50us - rd.p50us, addedP99us: rr.p99us - rd.p99us },
-      maxThroughput: { direct: md, router: mr, routerUndici: mu, routerNative: mn, ratio: mr.rps / md.rps },
+      maxThroughput: { direct: md, router: mr, routerUndici: mu, routerH1: mh, ratio: mr.rps / md.rps },
     };
     if (argv.includes('--json')) {
       console.log(JSON.stringify(result));
@@ -205,7 +206,7 @@ async function main(): Promise<void> {
     console.log(`| direct | ${f(md.rps)} | ${f(md.p50us)} | ${f(md.p99us)} | ${md.errors} |`);
     console.log(`| router | ${f(mr.rps)} | ${f(mr.p50us)} | ${f(mr.p99us)} | ${mr.errors} |`);
     console.log(`| router, undici client | ${f(mu.rps)} | ${f(mu.p50us)} | ${f(mu.p99us)} | ${mu.errors} |`);
-    console.log(`| router, native client | ${f(mn.rps)} | ${f(mn.p50us)} | ${f(mn.p99us)} | ${mn.errors} |`);
+    console.log(`| router, h1 client | ${f(mh.rps)} | ${f(mh.p50us)} | ${f(mh.p99us)} | ${mh.errors} |`);
     console.log(`router / direct throughput: ${(result.maxThroughput.ratio * 100).toFixed(1)} % (floor: router ≥ 10,000 req/s)`);
     console.log(
       `CPU per request (wall-clock-independent, from /proc): engine ${f(md.engineCpuUs!)} µs direct; through the router: ` +
@@ -213,13 +214,13 @@ async function main(): Promise<void> {
         `(one router core would carry about ${f(1e6 / mr.routerCpuUs!)} req/s)`,
     );
     console.log(
-      `router with the undici client: ${f(mu.routerCpuUs!)} µs per request (h1 client / undici: ${((mr.routerCpuUs! / mu.routerCpuUs!) * 100).toFixed(0)} %)`,
+      `router with the undici client: ${f(mu.routerCpuUs!)} µs per request (default client / undici: ${((mr.routerCpuUs! / mu.routerCpuUs!) * 100).toFixed(0)} %)`,
     );
     console.log(
-      `router with the native client: ${f(mn.routerCpuUs!)} µs per request (native client / h1: ${((mn.routerCpuUs! / mr.routerCpuUs!) * 100).toFixed(0)} %)`,
+      `router with the h1 client: ${f(mh.routerCpuUs!)} µs per request (default client (native) / h1: ${((mr.routerCpuUs! / mh.routerCpuUs!) * 100).toFixed(0)} %)`,
     );
   } finally {
-    await routerN.stop();
+    await routerH.stop();
     await routerU.stop();
     await router.stop();
     await engine.stop();
