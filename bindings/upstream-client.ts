@@ -19,20 +19,20 @@ export const UPSTREAM_MAX_SLOTS = 1 << UPSTREAM_SLOT_BITS;
 /** Content-type indexes below this are stable for the client's lifetime (cacheable). */
 export const UPSTREAM_INTERNED_TYPES = 256;
 
-/** Error reasons of UPSTREAM_EVENT_ERROR records (word 3). */
-export const enum UpstreamErrorReason {
-  Connect = 1,
-  ConnectTimeout = 2,
-  Timeout = 3,
-  Closed = 4,
-  Io = 5,
-  BadStatus = 6,
-  HeadTooLarge = 7,
-  BadChunk = 8,
-  BadLength = 9,
-  Unexpected = 10,
-  ClientClosed = 11,
-}
+/** Error reasons of UPSTREAM_EVENT_ERROR records (word 3); word 2 is the libuv errno, word 6 the "stale" flag. */
+export const UpstreamErrorReason = {
+  Connect: 1,
+  ConnectTimeout: 2,
+  Timeout: 3,
+  Closed: 4,
+  Io: 5,
+  BadStatus: 6,
+  HeadTooLarge: 7,
+  BadChunk: 8,
+  BadLength: 9,
+  Unexpected: 10,
+  ClientClosed: 11,
+} as const;
 
 export interface NativeUpstreamOptions {
   connectTimeoutMs: number;
@@ -68,6 +68,8 @@ const NativeCtor = native.UpstreamClient as {
 /**
  * The native connection pools of one client. Methods are thin: the caller
  * (src/proxy/native-client.ts) owns call ids and turns events into sink calls.
+ * The native side holds `onEvents` strongly until destroy() (or the thread's
+ * environment teardown): call destroy() when done, or the object stays alive.
  */
 export class NativeUpstreamConnections {
   readonly events: Int32Array;
