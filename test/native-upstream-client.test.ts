@@ -519,3 +519,27 @@ t.test('proxy.client auto picks the native client for http endpoints addressed b
     await c.close();
   }
 });
+
+t.test('connectTimeoutMs: an endpoint whose accept queue is full (SYNs dropped) fails with ETIMEDOUT', async (t) => {
+  // A listener that never accepts (Node accepts on its own, so a python3 one), its backlog filled first.
+  const { spawn, spawnSync } = await import('node:child_process');
+  if (spawnSync('python3', ['-c', 'pass']).status !== 0) {
+    t.skip('python3 is not installed (needed for a listener that never accepts)');
+    return;
+  }
+  const py = spawn('python3', ['-c', 'import socket,time\ns=socket.socket()\ns.bind(("127.0.0.1",0))\ns.listen(0)\nprint(s.getsockname()[1],flush=True)\ntime.sleep(60)']);
+  t.teardown(() => py.kill());
+  const port = await new Promise<number>((r) => py.stdout.once('data', (d) => r(Number(String(d).trim()))));
+  const { connect } = await import('node:net');
+  const fillers = Array.from({ length: 4 }, () => connect(port, '127.0.0.1').on('error', () => {}));
+  t.teardown(() => fillers.forEach((f) => f.destroy()));
+  await sleep(100);
+  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'full', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
+  const c = client(t, { ...DEFAULTS.proxy, connectTimeoutMs: 200 });
+  const t0 = performance.now();
+  const r = await collect(c, set).done;
+  const ms = performance.now() - t0;
+  t.equal(r.error?.code, 'ETIMEDOUT', `timed out (${r.error?.message})`);
+  t.match(r.error?.message, /connect timeout/);
+  t.ok(ms >= 195 && ms < 2000, `after ${ms.toFixed(0)} ms (limit 200 ms)`);
+});
