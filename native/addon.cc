@@ -12,7 +12,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   switchyard::InitPrefixIndex(env, exports);
   switchyard::InitFlowQueues(env, exports);
   switchyard::InitUpstreamClient(env, exports);
-  exports.Set("abiVersion", Napi::Number::New(env, 1));
+  exports.Set("abiVersion", Napi::Number::New(env, 2)); // 2: the upstream client
   return exports;
 }
 
