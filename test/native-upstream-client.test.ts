@@ -383,6 +383,34 @@ t.test('a throwing sink fails only its own call; the client keeps serving', asyn
   t.equal((await collect(c, raw.set).done).body.toString(), 'hi');
 });
 
+t.test('a sink that throws again in onUpstreamError (after a throw in onUpstreamHeaders) raises no uncaught exception', async (t) => {
+  const raw = await rawServer(t, (sock) => sock.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi'));
+  const c = client(t);
+  const uncaught: Error[] = [];
+  const onUncaught = (e: Error) => uncaught.push(e);
+  process.prependListener('uncaughtException', onUncaught);
+  t.teardown(() => process.removeListener('uncaughtException', onUncaught));
+  const first = collect(c, raw.set);
+  const got = await new Promise<string>((resolve) => {
+    c.send(raw.set.all[0]!, { method: 'POST', path: '/', headers: [], body: Buffer.from('{}') }, {
+      onUpstreamHeaders: () => {
+        throw new Error('sink bug in headers');
+      },
+      onUpstreamData: () => {},
+      onUpstreamEnd: () => resolve('end'),
+      onUpstreamError: (e) => {
+        resolve((e as Error & { code?: string }).code ?? '');
+        throw new Error('sink bug in error');
+      },
+    });
+  });
+  t.equal(got, 'EINTERNAL');
+  t.equal((await first.done).body.toString(), 'hi');
+  t.equal((await collect(c, raw.set).done).body.toString(), 'hi', 'the client keeps serving');
+  await sleep(10);
+  t.same(uncaught.map((e) => e.message), [], 'nothing escaped the event batch');
+});
+
 t.test('refused connections, close() with queued calls, sends after close', async (t) => {
   const refused = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'gone', url: 'http://127.0.0.1:1', role: 'both' }] }]);
   const c = client(t);

@@ -226,7 +226,11 @@ export class NativeUpstreamClient implements UpstreamClient {
           call.sink = null;
           this.release(call);
           this.conns.abort(id);
-          sink.onUpstreamError(new UpstreamSocketError(`internal error: ${(err as Error).message}`, 'EINTERNAL'));
+          try {
+            sink.onUpstreamError(new UpstreamSocketError(`internal error: ${(err as Error).message}`, 'EINTERNAL'));
+          } catch {
+            // a second throw must not escape either: the rest of this batch (other calls) still has to be delivered
+          }
         }
       }
     }
