@@ -411,6 +411,81 @@ t.test('a sink that throws again in onUpstreamError (after a throw in onUpstream
   t.same(uncaught.map((e) => e.message), [], 'nothing escaped the event batch');
 });
 
+t.test('re-entrant calls from inside the event callback: abort, a new send on the freed slot, pause/resume, destroy', async (t) => {
+  const raw = await rawServer(t, (sock, n) => {
+    if (n === 1) sock.write('HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n'); // never ends: aborted
+    else sock.write('HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond');
+  });
+  const c = client(t);
+  let inner: Promise<Result> | null = null;
+  const outer = collect(c, raw.set, Buffer.from('{}'), {
+    onData: (_r, call) => {
+      call.abort(); // the addon closes the connection while this batch is being delivered
+      inner = collect(c, raw.set, Buffer.from('{}'), {
+        onData: (_r2, call2) => {
+          call2.pause();
+          call2.resume();
+        },
+      }).done; // takes the slot just freed (next generation)
+    },
+  });
+  const done = await Promise.race([outer.done.then(() => 'outer finished'), sleep(300).then(() => 'no sink call after abort')]);
+  t.equal(done, 'no sink call after abort');
+  t.ok(inner !== null);
+  const r = await inner!;
+  t.equal(r.error, undefined);
+  t.equal(r.body.toString(), 'second');
+
+  // destroy() from inside a callback while another call's events may follow in the same batch
+  const seen: number[] = [];
+  const d = new NativeUpstreamConnections({ ...DEFAULTS.proxy }, (count) => {
+    seen.push(count);
+    d.destroy();
+  });
+  const port = Number(new URL(raw.set.all[0]!.url).port);
+  d.addPool(0, '127.0.0.1', port);
+  d.send(1, 0, 'POST / HTTP/1.1\r\ncontent-length: 2\r\n\r\n', Buffer.from('{}'));
+  d.send(2, 0, 'POST / HTTP/1.1\r\ncontent-length: 2\r\n\r\n', Buffer.from('{}'));
+  await sleep(100);
+  t.equal(seen.length, 1, 'one callback, none after destroy()');
+  t.throws(() => d.send(3, 0, 'GET / HTTP/1.1\r\n\r\n', null), /shut down/);
+  d.abort(1); // harmless after destroy()
+  d.pause(2);
+  d.resume(2);
+  d.close();
+});
+
+t.test('an early answer while the request body is still being written; content-length with chunked: chunked wins', async (t) => {
+  const server: Server = createServer((sock) => {
+    sock.on('error', () => {});
+    sock.once('data', () => {
+      // answers after the first bytes of a 16 MiB body, never reads the rest
+      sock.end('HTTP/1.1 413 Payload Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig');
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  const port = (server.address() as { port: number }).port;
+  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'early', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
+  const c = client(t);
+  const r = await collect(c, set, Buffer.alloc(16 << 20, 97)).done;
+  t.equal(r.error, undefined, 'the answer, not a write error');
+  t.equal(r.status, 413);
+  t.equal(r.body.toString(), 'big');
+
+  const both = await rawServer(t, (sock, n) => {
+    if (n === 1) sock.write('HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n');
+    else sock.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok');
+  });
+  const c2 = client(t);
+  const a = await collect(c2, both.set).done;
+  t.equal(a.error, undefined);
+  t.equal(a.body.toString(), 'abc');
+  t.equal(a.contentLength, -1, 'no content-length reported for a chunked body');
+  const b = await collect(c2, both.set).done;
+  t.equal(b.body.toString(), 'ok', 'no leftover of the chunked body on the reused connection');
+});
+
 t.test('refused connections, close() with queued calls, sends after close', async (t) => {
   const refused = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'gone', url: 'http://127.0.0.1:1', role: 'both' }] }]);
   const c = client(t);
