@@ -5,34 +5,41 @@ import t from 'tap';
 import { createServer, type Socket } from 'node:net';
 import { startTestRouter } from './router-util.js';
 
+/**
+ * A raw HTTP/1.1 engine on loopback: GETs (health checks, metrics scrapes) get
+ * an empty 200, so it stays routable; every other request goes to `onPost`.
+ * Closed with the test. Returns its URL.
+ */
+async function rawEngine(t: Tap.Test, onPost: (sock: Socket) => void): Promise<string> {
+  const socks = new Set<Socket>();
+  const srv = createServer((sock) => {
+    socks.add(sock);
+    sock.on('error', () => {});
+    sock.on('data', (b: Buffer) => {
+      if (b.toString('latin1', 0, 4) === 'GET ') sock.write('HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n');
+      else onPost(sock);
+    });
+  });
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  t.teardown(() => {
+    for (const s of socks) s.destroy();
+    srv.close();
+  });
+  return `http://127.0.0.1:${(srv.address() as { port: number }).port}`;
+}
+
 for (const client of ['h1', 'native'] as const) {
   t.test(`${client}: a 4xx head followed by a reset is retried, and the retried answer is relayed untouched`, async (t) => {
-    const socks = new Set<Socket>();
     let hits = 0;
-    const bad = createServer((sock) => {
-      socks.add(sock);
-      sock.on('error', () => {});
-      sock.on('data', (b: Buffer) => {
-        // health checks and metrics scrapes (GET) get an empty 200, so the endpoint stays routable
-        if (b.toString('latin1', 0, 4) === 'GET ') {
-          sock.write('HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n');
-          return;
-        }
-        hits++;
-        // an inference request: status and part of a JSON error body, then the connection dies
-        sock.write('HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{"object":"error","mess');
-        setTimeout(() => sock.destroy(), 20);
-      });
+    const badUrl = await rawEngine(t, (sock) => {
+      hits++;
+      // an inference request: status and part of a JSON error body, then the connection dies
+      sock.write('HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{"object":"error","mess');
+      setTimeout(() => sock.destroy(), 20);
     });
-    await new Promise<void>((r) => bad.listen(0, '127.0.0.1', r));
-    t.teardown(() => {
-      for (const s of socks) s.destroy();
-      bad.close();
-    });
-    const port = (bad.address() as { port: number }).port;
     const { url } = await startTestRouter(t, {
       n: 1,
-      extraEndpoints: [{ name: 'bad', url: `http://127.0.0.1:${port}` }],
+      extraEndpoints: [{ name: 'bad', url: badUrl }],
       extra: { scheduling: { scorers: [], picker: 'round-robin' }, proxy: { client } },
     });
     for (let i = 0; i < 4; i++) {
@@ -56,30 +63,15 @@ for (const client of ['h1', 'native'] as const) {
   });
 
   t.test(`${client}: a dispatch that fails before any byte is forgotten by the prefix index`, async (t) => {
-    const socks = new Set<Socket>();
     let hits = 0;
-    const bad = createServer((sock) => {
-      socks.add(sock);
-      sock.on('error', () => {});
-      sock.on('data', (b: Buffer) => {
-        if (b.toString('latin1', 0, 4) === 'GET ') {
-          sock.write('HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n');
-          return;
-        }
-        hits++;
-        const body = '{"error":{"message":"overloaded","type":"server_error","param":null,"code":null}}';
-        sock.write(`HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
-      });
+    const badUrl = await rawEngine(t, (sock) => {
+      hits++;
+      const body = '{"error":{"message":"overloaded","type":"server_error","param":null,"code":null}}';
+      sock.write(`HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
     });
-    await new Promise<void>((r) => bad.listen(0, '127.0.0.1', r));
-    t.teardown(() => {
-      for (const s of socks) s.destroy();
-      bad.close();
-    });
-    const port = (bad.address() as { port: number }).port;
     const { url, router } = await startTestRouter(t, {
       n: 1,
-      extraEndpoints: [{ name: 'bad', url: `http://127.0.0.1:${port}` }],
+      extraEndpoints: [{ name: 'bad', url: badUrl }],
       // no health filter: the checks below must reach `bad` whatever its breaker says
       extra: { scheduling: { filters: ['model'], scorers: [{ type: 'prefix-cache', weight: 1 }], picker: 'round-robin' }, proxy: { client } },
     });
@@ -122,37 +114,22 @@ for (const client of ['h1', 'native'] as const) {
       ['token then the start of the error in one read', [token + flat.slice(0, 10), flat.slice(10) + 'data: [DONE]\n\n']],
     ];
     let current: string[] = [];
-    const socks = new Set<Socket>();
-    const up = createServer((sock) => {
-      socks.add(sock);
-      sock.on('error', () => {});
-      sock.on('data', (b: Buffer) => {
-        if (b.toString('latin1', 0, 4) === 'GET ') {
-          sock.write('HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n');
-          return;
-        }
-        const pieces = current;
-        const hex = (s: string) => `${Buffer.byteLength(s).toString(16)}\r\n${s}\r\n`;
-        sock.write('HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n');
-        let i = 0;
-        const next = () => {
-          if (i < pieces.length) {
-            sock.write(hex(pieces[i++]!));
-            setTimeout(next, 30);
-          } else sock.write('0\r\n\r\n');
-        };
-        next();
-      });
+    const oldUrl = await rawEngine(t, (sock) => {
+      const pieces = current;
+      const hex = (x: string) => `${Buffer.byteLength(x).toString(16)}\r\n${x}\r\n`;
+      sock.write('HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n');
+      let i = 0;
+      const next = () => {
+        if (i < pieces.length) {
+          sock.write(hex(pieces[i++]!));
+          setTimeout(next, 30);
+        } else sock.write('0\r\n\r\n');
+      };
+      next();
     });
-    await new Promise<void>((r) => up.listen(0, '127.0.0.1', r));
-    t.teardown(() => {
-      for (const s of socks) s.destroy();
-      up.close();
-    });
-    const port = (up.address() as { port: number }).port;
     const { url } = await startTestRouter(t, {
       n: 1,
-      pools: () => [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'old', url: `http://127.0.0.1:${port}` }] }],
+      pools: () => [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'old', url: oldUrl }] }],
       extra: { scheduling: { scorers: [], picker: 'round-robin' }, proxy: { client } },
     });
     for (const [label, pieces] of cases) {
@@ -187,25 +164,13 @@ for (const client of ['h1', 'native'] as const) {
         },
       }),
     });
-    const socks = new Set<Socket>();
-    const bad = createServer((sock) => {
-      socks.add(sock);
-      sock.on('error', () => {});
-      sock.on('data', (b: Buffer) => {
-        if (b.toString('latin1', 0, 4) === 'GET ') sock.write('HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n');
-        else sock.write('HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}');
-      });
+    const badUrl = await rawEngine(t, (sock) => {
+      sock.write('HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}');
     });
-    await new Promise<void>((r) => bad.listen(0, '127.0.0.1', r));
-    t.teardown(() => {
-      for (const s of socks) s.destroy();
-      bad.close();
-    });
-    const port = (bad.address() as { port: number }).port;
     const { url } = await startTestRouter(t, {
       n: 1,
       // the failing endpoint first, so round-robin's first pick lands on it and the retry picks again
-      pools: (urls) => [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'bad', url: `http://127.0.0.1:${port}` }, { name: 'e0', url: urls[0] }] }],
+      pools: (urls) => [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'bad', url: badUrl }, { name: 'e0', url: urls[0] }] }],
       extra: { scheduling: { filters: ['model'], scorers: [{ type: `test-throws-on-second-call-${client}`, weight: 1 }], picker: 'round-robin' }, proxy: { client } },
     });
     const post = () =>
