@@ -22,7 +22,7 @@ import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { CLI, freePort, start, waitReady } from './lib/proc.js';
+import { CLI, cpuSeconds, freePort, start, waitReady } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
 
 const argv = process.argv.slice(2);
@@ -66,16 +66,6 @@ async function maxThroughput(url: string, useWrk: boolean): Promise<Fig> {
   return (await loadgen([url], ['--concurrency', String(concurrency)]))[0];
 }
 
-/** CPU seconds (user + system) a process has used so far, from /proc. */
-function cpuSeconds(pid: number | undefined): number {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(f[11]) + Number(f[12])) / 100; // utime + stime, clock ticks of 10 ms
-  } catch {
-    return NaN;
-  }
-}
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 

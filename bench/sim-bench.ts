@@ -15,13 +15,14 @@
 // Then `fidelity`: at time-scale 1, client-measured TTFT and end-to-end times
 // against the latency model's values.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
+import { cpuSeconds } from './lib/proc.js';
 
 const SELF = fileURLToPath(import.meta.url);
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark, briefly.', max_tokens: 8 });
@@ -123,7 +124,6 @@ async function load(url: string, seconds: number, connections: number, body: str
 // Probed by main() only (the server and load child processes skip them).
 let hasTaskset = false;
 let hasWrk = false;
-let CLK_TCK = 100;
 
 function pinned(cpu: number, cmd: string, args: string[]): [string, string[]] {
   return hasTaskset ? ['taskset', ['-c', String(cpu), cmd, ...args]] : [cmd, args];
@@ -163,16 +163,6 @@ interface LoadResult {
   cpu: number;
 }
 
-/** utime + stime of a process in seconds, from /proc (Linux); NaN elsewhere. */
-function cpuSeconds(pid: number): number {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(f[11]) + Number(f[12])) / CLK_TCK;
-  } catch {
-    return NaN;
-  }
-}
 
 function runWrk(pid: number, port: number, body: string, seconds: number, connections: number): LoadResult {
   const script = join(tmpdir(), `sim-bench-${process.pid}.lua`);
@@ -266,7 +256,6 @@ async function fidelity(): Promise<void> {
 async function main(): Promise<void> {
   hasTaskset = spawnSync('taskset', ['-c', '0', 'true']).status === 0;
   hasWrk = !values['no-wrk'] && spawnSync('wrk', ['--version']).error === undefined;
-  CLK_TCK = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout?.trim()) || 100;
   const seconds = Number(values.duration);
   const connections = Number(values.connections);
   // The fixed baselines answer a body as large as the sim's own answer.

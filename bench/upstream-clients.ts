@@ -8,10 +8,10 @@
 // divided by the requests wrk completed: it depends little on contention from
 // other jobs, unlike req/s.
 //   node dist/bench/upstream-clients.js [--seconds 3] [--rounds 3] [--connections 16,64,256] [--clients h1,native] [--json]
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { CLI, freePort, start, waitReady, type Proc } from './lib/proc.js';
+import { CLI, cpuSeconds, freePort, start, waitReady, type Proc } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
 
 const argv = process.argv.slice(2);
@@ -25,11 +25,6 @@ const connections = arg('--connections', '16,64,256').split(',').map(Number);
 const clients = arg('--clients', 'h1,native').split(',');
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
 
-function cpuSeconds(pid: number | undefined): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return (Number(f[11]) + Number(f[12])) / 100;
-}
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 

@@ -4,6 +4,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { createServer } from 'node:net';
+import { readFileSync } from 'node:fs';
 
 export const ROOT = fileURLToPath(new URL('../../..', import.meta.url)).replace(/\/$/, '');
 export const CLI = `${ROOT}/bin/switchyard.js`;
@@ -106,4 +107,15 @@ function isFree(port: number): Promise<boolean> {
     s.once('error', () => resolve(false));
     s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
   });
+}
+
+/** CPU seconds (user + system) a process has used so far, from /proc/<pid>/stat (Linux; NaN elsewhere). */
+export function cpuSeconds(pid: number | undefined): number {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(f[11]) + Number(f[12])) / 100; // utime + stime, in clock ticks of 10 ms (USER_HZ)
+  } catch {
+    return NaN;
+  }
 }
