@@ -603,14 +603,16 @@ t.test('worker threads: a request completes in a worker; a worker terminated mid
   t.equal(raw.open(), 0, 'every worker connection was closed');
 });
 
-t.test('proxy.client auto picks the native client for http endpoints addressed by IP or localhost, else h1 / undici', async (t) => {
+t.test('proxy.client auto picks the native client for http endpoints addressed by IP, else h1 / undici', async (t) => {
   const { newUpstreamClient } = await import('../src/server/core.js');
   const { H1UpstreamClient } = await import('../src/proxy/h1-client.js');
   const { UndiciUpstreamClient } = await import('../src/proxy/undici-client.js');
   const setOf = (...urls: string[]) =>
     new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: urls.map((url, i) => ({ name: `e${i}`, url, role: 'both' as const })) }]);
   const cases: [string, EndpointSet, Function][] = [
-    ['auto', setOf('http://127.0.0.1:1', 'http://[::1]:2', 'http://localhost:3'), NativeUpstreamClient],
+    ['auto', setOf('http://127.0.0.1:1', 'http://[::1]:2'), NativeUpstreamClient],
+    // localhost may be served on ::1 only; the native client would dial 127.0.0.1, h1 tries both
+    ['auto', setOf('http://127.0.0.1:1', 'http://localhost:3'), H1UpstreamClient],
     ['auto', setOf('http://127.0.0.1:1', 'http://engine.internal:2'), H1UpstreamClient],
     ['auto', setOf('http://127.0.0.1:1', 'https://10.0.0.1:2'), UndiciUpstreamClient],
     ['h1', setOf('http://127.0.0.1:1'), H1UpstreamClient],

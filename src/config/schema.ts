@@ -215,6 +215,15 @@ function join(path: string, key: string): string {
   return path ? `${path}.${key}` : key;
 }
 
+/** True when an http URL's host is an IP address literal (what `proxy.client: auto` hands to the native client). */
+export function hostIsIp(url: string): boolean {
+  try {
+    return isIP(new URL(url).hostname.replace(/^\[|\]$/g, '')) !== 0;
+  } catch {
+    return false;
+  }
+}
+
 /** True when an http URL's host is an IP address literal or localhost (what the native client can connect to). */
 export function hostIsAddress(url: string): boolean {
   try {
