@@ -337,6 +337,7 @@ class Core {
   }
 
   void Abort(int32_t id) {
+    if (shutting_down_) return;  // every connection is closing and no call will see another event
     Call* c = Lookup(id);
     if (c == nullptr) return;
     Conn* k = c->conn;
@@ -349,6 +350,7 @@ class Core {
   }
 
   void Pause(int32_t id) {
+    if (shutting_down_) return;
     Call* c = Lookup(id);
     if (c == nullptr || c->paused) return;
     c->paused = true;
@@ -356,6 +358,7 @@ class Core {
   }
 
   void Resume(int32_t id) {
+    if (shutting_down_) return;
     Call* c = Lookup(id);
     if (c == nullptr || !c->paused) return;
     c->paused = false;
@@ -507,6 +510,7 @@ class Core {
     closed_ = true;
     while (conns_ != nullptr) {
       Conn* k = conns_;
+      if (k->call != nullptr) k->call->conn = nullptr;  // no call keeps a pointer to a closing connection
       k->call = nullptr;
       k->Close();  // unlinks k
     }
