@@ -8,21 +8,11 @@
 //   - the controller's queue counters match the requests still waiting.
 import t from 'tap';
 import fc from 'fast-check';
-import { FlowController, type AdmitResult, type AbortHook } from '../src/flow/controller.js';
+import { FlowController, type AdmitResult } from '../src/flow/controller.js';
+import { flush, Signal } from './flow-util.js';
 import { validateFlowControl } from '../src/flow/config.js';
 
-const flush = () => new Promise<void>((r) => setImmediate(r));
 
-class Signal implements AbortHook {
-  aborted = false;
-  onabort: (() => void) | null = null;
-  abort() {
-    this.aborted = true;
-    const cb = this.onabort;
-    this.onabort = null;
-    cb?.();
-  }
-}
 
 type Op =
   | { kind: 'arrive'; flow: number; band: number; bytes: number }

@@ -3,7 +3,8 @@
 // cancellation, metrics, and the server gate seam.
 import t from 'tap';
 import fc from 'fast-check';
-import { FlowController, type AdmitResult, type AbortHook } from '../src/flow/controller.js';
+import { FlowController, type AdmitResult } from '../src/flow/controller.js';
+import { flush, Signal } from './flow-util.js';
 import { validateFlowControl, type FlowControlConfig } from '../src/flow/config.js';
 import { admitProbability, seededRng } from '../src/flow/admission.js';
 import { FlowControlGate } from '../src/flow/gate.js';
@@ -16,7 +17,6 @@ function config(raw: Record<string, unknown>): FlowControlConfig {
   return value;
 }
 
-const flush = () => new Promise<void>((r) => setImmediate(r));
 
 /** A pool of `slots` concurrent requests; utilisation = inFlight / slots. */
 function harness(raw: Record<string, unknown>, slots: number, extra: { rng?: () => number } = {}) {
@@ -32,16 +32,6 @@ function harness(raw: Record<string, unknown>, slots: number, extra: { rng?: () 
   return { ctl, clock };
 }
 
-class Signal implements AbortHook {
-  aborted = false;
-  onabort: (() => void) | null = null;
-  abort() {
-    this.aborted = true;
-    const cb = this.onabort;
-    this.onabort = null;
-    cb?.();
-  }
-}
 
 t.test('a flow with minShare 0.30 gets at least 30% of its band under saturation', async (t) => {
   const flows = ['tenant:payments', 'tenant:b', 'tenant:c', 'tenant:d', 'tenant:e'];
