@@ -12,8 +12,6 @@ import { FlowController, type AdmitResult } from '../src/flow/controller.js';
 import { flush, Signal } from './flow-util.js';
 import { validateFlowControl } from '../src/flow/config.js';
 
-
-
 type Op =
   | { kind: 'arrive'; flow: number; band: number; bytes: number }
   | { kind: 'complete'; pick: number }

@@ -17,7 +17,6 @@ function config(raw: Record<string, unknown>): FlowControlConfig {
   return value;
 }
 
-
 /** A pool of `slots` concurrent requests; utilisation = inFlight / slots. */
 function harness(raw: Record<string, unknown>, slots: number, extra: { rng?: () => number } = {}) {
   const clock = { now: 0 };
@@ -31,7 +30,6 @@ function harness(raw: Record<string, unknown>, slots: number, extra: { rng?: () 
   });
   return { ctl, clock };
 }
-
 
 t.test('a flow with minShare 0.30 gets at least 30% of its band under saturation', async (t) => {
   const flows = ['tenant:payments', 'tenant:b', 'tenant:c', 'tenant:d', 'tenant:e'];
