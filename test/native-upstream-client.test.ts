@@ -9,6 +9,7 @@ import t from 'tap';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { createServer, type Server, type Socket } from 'node:net';
+import { listenRaw } from './router-util.js';
 import { Worker } from 'node:worker_threads';
 import { existsSync, statSync } from 'node:fs';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -77,11 +78,9 @@ interface Raw {
 async function rawServer(t: Tap.Test, onRequest: (sock: Socket, n: number, conn: number, body: Buffer) => void): Promise<Raw> {
   let conns = 0;
   let requests = 0;
-  const socks = new Set<Socket>();
-  const server: Server = createServer((sock) => {
+  const { port, socks } = await listenRaw(t, (sock) => {
     const conn = ++conns;
     sock.setNoDelay(true); // split writes must go out as separate segments, now
-    socks.add(sock);
     let buf = Buffer.alloc(0);
     sock.on('data', (b: Buffer) => {
       buf = buf.length === 0 ? b : Buffer.concat([buf, b]);
@@ -96,18 +95,7 @@ async function rawServer(t: Tap.Test, onRequest: (sock: Socket, n: number, conn:
         onRequest(sock, ++requests, conn, body);
       }
     });
-    sock.on('error', () => {});
-    sock.on('close', () => socks.delete(sock));
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const port = (server.address() as { port: number }).port;
-  t.teardown(
-    () =>
-      new Promise<void>((r) => {
-        for (const s of socks) s.destroy();
-        server.close(() => r());
-      }),
-  );
   const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
   return { set, conns: () => conns, open: () => socks.size, socks };
 }

@@ -3,7 +3,8 @@
 // an endpoint that never answers, one that stalls mid-body, and one that is
 // slow but keeps sending (inactivity, not total time, is what times out).
 import t from 'tap';
-import { createServer, type Server, type Socket } from 'node:net';
+import type { Socket } from 'node:net';
+import { listenRaw } from './router-util.js';
 import { H1UpstreamClient } from '../src/proxy/h1-client.js';
 import { NativeUpstreamClient } from '../src/proxy/native-client.js';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
@@ -49,9 +50,7 @@ function collect(client: UpstreamClient, set: EndpointSet, onData?: (r: Result, 
 }
 
 async function server(t: Tap.Test, onRequest: (sock: Socket) => void): Promise<EndpointSet> {
-  const socks = new Set<Socket>();
-  const srv: Server = createServer((sock) => {
-    socks.add(sock);
+  const { port } = await listenRaw(t, (sock) => {
     let seen = '';
     sock.on('data', (b) => {
       seen += b.toString('latin1');
@@ -61,18 +60,7 @@ async function server(t: Tap.Test, onRequest: (sock: Socket) => void): Promise<E
         onRequest(sock);
       }
     });
-    sock.on('error', () => {});
-    sock.on('close', () => socks.delete(sock));
   });
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
-  const port = (srv.address() as { port: number }).port;
-  t.teardown(
-    () =>
-      new Promise<void>((r) => {
-        for (const s of socks) s.destroy();
-        srv.close(() => r());
-      }),
-  );
   return new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
 }
 

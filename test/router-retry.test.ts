@@ -2,8 +2,8 @@
 // status and then resets must not leave its answer's state behind for the
 // attempt that succeeds on another endpoint.
 import t from 'tap';
-import { createServer, type Socket } from 'node:net';
-import { startTestRouter } from './router-util.js';
+import type { Socket } from 'node:net';
+import { listenRaw, startTestRouter } from './router-util.js';
 
 /**
  * A raw HTTP/1.1 engine on loopback: GETs (health checks, metrics scrapes) get
@@ -11,21 +11,13 @@ import { startTestRouter } from './router-util.js';
  * Closed with the test. Returns its URL.
  */
 async function rawEngine(t: Tap.Test, onPost: (sock: Socket) => void): Promise<string> {
-  const socks = new Set<Socket>();
-  const srv = createServer((sock) => {
-    socks.add(sock);
-    sock.on('error', () => {});
+  const { port } = await listenRaw(t, (sock) =>
     sock.on('data', (b: Buffer) => {
       if (b.toString('latin1', 0, 4) === 'GET ') sock.write('HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n');
       else onPost(sock);
-    });
-  });
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
-  t.teardown(() => {
-    for (const s of socks) s.destroy();
-    srv.close();
-  });
-  return `http://127.0.0.1:${(srv.address() as { port: number }).port}`;
+    }),
+  );
+  return `http://127.0.0.1:${port}`;
 }
 
 for (const client of ['h1', 'native'] as const) {

@@ -1,5 +1,6 @@
 // Shared setup for router tests: a simulated fleet and a router in front of it,
 // both on loopback ports the OS picks, torn down with the test.
+import { createServer, type Socket } from 'node:net';
 import { startFleet, type SimFleet, type FleetOptions } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { registry } from '../src/scheduler/builtins.js';
@@ -41,4 +42,28 @@ export async function startTestRouter(t: Tap.Test, o: TestRouterOptions = {}): P
     await fleet.close();
   });
   return { fleet, router, url: router.url };
+}
+
+/**
+ * A raw TCP server on a loopback port the OS picks, for hand-written engine
+ * behaviour: `onSocket` handles each connection (socket errors are ignored).
+ * Its sockets are destroyed and it closes with the test.
+ */
+export async function listenRaw(t: Tap.Test, onSocket: (sock: Socket) => void): Promise<{ port: number; socks: Set<Socket> }> {
+  const socks = new Set<Socket>();
+  const srv = createServer((sock) => {
+    socks.add(sock);
+    sock.on('error', () => {});
+    sock.on('close', () => socks.delete(sock));
+    onSocket(sock);
+  });
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  t.teardown(
+    () =>
+      new Promise<void>((r) => {
+        for (const s of socks) s.destroy();
+        srv.close(() => r());
+      }),
+  );
+  return { port: (srv.address() as { port: number }).port, socks };
 }
