@@ -388,7 +388,8 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
         chunk = chunk.subarray(0, cut);
       }
     }
-    return chunk.indexOf(SSE_FLAT_ERROR) >= 0 ? this.#rewriteSseError(chunk) : chunk;
+    // `at` < 0: the chunk holds no flat error event (the common case, one search per chunk)
+    return at >= 0 && chunk.indexOf(SSE_FLAT_ERROR) >= 0 ? this.#rewriteSseError(chunk) : chunk;
   }
 
   /** Relays a held SSE tail as it is (the stream ended or failed before it completed). */
