@@ -1209,28 +1209,42 @@ class UpstreamClientWrap : public Napi::ObjectWrap<UpstreamClientWrap> {
   }
 
   // send(id, poolId, head: string (latin1), body: Uint8Array | null)
+  // On the hot path: four N-API calls after the wrapper's own two (each value is
+  // read with the call that also checks its type; the head string goes straight
+  // into a buffer kept between calls).
   void Send(const Napi::CallbackInfo& info) {
     if (!Ready(info)) return;
     Napi::Env env = info.Env();
     int32_t id;
-    if (!GetId(info, 0, &id)) return;
-    if (!info[1].IsNumber()) return ThrowType(env, "poolId must be a number");
-    Pool* pool = core_->GetPool(info[1].As<Napi::Number>().Uint32Value());
+    if (napi_get_value_int32(env, info[0], &id) != napi_ok) return ThrowType(env, "call id must be a number");
+    if (id < 0) return ThrowRange(env, "call id must be a non-negative int32");
+    uint32_t pool_id;
+    if (napi_get_value_uint32(env, info[1], &pool_id) != napi_ok) return ThrowType(env, "poolId must be a number");
+    Pool* pool = core_->GetPool(pool_id);
     if (pool == nullptr) return ThrowRange(env, "unknown poolId (addPool first)");
-    if (!info[2].IsString()) return ThrowType(env, "head must be a string");
+    if (head_.size() < kHeadBuf) head_.resize(kHeadBuf);
     size_t hl = 0;
-    if (napi_get_value_string_latin1(env, info[2], nullptr, 0, &hl) != napi_ok) return ThrowType(env, "head must be a string");
+    if (napi_get_value_string_latin1(env, info[2], head_.data(), head_.size(), &hl) != napi_ok)
+      return ThrowType(env, "head must be a string");
+    if (hl + 1 >= head_.size()) {
+      // it may not have fitted: ask for the length, then copy it whole
+      if (napi_get_value_string_latin1(env, info[2], nullptr, 0, &hl) != napi_ok) return ThrowType(env, "head must be a string");
+      head_.resize(hl + 1);
+      napi_get_value_string_latin1(env, info[2], head_.data(), hl + 1, &hl);
+    }
     if (hl == 0) return ThrowRange(env, "head must not be empty");
-    if (head_.size() < hl + 1) head_.resize(hl + 1);
-    napi_get_value_string_latin1(env, info[2], head_.data(), hl + 1, &hl);
     const uint8_t* bp = nullptr;
     size_t bl = 0;
-    if (!info[3].IsNull() && !info[3].IsUndefined()) {
-      if (!info[3].IsTypedArray() || info[3].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+    napi_typedarray_type type;
+    void* data = nullptr;
+    if (napi_get_typedarray_info(env, info[3], &type, &bl, &data, nullptr, nullptr) == napi_ok) {
+      if (type != napi_uint8_array) return ThrowType(env, "body must be a Uint8Array or null");
+      bp = static_cast<const uint8_t*>(data);
+    } else {
+      napi_valuetype vt;
+      if (napi_typeof(env, info[3], &vt) != napi_ok || (vt != napi_null && vt != napi_undefined))
         return ThrowType(env, "body must be a Uint8Array or null");
-      Napi::Uint8Array b = info[3].As<Napi::Uint8Array>();
-      bp = b.Data();
-      bl = b.ByteLength();
+      bl = 0;
     }
     if (bl > 0xffffffffu - hl) return ThrowRange(env, "request too large");
     core_->Send(env, id, pool, head_.data(), hl, bp, bl);
@@ -1285,6 +1299,7 @@ class UpstreamClientWrap : public Napi::ObjectWrap<UpstreamClientWrap> {
     return a;
   }
 
+  static constexpr size_t kHeadBuf = 4096;
   Core* core_ = nullptr;
   std::vector<char> head_;
 };

@@ -492,6 +492,46 @@ t.test('refused connections, close() with queued calls, sends after close', asyn
   first.call.abort();
 });
 
+t.test('request heads of every length around the native head buffer (4 KiB) and far past it arrive byte-exact', async (t) => {
+  const heads: string[] = [];
+  const { port } = await listenRaw(t, (sock) => {
+    let buf = Buffer.alloc(0);
+    sock.on('data', (b: Buffer) => {
+      buf = Buffer.concat([buf, b]);
+      for (;;) {
+        const end = buf.indexOf('\r\n\r\n');
+        if (end < 0 || buf.length < end + 6) return;
+        heads.push(buf.toString('latin1', 0, end + 4));
+        buf = buf.subarray(end + 6); // every body is 2 bytes
+        sock.write('HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n');
+      }
+    });
+  });
+  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
+  const c = client(t);
+  const base = `POST /x HTTP/1.1\r\nhost: 127.0.0.1:${port}\r\nx-pad: \r\ncontent-length: 2\r\n\r\n`.length;
+  const pads: number[] = [];
+  for (let len = 4090; len <= 4100; len++) pads.push(len - base);
+  pads.push(70_000, 1);
+  const sent: string[] = [];
+  for (const pad of pads) {
+    const value = 'a'.repeat(pad - 1) + '\u00e9'; // latin1: one byte per char
+    const done = new Promise<Error | null>((resolve) => {
+      c.send(set.all[0]!, { method: 'POST', path: '/x', headers: ['x-pad', value], body: Buffer.from('{}') }, {
+        onUpstreamHeaders() {},
+        onUpstreamData() {},
+        onUpstreamEnd: () => resolve(null),
+        onUpstreamError: (err) => resolve(err),
+      });
+    });
+    t.equal(await done, null);
+    sent.push(`POST /x HTTP/1.1\r\nhost: 127.0.0.1:${port}\r\nx-pad: ${value}\r\ncontent-length: 2\r\n\r\n`);
+  }
+  t.equal(heads.length, sent.length);
+  for (let i = 0; i < sent.length; i++) if (heads[i] !== sent[i]) t.fail(`head ${i} (${sent[i]!.length} bytes) differs`);
+  t.ok(sent.some((h) => h.length === 4095) && sent.some((h) => h.length === 4096), 'the boundary lengths were covered');
+});
+
 t.test('bad arguments are TypeError/RangeError, never a crash; hostnames are refused clearly', async (t) => {
   const opts = { connectTimeoutMs: 100, headersTimeoutMs: 100, bodyTimeoutMs: 100, connectionsPerEndpoint: 1 };
   t.throws(() => new NativeUpstreamConnections({ ...opts, connectionsPerEndpoint: 0 }, () => {}), RangeError);
@@ -508,6 +548,11 @@ t.test('bad arguments are TypeError/RangeError, never a crash; hostnames are ref
   t.throws(() => n.send(-1, 0, 'GET / HTTP/1.1\r\n\r\n', null), RangeError);
   t.throws(() => n.send(0, 0, 42 as unknown as string, null), TypeError);
   t.throws(() => n.send(0, 0, 'GET / HTTP/1.1\r\n\r\n', 'body' as unknown as Uint8Array), TypeError);
+  t.throws(() => n.send(0, 0, 'GET / HTTP/1.1\r\n\r\n', new Int32Array(2) as unknown as Uint8Array), TypeError, 'a typed array of another type');
+  t.throws(() => n.send(0, 0, 'GET / HTTP/1.1\r\n\r\n', {} as unknown as Uint8Array), TypeError);
+  t.throws(() => n.send('1' as unknown as number, 0, 'GET / HTTP/1.1\r\n\r\n', null), TypeError, 'id not a number');
+  t.throws(() => n.send(0, null as unknown as number, 'GET / HTTP/1.1\r\n\r\n', null), TypeError, 'poolId not a number');
+  t.throws(() => n.send(0, 0, '', null), RangeError, 'empty head');
   n.abort(12345); // unknown ids are ignored
   n.pause(12345);
   n.resume(12345);

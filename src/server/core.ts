@@ -5,7 +5,7 @@ import { performance } from 'node:perf_hooks';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { hostIsIp, type LimitsConfig, type ProxyConfig, type RouterConfig } from '../config/schema.js';
-import { EndpointSet } from '../endpoints/endpoint.js';
+import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
 import { UndiciUpstreamClient } from '../proxy/undici-client.js';
 import { H1UpstreamClient } from '../proxy/h1-client.js';
 import { NativeUpstreamClient } from '../proxy/native-client.js';
@@ -16,7 +16,7 @@ import { PassThroughGate, type AdmissionGate } from './gate.js';
 import { errorBody, statusLine } from './http-errors.js';
 import { RouterMetrics } from './metrics.js';
 import { PromptWriter } from './prompt.js';
-import { KIND_CHAT, KIND_COMPLETION, ProxyRequest } from './request.js';
+import { headerBytes, KIND_CHAT, KIND_COMPLETION, ProxyRequest } from './request.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from './uws.js';
 
 export interface RouterOptions {
@@ -119,6 +119,8 @@ export class RouterCore {
   #sweepEvery: number;
   #modelsBody: string;
   #drainWaiters: (() => void)[] = [];
+  /** Endpoint names as bytes for the x-switchyard-endpoint header, by endpoint id. */
+  readonly #endpointHeaders: Buffer[] = [];
   port = 0;
 
   constructor(opts: RouterOptions) {
@@ -148,6 +150,11 @@ export class RouterCore {
     this.#sweep = setInterval(() => this.#sweepSlowBodies(), sweepEvery);
     this.#sweep.unref();
     this.#app = this.#routes(uws.App());
+  }
+
+  /** `ep.name` as the bytes of its x-switchyard-endpoint header value. */
+  endpointHeader(ep: Endpoint): Buffer {
+    return (this.#endpointHeaders[ep.id] ??= Buffer.from(ep.name));
   }
 
   newRequestId(): string {
@@ -222,8 +229,10 @@ export class RouterCore {
     const clText = req.getHeader('content-length');
     const contentLength = clText === '' ? -1 : Number(clText);
     let id = req.getHeader('x-request-id');
-    if (id === '' || id.length > 256) id = this.newRequestId();
-    const ctx = new ProxyRequest(this, res, kind, id, req.getHeader('authorization'), contentLength);
+    let idHeader: string | Buffer;
+    if (id === '' || id.length > 256) idHeader = id = this.newRequestId();
+    else idHeader = headerBytes(id);
+    const ctx = new ProxyRequest(this, res, kind, id, idHeader, req.getHeader('authorization'), contentLength);
     const names = this.gate.headerNames;
     if (names.length > 0) {
       const h: Record<string, string> = {};
@@ -231,14 +240,16 @@ export class RouterCore {
       ctx.headers = h;
     }
     this.#active++;
-    res.onAborted(() => ctx.onClientAbort());
+    // bound methods, not arrow closures: uWS calls onData once per request, and a
+    // fresh closure pays V8's lazy-code install on its first call
+    res.onAborted(ctx.onClientAbort.bind(ctx));
     if (contentLength > this.limits.maxBodyBytes) {
       ctx.reply(413, `request body of ${contentLength} bytes exceeds the limit of ${this.limits.maxBodyBytes} bytes`, null, true);
       return;
     }
     ctx.readStart = this.clock;
     this.reading.add(ctx);
-    res.onData((ab, isLast) => ctx.onBodyChunk(ab, isLast));
+    res.onData(ctx.onBodyChunk.bind(ctx));
   }
 
   #sweepSlowBodies(): void {

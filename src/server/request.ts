@@ -42,9 +42,26 @@ function flatErrorStartAtEnd(chunk: Buffer): number {
 const MAX_ERROR_BODY = 65536;
 
 /** uWS hands header values over one char per byte: echo non-ASCII ones as their original bytes. */
-function headerBytes(s: string): string | Buffer {
+export function headerBytes(s: string): string | Buffer {
   for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) return Buffer.from(s, 'latin1');
   return s;
+}
+
+// Header names and values handed to uWS as bytes: a JS string costs uWS a
+// UTF-8 conversion into a fresh heap buffer per call, a Buffer only a pointer.
+const H_CONTENT_TYPE = Buffer.from('content-type');
+const H_ENDPOINT = Buffer.from('x-switchyard-endpoint');
+const H_REQUEST_ID = Buffer.from('x-request-id');
+/** Content-type values seen in upstream answers, as the bytes uWS would write for them (bounded). */
+const contentTypes = new Map<string, Buffer>();
+function contentTypeBytes(ct: string): Buffer {
+  let b = contentTypes.get(ct);
+  if (b === undefined) {
+    if (contentTypes.size >= 64) contentTypes.clear();
+    b = Buffer.from(ct);
+    contentTypes.set(ct, b);
+  }
+  return b;
 }
 
 // Module-level cork targets: uWS cork takes a callback; these avoid a closure per write.
@@ -70,6 +87,8 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   onabort: (() => void) | null = null;
   // RequestInfo
   requestId: string;
+  /** The x-request-id value as written back to the client (see headerBytes). */
+  readonly requestIdHeader: string | Buffer;
   model = '';
   readonly path: string;
   body: Readonly<Record<string, unknown>> = EMPTY_HEADERS;
@@ -113,12 +132,22 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   /** The tail of an SSE stream that may be an incomplete flat-shape error event, held for the next chunk. */
   #sseHold: Buffer | null = null;
 
-  constructor(core: RouterCore, res: HttpResponse, kind: number, requestId: string, authorization: string, contentLength: number) {
+  /** `requestIdHeader`: requestId as headerBytes() gives it (the router's own ids are ASCII: no scan). */
+  constructor(
+    core: RouterCore,
+    res: HttpResponse,
+    kind: number,
+    requestId: string,
+    requestIdHeader: string | Buffer,
+    authorization: string,
+    contentLength: number,
+  ) {
     this.core = core;
     this.res = res;
     this.kind = kind;
     this.path = KIND_PATHS[kind];
     this.requestId = requestId;
+    this.requestIdHeader = requestIdHeader;
     this.authorization = authorization;
     this.contentLength = contentLength;
   }
@@ -454,9 +483,9 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   #writeHead(): void {
     const res = this.res;
     if (this.#status !== 200) res.writeStatus(statusLine(this.#status)); // uWS writes 200 OK itself (one native call less)
-    res.writeHeader('content-type', this.#contentType);
-    res.writeHeader('x-switchyard-endpoint', this.endpoint.name);
-    res.writeHeader('x-request-id', headerBytes(this.requestId));
+    res.writeHeader(H_CONTENT_TYPE, contentTypeBytes(this.#contentType));
+    res.writeHeader(H_ENDPOINT, this.core.endpointHeader(this.endpoint));
+    res.writeHeader(H_REQUEST_ID, this.requestIdHeader);
     this.#started = true;
   }
 
@@ -541,7 +570,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
     res.cork(() => {
       res.writeStatus(statusLine(status));
       res.writeHeader('content-type', 'application/json');
-      res.writeHeader('x-request-id', headerBytes(this.requestId));
+      res.writeHeader('x-request-id', this.requestIdHeader);
       if (ep) res.writeHeader('x-switchyard-endpoint', ep.name);
       if (reason) res.writeHeader('x-switchyard-dropped-reason', reason);
       if (retryAfter > 0) res.writeHeader('retry-after', String(Math.ceil(retryAfter)));
