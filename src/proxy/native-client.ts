@@ -125,6 +125,8 @@ export class NativeUpstreamClient implements UpstreamClient {
   /** `host:` header value per endpoint id (undefined: pool not registered yet). */
   readonly #hosts: (string | undefined)[] = [];
   readonly #types: string[] = [];
+  /** Per pool: the last request line + host header written (see #write). */
+  readonly #lines: ({ method: string; path: string; text: string } | undefined)[] = [];
   #live = 0;
   #closed = false;
   #destroyed = false;
@@ -156,7 +158,13 @@ export class NativeUpstreamClient implements UpstreamClient {
 
   #write(call: NativeCall, host: string): void {
     const r = call.req;
-    let head = `${r.method} ${r.path} HTTP/1.1\r\nhost: ${host}\r\n`;
+    // the request line and host header, kept per pool for the last method and path
+    let pre = this.#lines[call.pool];
+    if (pre === undefined || pre.method !== r.method || pre.path !== r.path) {
+      pre = { method: r.method, path: r.path, text: `${r.method} ${r.path} HTTP/1.1\r\nhost: ${host}\r\n` };
+      this.#lines[call.pool] = pre;
+    }
+    let head = pre.text;
     const h = r.headers;
     for (let i = 0; i + 1 < h.length; i += 2) head += `${h[i]}: ${h[i + 1]}\r\n`;
     const body = r.body;

@@ -47,23 +47,6 @@ export function headerBytes(s: string): string | Buffer {
   return s;
 }
 
-// Header names and values handed to uWS as bytes: a JS string costs uWS a
-// UTF-8 conversion into a fresh heap buffer per call, a Buffer only a pointer.
-const H_CONTENT_TYPE = Buffer.from('content-type');
-const H_ENDPOINT = Buffer.from('x-switchyard-endpoint');
-const H_REQUEST_ID = Buffer.from('x-request-id');
-/** Content-type values seen in upstream answers, as the bytes uWS would write for them (bounded). */
-const contentTypes = new Map<string, Buffer>();
-function contentTypeBytes(ct: string): Buffer {
-  let b = contentTypes.get(ct);
-  if (b === undefined) {
-    if (contentTypes.size >= 64) contentTypes.clear();
-    b = Buffer.from(ct);
-    contentTypes.set(ct, b);
-  }
-  return b;
-}
-
 // Module-level cork targets: uWS cork takes a callback; these avoid a closure per write.
 let cur: ProxyRequest;
 let curChunk: Buffer | string = '';
@@ -483,9 +466,10 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   #writeHead(): void {
     const res = this.res;
     if (this.#status !== 200) res.writeStatus(statusLine(this.#status)); // uWS writes 200 OK itself (one native call less)
-    res.writeHeader(H_CONTENT_TYPE, contentTypeBytes(this.#contentType));
-    res.writeHeader(H_ENDPOINT, this.core.endpointHeader(this.endpoint));
-    res.writeHeader(H_REQUEST_ID, this.requestIdHeader);
+    // content-type, x-switchyard-endpoint and x-request-id in one uWS call: the
+    // first two lines and the third's name are one cached block (uWS writes a
+    // header's name and value verbatim, so the bytes are those of three calls)
+    res.writeHeader(this.core.headerBlock(this.endpoint, this.#contentType), this.requestIdHeader);
     this.#started = true;
   }
 
