@@ -3,25 +3,11 @@
 import t from 'tap';
 import { parse } from 'yaml';
 import { validateFlowControl, defaultFlowControl, parseDurationMs } from '../src/flow/config.js';
+import { OPERATOR_FLOW_BLOCK } from './flow-util.js';
 
-const OPERATOR_SNIPPET = `
-flowControl:
-  enabled: true
-  flows:
-    - id: tenant:payments
-      priority: premium
-      minShare: 0.30
-    - id: tenant:internal-tools
-      priority: best-effort
-    - id: workload:nightly-batch
-      priority: batch
-  admission:
-    mode: probabilistic
-    maxUtilisation: 0.85
-`;
 
 t.test("the issue's exact YAML block loads unchanged", (t) => {
-  const doc = parse(OPERATOR_SNIPPET) as { flowControl: unknown };
+  const doc = parse(OPERATOR_FLOW_BLOCK) as { flowControl: unknown };
   const { value, errors } = validateFlowControl(doc.flowControl);
   t.same(errors, []);
   t.ok(value);

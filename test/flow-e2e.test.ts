@@ -11,24 +11,11 @@ import { startRouter, type RunningRouter } from '../src/server/router.js';
 import { validateFlowControl } from '../src/flow/config.js';
 import { FlowControlGate } from '../src/flow/gate.js';
 import { seededRng } from '../src/flow/admission.js';
+import { OPERATOR_FLOW_BLOCK } from './flow-util.js';
 
 const validate = (kind: 'filter' | 'scorer' | 'picker', s: { type: string; params: Record<string, unknown> }) =>
   registry.validate(kind, s.type, s.params);
 
-const OPERATOR_BLOCK = `flowControl:
-  enabled: true
-  flows:
-    - id: tenant:payments
-      priority: premium
-      minShare: 0.30
-    - id: tenant:internal-tools
-      priority: best-effort
-    - id: workload:nightly-batch
-      priority: batch
-  admission:
-    mode: probabilistic
-    maxUtilisation: 0.85
-`;
 
 interface Setup {
   engine: SimEngine;
@@ -103,7 +90,7 @@ async function waitFor(cond: () => boolean, timeoutMs = 3000): Promise<boolean> 
 }
 
 t.test("the operator's exact block loads through the router config and takes effect", async (t) => {
-  const { router, gate } = await setup(t, OPERATOR_BLOCK);
+  const { router, gate } = await setup(t, OPERATOR_FLOW_BLOCK);
   const r = await complete(router.url, 'p1', { 'x-tenant-id': 'payments' }, 2);
   t.equal(r.status, 200);
   const b = await complete(router.url, 'b1', { 'x-workload-id': 'nightly-batch', 'x-priority': 'premium' }, 2);
@@ -116,7 +103,7 @@ t.test("the operator's exact block loads through the router config and takes eff
 });
 
 t.test('when the endpoint is saturated, requests are held and dispatched by band priority', async (t) => {
-  const { router, engine, gate } = await setup(t, OPERATOR_BLOCK.replace('  admission:', '  saturation: { maxConcurrency: 2 }\n  admission:').replace('probabilistic', 'off'));
+  const { router, engine, gate } = await setup(t, OPERATOR_FLOW_BLOCK.replace('  admission:', '  saturation: { maxConcurrency: 2 }\n  admission:').replace('probabilistic', 'off'));
   const url = router.url;
   const ctl = () => gate.controller('open-model');
   const blockers = [complete(url, 'blk0', { 'x-tenant-id': 'internal-tools' }, 60), complete(url, 'blk1', { 'x-tenant-id': 'internal-tools' }, 60)];
@@ -184,7 +171,7 @@ t.test('a client that disconnects while queued leaves the queue; no upstream req
 });
 
 t.test('probabilistic admission sheds low bands when saturated; the top band is held, not shed', async (t) => {
-  const { router, gate } = await setup(t, OPERATOR_BLOCK.replace('  admission:', '  saturation: { maxConcurrency: 2 }\n  admission:'));
+  const { router, gate } = await setup(t, OPERATOR_FLOW_BLOCK.replace('  admission:', '  saturation: { maxConcurrency: 2 }\n  admission:'));
   const blockers = [complete(router.url, 'b0', { 'x-tenant-id': 'internal-tools' }, 60), complete(router.url, 'b1', { 'x-tenant-id': 'internal-tools' }, 60)];
   t.ok(await waitFor(() => gate.controller('open-model').inFlight === 2), 'both slots taken');
   // utilisation is 2/2 = 1: everything below premium has admission probability 0
