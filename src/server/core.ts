@@ -30,6 +30,12 @@ export interface RouterOptions {
   random?: () => number;
 }
 
+// Header names read on every inference request, as bytes: uWS converts a JS
+// string argument into a fresh UTF-8 heap copy per call, a Buffer it reads in place.
+const H_CONTENT_LENGTH = Buffer.from('content-length');
+const H_REQUEST_ID = Buffer.from('x-request-id');
+const H_AUTHORIZATION = Buffer.from('authorization');
+
 const KNOWN_PATHS: Record<string, string> = {
   '/v1/chat/completions': 'POST',
   '/v1/completions': 'POST',
@@ -238,13 +244,13 @@ export class RouterCore {
   }
 
   #inference(res: HttpResponse, req: HttpRequest, kind: number): void {
-    const clText = req.getHeader('content-length');
+    const clText = req.getHeader(H_CONTENT_LENGTH);
     const contentLength = clText === '' ? -1 : Number(clText);
-    let id = req.getHeader('x-request-id');
+    let id = req.getHeader(H_REQUEST_ID);
     let idHeader: string | Buffer;
     if (id === '' || id.length > 256) idHeader = id = this.newRequestId();
     else idHeader = headerBytes(id);
-    const ctx = new ProxyRequest(this, res, kind, id, idHeader, req.getHeader('authorization'), contentLength);
+    const ctx = new ProxyRequest(this, res, kind, id, idHeader, req.getHeader(H_AUTHORIZATION), contentLength);
     const names = this.gate.headerNames;
     if (names.length > 0) {
       const h: Record<string, string> = {};
