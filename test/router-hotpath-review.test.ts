@@ -340,3 +340,29 @@ t.test('native: a head the socket takes only partly (kept-alive connection, engi
   t.equal(got.length, sent.length);
   for (let i = 0; i < sent.length; i++) t.ok(got[i] === sent[i], `request ${i} (${sent[i]!.length} bytes) arrived byte-exact`);
 });
+
+for (const client of ['native', 'h1'] as const) {
+  t.test(`${client}: an upstream content type holding CR or NUL reaches the client without them (no header injection through the cached block)`, async (t) => {
+    const body = COMPLETION(0);
+    const { port } = await listenRaw(t, (sock) =>
+      framed(sock, (m) => {
+        if (m.head.toString('latin1', 0, 4) === 'GET ') sock.write('HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n');
+        else sock.write(`HTTP/1.1 200 OK\r\ncontent-type: application/json\rx-injected: yes\0z\r\ncontent-length: ${body.length}\r\n\r\n${body}`);
+      }),
+    );
+    const { router } = await startTestRouter(t, {
+      n: 1,
+      pools: () => [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'e', url: `http://127.0.0.1:${port}` }] }],
+      extra: { proxy: { client } },
+    });
+    for (let i = 0; i < 2; i++) {
+      // twice: the second answer comes from the cached block
+      const got = await rawExchange(router.port, request('/v1/completions', null, JSON.stringify({ model: 'open-model', prompt: 'hi', max_tokens: 1 })));
+      const head = got.head.toString('latin1');
+      t.notOk(/\r(?!\n)|\0/.test(head), `answer ${i}: no bare CR or NUL in the head (${JSON.stringify(head.slice(0, 80))})`);
+      t.notOk(/\nx-injected/i.test(head.replace(/\r/g, '\n')), `answer ${i}: no header a lenient client would split off`);
+      t.match(head, /\r\ncontent-type: application\/json x-injected: yes z\r\n/, `answer ${i}: the value, controls as spaces`);
+      t.equal(got.body.toString(), body);
+    }
+  });
+}

@@ -35,6 +35,9 @@ export interface RouterOptions {
 const H_CONTENT_LENGTH = Buffer.from('content-length');
 const H_REQUEST_ID = Buffer.from('x-request-id');
 const H_AUTHORIZATION = Buffer.from('authorization');
+/** Bytes a header field value must not hold (controls other than HTAB). */
+const FIELD_CTL = /[\0-\x08\n-\x1f\x7f]/;
+const FIELD_CTLS = /[\0-\x08\n-\x1f\x7f]/g;
 
 const KNOWN_PATHS: Record<string, string> = {
   '/v1/chat/completions': 'POST',
@@ -169,7 +172,11 @@ export class RouterCore {
     let b = m.get(contentType);
     if (b === undefined) {
       if (m.size >= 16) m.clear();
-      b = Buffer.from(`content-type: ${contentType}\r\nx-switchyard-endpoint: ${ep.name}\r\nx-request-id`);
+      // an upstream's value may hold controls a field value must not (the h1 and native
+      // parsers pass a bare CR or a NUL through): as spaces (RFC 9112 2.2), or a lenient
+      // client would split a header off. Checked here, once per cached block.
+      const ct = FIELD_CTL.test(contentType) ? contentType.replace(FIELD_CTLS, ' ') : contentType;
+      b = Buffer.from(`content-type: ${ct}\r\nx-switchyard-endpoint: ${ep.name}\r\nx-request-id`);
       m.set(contentType, b);
     }
     return b;
