@@ -48,7 +48,7 @@ class UndiciCall implements UpstreamCall {
       for (let i = 0; i + 1 < raw.length; i += 2) {
         const k = raw[i];
         const name = typeof k === 'string' ? Buffer.from(k) : k;
-        if (name.length === 12 && eqLower(name, 'content-type')) contentType = raw[i + 1].toString();
+        if (name.length === 12 && eqLower(name, 'content-type')) contentType = raw[i + 1].toString('latin1'); // one char per byte, as the h1 and native clients
         else if (name.length === 14 && eqLower(name, 'content-length')) contentLength = Number(raw[i + 1].toString());
       }
     }

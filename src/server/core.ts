@@ -38,6 +38,7 @@ const H_AUTHORIZATION = Buffer.from('authorization');
 /** Bytes a header field value must not hold (controls other than HTAB). */
 const FIELD_CTL = /[\0-\x08\n-\x1f\x7f]/;
 const FIELD_CTLS = /[\0-\x08\n-\x1f\x7f]/g;
+const CONTENT_TYPE_PREFIX = Buffer.from('content-type: ');
 
 const KNOWN_PATHS: Record<string, string> = {
   '/v1/chat/completions': 'POST',
@@ -176,7 +177,14 @@ export class RouterCore {
       // parsers pass a bare CR or a NUL through): as spaces (RFC 9112 2.2), or a lenient
       // client would split a header off. Checked here, once per cached block.
       const ct = FIELD_CTL.test(contentType) ? contentType.replace(FIELD_CTLS, ' ') : contentType;
-      b = Buffer.from(`content-type: ${ct}\r\nx-switchyard-endpoint: ${ep.name}\r\nx-request-id`);
+      // the upstream clients hand the value over one char per byte: written back as those
+      // bytes (latin1), so a non-ASCII content type is relayed as the engine sent it; the
+      // endpoint name is the operator's text, written as UTF-8
+      b = Buffer.concat([
+        CONTENT_TYPE_PREFIX,
+        Buffer.from(ct, 'latin1'),
+        Buffer.from(`\r\nx-switchyard-endpoint: ${ep.name}\r\nx-request-id`),
+      ]);
       m.set(contentType, b);
     }
     return b;
