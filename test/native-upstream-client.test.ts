@@ -490,6 +490,20 @@ t.test('refused connections, close() with queued calls, sends after close', asyn
   const after = await collect(c2, raw.set).done;
   t.match(after.error, { code: 'ECLOSED' }, 'a send after close fails with ECLOSED');
   first.call.abort();
+  // once the last call is gone the client is destroyed; an endpoint it never sent to (id 1)
+  // has no pool, and none can be registered any more
+  await sleep(20);
+  const url = raw.set.all[0]!.url;
+  const two = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'a', url, role: 'both' }, { name: 'b', url, role: 'both' }] }]);
+  const fresh = await new Promise<unknown>((resolve) => {
+    const sink: UpstreamSink = { onUpstreamHeaders: () => {}, onUpstreamData: () => true, onUpstreamEnd: () => resolve('end'), onUpstreamError: (err) => resolve(err) };
+    try {
+      c2.send(two.all[1]!, { method: 'GET', path: '/x', headers: [], body: null }, sink);
+    } catch (err) {
+      resolve({ thrown: err });
+    }
+  });
+  t.match(fresh, { code: 'ECLOSED' }, 'a send after close to a new endpoint fails with ECLOSED, not a throw');
 });
 
 t.test('request heads of every length around the native head buffer (4 KiB) and far past it arrive byte-exact', async (t) => {

@@ -136,13 +136,15 @@ export class NativeUpstreamClient implements UpstreamClient {
   }
 
   send(ep: Endpoint, req: UpstreamRequest, sink: UpstreamSink): UpstreamCall {
-    const host = this.#hosts[ep.id] ?? this.#addPool(ep);
-    const call = new NativeCall(this, ep.id, req, sink);
     if (this.#destroyed) {
+      // before the pool lookup: a destroyed client cannot register one (it would throw)
+      const call = new NativeCall(this, ep.id, req, sink);
       call.sink = null;
       process.nextTick(() => sink.onUpstreamError(new UpstreamSocketError('the upstream client is closed', 'ECLOSED')));
       return call;
     }
+    const host = this.#hosts[ep.id] ?? this.#addPool(ep);
+    const call = new NativeCall(this, ep.id, req, sink);
     let slot = this.#free.pop();
     if (slot === undefined) {
       slot = this.#calls.length;
