@@ -22,7 +22,7 @@ import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { CLI, cpuSeconds, freePort, start, waitReady } from './lib/proc.js';
+import { CLI, cpuSeconds, freePort, start, waitReady, runMain } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
 
 const argv = process.argv.slice(2);
@@ -217,10 +217,4 @@ async function main(): Promise<void> {
   }
 }
 
-main().then(
-  () => process.exit(0),
-  (err) => {
-    console.error(err);
-    process.exit(1);
-  },
-);
+runMain(main);

@@ -12,7 +12,7 @@
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { CLI, ROOT, cpuSeconds, freePort, start, waitReady, type Proc } from './lib/proc.js';
+import { CLI, ROOT, cpuSeconds, freePort, start, waitReady, type Proc, runMain } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
 
 const argv = process.argv.slice(2);
@@ -126,10 +126,4 @@ async function main(): Promise<void> {
   }
 }
 
-main().then(
-  () => process.exit(0),
-  (err) => {
-    console.error(err);
-    process.exit(1);
-  },
-);
+runMain(main);

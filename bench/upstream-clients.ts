@@ -11,7 +11,7 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { CLI, cpuSeconds, freePort, start, waitReady, type Proc } from './lib/proc.js';
+import { CLI, cpuSeconds, freePort, start, waitReady, type Proc, runMain } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
 
 const argv = process.argv.slice(2);
@@ -113,10 +113,4 @@ async function main(): Promise<void> {
   }
 }
 
-main().then(
-  () => process.exit(0),
-  (err) => {
-    console.error(err);
-    process.exit(1);
-  },
-);
+runMain(main);

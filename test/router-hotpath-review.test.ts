@@ -170,13 +170,12 @@ for (const client of ['native', 'h1', 'undici'] as const) {
   });
 }
 
-t.test('native: requests queued for a connection and partly written ones keep their own head bytes while later sends reuse the head buffer', async (t) => {
-  // one connection per endpoint: every send after the first waits in the queue
+/** A raw engine that records each request's bytes and answers `ok` (onSocket sees each connection
+ * first), and a native client with one connection per endpoint to it. */
+async function okEngine(t: Tap.Test, onSocket: (sock: Socket) => void) {
   const got: string[] = [];
-  let hold: Socket | null = null;
   const { port } = await listenRaw(t, (sock) => {
-    sock.pause(); // nothing is read until every request was sent: writes go partial and queue
-    hold = sock;
+    onSocket(sock);
     framed(sock, (m) => {
       got.push(m.head.toString('latin1') + m.body.toString('latin1'));
       sock.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
@@ -185,6 +184,16 @@ t.test('native: requests queued for a connection and partly written ones keep th
   const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
   const c = new NativeUpstreamClient({ ...DEFAULTS.proxy, connectionsPerEndpoint: 1 });
   t.teardown(() => c.close());
+  return { got, port, set, c };
+}
+
+t.test('native: requests queued for a connection and partly written ones keep their own head bytes while later sends reuse the head buffer', async (t) => {
+  // one connection per endpoint: every send after the first waits in the queue
+  let hold: Socket | null = null;
+  const { got, port, set, c } = await okEngine(t, (sock) => {
+    sock.pause(); // nothing is read until every request was sent: writes go partial and queue
+    hold = sock;
+  });
   const sent: string[] = [];
   const done: Promise<Error | null>[] = [];
   for (let i = 0; i < 12; i++) {
@@ -305,18 +314,10 @@ t.test('native: aborting a partly written call and a queued one; the next reques
 });
 
 t.test('native: a head the socket takes only partly (kept-alive connection, engine not reading) is not overwritten by the next sends', async (t) => {
-  const got: string[] = [];
   let sock0: Socket | null = null;
-  const { port } = await listenRaw(t, (sock) => {
+  const { got, port, set, c } = await okEngine(t, (sock) => {
     sock0 ??= sock;
-    framed(sock, (m) => {
-      got.push(m.head.toString('latin1') + m.body.toString('latin1'));
-      sock.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
-    });
   });
-  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
-  const c = new NativeUpstreamClient({ ...DEFAULTS.proxy, connectionsPerEndpoint: 1 });
-  t.teardown(() => c.close());
   const sent: string[] = [];
   const send = (value: string, body: Buffer) => {
     sent.push(`POST /x HTTP/1.1\r\nhost: 127.0.0.1:${port}\r\nx-v: ${value}\r\ncontent-length: ${body.length}\r\n\r\n${body.toString('latin1')}`);

@@ -119,3 +119,15 @@ export function cpuSeconds(pid: number | undefined): number {
     return NaN;
   }
 }
+
+/** Runs a benchmark's main() and exits with 0, or prints the error and exits with 1
+ * (child processes it started are stopped by its own finally blocks first). */
+export function runMain(main: () => Promise<void>): void {
+  main().then(
+    () => process.exit(0),
+    (err) => {
+      console.error(err);
+      process.exit(1);
+    },
+  );
+}
