@@ -20,7 +20,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, freePort, freePortRange, start, waitReady, type Proc } from './lib/proc.js';
+import { CLI, freePort, freePortRange, start, waitReady, type Proc, option } from './lib/proc.js';
 import { fmt, quantile } from './lib/stats.js';
 
 interface Sample {
@@ -234,12 +234,7 @@ async function stopTarget(t: Target): Promise<void> {
 }
 
 export async function measureFairness(argv: string[]): Promise<{ shape: Shape; rows: FairnessRow[] }> {
-  const arg = (name: string): string | undefined => {
-    const i = argv.indexOf(name);
-    if (i >= 0) return argv[i + 1];
-    const eq = argv.find((a) => a.startsWith(name + '='));
-    return eq?.slice(name.length + 1);
-  };
+  const arg = (name: string) => option(argv, name);
   const num = (name: string, dflt: number, min: number): number => {
     const v = arg(name);
     if (v === undefined) return dflt;

@@ -6,7 +6,7 @@
 // one run. Every proxy runs as one process with one worker thread.
 //
 //   node dist/bench/overhead-proxies.js [--seconds 4] [--rounds 3] [--concurrency 16,64,256]
-import { CLI, freePort, start, waitReady, type Proc } from './lib/proc.js';
+import { CLI, freePort, start, waitReady, type Proc, option } from './lib/proc.js';
 import { startHaproxy, startNginx } from './lib/proxies.js';
 import { hasWrk, runWrk, type WrkResult } from './lib/wrk.js';
 import { fmt, quantile } from './lib/stats.js';
@@ -29,10 +29,7 @@ export interface OverheadRow {
 export const REQUEST_BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the router benchmark.', max_tokens: 8 });
 
 export async function runProxyOverhead(argv: string[]): Promise<{ rows: OverheadRow[]; notes: string[] }> {
-  const arg = (name: string) => {
-    const i = argv.indexOf(name);
-    return i >= 0 ? argv[i + 1] : undefined;
-  };
+  const arg = (name: string) => option(argv, name);
   const seconds = Number(arg('--seconds') ?? 4);
   const levels = (arg('--concurrency') ?? '16,64,256').split(',').map(Number);
   const rounds = Number(arg('--rounds') ?? 3);

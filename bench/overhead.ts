@@ -22,14 +22,11 @@ import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { CLI, cpuSeconds, freePort, start, waitReady, runMain } from './lib/proc.js';
+import { CLI, cpuSeconds, freePort, start, waitReady, runMain, option } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
 
 const argv = process.argv.slice(2);
-const arg = (name: string, def: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 ? argv[i + 1]! : def;
-};
+const arg = (name: string, def: string) => option(argv, name) ?? def;
 const seconds = Number(arg('--seconds', '5'));
 const rate = Number(arg('--rate', '1000'));
 const concurrency = Number(arg('--concurrency', '64'));

@@ -32,7 +32,7 @@ import { writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, freePort, freePortRange, start, waitReady } from './lib/proc.js';
+import { CLI, freePort, freePortRange, start, waitReady, option } from './lib/proc.js';
 import { expGap, fmt, mean, quantile, rng } from './lib/stats.js';
 
 export const POLICIES: Record<string, string> = {
@@ -404,10 +404,7 @@ export interface Row {
 }
 
 export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config: string }> {
-  const arg = (name: string) => {
-    const i = argv.indexOf(name);
-    return i >= 0 ? argv[i + 1] : undefined;
-  };
+  const arg = (name: string) => option(argv, name);
   const quick = argv.includes('--quick');
   if (quick) {
     SHARED = { groups: 16, systemTokens: 1024, questionTokens: 128, outputTokens: 32 };

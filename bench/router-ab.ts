@@ -12,14 +12,11 @@
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { CLI, ROOT, cpuSeconds, freePort, start, waitReady, type Proc, runMain } from './lib/proc.js';
+import { CLI, ROOT, cpuSeconds, freePort, start, waitReady, type Proc, runMain, option } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
 
 const argv = process.argv.slice(2);
-const arg = (name: string, def: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 ? argv[i + 1]! : def;
-};
+const arg = (name: string, def: string) => option(argv, name) ?? def;
 const base = arg('--base', '');
 const seconds = Number(arg('--seconds', '3'));
 const rounds = Number(arg('--rounds', '5'));

@@ -11,14 +11,11 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { CLI, cpuSeconds, freePort, start, waitReady, type Proc, runMain } from './lib/proc.js';
+import { CLI, cpuSeconds, freePort, start, waitReady, type Proc, runMain, option } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
 
 const argv = process.argv.slice(2);
-const arg = (name: string, def: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 ? argv[i + 1]! : def;
-};
+const arg = (name: string, def: string) => option(argv, name) ?? def;
 const seconds = Number(arg('--seconds', '3'));
 const rounds = Number(arg('--rounds', '3'));
 const connections = arg('--connections', '16,64,256').split(',').map(Number);

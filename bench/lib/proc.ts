@@ -131,3 +131,11 @@ export function runMain(main: () => Promise<void>): void {
     },
   );
 }
+
+/** A benchmark option's value: `--name value` or `--name=value`; undefined when absent. */
+export function option(argv: readonly string[], name: string): string | undefined {
+  const i = argv.indexOf(name);
+  if (i >= 0) return argv[i + 1];
+  const eq = argv.find((a) => a.startsWith(name + '='));
+  return eq?.slice(name.length + 1);
+}
