@@ -5,8 +5,16 @@
 // through Switchyard, nginx (proxy_pass, upstream keepalive) and HAProxy, in
 // one run. Every proxy runs as one process with one worker thread.
 //
-//   node dist/bench/overhead-proxies.js [--seconds 4] [--rounds 3] [--concurrency 16,64,256]
-import { CLI, freePort, start, waitReady, type Proc, option } from './lib/proc.js';
+// Beside them runs `uws-floor` (bench/lib/relay-floor.ts): a bare relay built
+// from Switchyard's own HTTP parts (uWebSockets.js + the native upstream
+// client, one JS thread) that does none of a router's work. Its figures are
+// the floor of this stack: what Switchyard would cost if routing were free.
+// Every proxy's CPU time per request (user + system, from /proc, the process
+// and its children) is reported too: on a shared machine whose three busy
+// processes (wrk, engine, proxy) contend for the cores, req/s follows from it.
+//
+//   node dist/bench/overhead-proxies.js [--seconds 4] [--rounds 3] [--concurrency 16,64,256] [--no-floor]
+import { CLI, ROOT, freePort, start, treeCpuSeconds, waitReady, type Proc, option } from './lib/proc.js';
 import { startHaproxy, startNginx } from './lib/proxies.js';
 import { hasWrk, runWrk, type WrkResult } from './lib/wrk.js';
 import { fmt, quantile } from './lib/stats.js';
@@ -22,6 +30,10 @@ export interface OverheadRow {
   addedP50Us: number;
   addedP99Us: number;
   errors: number;
+  /** The proxy process's CPU time per request (user + system), µs; NaN for direct. */
+  cpuUs: number;
+  /** Of which user mode, µs. */
+  userUs: number;
   /** req/s of each round, in round order (the order of targets rotates per round). */
   roundRps: number[];
 }
@@ -37,27 +49,33 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
   if (!(await hasWrk())) throw new Error('wrk is not installed: `apt-get install -y wrk` (Debian) and run again');
   const enginePort = await freePort();
   const procs: Proc[] = [];
-  const targets: Array<{ name: string; port: number }> = [{ name: 'direct', port: enginePort }];
+  const targets: Array<{ name: string; port: number; proc?: Proc }> = [{ name: 'direct', port: enginePort }];
   try {
     procs.push(start('sim', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0']));
     await waitReady(`http://127.0.0.1:${enginePort}/health`);
     const swyPort = await freePort();
     procs.push(start('switchyard', process.execPath, [CLI, 'serve', '--port', String(swyPort), '--upstream', `http://127.0.0.1:${enginePort}`, '--model', 'open-model']));
     await waitReady(`http://127.0.0.1:${swyPort}/readyz`);
-    targets.push({ name: 'switchyard', port: swyPort });
+    targets.push({ name: 'switchyard', port: swyPort, proc: procs.at(-1) });
+    if (!argv.includes('--no-floor')) {
+      const floorPort = await freePort();
+      procs.push(start('uws-floor', process.execPath, [`${ROOT}/dist/bench/lib/relay-floor.js`, String(floorPort), String(enginePort)]));
+      await waitReady(`http://127.0.0.1:${floorPort}/health`);
+      targets.push({ name: 'uws-floor', port: floorPort, proc: procs.at(-1) });
+    }
     const ngPort = await freePort();
     const ng = startNginx(ngPort, enginePort);
     if (ng) {
       procs.push(ng);
       await waitReady(`http://127.0.0.1:${ngPort}/health`);
-      targets.push({ name: 'nginx', port: ngPort });
+      targets.push({ name: 'nginx', port: ngPort, proc: ng });
     } else notes.push('nginx is not installed (`apt-get install -y nginx-light`): skipped');
     const haPort = await freePort();
     const ha = startHaproxy(haPort, enginePort);
     if (ha) {
       procs.push(ha);
       await waitReady(`http://127.0.0.1:${haPort}/health`);
-      targets.push({ name: 'haproxy', port: haPort });
+      targets.push({ name: 'haproxy', port: haPort, proc: ha });
     } else notes.push('haproxy is not installed (`apt-get install -y haproxy`): skipped');
 
     // The machine is shared and its speed drifts by up to 2x over seconds, so
@@ -65,18 +83,23 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
     // rotated per round; a target's figures are the medians over its rounds.
     const rows: OverheadRow[] = [];
     for (const c of levels) {
-      const runs = new Map<string, WrkResult[]>(targets.map((t) => [t.name, []]));
+      const runs = new Map<string, Array<WrkResult & { cpuUs: number; userUs: number }>>(targets.map((t) => [t.name, []]));
       for (let round = 0; round < rounds; round++) {
         for (let k = 0; k < targets.length; k++) {
           const t = targets[(k + round) % targets.length];
           const url = `http://127.0.0.1:${t.port}/v1/completions`;
           await runWrk(url, REQUEST_BODY, { connections: c, seconds: 1 }); // warm-up
-          const r = await runWrk(url, REQUEST_BODY, { connections: c, seconds });
+          const pid = t.proc?.child.pid;
+          const c0 = treeCpuSeconds(pid);
+          const u0 = treeCpuSeconds(pid, true);
+          const w = await runWrk(url, REQUEST_BODY, { connections: c, seconds });
+          const n = Math.max(1, w.requests);
+          const r = { ...w, cpuUs: ((treeCpuSeconds(pid) - c0) / n) * 1e6, userUs: ((treeCpuSeconds(pid, true) - u0) / n) * 1e6 };
           runs.get(t.name)!.push(r);
           console.error(`overhead c=${c} round ${round + 1} ${t.name}: ${fmt(r.rps, 0)} req/s, p50 ${r.p50Us} µs, p99 ${r.p99Us} µs, errors ${r.errors + r.non2xx}`);
         }
       }
-      const med = (name: string, f: (r: WrkResult) => number) => median(runs.get(name)!.map(f));
+      const med = (name: string, f: (r: WrkResult & { cpuUs: number; userUs: number }) => number) => median(runs.get(name)!.map(f));
       const dP50 = med('direct', (r) => r.p50Us);
       const dP99 = med('direct', (r) => r.p99Us);
       for (const t of targets) {
@@ -92,6 +115,8 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
           addedP50Us: p50 - dP50,
           addedP99Us: p99 - dP99,
           errors: rs.reduce((a, r) => a + r.errors + r.non2xx, 0),
+          cpuUs: t.proc ? med(t.name, (r) => r.cpuUs) : NaN,
+          userUs: t.proc ? med(t.name, (r) => r.userUs) : NaN,
           roundRps: rs.map((r) => Math.round(r.rps)),
         });
       }
@@ -103,10 +128,15 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
 }
 
 export function overheadTable(rows: OverheadRow[]): string {
-  let md = '| concurrency | target | req/s | vs nginx | p50 (µs) | p99 (µs) | added p50 (µs) | added p99 (µs) | errors | req/s per round |\n|---|---|---|---|---|---|---|---|---|---|\n';
+  let md =
+    '| concurrency | target | req/s | vs nginx | p50 (µs) | p99 (µs) | added p50 (µs) | added p99 (µs) | proxy CPU µs/req (user) | CPU/req vs nginx | errors | req/s per round |\n' +
+    '|---|---|---|---|---|---|---|---|---|---|---|---|\n';
   for (const r of rows) {
     const ng = rows.find((x) => x.target === 'nginx' && x.concurrency === r.concurrency);
-    md += `| ${r.concurrency} | ${r.target} | ${fmt(r.rps, 0)} | ${ng ? fmt(r.rps / ng.rps, 2) + '×' : '—'} | ${r.p50Us} | ${r.p99Us} | ${r.target === 'direct' ? '—' : r.addedP50Us} | ${r.target === 'direct' ? '—' : r.addedP99Us} | ${r.errors} | ${r.roundRps.join(' / ')} |\n`;
+    const direct = r.target === 'direct';
+    const cpu = Number.isFinite(r.cpuUs) ? `${fmt(r.cpuUs, 1)} (${fmt(r.userUs, 1)})` : '—';
+    const cpuVs = ng && Number.isFinite(r.cpuUs) && Number.isFinite(ng.cpuUs) ? fmt(r.cpuUs / ng.cpuUs, 2) + '×' : '—';
+    md += `| ${r.concurrency} | ${r.target} | ${fmt(r.rps, 0)} | ${ng ? fmt(r.rps / ng.rps, 2) + '×' : '—'} | ${r.p50Us} | ${r.p99Us} | ${direct ? '—' : r.addedP50Us} | ${direct ? '—' : r.addedP99Us} | ${cpu} | ${cpuVs} | ${r.errors} | ${r.roundRps.join(' / ')} |\n`;
   }
   return md;
 }

@@ -9,7 +9,7 @@
 // `--base .` with `--extra '<yaml lines>'` compares one build under two configs
 // instead (the lines are appended to the second router's config only).
 //   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml']
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CLI, ROOT, cpuSeconds, freePort, start, waitReady, type Proc, runMain, option } from './lib/proc.js';
@@ -26,16 +26,6 @@ const extra = arg('--extra', '');
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-
-/** User-mode CPU seconds of a process (utime only). */
-function userSeconds(pid: number | undefined): number {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[11]) / 100;
-  } catch {
-    return NaN;
-  }
-}
 
 interface Run {
   rps: number;
@@ -78,7 +68,7 @@ async function main(): Promise<void> {
         for (const r of round % 2 === 0 ? routers : [...routers].reverse()) {
           const pid = r.proc.child.pid;
           const c0 = cpuSeconds(pid);
-          const u0 = userSeconds(pid);
+          const u0 = cpuSeconds(pid, true);
           const w = await runWrk(`${r.url}/v1/completions`, BODY, { connections: c, threads: 1, seconds });
           const n = w.rps * seconds;
           const key = `${r.name}@${c}`;
@@ -86,7 +76,7 @@ async function main(): Promise<void> {
           runs.get(key)!.push({
             rps: w.rps,
             cpuUs: ((cpuSeconds(pid) - c0) / n) * 1e6,
-            userUs: ((userSeconds(pid) - u0) / n) * 1e6,
+            userUs: ((cpuSeconds(pid, true) - u0) / n) * 1e6,
             p99us: w.p99Us,
             errors: w.errors + w.non2xx,
           });

@@ -109,15 +109,35 @@ function isFree(port: number): Promise<boolean> {
   });
 }
 
-/** CPU seconds (user + system) a process has used so far, from /proc/<pid>/stat (Linux; NaN elsewhere). */
-export function cpuSeconds(pid: number | undefined): number {
+/**
+ * CPU seconds a process has used so far, user + system (or `user` only), from
+ * /proc/<pid>/stat (Linux; NaN elsewhere).
+ */
+export function cpuSeconds(pid: number | undefined, user = false): number {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
     const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(f[11]) + Number(f[12])) / 100; // utime + stime, in clock ticks of 10 ms (USER_HZ)
+    // utime, stime: clock ticks of 10 ms (USER_HZ)
+    return (Number(f[11]) + (user ? 0 : Number(f[12]))) / 100;
   } catch {
     return NaN;
   }
+}
+
+/**
+ * cpuSeconds() of a process and its direct children (nginx's master forks its
+ * worker, so the worker's time counts); children that exited are not counted.
+ */
+export function treeCpuSeconds(pid: number | undefined, user = false): number {
+  let sum = cpuSeconds(pid, user);
+  let kids: string[] = [];
+  try {
+    kids = readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').trim().split(' ').filter(Boolean);
+  } catch {
+    return sum;
+  }
+  for (const k of kids) sum += cpuSeconds(Number(k), user);
+  return sum;
 }
 
 /** Runs a benchmark's main() and exits with 0, or prints the error and exits with 1
