@@ -32,6 +32,8 @@ export const UpstreamErrorReason = {
   BadLength: 9,
   Unexpected: 10,
   ClientClosed: 11,
+  /** Waited longer than headersTimeoutMs for a free connection (every connectionsPerEndpoint one busy). */
+  QueueTimeout: 12,
 } as const;
 
 export interface NativeUpstreamOptions {

@@ -18,6 +18,9 @@
 //
 // Timeouts: one coarse uv_timer per client checks every connection's last
 // progress against its phase's limit (connect, headers, body inactivity).
+// A call that waits for a free connection (every connectionsPerEndpoint one
+// busy) is under the headers limit from the moment it was sent: the wait
+// counts, so it fails when nothing arrived within the limit, queued or not.
 #include "upstream_client.h"
 
 #include <uv.h>
@@ -57,6 +60,7 @@ enum : int32_t {
   kRBadLength = 9,
   kRUnexpected = 10,
   kRClientClosed = 11,
+  kRQueueTimeout = 12,
 };
 
 // One event record as the JS side reads it: Int32Array words 0-3, Float64 at
@@ -82,6 +86,8 @@ struct Call {
   Pool* pool = nullptr;
   Conn* conn = nullptr;
   std::string out;  // the request while it waits for a connection
+  uint64_t queued_at = 0;  // loop time it joined its pool's queue (valid while queued)
+  bool queued = false;
   bool paused = false;
 };
 
@@ -105,6 +111,7 @@ struct Conn {
   size_t out_off = 0;
   std::string head;  // a response head that spans reads
   uint64_t active_at = 0;
+  uint64_t waited = 0;  // how long the current call waited in the queue (ms; counts toward its headers limit)
   uint32_t limit_ms = 0;
   uint64_t remaining = 0;
   uint64_t chunk_size = 0;
@@ -216,6 +223,7 @@ class Core {
     c->conn = nullptr;
     c->pool = nullptr;
     c->paused = false;
+    c->queued = false;
     if (c->out.capacity() > kShrinkAbove) std::string().swap(c->out);
     else c->out.clear();
   }
@@ -285,7 +293,29 @@ class Core {
       c->out.assign(hp, hl);
       if (bl > 0) c->out.append(reinterpret_cast<const char*>(bp), bl);
     }
+    c->queued = true;
+    c->queued_at = Now();
     pool->queue.push_back(c->id);
+  }
+
+  // Fails queued calls that waited longer than the headers limit (oldest first:
+  // a queue is in sending order, so the scan stops at the first one still in time).
+  void ExpireQueued(uint64_t now) {
+    if (headers_ms_ == 0) return;
+    for (auto& p : pools_) {
+      if (!p) continue;
+      while (!p->queue.empty()) {
+        Call* c = Lookup(p->queue.front());
+        if (c == nullptr || c->conn != nullptr || !c->queued) {
+          p->queue.pop_front();  // aborted or already started
+          continue;
+        }
+        if (now - c->queued_at <= static_cast<uint64_t>(headers_ms_) + tick_ms_) break;
+        p->queue.pop_front();
+        PushError(c, UV_ETIMEDOUT, kRQueueTimeout, false);
+        FreeCall(c);
+      }
+    }
   }
 
   void NewConn(Pool* pool, Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl) {
@@ -557,6 +587,9 @@ class Core {
   static void OnTick(uv_timer_t* h) {
     Core* core = static_cast<Core*>(h->data);
     const uint64_t now = core->Now();
+    // the queue first: a connection failing below would hand its place to a call
+    // that is already out of time, which should fail as the queued call it is
+    core->ExpireQueued(now);
     for (Conn* k = core->conns_; k != nullptr;) {
       Conn* next = k->next;
       k->Check(now, core->tick_ms_);
@@ -655,7 +688,7 @@ void Core::OnConnect(uv_connect_t* req, int status) {
     k->Fail(status, kRConnect);
   } else {
     k->connected = true;
-    k->active_at = core->Now();
+    k->active_at = core->Now() - k->waited;  // a queued call's wait counts toward its headers limit
     k->limit_ms = core->headers_ms_;
     k->SetReading(k->call == nullptr || !k->call->paused);
     if (k->out.size() > k->out_off) k->WriteOut();
@@ -677,7 +710,11 @@ void Conn::Start(Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t b
   st = St::Head;
   keep_alive = true;
   head.clear();
-  active_at = core->Now();
+  const uint64_t now = core->Now();
+  waited = c->queued ? now - c->queued_at : 0;
+  c->queued = false;
+  // the connect phase has its own limit; the headers phase counts a queued call's wait
+  active_at = connected ? now - waited : now;
   limit_ms = connected ? core->headers_ms_ : core->connect_ms_;
   uv_ref(reinterpret_cast<uv_handle_t*>(&tcp));
   SetReading(!c->paused);

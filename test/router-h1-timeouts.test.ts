@@ -91,6 +91,41 @@ for (const [name, Client] of CLIENTS) {
     t.ok(r.ms >= LIMIT - 5 && r.ms < LIMIT * 3 + 200, `after ${r.ms.toFixed(0)} ms (limit ${LIMIT} ms)`);
   });
 
+  t.test(`${name}: a call waiting for a free connection times out headersTimeoutMs after it was sent`, async (t) => {
+    const set = await server(t, () => {}); // never answers
+    const client = new Client({ ...cfg, connectionsPerEndpoint: 1 });
+    t.teardown(() => client.close());
+    const [a, b] = await Promise.all([collect(client, set), collect(client, set)]);
+    t.equal(a.error?.code, 'ETIMEDOUT', `the call on the connection timed out (${a.error?.message})`);
+    t.equal(b.error?.code, 'ETIMEDOUT', `the queued call timed out (${b.error?.message})`);
+    t.match(b.error?.message, /free connection/, 'as a call that waited for a free connection');
+    t.ok(b.ms >= LIMIT - 5 && b.ms < LIMIT * 2, `after ${b.ms.toFixed(0)} ms: its wait counted, no fresh limit after the first call failed`);
+  });
+
+  t.test(`${name}: the wait for a free connection counts toward the headers limit`, async (t) => {
+    // one connection; the engine answers the first request after 0.75 of the limit. The second
+    // call waits that long for the connection: an engine that answers it at once is in time,
+    // one that takes another 0.75 of the limit is not (1.5 in all since it was sent).
+    const limit = 400;
+    let n = 0;
+    let secondDelay = 0;
+    const set = await server(t, (sock) => {
+      const delay = ++n === 1 ? limit * 0.75 : secondDelay;
+      setTimeout(() => sock.destroyed || sock.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'), delay);
+    });
+    const client = new Client({ ...DEFAULTS.proxy, headersTimeoutMs: limit, bodyTimeoutMs: limit, connectionsPerEndpoint: 1 });
+    t.teardown(() => client.close());
+    let [a, b] = await Promise.all([collect(client, set), collect(client, set)]);
+    t.equal(a.body, 'ok', `the first call is answered (${a.error?.message})`);
+    t.equal(b.body, 'ok', `a queued call answered at once is in time (${b.error?.message}, ${b.ms.toFixed(0)} ms)`);
+    n = 0;
+    secondDelay = limit * 0.75;
+    [a, b] = await Promise.all([collect(client, set), collect(client, set)]);
+    t.equal(a.body, 'ok', `the first call is answered (${a.error?.message})`);
+    t.equal(b.error?.code, 'ETIMEDOUT', `a queued call answered ${limit * 1.5} ms after it was sent times out (${b.error?.message ?? 'answered'})`);
+    t.ok(b.ms < limit * 1.5, `after ${b.ms.toFixed(0)} ms`);
+  });
+
   t.test(`${name}: a body that stalls halfway times out after bodyTimeoutMs`, async (t) => {
     const set = await server(t, (sock) => {
       sock.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{"a"');

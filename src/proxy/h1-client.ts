@@ -79,6 +79,8 @@ class H1Call implements UpstreamCall {
   aborted = false;
   /** A reused connection failed before any response byte: tried once more on a fresh one. */
   redispatched = false;
+  /** The pool's clock when the call joined the queue for a free connection; -1 when not queued. */
+  queuedAt = -1;
 
   constructor(pool: H1Pool, req: UpstreamRequest, sink: UpstreamSink) {
     this.pool = pool;
@@ -129,6 +131,8 @@ class H1Conn {
    * pool's one timer instead of a socket timer refreshed on every read/write.
    */
   activeAt = 0;
+  /** How long the current call waited for this connection (ms): it counts toward the headers limit. */
+  waited = 0;
   #st = St.Idle;
   #pending: Buffer | null = null;
   #remaining = 0;
@@ -150,7 +154,7 @@ class H1Conn {
     this.limitMs = pool.cfg.connectTimeoutMs;
     s.on('connect', () => {
       this.connected = true;
-      this.activeAt = this.pool.clock;
+      this.activeAt = this.pool.clock - this.waited;
       this.limitMs = this.pool.cfg.headersTimeoutMs;
     });
     s.on('end', () => this.#onEnd());
@@ -176,7 +180,11 @@ class H1Conn {
     this.#st = St.Head;
     this.#pending = null;
     this.#keepAlive = true;
-    this.activeAt = this.pool.clock;
+    const now = this.pool.clock;
+    this.waited = call.queuedAt >= 0 ? now - call.queuedAt : 0;
+    call.queuedAt = -1;
+    // the connect phase has its own limit; the headers phase counts a queued call's wait
+    this.activeAt = this.connected ? now - this.waited : now;
     if (this.connected) this.limitMs = this.pool.cfg.headersTimeoutMs;
     if (call.paused) this.socket.pause();
     else this.socket.resume();
@@ -491,6 +499,7 @@ class H1Pool {
       this.#connect(call);
       return;
     }
+    call.queuedAt = this.clock;
     this.#queue.push(call);
   }
 
@@ -512,6 +521,19 @@ class H1Pool {
    */
   #tick(): void {
     const now = (this.clock = performance.now());
+    // calls waiting for a free connection are under the headers limit too (the
+    // queue is in sending order: the first one still in time ends the scan);
+    // the queue first: a connection failing below would hand its place to a
+    // call that is already out of time
+    const q = this.#queue;
+    const limit = this.cfg.headersTimeoutMs + this.#tickMs;
+    while (q.length > 0 && now - q[0].queuedAt > limit) {
+      const call = q.shift()!;
+      call.queuedAt = -1;
+      const sink = call.sink;
+      call.sink = null;
+      sink?.onUpstreamError(new UpstreamSocketError('timed out waiting for a free connection to the endpoint (all proxy.connectionsPerEndpoint busy)', 'ETIMEDOUT'));
+    }
     const conns = this.#conns;
     for (let i = conns.length - 1; i >= 0; i--) if (i < conns.length) conns[i].checkTimeout(now, this.#tickMs);
     const cutoff = now - IDLE_KEEPALIVE_MS;

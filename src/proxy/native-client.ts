@@ -110,6 +110,8 @@ function errorOf(errno: number, reason: number): UpstreamSocketError {
       return new UpstreamSocketError('malformed content-length', 'EPROTO');
     case UpstreamErrorReason.Unexpected:
       return new UpstreamSocketError('unexpected bytes from the endpoint', 'EPROTO');
+    case UpstreamErrorReason.QueueTimeout:
+      return new UpstreamSocketError('timed out waiting for a free connection to the endpoint (all proxy.connectionsPerEndpoint busy)', 'ETIMEDOUT');
     case UpstreamErrorReason.ClientClosed:
       return new UpstreamSocketError('the upstream client is closed', 'ECLOSED');
     default:
