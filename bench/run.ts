@@ -29,7 +29,12 @@ async function main(argv: string[]): Promise<number> {
     const { rows, notes } = await runProxyOverhead(opts);
     md += `## Overhead: direct vs Switchyard vs nginx vs HAProxy\n\nOne simulated engine at --time-scale 0; wrk (1 thread) ` +
       `POSTs the same small /v1/completions body; every proxy is one process with one worker (nginx worker_processes 1 with ` +
-      `upstream keepalive 256; HAProxy nbthread 1 with http-reuse always; Switchyard one process).\n\n`;
+      `upstream keepalive 256; HAProxy nbthread 1 with http-reuse always; Switchyard one process).\n\n` +
+      `\`uws-floor\` is a bare relay built from Switchyard's own HTTP parts (uWebSockets.js for clients, the addon's native ` +
+      `upstream client, one JS thread) that does none of a router's work (bench/lib/relay-floor.ts): the floor of the stack, ` +
+      `so the gap between it and Switchyard is the router's own work per request. "Proxy CPU" is the proxy process's user + ` +
+      `system time (its children included: nginx's worker) over each wrk run divided by the requests completed, median over ` +
+      `rounds, user part in brackets; with wrk, the engine and the proxy busy on two shared cores, req/s follows from it.\n\n`;
     for (const n of notes) md += `Note: ${n}\n\n`;
     md += overheadTable(rows) + '\n![throughput per proxy](overhead-rps.svg)\n![added p99 per proxy](overhead-p99.svg)\n\n';
     const levels = [...new Set(rows.map((r) => r.concurrency))];
