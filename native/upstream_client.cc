@@ -247,6 +247,14 @@ class Core {
 
   Pool* GetPool(uint32_t id) { return id < pools_.size() ? pools_[id].get() : nullptr; }
 
+  // The call a queue entry names, or nullptr if the entry is stale: its call was
+  // aborted or has started, or (the JS side's generations wrapped) the id now
+  // names a newer call, which may be waiting in another pool's queue.
+  Call* Waiting(int32_t id, const Pool* pool) {
+    Call* c = Lookup(id);
+    return c != nullptr && c->queued && c->pool == pool ? c : nullptr;
+  }
+
   // send: returns false (with a JS exception set) on bad arguments.
   bool Send(Napi::Env env, int32_t id, Pool* pool, const char* hp, size_t hl, const uint8_t* bp, size_t bl) {
     uint32_t slot = static_cast<uint32_t>(id) & kSlotMask;
@@ -305,9 +313,9 @@ class Core {
     for (auto& p : pools_) {
       if (!p) continue;
       while (!p->queue.empty()) {
-        Call* c = Lookup(p->queue.front());
-        if (c == nullptr || c->conn != nullptr || !c->queued) {
-          p->queue.pop_front();  // aborted or already started
+        Call* c = Waiting(p->queue.front(), p.get());
+        if (c == nullptr) {
+          p->queue.pop_front();
           continue;
         }
         if (now - c->queued_at <= static_cast<uint64_t>(headers_ms_) + tick_ms_) break;
@@ -342,9 +350,9 @@ class Core {
     if (draining_ || closed_) return;
     draining_ = true;
     while (!pool->queue.empty() && pool->open < per_endpoint_) {
-      Call* c = Lookup(pool->queue.front());
+      Call* c = Waiting(pool->queue.front(), pool);
       pool->queue.pop_front();
-      if (c == nullptr || c->conn != nullptr) continue;
+      if (c == nullptr) continue;
       NewConn(pool, c, nullptr, 0, nullptr, 0);
     }
     draining_ = false;
@@ -354,9 +362,9 @@ class Core {
   void Release(Conn* k) {
     Pool* pool = k->pool;
     while (!pool->queue.empty()) {
-      Call* c = Lookup(pool->queue.front());
+      Call* c = Waiting(pool->queue.front(), pool);
       pool->queue.pop_front();
-      if (c == nullptr || c->conn != nullptr) continue;
+      if (c == nullptr) continue;
       k->Start(c, nullptr, 0, nullptr, 0);
       return;
     }
@@ -406,8 +414,8 @@ class Core {
     for (auto& p : pools_) {
       if (!p) continue;
       for (int32_t id : p->queue) {
-        Call* c = Lookup(id);
-        if (c == nullptr || c->conn != nullptr) continue;
+        Call* c = Waiting(id, p.get());
+        if (c == nullptr) continue;
         PushError(c, UV_ECANCELED, kRClientClosed, false);
         FreeCall(c);
       }

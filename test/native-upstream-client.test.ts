@@ -695,3 +695,38 @@ t.test('connectTimeoutMs: an endpoint whose accept queue is full (SYNs dropped) 
   t.match(r.error?.message, /connect timeout/);
   t.ok(ms >= 195 && ms < 2000, `after ${ms.toFixed(0)} ms (limit 200 ms)`);
 });
+
+t.test('a stale queued id that names a call waiting for another endpoint (generation wrap) does not send it there', async (t) => {
+  // the addon sees ids only: an aborted waiting call leaves its id in its pool's queue, and after
+  // the JS side's generations wrap the same id can name a call waiting in another pool
+  const got = [0, 0];
+  const held: Socket[][] = [[], []];
+  const engine = (i: number) =>
+    rawServer(t, (sock) => {
+      got[i]++;
+      held[i].push(sock); // answered when the test says so
+    });
+  const [e0, e1] = await Promise.all([engine(0), engine(1)]);
+  const seen: string[] = [];
+  const d = new NativeUpstreamConnections({ ...DEFAULTS.proxy, connectionsPerEndpoint: 1 }, (count) => {
+    for (let k = 0; k < count; k++) seen.push(`${d.events[k * 8]}:${d.events[k * 8 + 1]}`);
+  });
+  t.teardown(() => d.destroy());
+  d.addPool(0, '127.0.0.1', Number(new URL(e0.set.all[0]!.url).port));
+  d.addPool(1, '127.0.0.1', Number(new URL(e1.set.all[0]!.url).port));
+  const head = 'POST /x HTTP/1.1\r\ncontent-length: 2\r\n\r\n';
+  const body = Buffer.from('{}');
+  d.send(1, 0, head, body); // pool 0's one connection
+  d.send(2, 0, head, body); // waits for it
+  d.abort(2); // its id stays in pool 0's queue
+  d.send(3, 1, head, body); // pool 1's one connection
+  d.send(2, 1, head, body); // the same id again, waiting in pool 1
+  for (let i = 0; i < 100 && (held[0].length === 0 || held[1].length === 0); i++) await sleep(5);
+  held[0][0]!.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'); // pool 0's connection is free
+  await sleep(100);
+  t.equal(got[0], 1, "pool 0's engine got only its own request");
+  t.same(seen, ['1:1', '2:1', '3:1'], 'call 1 answered (head, data, end), nothing for call 2 yet');
+  held[1][0]!.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'); // pool 1's connection is free: call 2 goes out
+  for (let i = 0; i < 100 && got[1] < 2; i++) await sleep(5);
+  t.equal(got[1], 2, 'call 2 went to its own endpoint once a connection there was free');
+});
