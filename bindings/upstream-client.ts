@@ -100,6 +100,10 @@ export class NativeUpstreamConnections {
   }
   /** `head` is the request head (latin1, ending in CRLF CRLF); the body follows it on the wire. */
   send(id: number, poolId: number, head: string, body: Uint8Array | null): void {
+    // the addon reads both as 32-bit integers, which would wrap 2^32 to 0 or cut 1.5 to 1:
+    // numbers are checked here (two compares); other types get the addon's TypeError
+    if (typeof id === 'number' && (id | 0) !== id) throw new RangeError('call id must be a non-negative int32');
+    if (typeof poolId === 'number' && (poolId >>> 0) !== poolId) throw new RangeError('poolId must be an integer in [0, 2^20)');
     this.#n.send(id, poolId, head, body);
   }
   abort(id: number): void {

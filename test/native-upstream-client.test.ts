@@ -567,6 +567,9 @@ t.test('bad arguments are TypeError/RangeError, never a crash; hostnames are ref
   t.throws(() => n.send('1' as unknown as number, 0, 'GET / HTTP/1.1\r\n\r\n', null), TypeError, 'id not a number');
   t.throws(() => n.send(0, null as unknown as number, 'GET / HTTP/1.1\r\n\r\n', null), TypeError, 'poolId not a number');
   t.throws(() => n.send(0, 0, '', null), RangeError, 'empty head');
+  // numbers a 32-bit read would wrap or truncate onto a valid id or pool
+  for (const id of [2 ** 32, 2 ** 31, 1.5, NaN, Infinity]) t.throws(() => n.send(id, 0, 'GET / HTTP/1.1\r\n\r\n', null), RangeError, `call id ${id}`);
+  for (const pool of [2 ** 32, 2 ** 32 + 1, 0.5, -1, NaN]) t.throws(() => n.send(0, pool, 'GET / HTTP/1.1\r\n\r\n', null), RangeError, `poolId ${pool}`);
   n.abort(12345); // unknown ids are ignored
   n.pause(12345);
   n.resume(12345);
