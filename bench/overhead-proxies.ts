@@ -13,9 +13,9 @@
 // and its children) is reported too: on a shared machine whose three busy
 // processes (wrk, engine, proxy) contend for the cores, req/s follows from it.
 //
-//   node dist/bench/overhead-proxies.js [--seconds 4] [--rounds 3] [--concurrency 16,64,256] [--no-floor]
+//   node dist/bench/overhead-proxies.js [--seconds 4] [--rounds 3] [--concurrency 16,64,256] [--no-floor] [--pin]
 import { CLI, ROOT, freePort, start, treeCpuSeconds, waitReady, type Proc, option } from './lib/proc.js';
-import { startHaproxy, startNginx } from './lib/proxies.js';
+import { pinned, startHaproxy, startNginx } from './lib/proxies.js';
 import { hasWrk, runWrk, type WrkResult } from './lib/wrk.js';
 import { fmt, quantile } from './lib/stats.js';
 
@@ -46,32 +46,37 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
   const levels = (arg('--concurrency') ?? '16,64,256').split(',').map(Number);
   const rounds = Number(arg('--rounds') ?? 3);
   const notes: string[] = [];
+  // --pin: every proxy on CPU 1, the engine and wrk on CPU 0 (taskset), so a proxy's
+  // req/s is its own core's worth and the three busy processes stop trading places
+  const pin = argv.includes('--pin');
+  const proxyCpu = pin ? '1' : undefined;
+  const loadCpu = pin ? '0' : undefined;
   if (!(await hasWrk())) throw new Error('wrk is not installed: `apt-get install -y wrk` (Debian) and run again');
   const enginePort = await freePort();
   const procs: Proc[] = [];
   const targets: Array<{ name: string; port: number; proc?: Proc }> = [{ name: 'direct', port: enginePort }];
   try {
-    procs.push(start('sim', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0']));
+    procs.push(start('sim', ...pinned(loadCpu, process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0'])));
     await waitReady(`http://127.0.0.1:${enginePort}/health`);
     const swyPort = await freePort();
-    procs.push(start('switchyard', process.execPath, [CLI, 'serve', '--port', String(swyPort), '--upstream', `http://127.0.0.1:${enginePort}`, '--model', 'open-model']));
+    procs.push(start('switchyard', ...pinned(proxyCpu, process.execPath, [CLI, 'serve', '--port', String(swyPort), '--upstream', `http://127.0.0.1:${enginePort}`, '--model', 'open-model'])));
     await waitReady(`http://127.0.0.1:${swyPort}/readyz`);
     targets.push({ name: 'switchyard', port: swyPort, proc: procs.at(-1) });
     if (!argv.includes('--no-floor')) {
       const floorPort = await freePort();
-      procs.push(start('uws-floor', process.execPath, [`${ROOT}/dist/bench/lib/relay-floor.js`, String(floorPort), String(enginePort)]));
+      procs.push(start('uws-floor', ...pinned(proxyCpu, process.execPath, [`${ROOT}/dist/bench/lib/relay-floor.js`, String(floorPort), String(enginePort)])));
       await waitReady(`http://127.0.0.1:${floorPort}/health`);
       targets.push({ name: 'uws-floor', port: floorPort, proc: procs.at(-1) });
     }
     const ngPort = await freePort();
-    const ng = startNginx(ngPort, enginePort);
+    const ng = startNginx(ngPort, enginePort, proxyCpu);
     if (ng) {
       procs.push(ng);
       await waitReady(`http://127.0.0.1:${ngPort}/health`);
       targets.push({ name: 'nginx', port: ngPort, proc: ng });
     } else notes.push('nginx is not installed (`apt-get install -y nginx-light`): skipped');
     const haPort = await freePort();
-    const ha = startHaproxy(haPort, enginePort);
+    const ha = startHaproxy(haPort, enginePort, proxyCpu);
     if (ha) {
       procs.push(ha);
       await waitReady(`http://127.0.0.1:${haPort}/health`);
@@ -88,11 +93,11 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
         for (let k = 0; k < targets.length; k++) {
           const t = targets[(k + round) % targets.length];
           const url = `http://127.0.0.1:${t.port}/v1/completions`;
-          await runWrk(url, REQUEST_BODY, { connections: c, seconds: 1 }); // warm-up
+          await runWrk(url, REQUEST_BODY, { connections: c, seconds: 1, cpus: loadCpu }); // warm-up
           const pid = t.proc?.child.pid;
           const c0 = treeCpuSeconds(pid);
           const u0 = treeCpuSeconds(pid, true);
-          const w = await runWrk(url, REQUEST_BODY, { connections: c, seconds });
+          const w = await runWrk(url, REQUEST_BODY, { connections: c, seconds, cpus: loadCpu });
           const n = Math.max(1, w.requests);
           const r = { ...w, cpuUs: ((treeCpuSeconds(pid) - c0) / n) * 1e6, userUs: ((treeCpuSeconds(pid, true) - u0) / n) * 1e6 };
           runs.get(t.name)!.push(r);

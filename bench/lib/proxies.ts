@@ -64,19 +64,26 @@ backend be
   server engine 127.0.0.1:${upstreamPort} maxconn 1024
 `;
 
-export function startNginx(port: number, upstreamPort: number): Proc | null {
+/** A command and its arguments, under `taskset -c <cpus>` when `cpus` is given (the pid stays the command's: taskset execs it). */
+export function pinned(cpus: string | undefined, cmd: string, args: string[]): [string, string[]] {
+  return cpus ? ['taskset', ['-c', cpus, cmd, ...args]] : [cmd, args];
+}
+
+/** `cpus`: pin it with `taskset -c <cpus>` (Linux). */
+export function startNginx(port: number, upstreamPort: number, cpus?: string): Proc | null {
   const bin = which('nginx');
   if (!bin) return null;
   const dir = mkdtempSync(join(tmpdir(), 'swy-nginx-'));
   for (const d of ['body', 'proxy', 'fastcgi', 'uwsgi', 'scgi']) mkdirSync(join(dir, d));
   writeFileSync(join(dir, 'nginx.conf'), NGINX_CONF(port, upstreamPort, dir));
-  return start('nginx', bin, ['-c', join(dir, 'nginx.conf'), '-p', dir]);
+  return start('nginx', ...pinned(cpus, bin, ['-c', join(dir, 'nginx.conf'), '-p', dir]));
 }
 
-export function startHaproxy(port: number, upstreamPort: number): Proc | null {
+/** `cpus`: pin it with `taskset -c <cpus>` (Linux). */
+export function startHaproxy(port: number, upstreamPort: number, cpus?: string): Proc | null {
   const bin = which('haproxy');
   if (!bin) return null;
   const dir = mkdtempSync(join(tmpdir(), 'swy-haproxy-'));
   writeFileSync(join(dir, 'haproxy.cfg'), HAPROXY_CONF(port, upstreamPort));
-  return start('haproxy', bin, ['-db', '-f', join(dir, 'haproxy.cfg')]);
+  return start('haproxy', ...pinned(cpus, bin, ['-db', '-f', join(dir, 'haproxy.cfg')]));
 }

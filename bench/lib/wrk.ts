@@ -22,7 +22,8 @@ export function hasWrk(): Promise<boolean> {
 const dir = mkdtempSync(join(tmpdir(), 'swy-wrk-'));
 let scripts = 0;
 
-export function runWrk(url: string, body: string, opts: { connections: number; threads?: number; seconds: number; headers?: Record<string, string> }): Promise<WrkResult> {
+/** `cpus`: run wrk under `taskset -c <cpus>` (Linux), e.g. to keep it off the proxy's core. */
+export function runWrk(url: string, body: string, opts: { connections: number; threads?: number; seconds: number; headers?: Record<string, string>; cpus?: string }): Promise<WrkResult> {
   const file = join(dir, `post-${scripts++}.lua`);
   const headers = { 'content-type': 'application/json', ...opts.headers };
   writeFileSync(
@@ -37,7 +38,8 @@ export function runWrk(url: string, body: string, opts: { connections: number; t
   );
   const args = ['-t', String(opts.threads ?? 1), '-c', String(opts.connections), '-d', `${opts.seconds}s`, '-s', file, url];
   return new Promise((resolve, reject) => {
-    execFile('wrk', args, { maxBuffer: 1 << 20 }, (err, out) => {
+    const [cmd, argv] = opts.cpus ? ['taskset', ['-c', opts.cpus, 'wrk', ...args]] : ['wrk', args];
+    execFile(cmd, argv, { maxBuffer: 1 << 20 }, (err, out) => {
       if (err) return reject(new Error(`wrk failed: ${err.message}`));
       const m = /WRKJSON (\{.*\})/.exec(out);
       if (!m) return reject(new Error(`wrk printed no summary: ${out}`));
