@@ -17,7 +17,8 @@
 // there, so nothing has to be purged from the queue here.
 //
 // Timeouts: one coarse uv_timer per client checks every connection's last
-// progress against its phase's limit (connect, headers, body inactivity).
+// progress against its phase's limit: connect, the complete response head,
+// body inactivity.
 // A call that waits for a free connection (every connectionsPerEndpoint one
 // busy) is under the headers limit from the moment it was sent: the wait
 // counts, so it fails when nothing arrived within the limit, queued or not.
@@ -921,6 +922,7 @@ bool Conn::ParseHead(const char* h, size_t len) {
     }
   }
   limit_ms = core->body_ms_;
+  active_at = core->Now();  // the body phase starts
   if (status == 204 || status == 304) {
     chunked = false;
     cl = 0;
@@ -947,7 +949,9 @@ void Conn::OnBytes(char* p, size_t n) {
     return;
   }
   got_bytes = true;
-  active_at = core->Now();
+  // the head must be complete within the headers limit (bytes of it do not restart it,
+  // or an engine trickling a head could hold the call forever); body bytes are progress
+  if (st != St::Head) active_at = core->Now();
   Call* c = call;
   char* d0 = nullptr;  // start of this read's (de-chunked) body bytes
   char* w = nullptr;   // where the next body byte goes

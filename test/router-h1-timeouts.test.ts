@@ -153,6 +153,24 @@ for (const [name, Client] of CLIENTS) {
     t.match(b.error?.message, /waiting for the endpoint/, 'as a call the endpoint did not answer in time');
   });
 
+  t.test(`${name}: a response head trickled byte by byte must still be complete within headersTimeoutMs`, async (t) => {
+    const head = 'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok';
+    const set = await server(t, (sock) => {
+      let i = 0;
+      const next = () => {
+        if (sock.destroyed || i >= head.length) return;
+        sock.write(head[i++]);
+        setTimeout(next, LIMIT / 8); // a byte every 25 ms: the whole head takes ~1.5 s
+      };
+      next();
+    });
+    const client = new Client(cfg);
+    t.teardown(() => client.close());
+    const r = await collect(client, set);
+    t.equal(r.error?.code, 'ETIMEDOUT', `timed out (${r.error?.message ?? `answered ${r.status} after ${r.ms.toFixed(0)} ms`})`);
+    t.ok(r.ms >= LIMIT - 5 && r.ms < LIMIT * 3, `after ${r.ms.toFixed(0)} ms (limit ${LIMIT} ms)`);
+  });
+
   t.test(`${name}: a body that stalls halfway times out after bodyTimeoutMs`, async (t) => {
     const set = await server(t, (sock) => {
       sock.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{"a"');

@@ -232,7 +232,9 @@ class H1Conn {
       return;
     }
     this.gotBytes = true;
-    this.activeAt = this.pool.clock;
+    // the head must be complete within the headers limit (bytes of it do not restart it,
+    // or an engine trickling a head could hold the call forever); body bytes are progress
+    if (this.#st !== St.Head) this.activeAt = this.pool.clock;
     let buf = b;
     if (this.#pending !== null) {
       buf = Buffer.concat([this.#pending, b]);
@@ -370,6 +372,7 @@ class H1Conn {
       else if (len === 10 && nameIs(buf, a, CONNECTION)) this.#keepAlive = buf.toString('latin1', v0, v1).toLowerCase() !== 'close';
     }
     this.limitMs = this.pool.cfg.bodyTimeoutMs;
+    this.activeAt = this.pool.clock; // the body phase starts
     if (chunked) {
       contentLength = -1;
       this.#st = St.ChunkSize;
