@@ -21,7 +21,9 @@
 // body inactivity.
 // A call that waits for a free connection (every connectionsPerEndpoint one
 // busy) is under the headers limit from the moment it was sent: the wait
-// counts, so it fails when nothing arrived within the limit, queued or not.
+// counts, so it fails when its complete head did not arrive within the limit,
+// queued or not (1xx interim heads and bytes of an incomplete head do not
+// restart it).
 #include "upstream_client.h"
 
 #include <uv.h>

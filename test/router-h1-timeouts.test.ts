@@ -168,7 +168,74 @@ for (const [name, Client] of CLIENTS) {
     t.teardown(() => client.close());
     const r = await collect(client, set);
     t.equal(r.error?.code, 'ETIMEDOUT', `timed out (${r.error?.message ?? `answered ${r.status} after ${r.ms.toFixed(0)} ms`})`);
-    t.ok(r.ms >= LIMIT - 5 && r.ms < LIMIT * 3, `after ${r.ms.toFixed(0)} ms (limit ${LIMIT} ms)`);
+    t.ok(r.ms >= LIMIT - 5 && r.ms < LIMIT * 3 + 200, `after ${r.ms.toFixed(0)} ms (limit ${LIMIT} ms)`);
+  });
+
+  t.test(`${name}: 1xx interim heads do not restart headersTimeoutMs; one followed in time by the final head is fine`, async (t) => {
+    // an engine that sends "102 Processing" every quarter of the limit and its final head only
+    // after 4 limits: the interim heads are not the response head the limit waits for
+    const set = await server(t, (sock) => {
+      const tick = setInterval(() => sock.write('HTTP/1.1 102 Processing\r\n\r\n'), LIMIT / 4);
+      const last = setTimeout(() => {
+        clearInterval(tick);
+        sock.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok');
+      }, LIMIT * 4);
+      sock.on('close', () => {
+        clearInterval(tick);
+        clearTimeout(last);
+      });
+    });
+    const client = new Client(cfg);
+    t.teardown(() => client.close());
+    const r = await collect(client, set);
+    t.equal(r.error?.code, 'ETIMEDOUT', `timed out (${r.error?.message ?? `answered ${r.status} after ${r.ms.toFixed(0)} ms`})`);
+    t.ok(r.ms >= LIMIT - 5 && r.ms < LIMIT * 4, `after ${r.ms.toFixed(0)} ms (limit ${LIMIT} ms), before the final head`);
+    // the interim heads themselves are skipped: a final head after them, within the limit, is the answer
+    const set2 = await server(t, (sock) => {
+      sock.write('HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n');
+      setTimeout(() => sock.destroyed || sock.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'), LIMIT / 4);
+    });
+    const client2 = new Client(cfg); // a new client: pools are keyed by endpoint id, and both sets' endpoint is id 0
+    t.teardown(() => client2.close());
+    const ok = await collect(client2, set2);
+    t.equal(ok.body, 'ok', `answered after the interim heads (${ok.error?.message ?? ok.status})`);
+  });
+
+  t.test(`${name}: bodyTimeoutMs counts from the complete head, not from when the request was sent`, async (t) => {
+    // the head alone arrives after 0.6 of the limit, the body 0.8 of the limit after the head:
+    // 1.4 limits after the request was sent, but within the body limit of the head's arrival
+    const limit = 800;
+    const set = await server(t, (sock) => {
+      setTimeout(() => {
+        if (sock.destroyed) return;
+        sock.write('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\n');
+        setTimeout(() => sock.destroyed || sock.write('ok'), limit * 0.8);
+      }, limit * 0.6);
+    });
+    const client = new Client({ ...DEFAULTS.proxy, headersTimeoutMs: limit, bodyTimeoutMs: limit });
+    t.teardown(() => client.close());
+    const r = await collect(client, set);
+    t.equal(r.error, undefined, `no timeout (${r.error?.message} after ${r.ms.toFixed(0)} ms)`);
+    t.equal(r.body, 'ok', 'whole body');
+  });
+
+  t.test(`${name}: a 204 or 304 head without a length ends the call (no body phase, the connection is reused)`, async (t) => {
+    const conns = new Set<Socket>();
+    let n = 0;
+    const set = await server(t, (sock) => {
+      conns.add(sock);
+      const status = ++n === 1 ? '204 No Content' : n === 2 ? '304 Not Modified' : '200 OK\r\nContent-Length: 2';
+      sock.write(`HTTP/1.1 ${status}\r\n\r\n${n > 2 ? 'ok' : ''}`);
+    });
+    const client = new Client(cfg);
+    t.teardown(() => client.close());
+    for (const want of [204, 304, 200]) {
+      const r = await collect(client, set);
+      t.equal(r.error, undefined, `${want}: no error (${r.error?.message})`);
+      t.equal(r.status, want, `${want}: status`);
+      t.equal(r.body, want === 200 ? 'ok' : '', `${want}: body`);
+    }
+    t.equal(conns.size, 1, 'one connection served all three');
   });
 
   t.test(`${name}: a body that stalls halfway times out after bodyTimeoutMs`, async (t) => {

@@ -127,7 +127,7 @@ class H1Conn {
   dead = false;
   /**
    * The pool's coarse clock when this connection last saw progress (connect,
-   * request start, response bytes) or went idle. Timeouts are checked by the
+   * request start, the complete head, body bytes) or went idle. Timeouts are checked by the
    * pool's one timer instead of a socket timer refreshed on every read/write.
    */
   activeAt = 0;
@@ -370,6 +370,11 @@ class H1Conn {
       else if (len === 14 && nameIs(buf, a, CONTENT_LENGTH)) contentLength = decimal(buf, v0, v1);
       else if (len === 17 && nameIs(buf, a, TRANSFER_ENCODING)) chunked = buf.toString('latin1', v0, v1).toLowerCase().includes('chunked');
       else if (len === 10 && nameIs(buf, a, CONNECTION)) this.#keepAlive = buf.toString('latin1', v0, v1).toLowerCase() !== 'close';
+    }
+    if (status === 204 || status === 304) {
+      // no body, whatever the head says
+      chunked = false;
+      contentLength = 0;
     }
     this.limitMs = this.pool.cfg.bodyTimeoutMs;
     this.activeAt = this.pool.clock; // the body phase starts
