@@ -154,4 +154,27 @@ for (const [name, Client] of CLIENTS) {
     const c = await collect(client2, set);
     t.match(c.error, { code: 'EPROTO' }, 'malformed status line');
   });
+
+  t.test(`${name}: a malformed or conflicting content-length and an unasked-for 101 are protocol errors, not a body read until close`, async (t) => {
+    const heads = [
+      'HTTP/1.1 200 OK\r\nContent-Length: 2x\r\n\r\nok',
+      'HTTP/1.1 200 OK\r\nContent-Length:\r\n\r\nok',
+      'HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok',
+      'HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\nok',
+      'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n',
+    ];
+    // the engine leaves every connection open: a client that read "until close" would hang
+    const { set } = await rawServer(t, (sock, n) => {
+      sock.write(n <= heads.length ? heads[n - 1]! : 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok');
+    });
+    const client = new Client({ ...DEFAULTS.proxy, bodyTimeoutMs: 5000 });
+    t.teardown(() => client.close());
+    for (const head of heads) {
+      const r = await collect(client, set);
+      t.match(r.error, { code: 'EPROTO' }, `${JSON.stringify(head.slice(0, 60))}: ${r.error?.message ?? `answered ${r.status} ${JSON.stringify(r.body)}`}`);
+    }
+    const ok = await collect(client, set);
+    t.equal(ok.error, undefined, 'a repeated content-length with the same value is fine');
+    t.equal(ok.body, 'ok');
+  });
 }

@@ -337,7 +337,8 @@ class H1Conn {
       end - start >= 12 && buf[start] === 72 && buf[start + 4] === 47 && buf[start + 5] === 49 && buf[start + 6] === 46 // "HTTP/1."
         ? digit(buf[start + 9]) * 100 + digit(buf[start + 10]) * 10 + digit(buf[start + 11])
         : NaN;
-    if (!(status >= 100 && status < 600)) {
+    // 101: the router never asks to switch protocols, so a 101 is not an interim head to skip
+    if (!(status >= 100 && status < 600) || status === 101) {
       this.#fail(new UpstreamSocketError(`malformed status line ${JSON.stringify(buf.toString('latin1', start, Math.min(end, start + 40)))}`, 'EPROTO'));
       return -1;
     }
@@ -367,7 +368,15 @@ class H1Conn {
       while (v0 < v1 && (buf[v0] === 32 || buf[v0] === 9)) v0++;
       while (v1 > v0 && (buf[v1 - 1] === 32 || buf[v1 - 1] === 9 || buf[v1 - 1] === 13)) v1--;
       if (len === 12 && nameIs(buf, a, CONTENT_TYPE)) contentType = buf.toString('latin1', v0, v1);
-      else if (len === 14 && nameIs(buf, a, CONTENT_LENGTH)) contentLength = decimal(buf, v0, v1);
+      else if (len === 14 && nameIs(buf, a, CONTENT_LENGTH)) {
+        // digits only, a safe integer, and the same value if repeated: else the body's end is unknowable (RFC 9112 6.3)
+        const v = v1 > v0 ? decimal(buf, v0, v1) : NaN;
+        if (!(v <= Number.MAX_SAFE_INTEGER) || (contentLength >= 0 && contentLength !== v)) {
+          this.#fail(new UpstreamSocketError('malformed content-length', 'EPROTO'));
+          return -1;
+        }
+        contentLength = v;
+      }
       else if (len === 17 && nameIs(buf, a, TRANSFER_ENCODING)) chunked = buf.toString('latin1', v0, v1).toLowerCase().includes('chunked');
       else if (len === 10 && nameIs(buf, a, CONNECTION)) this.#keepAlive = buf.toString('latin1', v0, v1).toLowerCase() !== 'close';
     }
