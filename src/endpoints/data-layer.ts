@@ -9,9 +9,14 @@ import { readEngineMetrics } from './engine-metrics.js';
 
 export type CapacityListener = (ep: Endpoint) => void;
 
+/** Largest /metrics body read; a bigger one fails the scrape (real engines send well under 1 MiB). */
+export const MAX_METRICS_BYTES = 16 * 1024 * 1024;
+
 export class DataLayer {
   readonly #set: EndpointSet;
-  readonly #clients: Client[];
+  /** Separate connections for /metrics and /health: a slow scrape must not hold up a health check. */
+  readonly #scrapeClients: Client[];
+  readonly #healthClients: Client[];
   readonly #scraping: boolean[];
   readonly #checking: boolean[];
   #scrapeTimer: NodeJS.Timeout | undefined;
@@ -23,16 +28,16 @@ export class DataLayer {
   constructor(set: EndpointSet) {
     this.#set = set;
     const cfg = set.dataLayer;
-    this.#clients = set.all.map(
-      (ep) =>
-        new Client(ep.url, {
-          pipelining: 1,
-          keepAliveTimeout: 30_000,
-          connectTimeout: cfg.healthTimeoutMs,
-          headersTimeout: cfg.healthTimeoutMs,
-          bodyTimeout: cfg.healthTimeoutMs,
-        }),
-    );
+    const client = (ep: Endpoint) =>
+      new Client(ep.url, {
+        pipelining: 1,
+        keepAliveTimeout: 30_000,
+        connectTimeout: cfg.healthTimeoutMs,
+        headersTimeout: cfg.healthTimeoutMs,
+        bodyTimeout: cfg.healthTimeoutMs,
+      });
+    this.#scrapeClients = set.all.map(client);
+    this.#healthClients = set.all.map(client);
     this.#scraping = set.all.map(() => false);
     this.#checking = set.all.map(() => false);
   }
@@ -74,13 +79,22 @@ export class DataLayer {
   async #scrape(ep: Endpoint): Promise<void> {
     this.#scraping[ep.id] = true;
     const dispatchedBefore = ep.dispatched;
+    // healthTimeoutMs bounds the whole scrape, not only the gaps between body chunks
+    const signal = AbortSignal.timeout(this.#set.dataLayer.healthTimeoutMs);
     try {
-      const res = await this.#clients[ep.id].request({ path: '/metrics', method: 'GET' });
+      const res = await this.#scrapeClients[ep.id].request({ path: '/metrics', method: 'GET', signal });
       if (res.statusCode !== 200) {
         await res.body.dump();
         return;
       }
-      const text = await res.body.text();
+      const chunks: Buffer[] = [];
+      let size = 0;
+      for await (const chunk of res.body as AsyncIterable<Buffer>) {
+        size += chunk.length;
+        if (size > MAX_METRICS_BYTES) throw new RangeError('metrics body too large');
+        chunks.push(chunk);
+      }
+      const text = Buffer.concat(chunks, size).toString('utf8');
       const prevBlocks = ep.metrics.cacheBlocks;
       const prevTokens = ep.metrics.cacheBlockTokens;
       if (readEngineMetrics(text, ep.metrics)) {
@@ -102,7 +116,8 @@ export class DataLayer {
   async #check(ep: Endpoint): Promise<void> {
     this.#checking[ep.id] = true;
     try {
-      const res = await this.#clients[ep.id].request({ path: '/health', method: 'GET' });
+      const signal = AbortSignal.timeout(this.#set.dataLayer.healthTimeoutMs);
+      const res = await this.#healthClients[ep.id].request({ path: '/health', method: 'GET', signal });
       await res.body.dump();
       ep.health = res.statusCode === 200 ? 'up' : 'down';
     } catch {
@@ -117,6 +132,6 @@ export class DataLayer {
     this.#closed = true;
     clearInterval(this.#scrapeTimer);
     clearInterval(this.#healthTimer);
-    await Promise.all(this.#clients.map((c) => c.destroy().catch(() => {})));
+    await Promise.all([...this.#scrapeClients, ...this.#healthClients].map((c) => c.destroy().catch(() => {})));
   }
 }

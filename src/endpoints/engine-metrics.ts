@@ -21,7 +21,7 @@ const CACHE_INFO = new Set(['vllm:cache_config_info', 'sglang:cache_config_info'
 const ALL = new Set([...WAITING, ...RUNNING, ...KV, ...CACHE_INFO]);
 const want = (name: string): boolean => ALL.has(name);
 
-/** Parses the metrics text into `out` (reused between scrapes). Returns true if any load signal was found. */
+/** Parses the metrics text into `out` (reused between scrapes). Returns true if any load signal was found; otherwise the load fields of `out` are left as they were. */
 export function readEngineMetrics(text: string, out: EngineMetrics): boolean {
   let waiting = 0;
   let running = 0;
@@ -51,9 +51,13 @@ export function readEngineMetrics(text: string, out: EngineMetrics): boolean {
       if (Number.isFinite(s) && s > 0) blockTokens = s;
     }
   });
-  out.waiting = waiting;
-  out.running = running;
-  out.kvUsage = kvCount > 0 ? Math.min(1, Math.max(0, kvSum / kvCount)) : NaN;
+  // no load signal: keep the last figures (they go stale by the scrape time)
+  // rather than zeros that would look like an idle engine while still fresh
+  if (found) {
+    out.waiting = waiting;
+    out.running = running;
+    out.kvUsage = kvCount > 0 ? Math.min(1, Math.max(0, kvSum / kvCount)) : NaN;
+  }
   if (blocks > 0 && blockTokens > 0) {
     out.cacheBlocks = blocks;
     out.cacheBlockTokens = blockTokens;
