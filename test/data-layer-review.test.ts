@@ -5,6 +5,7 @@ import t from 'tap';
 import { createServer, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { createScheduler } from '../src/scheduler/scheduler.js';
+import { readEngineMetrics, type EngineMetrics } from '../src/endpoints/engine-metrics.js';
 
 interface FakeEngine {
   url: string;
@@ -156,4 +157,22 @@ t.test('a /metrics without load signals keeps the last values (which then go sta
   t.ok(ep.fresh(performance.now(), 60_000), 'the last good figures are still within staleAfterMs');
   t.equal(ep.metrics.waiting, 9, 'and they are the engine figures, not 0');
   t.equal(ep.metrics.kvUsage, 0.8);
+});
+
+t.test('negative, NaN and infinite queue counts do not count (a negative one made an endpoint look emptier than idle)', async (t) => {
+  const m: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0 };
+  const text = [
+    'vllm:num_requests_waiting{engine="0",model_name="m"} -40',
+    'vllm:num_requests_waiting{engine="1",model_name="m"} 3',
+    'vllm:num_requests_waiting{engine="2",model_name="m"} NaN',
+    'vllm:num_requests_waiting{engine="3",model_name="m"} +Inf',
+    'vllm:num_requests_running{engine="0",model_name="m"} -1',
+    'vllm:num_requests_running{engine="1",model_name="m"} 2',
+    'vllm:kv_cache_usage_perc{model_name="m",note="a \\"quoted\\" } value"} -0.5',
+    '',
+  ].join('\n');
+  t.ok(readEngineMetrics(text, m));
+  t.equal(m.waiting, 3, 'only the valid rank counts');
+  t.equal(m.running, 2);
+  t.equal(m.kvUsage, 0, 'clamped to [0, 1], label with escaped quotes and a brace parsed');
 });

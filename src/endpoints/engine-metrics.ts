@@ -32,10 +32,10 @@ export function readEngineMetrics(text: string, out: EngineMetrics): boolean {
   let blockTokens = 0;
   scanPrometheus(text, want, (name, labelText, value) => {
     if (WAITING.has(name)) {
-      if (Number.isFinite(value)) waiting += value;
+      if (Number.isFinite(value) && value > 0) waiting += value; // a count: a negative one is an exporter bug
       found = true;
     } else if (RUNNING.has(name)) {
-      if (Number.isFinite(value)) running += value;
+      if (Number.isFinite(value) && value > 0) running += value;
       found = true;
     } else if (KV.has(name)) {
       if (Number.isFinite(value)) {
