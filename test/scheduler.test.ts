@@ -198,6 +198,37 @@ t.test('filters: model, role, health and the circuit breaker', async (t) => {
   t.equal(s.endpoints.byName('dc')!.inFlight, 0, 'aborted releases in-flight');
 });
 
+t.test('circuit breaker: only the half-open trial closes or reopens it; older requests ending meanwhile do not', async (t) => {
+  const s = createScheduler({ pools: pools(1), dataLayer: { breakerFailures: 2, breakerCooldownMs: 50 } }, { watch: false });
+  t.teardown(() => s.close());
+  const ep = s.endpoints.all[0]!;
+  const older = [s.pick({ model: 'm' })!, s.pick({ model: 'm' })!]; // still in flight when the breaker opens
+  for (let i = 0; i < 2; i++) s.complete(s.pick({ model: 'm' })!, 'failed');
+  t.equal(pickName(s, 'm'), null, 'two failures: open');
+  s.complete(older[0]!, 'ok');
+  t.equal(pickName(s, 'm'), null, 'an older request answering does not close it before the cooldown');
+  await new Promise((r) => setTimeout(r, 70));
+  const trial = s.pick({ model: 'm' })!;
+  t.equal(trial.endpoint, ep, 'half-open after the cooldown: the trial');
+  t.equal(pickName(s, 'm'), null, 'one trial at a time');
+  s.complete(older[1]!, 'aborted');
+  t.equal(pickName(s, 'm'), null, 'an older request aborted meanwhile does not let a second trial through');
+  s.complete(trial, 'failed');
+  t.equal(pickName(s, 'm'), null, 'the trial failed: open for another cooldown');
+  await new Promise((r) => setTimeout(r, 70));
+  const trial2 = s.pick({ model: 'm' })!;
+  t.equal(trial2.endpoint, ep, 'the next trial after that cooldown');
+  s.complete(trial2, 'aborted');
+  const trial3 = s.pick({ model: 'm' })!;
+  t.equal(trial3.endpoint, ep, 'an aborted trial lets the next request be the trial');
+  t.equal(pickName(s, 'm'), null, 'and only that one');
+  s.complete(trial3, 'ok');
+  const after = s.pick({ model: 'm' })!;
+  t.equal(after.endpoint, ep, 'the trial succeeded: closed');
+  s.complete(after, 'ok');
+  t.equal(ep.inFlight, 0, 'every pick released');
+});
+
 t.test('createScheduler validates like a config file', async (t) => {
   t.throws(() => createScheduler({ pools: pools(1), scheduling: { scorers: [{ type: 'nope' }] } }, { watch: false }), ConfigError);
   t.throws(() => createScheduler({ pools: [] }, { watch: false }), { message: /pools: must list at least one pool/ });

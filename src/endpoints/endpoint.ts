@@ -38,8 +38,18 @@ export class Endpoint {
   consecutiveFailures = 0;
   /** performance.now() until which the breaker is open (0 = closed). */
   breakerOpenUntil = 0;
-  /** After the cooldown one trial request is let through (half-open). */
-  trialInFlight = false;
+  /**
+   * After the cooldown one trial request is let through (half-open): its
+   * dispatch number (`dispatched` when it was sent), 0 while none is out. Only
+   * the trial's own end closes or reopens the breaker, or lets another trial go:
+   * requests sent before the breaker opened may still end while it runs.
+   */
+  trialSeq = 0;
+
+  /** True while a half-open trial request is out. */
+  get trialInFlight(): boolean {
+    return this.trialSeq !== 0;
+  }
 
   constructor(id: number, pool: PoolConfig, ep: PoolConfig['endpoints'][number]) {
     this.id = id;
@@ -62,7 +72,7 @@ export class Endpoint {
   breakerOpen(now: number): boolean {
     if (this.breakerOpenUntil === 0) return false;
     if (now < this.breakerOpenUntil) return true;
-    return this.trialInFlight; // half-open: one trial at a time
+    return this.trialSeq !== 0; // half-open: one trial at a time
   }
 
   /** Can requests be sent here now? Unknown health counts as routable. */
@@ -75,33 +85,48 @@ export class Endpoint {
     return (this.health === 'up' || (!healthChecks && this.health !== 'down')) && !this.breakerOpen(now);
   }
 
-  /** Called when a request is sent here. */
-  onDispatch(now: number): void {
+  /** Called when a request is sent here; returns its dispatch number (pass it to onOutcome/onRelease). */
+  onDispatch(now: number): number {
     this.inFlight++;
-    this.dispatched++;
+    const seq = ++this.dispatched;
     this.sinceScrape++;
-    if (this.breakerOpenUntil !== 0 && now >= this.breakerOpenUntil) this.trialInFlight = true;
+    if (this.breakerOpenUntil !== 0 && now >= this.breakerOpenUntil && this.trialSeq === 0) this.trialSeq = seq;
+    return seq;
   }
 
-  /** Called once per dispatched request. `failed`: connect error, reset or 5xx from the engine. */
-  onOutcome(now: number, failed: boolean, cfg: DataLayerConfig): void {
+  /**
+   * Called once per dispatched request with its dispatch number. `failed`:
+   * connect error, reset or 5xx from the engine.
+   */
+  onOutcome(now: number, failed: boolean, cfg: DataLayerConfig, seq = 0): void {
     if (this.inFlight > 0) this.inFlight--;
+    if (seq !== 0 && seq === this.trialSeq) {
+      // the half-open trial decides: closed after a success, open for another cooldown after a failure
+      this.trialSeq = 0;
+      if (failed) {
+        this.consecutiveFailures++;
+        this.breakerOpenUntil = now + cfg.breakerCooldownMs;
+      } else {
+        this.consecutiveFailures = 0;
+        this.breakerOpenUntil = 0;
+      }
+      return;
+    }
     if (failed) {
       this.consecutiveFailures++;
-      if (this.trialInFlight || this.consecutiveFailures >= cfg.breakerFailures) {
+      if (this.breakerOpenUntil === 0 && this.consecutiveFailures >= cfg.breakerFailures) {
         this.breakerOpenUntil = now + cfg.breakerCooldownMs;
       }
-    } else if (this.consecutiveFailures !== 0 || this.breakerOpenUntil !== 0) {
+    } else if (this.breakerOpenUntil === 0) {
+      // a success resets the count; while the breaker is open only its trial can close it
       this.consecutiveFailures = 0;
-      this.breakerOpenUntil = 0;
     }
-    this.trialInFlight = false;
   }
 
-  /** Called when a request is released without an engine outcome (client abort). */
-  onRelease(): void {
+  /** Called when a request is released without an engine outcome (client abort), with its dispatch number. */
+  onRelease(seq = 0): void {
     if (this.inFlight > 0) this.inFlight--;
-    this.trialInFlight = false;
+    if (seq !== 0 && seq === this.trialSeq) this.trialSeq = 0; // the trial went away: the next request may be one
   }
 }
 

@@ -13,6 +13,8 @@ import type { CycleContext, Filter, Picker, Plugin, SchedRequest, Scorer } from 
 /** The outcome of one pick. Pass it back to `complete()` exactly once. */
 export interface Decision {
   endpoint: Endpoint;
+  /** The endpoint's dispatch number for this request (from Endpoint.onDispatch; the breaker's half-open trial is named by it). */
+  seq: number;
   /** Prompt blocks hashed by the prefix-cache scorer (0 without it). */
   promptBlocks: number;
   /** Of those, leading blocks the picked endpoint was believed to hold. */
@@ -120,15 +122,16 @@ export class Scheduler {
     }
     const ep = eps[idx];
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onPicked?.(ctx, ep, idx);
-    ep.onDispatch(ctx.now);
+    const seq = ep.onDispatch(ctx.now);
     ctx.request = EMPTY_REQUEST;
     if (out) {
       out.endpoint = ep;
+      out.seq = seq;
       out.promptBlocks = ctx.promptBlocks;
       out.matchedBlocks = ctx.matchedBlocks;
       return out;
     }
-    return { endpoint: ep, promptBlocks: ctx.promptBlocks, matchedBlocks: ctx.matchedBlocks };
+    return { endpoint: ep, seq, promptBlocks: ctx.promptBlocks, matchedBlocks: ctx.matchedBlocks };
   }
 
   /** Like pick(), but throws UnknownModelError or NoEndpointError instead of returning null. */
@@ -150,8 +153,8 @@ export class Scheduler {
   complete(d: Decision, outcome: Outcome, req?: SchedRequest): void {
     const ep = d.endpoint;
     const failed = outcome === 'failed';
-    if (outcome === 'aborted') ep.onRelease();
-    else ep.onOutcome(failed ? performance.now() : 0, failed, this.endpoints.dataLayer); // the clock matters only to the breaker
+    if (outcome === 'aborted') ep.onRelease(d.seq);
+    else ep.onOutcome(failed ? performance.now() : 0, failed, this.endpoints.dataLayer, d.seq); // the clock matters only to the breaker
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onComplete?.(ep, failed, d, failed ? req : undefined);
   }
 

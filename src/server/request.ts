@@ -63,6 +63,7 @@ function corkedError(): void {
 export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortLike {
   // Decision
   endpoint!: Endpoint;
+  seq = 0;
   promptBlocks = 0;
   matchedBlocks = 0;
   // AbortLike
