@@ -10,7 +10,7 @@ import { registry as defaultRegistry } from './builtins.js';
 import type { PluginRegistry } from './registry.js';
 import type { CycleContext, Filter, Picker, Plugin, SchedRequest, Scorer } from './types.js';
 
-/** The outcome of one pick. Pass it back to `complete()` exactly once. */
+/** The outcome of one pick. Pass it back to `complete()` once (complete() zeroes `seq`; a second call is ignored). */
 export interface Decision {
   endpoint: Endpoint;
   /** The endpoint's dispatch number for this request (from Endpoint.onDispatch; the breaker's half-open trial is named by it). */
@@ -151,10 +151,14 @@ export class Scheduler {
    * recorded: the engine never computed them.
    */
   complete(d: Decision, outcome: Outcome, req?: SchedRequest): void {
+    // a second complete() would release another request's in-flight slot and count its outcome twice
+    if (d.seq === 0) return;
+    const seq = d.seq;
+    d.seq = 0;
     const ep = d.endpoint;
     const failed = outcome === 'failed';
-    if (outcome === 'aborted') ep.onRelease(d.seq);
-    else ep.onOutcome(failed ? performance.now() : 0, failed, this.endpoints.dataLayer, d.seq); // the clock matters only to the breaker
+    if (outcome === 'aborted') ep.onRelease(seq);
+    else ep.onOutcome(failed ? performance.now() : 0, failed, this.endpoints.dataLayer, seq); // the clock matters only to the breaker
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onComplete?.(ep, failed, d, failed ? req : undefined);
   }
 

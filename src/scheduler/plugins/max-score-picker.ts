@@ -1,5 +1,6 @@
-// Picker `max-score`: the highest total score; ties (within `epsilon`) broken
-// uniformly at random, without allocating (reservoir sampling over the ties).
+// Picker `max-score`: the highest total score; ties (within `epsilon` of the
+// highest) broken uniformly at random, without allocating: one pass finds the
+// highest, a second samples the ties (reservoir sampling).
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { knownParams, numParam, type PluginFactory } from '../registry.js';
 import type { CycleContext, Picker } from '../types.js';
@@ -15,18 +16,16 @@ export class MaxScorePicker implements Picker {
   }
 
   pick(_ctx: CycleContext, eps: readonly Endpoint[], scores: Float64Array): number {
+    const n = eps.length;
+    let max = -Infinity;
+    for (let i = 0; i < n; i++) if (scores[i] > max) max = scores[i];
+    const floor = max - this.#eps;
     let best = 0;
-    let bestScore = -Infinity;
     let ties = 0;
-    for (let i = 0; i < eps.length; i++) {
-      const s = scores[i];
-      if (s > bestScore + this.#eps) {
-        best = i;
-        bestScore = s;
-        ties = 1;
-      } else if (s >= bestScore - this.#eps) {
+    for (let i = 0; i < n; i++) {
+      if (scores[i] >= floor) {
         ties++;
-        if (this.#random() * ties < 1) best = i;
+        if (ties === 1 || this.#random() * ties < 1) best = i;
       }
     }
     return best;

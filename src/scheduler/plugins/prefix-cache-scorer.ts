@@ -16,6 +16,9 @@ import { NativePrefixStore, type PrefixStore } from '../prefix-store.js';
 import type { CycleContext, PickBlocks, PluginEnv, SchedRequest, Scorer } from '../types.js';
 import { ensure } from './score-util.js';
 
+/** The index's per-tier capacity limit (uint32); an engine's reported cache can convert to more. */
+const MAX_BLOCKS = 0xffffffff;
+
 function fnv1a64(s: string): bigint {
   let h = 0xcbf29ce484222325n;
   for (let i = 0; i < s.length; i++) {
@@ -38,10 +41,13 @@ export class PrefixCacheScorer implements Scorer {
   #hashCount = 0;
 
   readonly #saturatedQueue: number;
+  /** Bytes per block of a configured capacity (scheduling.prefixBlockSize); the store's own blocks may be larger or smaller. */
+  readonly #capacityBlockSize: number;
 
-  constructor(store: PrefixStore, maxEndpoints: number, saturatedQueue = 16) {
+  constructor(store: PrefixStore, maxEndpoints: number, saturatedQueue = 16, capacityBlockSize = store.blockSize) {
     this.store = store;
     this.#saturatedQueue = saturatedQueue;
+    this.#capacityBlockSize = capacityBlockSize;
     this.#ids = new Int32Array(Math.max(1, maxEndpoints));
     for (let n = 0; n <= this.#ids.length; n++) this.#idViews.push(this.#ids.subarray(0, n));
   }
@@ -106,9 +112,15 @@ export class PrefixCacheScorer implements Scorer {
   /** Applies a configured capacity or one learnt from cache_config_info. */
   onCapacity(ep: Endpoint): void {
     const c = ep.configuredCapacity;
-    if (c) this.store.setCapacity(ep.id, c.gpuBlocks, c.cpuBlocks, c.diskBlocks);
+    if (c) this.store.setCapacity(ep.id, this.#blocks(c.gpuBlocks), this.#blocks(c.cpuBlocks), this.#blocks(c.diskBlocks));
     else if (ep.metrics.cacheBlocks > 0)
-      this.store.setCapacity(ep.id, indexBlocksFor(ep.metrics.cacheBlocks, ep.metrics.cacheBlockTokens, this.store.blockSize), 0, 0);
+      this.store.setCapacity(ep.id, Math.min(MAX_BLOCKS, indexBlocksFor(ep.metrics.cacheBlocks, ep.metrics.cacheBlockTokens, this.store.blockSize)), 0, 0);
+  }
+
+  /** Configured blocks (of scheduling.prefixBlockSize bytes) in the store's blocks. */
+  #blocks(configured: number): number {
+    const bs = this.store.blockSize;
+    return bs === this.#capacityBlockSize ? configured : Math.min(MAX_BLOCKS, Math.floor((configured * this.#capacityBlockSize) / bs));
   }
 }
 
@@ -125,7 +137,7 @@ export const prefixCacheScorer: PluginFactory<'scorer'> = {
   create: (p, env: PluginEnv) => {
     const blockSize = (p.blockSize as number | undefined) ?? env.prefixBlockSize;
     const max = env.endpoints.all.length;
-    const s = new PrefixCacheScorer(new NativePrefixStore(blockSize, max), max, (p.saturatedQueue as number | undefined) ?? 16);
+    const s = new PrefixCacheScorer(new NativePrefixStore(blockSize, max), max, (p.saturatedQueue as number | undefined) ?? 16, env.prefixBlockSize);
     for (const ep of env.endpoints.all) s.onCapacity(ep);
     return s;
   },

@@ -38,8 +38,8 @@ export const roleFilter: PluginFactory<'filter'> = {
   validate: (p) => {
     const out: string[] = [];
     knownParams(p, ['roles', 'preferBoth'], out);
-    if (p.roles !== undefined && (!Array.isArray(p.roles) || p.roles.some((r) => !ROLES.includes(r as Role)))) {
-      out.push(`params.roles must be a list of: ${ROLES.join(', ')}`);
+    if (p.roles !== undefined && (!Array.isArray(p.roles) || p.roles.length === 0 || p.roles.some((r) => !ROLES.includes(r as Role)))) {
+      out.push(`params.roles must be a non-empty list of: ${ROLES.join(', ')}`);
     }
     if (p.preferBoth !== undefined && typeof p.preferBoth !== 'boolean') out.push('params.preferBoth must be true or false');
     return out;

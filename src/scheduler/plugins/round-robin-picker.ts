@@ -1,4 +1,6 @@
 // Picker `round-robin` (baseline): ignores scores; cycles through the candidates.
+// One turn counter per model: with a shared one, requests for two models that
+// alternate would each always land on the same endpoint of their pool.
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { knownParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Picker } from '../types.js';
@@ -6,12 +8,14 @@ import type { CycleContext, Picker } from '../types.js';
 export class RoundRobinPicker implements Picker {
   readonly type = 'round-robin';
   readonly name = 'round-robin';
-  #next = 0;
+  /** Next turn per model (bounded by the configured models: the scheduler never picks for an unknown one). */
+  readonly #next = new Map<string, number>();
 
-  pick(_ctx: CycleContext, eps: readonly Endpoint[]): number {
-    const i = this.#next % eps.length;
-    this.#next = (this.#next + 1) % 0x7fffffff;
-    return i;
+  pick(ctx: CycleContext, eps: readonly Endpoint[]): number {
+    const model = ctx.request.model;
+    const next = this.#next.get(model) ?? 0;
+    this.#next.set(model, (next + 1) % 0x7fffffff);
+    return next % eps.length;
   }
 }
 
