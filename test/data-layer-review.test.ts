@@ -5,6 +5,9 @@ import t from 'tap';
 import { createServer, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { createScheduler } from '../src/scheduler/scheduler.js';
+import { DataLayer } from '../src/endpoints/data-layer.js';
+import { EndpointSet } from '../src/endpoints/endpoint.js';
+import { DEFAULTS } from '../src/config/schema.js';
 import { readEngineMetrics, type EngineMetrics } from '../src/endpoints/engine-metrics.js';
 
 interface FakeEngine {
@@ -175,4 +178,40 @@ t.test('negative, NaN and infinite queue counts do not count (a negative one mad
   t.equal(m.waiting, 3, 'only the valid rank counts');
   t.equal(m.running, 2);
   t.equal(m.kvUsage, 0, 'clamped to [0, 1], label with escaped quotes and a brace parsed');
+});
+
+t.test('a throwing capacity or scrape listener does not keep the others from hearing of the change', async (t) => {
+  const eng = await fakeEngine(t, (res) => {
+    res.writeHead(200, { 'content-type': 'text/plain' });
+    res.end('vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1\nvllm:num_requests_waiting{model_name="m"} 2\n');
+  });
+  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'e0', url: eng.url, role: 'both' }] }], {
+    ...DEFAULTS.dataLayer,
+    scrapeIntervalMs: 20,
+    healthIntervalMs: 0,
+  });
+  const dl = new DataLayer(set);
+  t.teardown(() => dl.close());
+  const warnings: string[] = [];
+  const onWarning = (w: Error & { code?: string }) => {
+    if (w.code === 'SWITCHYARD_LISTENER_ERROR') warnings.push(w.message);
+  };
+  process.on('warning', onWarning);
+  t.teardown(() => process.off('warning', onWarning));
+  const capacity: number[] = [];
+  let scrapes = 0;
+  dl.onCapacity(() => {
+    throw new Error('plugin bug');
+  });
+  dl.onCapacity((ep) => capacity.push(ep.metrics.cacheBlocks));
+  dl.onScrape(() => {
+    throw new Error('plugin bug');
+  });
+  dl.onScrape(() => scrapes++);
+  await dl.start();
+  await new Promise((r) => setTimeout(r, 120));
+  t.same(capacity, [1000], 'the second capacity listener heard of the geometry once');
+  t.ok(scrapes >= 2, `the second scrape listener ran on every scrape (${scrapes})`);
+  t.equal(set.all[0]!.metrics.waiting, 2, 'metrics were read');
+  t.equal(warnings.length, 1, `one warning (${warnings[0]})`);
 });

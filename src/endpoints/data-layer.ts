@@ -24,6 +24,7 @@ export class DataLayer {
   #capacityListeners: CapacityListener[] = [];
   #scrapeListeners: CapacityListener[] = [];
   #closed = false;
+  #warned = false;
 
   constructor(set: EndpointSet) {
     this.#set = set;
@@ -103,13 +104,28 @@ export class DataLayer {
         ep.sinceScrape = ep.dispatched - dispatchedBefore;
       }
       if (ep.metrics.cacheBlocks !== prevBlocks || ep.metrics.cacheBlockTokens !== prevTokens) {
-        for (const fn of this.#capacityListeners) fn(ep);
+        for (const fn of this.#capacityListeners) this.#call(fn, ep);
       }
-      for (const fn of this.#scrapeListeners) fn(ep);
+      for (const fn of this.#scrapeListeners) this.#call(fn, ep);
     } catch {
       // unreachable or slow: the metrics go stale and scorers fall back
     } finally {
       this.#scraping[ep.id] = false;
+    }
+  }
+
+  /**
+   * Runs one listener: a throwing one (a plugin's bug) must not skip the others,
+   * or a capacity change would be lost for good (the next scrape sees the same
+   * figures and calls no one). Reported once per data layer as a process warning.
+   */
+  #call(fn: CapacityListener, ep: Endpoint): void {
+    try {
+      fn(ep);
+    } catch (err) {
+      if (this.#warned) return;
+      this.#warned = true;
+      process.emitWarning(`a data-layer listener threw for endpoint ${ep.name}: ${(err as Error)?.message ?? String(err)} (further ones are not reported)`, { code: 'SWITCHYARD_LISTENER_ERROR' });
     }
   }
 
