@@ -17,7 +17,14 @@ export function parseConfig(text: string, validatePlugin?: PluginValidator, sour
     }));
     throw new ConfigError(issues, source);
   }
-  return validateConfig(doc.toJS(), validatePlugin, source);
+  let value: unknown;
+  try {
+    value = doc.toJS();
+  } catch (err) {
+    // e.g. aliases expanding past the parser's limit (a YAML "billion laughs")
+    throw new ConfigError([{ path: '', message: `YAML error: ${(err as Error).message}` }], source);
+  }
+  return validateConfig(value, validatePlugin, source);
 }
 
 /** Reads and validates a config file. */

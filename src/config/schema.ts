@@ -234,14 +234,26 @@ export function hostIsAddress(url: string): boolean {
   }
 }
 
-function isHttpUrl(s: string): boolean {
+/**
+ * The origin (`scheme://host[:port]`, scheme lower-cased) of an http(s) URL
+ * without path, query, fragment or credentials, or null. The clients and the
+ * data layer take the stored URL as is: `HTTP://h` failed in the h1 client,
+ * and a `#fragment` made the data layer's undici client throw at startup.
+ */
+function httpOrigin(s: string): string | null {
   try {
     const u = new URL(s);
-    return (u.protocol === 'http:' || u.protocol === 'https:') && u.hostname !== '' && (u.pathname === '/' || u.pathname === '') && !u.search;
+    const ok =
+      (u.protocol === 'http:' || u.protocol === 'https:') && u.hostname !== '' && (u.pathname === '/' || u.pathname === '') &&
+      !u.search && !u.hash && !s.includes('#') && !u.username && !u.password;
+    return ok ? `${u.protocol}//${u.host}` : null;
   } catch {
-    return false;
+    return null;
   }
 }
+
+/** Control characters (C0 and DEL): not allowed in an endpoint name, which goes into a response header. */
+const CONTROL_CHARS = /[\x00-\x1f\x7f]/;
 
 function pluginSpec(c: Checker, v: unknown, path: string, withWeight: boolean): ScorerSpec | null {
   if (typeof v === 'string' && v.length > 0) return { type: v, params: {}, weight: 1 };
@@ -300,6 +312,8 @@ export function validateConfig(
     if (Array.isArray(po.models) && rawModels.length === 0) c.add(`${pp}.models`, 'must list at least one model');
     rawModels.forEach((m, j) => {
       if (typeof m !== 'string' || m.length === 0) c.add(`${pp}.models[${j}]`, 'must be a non-empty string');
+      // listed twice, each endpoint of the pool would be a candidate twice for the model
+      else if (models.includes(m)) c.add(`${pp}.models[${j}]`, `duplicate model "${m}" in this pool`);
       else models.push(m);
     });
     const endpoints: EndpointConfig[] = [];
@@ -308,10 +322,16 @@ export function validateConfig(
     rawEps.forEach((re, j) => {
       const ep = `${pp}.endpoints[${j}]`;
       const eo = c.obj(re, ep, ['name', 'url', 'role', 'revision', 'capacity'], false);
-      const url = c.str(eo, 'url', ep);
-      if (url && !isHttpUrl(url)) c.add(`${ep}.url`, `must be an http(s) URL with no path or query, e.g. http://10.0.0.5:8000 (got ${JSON.stringify(url)})`);
+      const rawUrl = c.str(eo, 'url', ep);
+      const origin = rawUrl ? httpOrigin(rawUrl) : null;
+      if (rawUrl && origin === null) {
+        c.add(`${ep}.url`, `must be an http(s) URL with no path, query, fragment or credentials, e.g. http://10.0.0.5:8000 (got ${JSON.stringify(rawUrl)})`);
+      }
+      const url = origin ?? rawUrl.replace(/\/$/, '');
       const epName = c.str(eo, 'name', ep, url ? safeName(url) : undefined);
-      if (epName && epNames.has(epName)) c.add(`${ep}.name`, `duplicate endpoint name "${epName}" (names are unique across pools)`);
+      if (CONTROL_CHARS.test(epName)) {
+        c.add(`${ep}.name`, `must not contain control characters (it is sent in the x-switchyard-endpoint header; got ${JSON.stringify(epName)})`);
+      } else if (epName && epNames.has(epName)) c.add(`${ep}.name`, `duplicate endpoint name "${epName}" (names are unique across pools)`);
       epNames.add(epName);
       const role = c.oneOf(eo, 'role', ep, ROLES, 'both');
       const revision = eo.revision === undefined ? undefined : c.str(eo, 'revision', ep);
@@ -325,7 +345,7 @@ export function validateConfig(
           diskBlocks: c.int(co, 'diskBlocks', cp, 0, 0, 2 ** 31 - 1),
         };
       }
-      endpoints.push({ name: epName, url: url.replace(/\/$/, ''), role, ...(revision ? { revision } : {}), ...(capacity ? { capacity } : {}) });
+      endpoints.push({ name: epName, url, role, ...(revision ? { revision } : {}), ...(capacity ? { capacity } : {}) });
     });
     pools.push({ name, engine, accelerator, models, endpoints });
   });

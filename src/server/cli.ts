@@ -25,8 +25,14 @@ const USAGE = `usage: switchyard serve [options]
 With neither --config nor --upstream, the router starts 4 simulated engines
 in-process (model open-model) and routes to them; Ctrl-C stops everything.
 
+SIGINT or SIGTERM: stop accepting connections, /readyz answers 503, in-flight
+requests get up to 10 s to finish, then exit 0; a repeated signal is ignored.
+
 Exit codes: 0 after a clean shutdown, 1 on a runtime failure, 2 on bad
 options or an invalid config.`;
+
+/** How long a shutdown waits for in-flight requests. */
+const GRACE_MS = 10_000;
 
 const validatePlugin = (kind: 'filter' | 'scorer' | 'picker', spec: { type: string; params: Record<string, unknown> }) =>
   registry.validate(kind, spec.type, spec.params);
@@ -143,19 +149,31 @@ export async function runServeCli(argv: string[]): Promise<number> {
     `switchyard router listening on ${router.url}`,
   );
 
-  await new Promise<void>((resolve) => {
-    const stop = (sig: string) => {
-      log.info({ signal: sig }, 'shutting down');
-      process.off('SIGINT', onInt);
-      process.off('SIGTERM', onTerm);
-      resolve();
-    };
-    const onInt = () => stop('SIGINT');
-    const onTerm = () => stop('SIGTERM');
-    process.on('SIGINT', onInt);
-    process.on('SIGTERM', onTerm);
-  });
-  await router.close(10_000);
-  await fleet?.close();
+  // the handlers stay installed until the end: a repeated signal (npm forwards a terminal's
+  // Ctrl-C to its child, which already got it from the terminal) must not kill the process
+  // with the default action and cut the requests the grace period lets finish
+  let stopping = false;
+  let onStop: () => void = () => {};
+  const stop = (sig: string) => {
+    if (stopping) {
+      log.warn({ signal: sig, grace_ms: GRACE_MS }, 'already shutting down: in-flight requests get up to the grace period');
+      return;
+    }
+    stopping = true;
+    log.info({ signal: sig }, 'shutting down');
+    onStop();
+  };
+  const onInt = () => stop('SIGINT');
+  const onTerm = () => stop('SIGTERM');
+  process.on('SIGINT', onInt);
+  process.on('SIGTERM', onTerm);
+  try {
+    await new Promise<void>((resolve) => (onStop = resolve));
+    await router.close(GRACE_MS);
+    await fleet?.close();
+  } finally {
+    process.off('SIGINT', onInt);
+    process.off('SIGTERM', onTerm);
+  }
   return 0;
 }

@@ -129,6 +129,8 @@ export class RouterCore {
   #sweepEvery: number;
   #modelsBody: string;
   #drainWaiters: (() => void)[] = [];
+  /** close() began: /readyz answers 503. */
+  #closing = false;
   /** Per endpoint id: content type -> the response header block of headerBlock(). */
   readonly #headerBlocks: Map<string, Buffer>[] = [];
   port = 0;
@@ -247,6 +249,8 @@ export class RouterCore {
   }
 
   #readyz(res: HttpResponse): void {
+    // draining: a load balancer that checks over a kept-alive connection must take the router out
+    if (this.#closing) return this.#json(res, 503, '{"status":"shutting down"}');
     const set = this.scheduler.endpoints;
     const now = performance.now();
     const checks = set.dataLayer.healthIntervalMs > 0;
@@ -328,6 +332,7 @@ export class RouterCore {
 
   /** Stops accepting, waits up to `graceMs` for in-flight requests, then closes everything. */
   async close(graceMs = 10_000): Promise<void> {
+    this.#closing = true;
     if (this.#listenSocket) {
       uws.us_listen_socket_close(this.#listenSocket);
       this.#listenSocket = null;
