@@ -111,6 +111,7 @@ t.test('switchyard serve: a second SIGTERM while draining does not cut in-flight
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
   });
   let out = '';
+  let timer: NodeJS.Timeout | undefined;
   const url = await new Promise<string>((resolve, reject) => {
     child.stdout.on('data', (b: Buffer) => {
       out += b.toString();
@@ -118,8 +119,8 @@ t.test('switchyard serve: a second SIGTERM while draining does not cut in-flight
       if (m) resolve(m[1]);
     });
     child.once('exit', (code) => reject(new Error(`exited ${code}: ${out}`)));
-    setTimeout(() => reject(new Error(`no listening line: ${out}`)), 15000);
-  });
+    timer = setTimeout(() => reject(new Error(`no listening line: ${out}`)), 15000);
+  }).finally(() => clearTimeout(timer));
   const exited = new Promise<[number | null, string | null]>((r) => child.once('exit', (c, s) => r([c, s])));
   const inflight = fetch(`${url}/v1/completions`, {
     method: 'POST',
