@@ -139,3 +139,39 @@ t.test('switchyard serve: a second SIGTERM while draining does not cut in-flight
   t.same(await exited, [0, null], 'exit code 0 after the drain');
   t.match(out, /already shutting down/);
 });
+
+t.test('switchyard serve: a second signal more than a second after the first stops at once (needs dist/)', async (t) => {
+  const bin = fileURLToPath(new URL('../bin/switchyard.js', import.meta.url));
+  const child = spawn(process.execPath, [bin, 'serve', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  t.teardown(() => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  });
+  let out = '';
+  let timer: NodeJS.Timeout | undefined;
+  const url = await new Promise<string>((resolve, reject) => {
+    child.stdout.on('data', (b: Buffer) => {
+      out += b.toString();
+      const m = /listening on (http:\/\/[0-9.:]+)/.exec(out);
+      if (m) resolve(m[1]);
+    });
+    child.once('exit', (code) => reject(new Error(`exited ${code}: ${out}`)));
+    timer = setTimeout(() => reject(new Error(`no listening line: ${out}`)), 15000);
+  }).finally(() => clearTimeout(timer));
+  const exited = new Promise<[number | null, string | null]>((r) => child.once('exit', (c, s) => r([c, s])));
+  // about 8 s of tokens: longer than the test waits
+  const inflight = fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    body: JSON.stringify({ model: 'open-model', prompt: 'hello', max_tokens: 800, stream: true }),
+  })
+    .then((r) => r.text())
+    .catch((e: Error) => `failed: ${e.message}`); // cut mid-stream: the body read fails
+  await new Promise((r) => setTimeout(r, 150));
+  child.kill('SIGINT');
+  await new Promise((r) => setTimeout(r, 1300));
+  const t0 = Date.now();
+  child.kill('SIGINT');
+  t.same(await exited, [130, null], 'exit 130: stopped by the second Ctrl-C');
+  t.ok(Date.now() - t0 < 2000, `at once (${Date.now() - t0} ms), not after the drain`);
+  t.notMatch(await inflight, /data: \[DONE\]\s*$/, 'the stream was cut');
+  t.match(out, /second signal: stopping now/);
+});

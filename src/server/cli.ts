@@ -26,13 +26,17 @@ With neither --config nor --upstream, the router starts 4 simulated engines
 in-process (model open-model) and routes to them; Ctrl-C stops everything.
 
 SIGINT or SIGTERM: stop accepting connections, /readyz answers 503, in-flight
-requests get up to 10 s to finish, then exit 0; a repeated signal is ignored.
+requests get up to 10 s to finish, then exit 0. A second signal within 1 s is
+ignored (npm passes on a Ctrl-C the router already got); a later one stops at
+once, cutting in-flight requests (exit 130 for SIGINT, 143 for SIGTERM).
 
 Exit codes: 0 after a clean shutdown, 1 on a runtime failure, 2 on bad
-options or an invalid config.`;
+options or an invalid config, 130/143 when a second signal cut the drain.`;
 
 /** How long a shutdown waits for in-flight requests. */
 const GRACE_MS = 10_000;
+/** A second signal sooner than this after the first is the same Ctrl-C delivered twice. */
+const REPEAT_MS = 1000;
 
 const validatePlugin = (kind: 'filter' | 'scorer' | 'picker', spec: { type: string; params: Record<string, unknown> }) =>
   registry.validate(kind, spec.type, spec.params);
@@ -149,17 +153,22 @@ export async function runServeCli(argv: string[]): Promise<number> {
     `switchyard router listening on ${router.url}`,
   );
 
-  // the handlers stay installed until the end: a repeated signal (npm forwards a terminal's
-  // Ctrl-C to its child, which already got it from the terminal) must not kill the process
-  // with the default action and cut the requests the grace period lets finish
-  let stopping = false;
+  // the handlers stay installed until the end: a repeated signal within REPEAT_MS (npm
+  // forwards a terminal's Ctrl-C to its child, which already got it from the terminal) must
+  // not kill the process with the default action and cut the requests the grace period lets
+  // finish; one after that is an operator asking again: exit at once (128 + signal number)
+  let stoppingAt = 0;
   let onStop: () => void = () => {};
-  const stop = (sig: string) => {
-    if (stopping) {
-      log.warn({ signal: sig, grace_ms: GRACE_MS }, 'already shutting down: in-flight requests get up to the grace period');
-      return;
+  const stop = (sig: 'SIGINT' | 'SIGTERM') => {
+    if (stoppingAt !== 0) {
+      if (Date.now() - stoppingAt < REPEAT_MS) {
+        log.warn({ signal: sig, grace_ms: GRACE_MS }, 'already shutting down: in-flight requests get up to the grace period (signal again to stop at once)');
+        return;
+      }
+      log.warn({ signal: sig, active: router.core.activeRequests }, 'second signal: stopping now, in-flight requests are cut');
+      process.exit(sig === 'SIGINT' ? 130 : 143);
     }
-    stopping = true;
+    stoppingAt = Date.now();
     log.info({ signal: sig }, 'shutting down');
     onStop();
   };
