@@ -67,3 +67,38 @@ export async function listenRaw(t: Tap.Test, onSocket: (sock: Socket) => void): 
   );
   return { port: (srv.address() as { port: number }).port, socks };
 }
+
+export interface ServeProcess {
+  child: import('node:child_process').ChildProcessWithoutNullStreams;
+  /** The router's URL from its "listening on" log line. */
+  url: string;
+  /** Everything it printed on stdout so far. */
+  out(): string;
+  /** Resolves with [exit code, signal] when it exits. */
+  exited: Promise<[number | null, string | null]>;
+}
+
+/** Spawns `switchyard serve` (needs dist/) and waits for its listening line; killed at teardown. */
+export async function spawnServe(t: Tap.Test, args: string[]): Promise<ServeProcess> {
+  const { spawn } = await import('node:child_process');
+  const { fileURLToPath } = await import('node:url');
+  const bin = fileURLToPath(new URL('../bin/switchyard.js', import.meta.url));
+  const child = spawn(process.execPath, [bin, 'serve', ...args], { stdio: ['pipe', 'pipe', 'pipe'] });
+  t.teardown(() => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  });
+  let out = '';
+  child.stdout.on('data', (b: Buffer) => (out += b.toString()));
+  const exited = new Promise<[number | null, string | null]>((r) => child.once('exit', (c, s) => r([c, s])));
+  let timer: NodeJS.Timeout | undefined;
+  const url = await new Promise<string>((resolve, reject) => {
+    const look = () => {
+      const m = /listening on (http:\/\/[0-9.:]+)/.exec(out);
+      if (m) resolve(m[1]);
+    };
+    child.stdout.on('data', look);
+    void exited.then(([code]) => reject(new Error(`exited ${code}: ${out}`)));
+    timer = setTimeout(() => reject(new Error(`no listening line: ${out}`)), 15000);
+  }).finally(() => clearTimeout(timer));
+  return { child, url, out: () => out, exited };
+}

@@ -2,7 +2,7 @@
 // input gets OpenAI error JSON with the right status, headers, and the
 // non-inference endpoints.
 import t from 'tap';
-import { startTestRouter, validatePlugin } from './router-util.js';
+import { spawnServe, startTestRouter, validatePlugin } from './router-util.js';
 import { connect } from 'node:net';
 import { startFleet } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
@@ -217,31 +217,15 @@ t.test('admission gate seam: reject, hold, release exactly once, abort while hel
 });
 
 t.test('switchyard serve: embedded default and quick mode, graceful exit on SIGTERM', async (t) => {
-  const { spawn } = await import('node:child_process');
-  const { fileURLToPath } = await import('node:url');
-  const bin = fileURLToPath(new URL('../bin/switchyard.js', import.meta.url));
   const fleet = await startFleet(1, { timeScale: 0 });
   t.teardown(() => fleet.close());
-  for (const args of [['serve', '--port', '0'], ['serve', '--port', '0', '--upstream', fleet.urls[0], '--model', 'open-model']]) {
-    const child = spawn(process.execPath, [bin, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '';
-    const url = await new Promise<string>((resolve, reject) => {
-      child.stdout.on('data', (b: Buffer) => {
-        out += b.toString();
-        const m = /listening on (http:\/\/[0-9.:]+)/.exec(out);
-        if (m) resolve(m[1]);
-      });
-      child.once('exit', (code) => reject(new Error(`exited ${code}: ${out}`)));
-      setTimeout(() => reject(new Error(`no listening line: ${out}`)), 15000);
-    });
+  for (const args of [['--port', '0'], ['--port', '0', '--upstream', fleet.urls[0], '--model', 'open-model']]) {
+    const { child, url, exited } = await spawnServe(t, args);
     const r = await post(`${url}/v1/chat/completions`, JSON.stringify({ model: 'open-model', messages: [{ role: 'user', content: 'Hello!' }], max_tokens: 4 }));
-    t.equal(r.status, 200, `${args.join(' ')}: chat completion answered`);
+    t.equal(r.status, 200, `serve ${args.join(' ')}: chat completion answered`);
     t.equal(r.json.object, 'chat.completion');
-    const code = await new Promise<number | null>((resolve) => {
-      child.once('exit', (c) => resolve(c));
-      child.kill('SIGTERM');
-    });
-    t.equal(code, 0, `${args.join(' ')}: exit code 0 after SIGTERM`);
+    child.kill('SIGTERM');
+    t.same(await exited, [0, null], `serve ${args.join(' ')}: exit code 0 after SIGTERM`);
   }
 });
 

@@ -3,14 +3,12 @@
 // shutdown signals, and /readyz while draining. Real sockets, real sim engines.
 import t from 'tap';
 import { connect } from 'node:net';
-import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { parseConfig } from '../src/config/load.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { ConfigError } from '../src/errors.js';
 import { startFleet } from '../src/sim/index.js';
 import { startRouter } from '../src/server/router.js';
-import { validatePlugin } from './router-util.js';
+import { spawnServe, validatePlugin } from './router-util.js';
 
 const doc = (pools: string, extra = '') => `apiVersion: switchyard/v1\nkind: Router\npools:\n${pools}${extra}`;
 
@@ -104,24 +102,8 @@ t.test('/readyz answers 503 once close() began (a keep-alive health check saw "r
 });
 
 t.test('switchyard serve: a second SIGTERM while draining does not cut in-flight requests (needs dist/)', async (t) => {
-  const bin = fileURLToPath(new URL('../bin/switchyard.js', import.meta.url));
   // the embedded fleet at real speed: 80 tokens at 10 ms, about a second
-  const child = spawn(process.execPath, [bin, 'serve', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  t.teardown(() => {
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-  });
-  let out = '';
-  let timer: NodeJS.Timeout | undefined;
-  const url = await new Promise<string>((resolve, reject) => {
-    child.stdout.on('data', (b: Buffer) => {
-      out += b.toString();
-      const m = /listening on (http:\/\/[0-9.:]+)/.exec(out);
-      if (m) resolve(m[1]);
-    });
-    child.once('exit', (code) => reject(new Error(`exited ${code}: ${out}`)));
-    timer = setTimeout(() => reject(new Error(`no listening line: ${out}`)), 15000);
-  }).finally(() => clearTimeout(timer));
-  const exited = new Promise<[number | null, string | null]>((r) => child.once('exit', (c, s) => r([c, s])));
+  const { child, url, out, exited } = await spawnServe(t, ['--port', '0']);
   const inflight = fetch(`${url}/v1/completions`, {
     method: 'POST',
     body: JSON.stringify({ model: 'open-model', prompt: 'hello', max_tokens: 80, stream: true }),
@@ -137,27 +119,11 @@ t.test('switchyard serve: a second SIGTERM while draining does not cut in-flight
   t.equal(status, 200, body.slice(0, 200));
   t.match(body, /data: \[DONE\]\s*$/, 'the stream ran to its end');
   t.same(await exited, [0, null], 'exit code 0 after the drain');
-  t.match(out, /already shutting down/);
+  t.match(out(), /already shutting down/);
 });
 
 t.test('switchyard serve: a second signal more than a second after the first stops at once (needs dist/)', async (t) => {
-  const bin = fileURLToPath(new URL('../bin/switchyard.js', import.meta.url));
-  const child = spawn(process.execPath, [bin, 'serve', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  t.teardown(() => {
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-  });
-  let out = '';
-  let timer: NodeJS.Timeout | undefined;
-  const url = await new Promise<string>((resolve, reject) => {
-    child.stdout.on('data', (b: Buffer) => {
-      out += b.toString();
-      const m = /listening on (http:\/\/[0-9.:]+)/.exec(out);
-      if (m) resolve(m[1]);
-    });
-    child.once('exit', (code) => reject(new Error(`exited ${code}: ${out}`)));
-    timer = setTimeout(() => reject(new Error(`no listening line: ${out}`)), 15000);
-  }).finally(() => clearTimeout(timer));
-  const exited = new Promise<[number | null, string | null]>((r) => child.once('exit', (c, s) => r([c, s])));
+  const { child, url, out, exited } = await spawnServe(t, ['--port', '0']);
   // about 8 s of tokens: longer than the test waits
   const inflight = fetch(`${url}/v1/completions`, {
     method: 'POST',
@@ -173,5 +139,5 @@ t.test('switchyard serve: a second signal more than a second after the first sto
   t.same(await exited, [130, null], 'exit 130: stopped by the second Ctrl-C');
   t.ok(Date.now() - t0 < 2000, `at once (${Date.now() - t0} ms), not after the drain`);
   t.notMatch(await inflight, /data: \[DONE\]\s*$/, 'the stream was cut');
-  t.match(out, /second signal: stopping now/);
+  t.match(out(), /second signal: stopping now/);
 });
