@@ -48,6 +48,11 @@ async function fakeEngine(t: Tap.Test, metrics: (res: ServerResponse) => void): 
   return eng;
 }
 
+/** A scheduler over one endpoint at `url` with the given data-layer settings. */
+function oneEngine(url: string, dataLayer: Record<string, number>) {
+  return createScheduler({ pools: [{ name: 'p', models: ['m'], endpoints: [{ name: 'e0', url }] }], dataLayer });
+}
+
 /** A /metrics answer that sends a comment line every 20 ms and never ends. */
 function trickle(eng: FakeEngine) {
   const timers = (eng as FakeEngine & { timers: Set<NodeJS.Timeout> }).timers;
@@ -75,10 +80,7 @@ async function until(cond: () => boolean, ms: number): Promise<boolean> {
 t.test('a /metrics that never ends: the first round finishes within healthTimeoutMs and health checks still run', async (t) => {
   const eng = await fakeEngine(t, () => {});
   eng.metrics = trickle(eng);
-  const s = createScheduler({
-    pools: [{ name: 'p', models: ['m'], endpoints: [{ name: 'e0', url: eng.url }] }],
-    dataLayer: { scrapeIntervalMs: 20, healthIntervalMs: 50, healthTimeoutMs: 300 },
-  });
+  const s = oneEngine(eng.url, { scrapeIntervalMs: 20, healthIntervalMs: 50, healthTimeoutMs: 300 });
   t.teardown(() => s.close());
   // startRouter awaits this before listening: it must not wait forever
   t.not(await within(s.ready, 3000), 'timeout', 'first round of checks and scrapes ended');
@@ -120,20 +122,14 @@ t.test('a huge /metrics is refused (bounded memory), a normal one is read', asyn
     res.on('close', () => (left = 0));
     more();
   });
-  const s = createScheduler({
-    pools: [{ name: 'p', models: ['m'], endpoints: [{ name: 'e0', url: eng.url }] }],
-    dataLayer: { scrapeIntervalMs: 60_000, healthIntervalMs: 0, healthTimeoutMs: 5000 },
-  });
+  const s = oneEngine(eng.url, { scrapeIntervalMs: 60_000, healthIntervalMs: 0, healthTimeoutMs: 5000 });
   t.teardown(() => s.close());
   await s.ready;
   const ep = s.endpoints.all[0];
   t.equal(ep.metricsAt, 0, 'a 40 MiB /metrics body is not read into memory');
   await s.close();
   huge = false;
-  const s2 = createScheduler({
-    pools: [{ name: 'p', models: ['m'], endpoints: [{ name: 'e0', url: eng.url }] }],
-    dataLayer: { scrapeIntervalMs: 60_000, healthIntervalMs: 0 },
-  });
+  const s2 = oneEngine(eng.url, { scrapeIntervalMs: 60_000, healthIntervalMs: 0 });
   t.teardown(() => s2.close());
   await s2.ready;
   t.ok(s2.endpoints.all[0].metricsAt > 0, 'a small body is read');
@@ -143,10 +139,7 @@ t.test('a huge /metrics is refused (bounded memory), a normal one is read', asyn
 t.test('a /metrics without load signals keeps the last values (which then go stale), not zeros that look fresh', async (t) => {
   let text = 'vllm:num_requests_waiting{model_name="m"} 9\nvllm:kv_cache_usage_perc{model_name="m"} 0.8\n';
   const eng = await fakeEngine(t, (res) => res.writeHead(200, { 'content-type': 'text/plain' }).end(text));
-  const s = createScheduler({
-    pools: [{ name: 'p', models: ['m'], endpoints: [{ name: 'e0', url: eng.url }] }],
-    dataLayer: { scrapeIntervalMs: 10, healthIntervalMs: 0, staleAfterMs: 60_000 },
-  });
+  const s = oneEngine(eng.url, { scrapeIntervalMs: 10, healthIntervalMs: 0, staleAfterMs: 60_000 });
   t.teardown(() => s.close());
   await s.ready;
   const ep = s.endpoints.all[0];
