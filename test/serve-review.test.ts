@@ -68,7 +68,7 @@ t.test('YAML aliases expanding past the limit are a config error, not a Referenc
   t.match(got[0], /^: YAML error: .*alias/i);
 });
 
-t.test('/readyz answers 503 once close() began (a keep-alive health check saw "ready" while draining)', async (t) => {
+t.test('once close() began, /readyz answers 503 (a keep-alive health check saw "ready" while draining) and every answer closes its connection', async (t) => {
   const fleet = await startFleet(1, { timeScale: 1, itlMs: 10 });
   t.teardown(() => fleet.close());
   const cfg = validateConfig(
@@ -89,6 +89,19 @@ t.test('/readyz answers 503 once close() began (a keep-alive health check saw "r
     return got;
   };
   t.match(await readyz(), /^HTTP\/1\.1 200 /, 'ready before close');
+  // a second kept-alive client connection, opened before the drain
+  const keep = connect(router.port, '127.0.0.1');
+  t.teardown(() => keep.destroy());
+  let keepGot = '';
+  keep.on('data', (b) => (keepGot += b.toString('latin1')));
+  const keepClosed = new Promise((r) => keep.once('close', r));
+  await new Promise((r) => keep.once('connect', r));
+  // and a third for a streamed answer
+  const keepS = connect(router.port, '127.0.0.1');
+  t.teardown(() => keepS.destroy());
+  let keepSGot = '';
+  keepS.on('data', (b) => (keepSGot += b.toString('latin1')));
+  await new Promise((r) => keepS.once('connect', r));
   // an in-flight request holds the drain open
   const inflight = fetch(`${router.url}/v1/completions`, { method: 'POST', body: '{"model":"open-model","prompt":"hi","max_tokens":60,"stream":true}' }).then((r) => r.text());
   const t0 = Date.now();
@@ -97,6 +110,21 @@ t.test('/readyz answers 503 once close() began (a keep-alive health check saw "r
   const during = await readyz();
   t.match(during, /^HTTP\/1\.1 503 /, 'not ready while draining');
   t.match(during, /shutting down/);
+  t.match(during, /\r\nconnection: close\r\n/i, 'and the answer closes its connection');
+  // a request on a kept-alive connection during the drain is served, and its connection closed after it
+  const body = '{"model":"open-model","prompt":"hi","max_tokens":2}';
+  keep.write(`POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n${body}`);
+  const sbody = '{"model":"open-model","prompt":"hi","max_tokens":2,"stream":true}';
+  keepS.write(`POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${sbody.length}\r\n\r\n${sbody}`);
+  await keepClosed;
+  t.match(keepGot, /^HTTP\/1\.1 200 /, 'served while draining');
+  t.equal(keepGot.match(/\r\nconnection: close\r\n/gi)?.length, 1, 'with one connection: close header');
+  const sEnd = Date.now() + 3000;
+  while (!keepSGot.includes('\r\n0\r\n\r\n') && Date.now() < sEnd) await new Promise((r) => setTimeout(r, 10));
+  t.match(keepSGot, /data: \[DONE\]/, 'a streamed answer while draining runs to its end');
+  t.equal(keepSGot.match(/\r\nconnection: close\r\n/gi)?.length, 1, 'and says connection: close once');
+  t.ok(keepSGot.includes('\r\n0\r\n\r\n'), 'with the last chunk');
+  t.match(keepGot, /"object":"text_completion"/);
   t.match(await inflight, /\[DONE\]/, 'the in-flight stream finished');
   await closed;
 });

@@ -26,7 +26,8 @@ With neither --config nor --upstream, the router starts 4 simulated engines
 in-process (model open-model) and routes to them; Ctrl-C stops everything.
 
 SIGINT or SIGTERM: stop accepting connections, /readyz answers 503, in-flight
-requests get up to 10 s to finish, then exit 0. A second signal within 1 s is
+requests get up to 10 s to finish (answers meanwhile close their connection),
+then exit 0. A second signal within 1 s is
 ignored (npm passes on a Ctrl-C the router already got); a later one stops at
 once, cutting in-flight requests (exit 130 for SIGINT, 143 for SIGTERM).
 

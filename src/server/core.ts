@@ -129,8 +129,11 @@ export class RouterCore {
   #sweepEvery: number;
   #modelsBody: string;
   #drainWaiters: (() => void)[] = [];
-  /** close() began: /readyz answers 503. */
-  #closing = false;
+  /**
+   * close() began: /readyz answers 503, and every answer closes its connection
+   * (clients reconnect elsewhere instead of sending more on a socket about to close).
+   */
+  draining = false;
   /** Per endpoint id: content type -> the response header block of headerBlock(). */
   readonly #headerBlocks: Map<string, Buffer>[] = [];
   port = 0;
@@ -206,7 +209,7 @@ export class RouterCore {
       const extra = this.gate.metricsLines?.();
       const body = extra && extra.length > 0 ? this.metrics.render() + extra.join('\n') + '\n' : this.metrics.render();
       res.cork(() => {
-        res.writeStatus('200 OK').writeHeader('content-type', 'text/plain; version=0.0.4; charset=utf-8').end(body);
+        res.writeStatus('200 OK').writeHeader('content-type', 'text/plain; version=0.0.4; charset=utf-8').end(body, this.draining);
       });
     });
     app.any('/*', (res, req) => {
@@ -235,7 +238,7 @@ export class RouterCore {
 
   #json(res: HttpResponse, status: number, body: string): void {
     res.cork(() => {
-      res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(body);
+      res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(body, this.draining);
     });
   }
 
@@ -244,13 +247,13 @@ export class RouterCore {
     res.cork(() => {
       res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json');
       if (allow) res.writeHeader('allow', allow);
-      res.end(errorBody(status, message), close);
+      res.end(errorBody(status, message), close || this.draining);
     });
   }
 
   #readyz(res: HttpResponse): void {
     // draining: a load balancer that checks over a kept-alive connection must take the router out
-    if (this.#closing) return this.#json(res, 503, '{"status":"shutting down"}');
+    if (this.draining) return this.#json(res, 503, '{"status":"shutting down"}');
     const set = this.scheduler.endpoints;
     const now = performance.now();
     const checks = set.dataLayer.healthIntervalMs > 0;
@@ -332,7 +335,7 @@ export class RouterCore {
 
   /** Stops accepting, waits up to `graceMs` for in-flight requests, then closes everything. */
   async close(graceMs = 10_000): Promise<void> {
-    this.#closing = true;
+    this.draining = true;
     if (this.#listenSocket) {
       uws.us_listen_socket_close(this.#listenSocket);
       this.#listenSocket = null;

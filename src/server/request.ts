@@ -464,13 +464,16 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
 
   // ---- client writes (called inside cork) -------------------------------------
 
-  #writeHead(): void {
+  /** `streamed`: the body follows in write() calls (chunked), not in the one end(). */
+  #writeHead(streamed: boolean): void {
     const res = this.res;
     if (this.#status !== 200) res.writeStatus(statusLine(this.#status)); // uWS writes 200 OK itself (one native call less)
     // content-type, x-switchyard-endpoint and x-request-id in one uWS call: the
     // first two lines and the third's name are one cached block (uWS writes a
     // header's name and value verbatim, so the bytes are those of three calls)
     res.writeHeader(this.core.headerBlock(this.endpoint, this.#contentType), this.requestIdHeader);
+    // draining: a stream says it closes its connection (a whole answer's end() does that itself)
+    if (streamed && this.core.draining) res.writeHeader('connection', 'close');
     this.#started = true;
   }
 
@@ -486,7 +489,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   }
 
   writeChunk(chunk: Buffer | string): void {
-    if (!this.#started) this.#writeHead();
+    if (!this.#started) this.#writeHead(true);
     if (!this.res.write(chunk) && !this.#paused) {
       // the client is slower than the engine: stop reading upstream until uWS drains
       this.#paused = true;
@@ -503,9 +506,13 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
   }
 
   endWith(chunk: Buffer | string): void {
-    if (!this.#started) this.#writeHead();
+    const whole = !this.#started; // the answer is this one end (with a content-length), not a chunked stream
+    if (whole) this.#writeHead(false);
     this.#clientEnded = true;
-    this.res.end(chunk);
+    // draining: the connection closes after the answer, so the client's next request goes
+    // to a router that is staying (a stream was told so by its connection: close header;
+    // uWS cuts a chunked stream's last chunk when asked to close with it)
+    this.res.end(chunk, whole && this.core.draining);
   }
 
   writeError(): void {
@@ -559,7 +566,7 @@ export class ProxyRequest implements Decision, UpstreamSink, RequestInfo, AbortL
       if (ep) res.writeHeader('x-switchyard-endpoint', ep.name);
       if (reason) res.writeHeader('x-switchyard-dropped-reason', reason);
       if (retryAfter > 0) res.writeHeader('retry-after', String(Math.ceil(retryAfter)));
-      res.end(errorBody(status, message, param), closeConnection);
+      res.end(errorBody(status, message, param), closeConnection || this.core.draining);
     });
     this.#finish(failed ? 'failed' : 'ok', status);
   }
