@@ -27,9 +27,9 @@ in-process (model open-model) and routes to them; Ctrl-C stops everything.
 
 SIGINT or SIGTERM: stop accepting connections, /readyz answers 503, in-flight
 requests get up to 10 s to finish (answers meanwhile close their connection),
-then exit 0. A second signal within 1 s is
-ignored (npm passes on a Ctrl-C the router already got); a later one stops at
-once, cutting in-flight requests (exit 130 for SIGINT, 143 for SIGTERM).
+then exit 0. A second signal within 1 s is ignored (npm passes on a Ctrl-C
+the router already got); a later one stops at once, cutting in-flight
+requests (exit 130 for SIGINT, 143 for SIGTERM).
 
 Exit codes: 0 after a clean shutdown, 1 on a runtime failure, 2 on bad
 options or an invalid config, 130/143 when a second signal cut the drain.`;
