@@ -67,6 +67,15 @@ t.test('role filter: an empty roles list is a config error, not a filter that ke
   );
 });
 
+t.test('two prefix-cache scorers are a config error (a decision carries one scorer\'s block counts)', async (t) => {
+  const pools = [{ name: 'p', models: ['m'], endpoints: [ep('e0', 10000)] }];
+  t.throws(
+    () => createScheduler({ pools, scheduling: { scorers: [{ type: 'prefix-cache', weight: 2 }, 'queue', { type: 'prefix-cache', weight: 1, params: { blockSize: 128 } }] } }, { watch: false }),
+    { name: 'ConfigError', message: /scheduling\.scorers\[2\]: at most one prefix-cache scorer/ },
+  );
+  t.doesNotThrow(() => createScheduler({ pools, scheduling: { scorers: [{ type: 'prefix-cache', weight: 3 }, 'queue'] } }, { watch: false }).close());
+});
+
 t.test('complete() called twice for one decision counts once', async (t) => {
   const s = createScheduler({ pools: [{ name: 'p', models: ['m'], endpoints: [ep('e0', 10000)] }], dataLayer: { breakerFailures: 2 } }, { watch: false });
   t.teardown(() => s.close());

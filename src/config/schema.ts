@@ -362,6 +362,10 @@ export function validateConfig(
   };
   const filters = specs('filters', DEFAULT_FILTERS).map(({ type, params }) => ({ type, params }));
   const scorers = specs('scorers', DEFAULT_SCORERS) as ScorerSpec[];
+  // a decision carries one prefix-cache scorer's block counts (the request path uses them to
+  // forget what a failed pick recorded): a second one would overwrite them
+  const prefixAt = scorers.map((s, i) => (s.type === 'prefix-cache' ? i : -1)).filter((i) => i >= 0);
+  if (prefixAt.length > 1) c.add(`scheduling.scorers[${prefixAt[1]}]`, 'at most one prefix-cache scorer (give it a larger weight instead)');
   let picker: PluginSpec = { type: DEFAULTS.scheduling.picker, params: {} };
   if (so.picker !== undefined) {
     const p = pluginSpec(c, so.picker, 'scheduling.picker', false);
