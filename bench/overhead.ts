@@ -24,6 +24,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { CLI, cpuSeconds, freePort, start, waitReady, runMain, option } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
+import { median } from './lib/stats.js';
 
 const argv = process.argv.slice(2);
 const arg = (name: string, def: string) => option(argv, name) ?? def;
@@ -64,7 +65,6 @@ async function maxThroughput(url: string, useWrk: boolean): Promise<Fig> {
 }
 
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 function canPin(): boolean {
   if (!argv.includes('--pin')) return false;

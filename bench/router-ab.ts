@@ -14,6 +14,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CLI, ROOT, cpuSeconds, freePort, start, waitReady, type Proc, runMain, option } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
+import { median } from './lib/stats.js';
 
 const argv = process.argv.slice(2);
 const arg = (name: string, def: string) => option(argv, name) ?? def;
@@ -25,7 +26,6 @@ const client = arg('--client', 'native');
 const extra = arg('--extra', '');
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 interface Run {
   rps: number;

@@ -23,6 +23,7 @@ import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { cpuSeconds } from './lib/proc.js';
+import { median } from './lib/stats.js';
 
 const SELF = fileURLToPath(import.meta.url);
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark, briefly.', max_tokens: 8 });
@@ -294,7 +295,6 @@ async function main(): Promise<void> {
       }
     }
   }
-  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
   const results: Record<string, number> = {};
   const cpuResults: Record<string, number> = {};
   for (const [name, xs] of Object.entries(all)) {

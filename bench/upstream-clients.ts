@@ -13,6 +13,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CLI, cpuSeconds, freePort, start, waitReady, type Proc, runMain, option } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
+import { median } from './lib/stats.js';
 
 const argv = process.argv.slice(2);
 const arg = (name: string, def: string) => option(argv, name) ?? def;
@@ -23,7 +24,6 @@ const clients = arg('--clients', 'h1,native').split(',');
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
 
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 interface Run {
   rps: number;

@@ -8,6 +8,11 @@ export function quantile(xs: ArrayLike<number>, q: number): number {
   return s[i]!;
 }
 
+/** The median of `xs` (for an even count, the upper of the two middle values); sorts a copy. */
+export function median(xs: readonly number[]): number {
+  return [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+}
+
 export function mean(xs: ArrayLike<number>): number {
   let t = 0;
   for (let i = 0; i < xs.length; i++) t += xs[i]!;

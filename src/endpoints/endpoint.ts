@@ -72,7 +72,7 @@ export class Endpoint {
   breakerOpen(now: number): boolean {
     if (this.breakerOpenUntil === 0) return false;
     if (now < this.breakerOpenUntil) return true;
-    return this.trialSeq !== 0; // half-open: one trial at a time
+    return this.trialInFlight; // half-open: one trial at a time
   }
 
   /** Can requests be sent here now? Unknown health counts as routable. */
