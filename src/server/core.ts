@@ -1,28 +1,31 @@
-// The router's HTTP server on uWebSockets.js: routes, body limits and
-// timeouts, the admission gate seam, the non-inference endpoints, and
-// graceful shutdown. Per-request work lives in request.ts.
+// The router's HTTP transport on uWebSockets.js: routes, body limits and
+// timeouts, the non-inference endpoints, and graceful shutdown. It owns the
+// router's parts (endpoints, data layer, scheduler, upstream client, gate,
+// director) and hands each inference request, once its body has arrived, to
+// the director (src/director/), which knows nothing of uWS. The per-request
+// transport object is HttpExchange (http-exchange.ts).
 import { performance } from 'node:perf_hooks';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { hostIsIp, type LimitsConfig, type ProxyConfig, type RouterConfig } from '../config/schema.js';
+import { PassThroughGate, type AdmissionGate } from '../admission.js';
+import { Director, KIND_CHAT, KIND_COMPLETION } from '../director/director.js';
+import { DataLayer } from '../endpoints/data-layer.js';
 import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
 import { UndiciUpstreamClient } from '../proxy/undici-client.js';
 import { H1UpstreamClient } from '../proxy/h1-client.js';
 import { NativeUpstreamClient } from '../proxy/native-client.js';
 import type { UpstreamClient } from '../proxy/upstream.js';
 import { Scheduler } from '../scheduler/scheduler.js';
-import type { SchedRequest } from '../scheduler/types.js';
-import { PassThroughGate, type AdmissionGate } from './gate.js';
 import { errorBody, statusLine } from './http-errors.js';
+import { headerBytes, HttpExchange } from './http-exchange.js';
 import { RouterMetrics } from './metrics.js';
-import { PromptWriter } from './prompt.js';
-import { headerBytes, KIND_CHAT, KIND_COMPLETION, ProxyRequest } from './request.js';
-import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from './uws.js';
+import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
 export interface RouterOptions {
   config: RouterConfig;
   logger: Logger;
-  /** Admission gate (flow control), or a factory given the endpoints. Default: admit everything. */
+  /** Admission gate, or a factory given the endpoints. Default: flow control when config.flowControl is set (startRouter builds it), else admit everything. */
   gate?: AdmissionGate | ((endpoints: EndpointSet) => AdmissionGate);
   /** Upstream client. Default: undici pools. */
   upstream?: UpstreamClient;
@@ -55,19 +58,19 @@ const KNOWN_PATHS: Record<string, string> = {
  * every request; this allocates nothing per request.
  */
 export class ReadingList {
-  readonly #items: ProxyRequest[] = [];
+  readonly #items: HttpExchange[] = [];
 
   get size(): number {
     return this.#items.length;
   }
 
-  add(r: ProxyRequest): void {
+  add(r: HttpExchange): void {
     if (r.readSlot >= 0) return;
     r.readSlot = this.#items.length;
     this.#items.push(r);
   }
 
-  delete(r: ProxyRequest): void {
+  delete(r: HttpExchange): void {
     const i = r.readSlot;
     if (i < 0) return;
     r.readSlot = -1;
@@ -78,12 +81,12 @@ export class ReadingList {
     }
   }
 
-  has(r: ProxyRequest): boolean {
+  has(r: HttpExchange): boolean {
     return r.readSlot >= 0 && this.#items[r.readSlot] === r;
   }
 
   /** Those whose body reading began before `deadline` (a new array: the sweep is not on the request path). */
-  startedBefore(deadline: number): ProxyRequest[] {
+  startedBefore(deadline: number): HttpExchange[] {
     return this.#items.filter((r) => r.readStart < deadline);
   }
 }
@@ -104,19 +107,17 @@ export function newUpstreamClient(cfg: ProxyConfig, set: EndpointSet): UpstreamC
 export class RouterCore {
   readonly config: RouterConfig;
   readonly log: Logger;
+  readonly endpoints: EndpointSet;
+  /** Metrics scraping and health checks of every endpoint (started by startRouter). */
+  readonly dataLayer: DataLayer;
   readonly scheduler: Scheduler;
   readonly upstream: UpstreamClient;
   readonly gate: AdmissionGate;
+  readonly director: Director;
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
-  readonly maxRetries: number;
-  readonly prompt = new PromptWriter();
-  readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
   /** Requests still reading their body (for the 408 sweep). */
   readonly reading = new ReadingList();
-  /** Set just before a gate rejection reply; read by reply(). */
-  rejectReason = '';
-  retryAfter = 0;
   /** performance.now() at the last body-timeout sweep: requests stamp their start with it (no clock read per request). */
   clock = performance.now();
   #active = 0;
@@ -142,20 +143,28 @@ export class RouterCore {
     const cfg = (this.config = opts.config);
     this.log = opts.logger;
     this.#debug = this.log.isLevelEnabled('debug');
-    const set = new EndpointSet(cfg.pools, cfg.dataLayer);
+    const set = (this.endpoints = new EndpointSet(cfg.pools, cfg.dataLayer));
     this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random });
     this.upstream = opts.upstream ?? newUpstreamClient(cfg.proxy, set);
     const g = opts.gate;
-    this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g;
-    const gate = this.gate;
+    const gate: AdmissionGate = (this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g);
+    const dl = (this.dataLayer = new DataLayer(set));
+    dl.onCapacity((ep) => this.scheduler.onCapacity(ep));
     if (gate.onCapacity) {
-      this.scheduler.onScrape((ep) => {
+      dl.onScrape((ep) => {
         for (const m of ep.models) gate.onCapacity!(m);
       });
     }
     this.metrics = new RouterMetrics(set);
     this.limits = cfg.limits;
-    this.maxRetries = cfg.proxy.maxRetries;
+    this.director = new Director({
+      scheduler: this.scheduler,
+      upstream: this.upstream,
+      gate,
+      metrics: this.metrics,
+      log: this.log,
+      maxRetries: cfg.proxy.maxRetries,
+    });
     const created = Math.floor(Date.now() / 1000);
     this.#modelsBody = JSON.stringify({
       object: 'list',
@@ -254,7 +263,7 @@ export class RouterCore {
   #readyz(res: HttpResponse): void {
     // draining: a load balancer that checks over a kept-alive connection must take the router out
     if (this.draining) return this.#json(res, 503, '{"status":"shutting down"}');
-    const set = this.scheduler.endpoints;
+    const set = this.endpoints;
     const now = performance.now();
     const checks = set.dataLayer.healthIntervalMs > 0;
     const notReady: string[] = [];
@@ -272,7 +281,7 @@ export class RouterCore {
     let idHeader: string | Buffer;
     if (id === '' || id.length > 256) idHeader = id = this.newRequestId();
     else idHeader = headerBytes(id);
-    const ctx = new ProxyRequest(this, res, kind, id, idHeader, req.getHeader(H_AUTHORIZATION), contentLength);
+    const ctx = new HttpExchange(this, res, kind, id, idHeader, req.getHeader(H_AUTHORIZATION), contentLength);
     const names = this.gate.headerNames;
     if (names.length > 0) {
       const h: Record<string, string> = {};
@@ -284,7 +293,7 @@ export class RouterCore {
     // fresh closure pays V8's lazy-code install on its first call
     res.onAborted(ctx.onClientAbort.bind(ctx));
     if (contentLength > this.limits.maxBodyBytes) {
-      ctx.reply(413, `request body of ${contentLength} bytes exceeds the limit of ${this.limits.maxBodyBytes} bytes`, null, true);
+      ctx.reject(413, `request body of ${contentLength} bytes exceeds the limit of ${this.limits.maxBodyBytes} bytes`);
       return;
     }
     ctx.readStart = this.clock;
@@ -300,15 +309,16 @@ export class RouterCore {
     const late = this.reading.startedBefore(deadline);
     for (const ctx of late) {
       this.reading.delete(ctx);
-      ctx.reply(408, `the request body did not arrive within ${this.limits.requestBodyTimeoutMs} ms`, null, true);
+      ctx.reject(408, `the request body did not arrive within ${this.limits.requestBodyTimeoutMs} ms`);
     }
   }
 
   /** Called once per inference request when it ends (any way). */
-  requestEnded(ctx: ProxyRequest, status: number): void {
+  requestEnded(ctx: HttpExchange, status: number): void {
     this.#active--;
     if (this.#debug) {
-      this.log.debug({ id: ctx.requestId, model: ctx.model, endpoint: ctx.endpoint?.name, status, path: ctx.path }, 'request');
+      const f = ctx.flight;
+      this.log.debug({ id: ctx.requestId, model: f?.model, endpoint: f?.endpoint?.name, status, path: f?.path }, 'request');
     }
     if (this.#active === 0 && this.#drainWaiters.length > 0) {
       for (const w of this.#drainWaiters.splice(0)) w();
@@ -353,6 +363,7 @@ export class RouterCore {
     (this.#app as unknown as { close(): void }).close();
     await this.gate.close?.();
     await this.scheduler.close();
+    await this.dataLayer.close();
     await this.upstream.close();
   }
 }
