@@ -16,11 +16,13 @@ import { SseErrorRewriter } from '../proxy/sse-errors.js';
 import type { UpstreamCall, UpstreamClient, UpstreamSink } from '../proxy/upstream.js';
 import type { Decision, Outcome, Scheduler } from '../scheduler/scheduler.js';
 import type { SchedRequest } from '../scheduler/types.js';
+import { Piscina } from 'piscina';
+import { parseRequestBody, renderPrompt } from './body.js';
+import { KIND_PATHS } from './kinds.js';
+import type { ParseReply, ParseTask } from './parse-worker.js';
 import { PromptWriter } from './prompt.js';
 
-export const KIND_CHAT = 0;
-export const KIND_COMPLETION = 1;
-export const KIND_PATHS = ['/v1/chat/completions', '/v1/completions'];
+export { KIND_CHAT, KIND_COMPLETION, KIND_PATHS } from './kinds.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
 const SSE_DATA = 'data: ';
@@ -68,7 +70,14 @@ export interface DirectorOptions {
   log: Logger;
   /** Attempts after the first one, on another endpoint, before the first byte reaches the client. */
   maxRetries: number;
+  /** Bodies larger than this are parsed in a worker thread, off the event loop (default 256 KiB). */
+  parseOffloadBytes?: number;
+  /** Worker threads for that (default 2). */
+  parseWorkers?: number;
 }
+
+/** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
+const PARSE_WORKER_HEAP_MB = 512;
 
 export class Director {
   readonly scheduler: Scheduler;
@@ -80,6 +89,11 @@ export class Director {
   /** The prompt bytes of the request being scheduled: one buffer reused by every request (a pick is synchronous). */
   readonly prompt = new PromptWriter();
   readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
+  readonly parseOffloadBytes: number;
+  readonly #parseWorkers: number;
+  #pool: Piscina<ParseTask, ParseReply> | null = null;
+  /** Bodies parsed in a worker since start. */
+  offloadedParses = 0;
 
   constructor(o: DirectorOptions) {
     this.scheduler = o.scheduler;
@@ -88,6 +102,38 @@ export class Director {
     this.metrics = o.metrics;
     this.log = o.log;
     this.maxRetries = o.maxRetries;
+    this.parseOffloadBytes = o.parseOffloadBytes ?? 256 * 1024;
+    this.#parseWorkers = Math.max(1, o.parseWorkers ?? 2);
+  }
+
+  /** Parses a large body in the worker pool (created on first use); the answer goes to flight.parsed(). */
+  parseOffLoop(f: Flight, raw: Buffer): void {
+    this.#pool ??= new Piscina<ParseTask, ParseReply>({
+      filename: new URL('./parse-worker.js', import.meta.url).href,
+      minThreads: 0,
+      maxThreads: this.#parseWorkers,
+      idleTimeout: 30_000,
+      resourceLimits: { maxOldGenerationSizeMb: PARSE_WORKER_HEAP_MB },
+    });
+    this.offloadedParses++;
+    // the worker gets a copy: the flight keeps the client's bytes to send upstream
+    this.#pool.run({ raw, kind: f.kind }).then(
+      (r) => f.parsed(r),
+      (err: Error) =>
+        f.parsed({
+          ok: false,
+          status: 413,
+          message: `the request body could not be parsed within the router's limits (${err.message})`,
+          param: null,
+        }),
+    );
+  }
+
+  /** Stops the parse workers (in-flight parses fail). */
+  async close(): Promise<void> {
+    const p = this.#pool;
+    this.#pool = null;
+    await p?.destroy();
   }
 
   /**
@@ -174,39 +220,54 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   start(raw: Buffer): void {
     this.#raw = raw;
     this.bodyBytes = raw.length;
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(raw.toString('utf8'));
-    } catch (err) {
-      this.#reply(400, `invalid JSON in request body: ${(err as Error).message}`, null, null);
-      return;
-    }
-    if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
-      this.#reply(400, 'the request body must be a JSON object', null, null);
-      return;
-    }
-    const body = parsed as Record<string, unknown>;
-    this.body = body;
-    const model = body.model;
-    if (typeof model !== 'string' || model.length === 0) {
-      this.#reply(400, "missing required field 'model' (a non-empty string)", 'model', null);
-      return;
-    }
-    this.model = model;
-    if (!this.#renderPrompt()) {
-      const field = this.kind === KIND_CHAT ? 'messages' : 'prompt';
-      const what = this.kind === KIND_CHAT ? 'a non-empty list of {role, content} objects' : 'a string, a list of strings or a list of token ids';
-      this.#reply(400, `missing or invalid field '${field}' (${what})`, field, null);
-      return;
-    }
     const d = this.director;
+    if (raw.length > d.parseOffloadBytes) {
+      d.parseOffLoop(this, raw);
+      return;
+    }
+    const r = parseRequestBody(raw, this.kind, d.prompt);
+    if (!r.ok) {
+      this.#reply(r.status, r.message, r.param, null);
+      return;
+    }
+    this.body = r.body;
+    this.model = r.model;
+    this.promptBytes = d.prompt.length;
+    this.#admit();
+  }
+
+  /** The worker's answer for a body parsed off the event loop. */
+  parsed(r: ParseReply): void {
+    if (this.aborted || this.#done) return;
+    try {
+      if (!r.ok) {
+        this.#reply(r.status, r.message, r.param, null);
+        return;
+      }
+      this.body = r.fields;
+      this.model = r.model;
+      this.#promptCopy = r.prompt; // the body's other fields stay in the worker: never rendered again here
+      this.promptBytes = r.prompt.length;
+      this.#admit();
+    } catch (err) {
+      this.internalError(err);
+    }
+  }
+
+  #renderPrompt(): void {
+    renderPrompt(this.director.prompt, this.kind, this.body);
+  }
+
+  #admit(): void {
+    const d = this.director;
+    const model = this.model;
     if (!d.scheduler.hasModel(model)) {
       this.#reply(404, `The model \`${model}\` does not exist.`, 'model', null);
       return;
     }
     const a = d.gate.admit(this, this);
     if (typeof (a as Promise<Admission>).then === 'function') {
-      this.#promptCopy = Uint8Array.prototype.slice.call(d.prompt.view());
+      this.#promptCopy ??= Uint8Array.prototype.slice.call(d.prompt.view());
       (a as Promise<Admission>).then(
         (r) => {
           try {
@@ -224,14 +285,6 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
         },
       );
     } else this.#onAdmission(a as Admission);
-  }
-
-  #renderPrompt(): boolean {
-    const pw = this.director.prompt;
-    pw.reset();
-    const ok = this.kind === KIND_CHAT ? pw.chat(this.body.messages) : pw.completion(this.body.prompt);
-    this.promptBytes = pw.length;
-    return ok;
   }
 
   #onAdmission(a: Admission): void {

@@ -362,6 +362,7 @@ export class RouterCore {
     clearInterval(this.#sweep);
     (this.#app as unknown as { close(): void }).close();
     await this.gate.close?.();
+    await this.director.close();
     await this.scheduler.close();
     await this.dataLayer.close();
     await this.upstream.close();
