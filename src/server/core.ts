@@ -43,6 +43,45 @@ const FIELD_CTL = /[\0-\x08\n-\x1f\x7f]/;
 const FIELD_CTLS = /[\0-\x08\n-\x1f\x7f]/g;
 const CONTENT_TYPE_PREFIX = Buffer.from('content-type: ');
 
+const H_TRANSFER_ENCODING = Buffer.from('transfer-encoding');
+
+// ---- request framing (RFC 9112 6.1, 6.3) ----------------------------------------------------
+// uWS 20.30 frames a body by the FIRST Content-Length line and decodes any
+// Transfer-Encoding value as chunked; a proxy in front of the router may pick
+// another line or refuse the coding, and the two then disagree where the next
+// request starts (request smuggling). req.forEach walks every header line uWS
+// parsed, duplicates included (req.getHeader returns the first one only).
+// Module-level state and callback: no closure per request.
+let scanLength: string | null = null;
+let scanCodings = 0;
+let scanProblem = '';
+function scanFramingHeader(key: string, value: string): void {
+  if (key.length === 14 && key === 'content-length') {
+    if (scanLength === null) scanLength = value;
+    else if (value !== scanLength && scanProblem === '') scanProblem = `conflicting Content-Length headers (${JSON.stringify(scanLength)} and ${JSON.stringify(value)})`;
+  } else if (key.length === 17 && key === 'transfer-encoding') {
+    if (++scanCodings > 1) {
+      if (scanProblem === '') scanProblem = 'more than one Transfer-Encoding header';
+    } else if (value.length !== 7 || value.toLowerCase() !== 'chunked') {
+      if (scanProblem === '') scanProblem = `Transfer-Encoding ${JSON.stringify(value)} is not supported (only "chunked")`;
+    }
+  }
+}
+
+/**
+ * Why the request's body framing is ambiguous ('' if it is not): Content-Length
+ * lines that differ, more than one Transfer-Encoding line, or a coding other
+ * than exactly `chunked`. (Content-Length together with Transfer-Encoding, and
+ * a Content-Length that is not a number, uWS rejects itself by closing.)
+ */
+export function framingProblem(req: HttpRequest): string {
+  scanLength = null;
+  scanCodings = 0;
+  scanProblem = '';
+  req.forEach(scanFramingHeader);
+  return scanProblem;
+}
+
 const KNOWN_PATHS: Record<string, string> = {
   '/v1/chat/completions': 'POST',
   '/v1/completions': 'POST',
@@ -211,10 +250,17 @@ export class RouterCore {
   #routes(app: TemplatedApp): TemplatedApp {
     app.post('/v1/chat/completions', (res, req) => this.#inference(res, req, KIND_CHAT));
     app.post('/v1/completions', (res, req) => this.#inference(res, req, KIND_COMPLETION));
-    app.get('/v1/models', (res) => this.#json(res, 200, this.#modelsBody));
-    app.get('/healthz', (res) => this.#json(res, 200, '{"status":"ok"}'));
-    app.get('/readyz', (res) => this.#readyz(res));
-    app.get('/metrics', (res) => {
+    app.get('/v1/models', (res, req) => {
+      if (!this.#badlyFramed(res, req)) this.#json(res, 200, this.#modelsBody);
+    });
+    app.get('/healthz', (res, req) => {
+      if (!this.#badlyFramed(res, req)) this.#json(res, 200, '{"status":"ok"}');
+    });
+    app.get('/readyz', (res, req) => {
+      if (!this.#badlyFramed(res, req)) this.#readyz(res);
+    });
+    app.get('/metrics', (res, req) => {
+      if (this.#badlyFramed(res, req)) return;
       const extra = this.gate.metricsLines?.();
       const body = extra && extra.length > 0 ? this.metrics.render() + extra.join('\n') + '\n' : this.metrics.render();
       res.cork(() => {
@@ -222,6 +268,7 @@ export class RouterCore {
       });
     });
     app.any('/*', (res, req) => {
+      if (this.#badlyFramed(res, req)) return;
       const url = req.getUrl();
       const method = req.getMethod().toUpperCase();
       const allowed = KNOWN_PATHS[url];
@@ -235,14 +282,57 @@ export class RouterCore {
         });
         return;
       }
-      const hasBody = method !== 'GET';
-      if (allowed !== undefined) {
-        this.#error(res, 405, `method ${method} is not allowed on ${url} (use ${allowed})`, hasBody, allowed);
-      } else {
-        this.#error(res, 404, `no route for ${method} ${url}`, hasBody);
-      }
+      // uWS reads and drops the body of a request it has no onData for (by its
+      // Content-Length or chunks), so the connection stays in step and can stay
+      // open. Only a declared body over the limit closes it (not worth reading);
+      // that answer is deferred, as a "Connection: close" written inside the
+      // handler does not stop uWS from serving a request pipelined behind it.
+      const cl = req.getHeader(H_CONTENT_LENGTH);
+      const close = cl !== '' && Number(cl) > this.limits.maxBodyBytes;
+      const [status, message] =
+        allowed !== undefined ? [405, `method ${method} is not allowed on ${url} (use ${allowed})`] : [404, `no route for ${method} ${url}`];
+      if (close) this.#deferredError(res, status, message, allowed);
+      else this.#error(res, status, message, false, allowed);
     });
     return app;
+  }
+
+  /**
+   * Rejects ambiguous body framing (framingProblem) with 400 and a closed
+   * connection; true if it did. GET routes check only when a Content-Length
+   * or Transfer-Encoding is present (two header lookups, no header walk).
+   */
+  #badlyFramed(res: HttpResponse, req: HttpRequest, always = false): boolean {
+    if (!always && req.getHeader(H_CONTENT_LENGTH) === '' && req.getHeader(H_TRANSFER_ENCODING) === '') return false;
+    const problem = framingProblem(req);
+    if (problem === '') return false;
+    this.#deferredError(res, 400, `bad request framing: ${problem}`);
+    return true;
+  }
+
+  /**
+   * Answers `status` and closes the connection, after uWS has finished with
+   * the bytes of this read. An answer written inside the handler is lost when
+   * uWS then closes the socket itself (a body it cannot parse: the write is
+   * still in its cork buffer), and uWS clears the close flag when the next
+   * pipelined request of the same read starts, so it would serve that one.
+   * Deferred, the request is still pending when uWS meets a pipelined one:
+   * uWS closes the connection (no answer rather than a served hidden request).
+   */
+  #deferredError(res: HttpResponse, status: number, message: string, allow?: string): void {
+    this.metrics.countRequest('', -1, status);
+    let gone = false;
+    res.onAborted(() => {
+      gone = true;
+    });
+    setImmediate(() => {
+      if (gone) return;
+      res.cork(() => {
+        res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json');
+        if (allow) res.writeHeader('allow', allow);
+        res.end(errorBody(status, message), true);
+      });
+    });
   }
 
   #json(res: HttpResponse, status: number, body: string): void {
@@ -275,6 +365,7 @@ export class RouterCore {
   }
 
   #inference(res: HttpResponse, req: HttpRequest, kind: number): void {
+    if (this.#badlyFramed(res, req, true)) return;
     const clText = req.getHeader(H_CONTENT_LENGTH);
     const contentLength = clText === '' ? -1 : Number(clText);
     let id = req.getHeader(H_REQUEST_ID);
