@@ -11,44 +11,12 @@
 //   thread (parse-worker.ts), which hands back the few fields the router
 //   reads and the rendered prompt; the bytes relayed to the engine are the
 //   client's own.
+import { jsonNestsDeeper } from '../json-depth.js';
 import { KIND_CHAT } from './kinds.js';
 import type { PromptWriter } from './prompt.js';
 
 /** Deepest nesting of arrays and objects a request body may have (tools' JSON schemas stay well under it). */
 export const MAX_JSON_DEPTH = 128;
-
-const QUOTE = 34;
-const BACKSLASH = 92;
-
-/** True when `b` (JSON text) nests arrays/objects deeper than `limit`; strings are skipped. */
-export function jsonNestsDeeper(b: Uint8Array, limit: number): boolean {
-  // fast gate: nesting needs an opening bracket per level
-  const buf = b as Buffer;
-  let n = 0;
-  for (let i = buf.indexOf(91); i >= 0 && n <= limit; i = buf.indexOf(91, i + 1)) n++;
-  for (let i = buf.indexOf(123); i >= 0 && n <= limit; i = buf.indexOf(123, i + 1)) n++;
-  if (n <= limit) return false;
-  let d = 0;
-  const len = buf.length;
-  let i = 0;
-  while (i < len) {
-    const c = buf[i++];
-    if (c === QUOTE) {
-      // to the closing quote: one not preceded by an odd run of backslashes
-      for (;;) {
-        const q = buf.indexOf(QUOTE, i);
-        if (q < 0) return false; // unterminated: JSON.parse will say so
-        let bs = 0;
-        for (let j = q - 1; j >= i && buf[j] === BACKSLASH; j--) bs++;
-        i = q + 1;
-        if ((bs & 1) === 0) break;
-      }
-    } else if (c === 91 || c === 123) {
-      if (++d > limit) return true;
-    } else if (c === 93 || c === 125) d--;
-  }
-  return false;
-}
 
 export interface BodyError {
   readonly ok: false;
