@@ -11,7 +11,7 @@
 // cache_config_info (see engine-metrics.ts for the token → byte conversion).
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { indexBlocksFor } from '../../endpoints/engine-metrics.js';
-import { knownParams, numParam, type PluginFactory } from '../registry.js';
+import { intParam, numberParam, pluginParams, type PluginFactory } from '../registry.js';
 import { NativePrefixStore, type PrefixStore } from '../prefix-store.js';
 import type { CycleContext, PickBlocks, PluginEnv, SchedRequest, Scorer } from '../types.js';
 import { ensure } from './score-util.js';
@@ -127,13 +127,10 @@ export class PrefixCacheScorer implements Scorer {
 export const prefixCacheScorer: PluginFactory<'scorer'> = {
   kind: 'scorer',
   type: 'prefix-cache',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, ['blockSize', 'saturatedQueue'], out);
-    numParam(p, 'blockSize', 1, 1 << 20, out, true);
-    numParam(p, 'saturatedQueue', 0, 1e9, out);
-    return out;
-  },
+  params: pluginParams({
+    blockSize: intParam(1, 1 << 20).optional().describe('bytes per index block; default scheduling.prefixBlockSize'),
+    saturatedQueue: numberParam(0, 1e9).optional().describe('queue length over the shortest candidate at which an endpoint scores 0 (default 16; 0 = off)'),
+  }),
   create: (p, env: PluginEnv) => {
     const blockSize = (p.blockSize as number | undefined) ?? env.prefixBlockSize;
     const max = env.endpoints.all.length;
