@@ -69,6 +69,18 @@ export class Endpoint {
     return this.metricsAt > 0 && now - this.metricsAt <= staleAfterMs;
   }
 
+  /** Metrics older than this are stale (the set's dataLayer.staleAfterMs). */
+  staleAfterMs = DEFAULTS.dataLayer.staleAfterMs;
+
+  /**
+   * Requests queued at the engine as the router sees it: the engine's waiting
+   * count plus what this router sent since the last scrape (which the figures
+   * cannot show yet); the router's own in-flight count when metrics are stale.
+   */
+  queueEstimate(now: number): number {
+    return this.fresh(now, this.staleAfterMs) ? this.metrics.waiting + Math.min(this.sinceScrape, this.inFlight) : this.inFlight;
+  }
+
   breakerOpen(now: number): boolean {
     if (this.breakerOpenUntil === 0) return false;
     if (now < this.breakerOpenUntil) return true;
@@ -144,6 +156,7 @@ export class EndpointSet {
     for (const pool of pools) {
       for (const ec of pool.endpoints) {
         const ep = new Endpoint(this.all.length, pool, ec);
+        ep.staleAfterMs = dataLayer.staleAfterMs;
         this.all.push(ep);
         this.#byName.set(ep.name, ep);
         for (const m of pool.models) {

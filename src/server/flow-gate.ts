@@ -4,7 +4,7 @@
 import type { RouterConfig } from '../config/schema.js';
 import type { EndpointSet } from '../endpoints/endpoint.js';
 import { ConfigError } from '../errors.js';
-import type { AdmissionGate } from './gate.js';
+import type { AdmissionGate } from '../admission.js';
 
 /** Returns a gate factory for startRouter, or undefined when flow control is not configured. Throws ConfigError. */
 export async function flowGateFactory(config: RouterConfig): Promise<((set: EndpointSet) => AdmissionGate) | undefined> {

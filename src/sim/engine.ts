@@ -1,7 +1,7 @@
 // One simulated engine: an OpenAI-compatible HTTP server on uWebSockets.js in
 // front of a Scheduler. Several engines can share one process and event loop.
 
-import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../server/uws.js';
+import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
 import { renderMetrics } from './metrics.js';
 import { resolveSimOptions, type FailureKind, type ResolvedSimOptions, type SimOptions, SimOptionError } from './options.js';
