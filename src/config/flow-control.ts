@@ -2,7 +2,7 @@
 // schema. It lives in config/ so the router config validates it with the rest
 // (config/ imports nothing of ours); src/flow/config.ts re-exports it for the
 // flow-control layer. docs/flow-control.md documents each field.
-import { ALWAYS, isMapping, rawSegment, removedField, strict, toConfigIssues, z } from './schema-kit.js';
+import { ALWAYS, isMapping, rawSegment, removedField, toConfigIssues, z } from './schema-kit.js';
 
 export const DEFAULT_BANDS = ['premium', 'standard', 'best-effort', 'batch'] as const;
 

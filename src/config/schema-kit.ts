@@ -90,24 +90,19 @@ function collect(issues: readonly Issue[], prefix: string, base: readonly Proper
 
 /** A strict mapping: unknown keys are errors naming the expected ones. */
 export function strict<S extends z.core.$ZodLooseShape>(shape: S, notMapping: string, unknownLabel = 'unknown field'): z.ZodObject<S, z.core.$strict> {
-  const keys = Object.keys(shape).filter((k) => !isRemovedField(shape[k]));
+  const keys = Object.keys(shape);
   return z.strictObject(shape, {
     error: (iss) =>
       iss.code === 'unrecognized_keys' ? `${unknownLabel} (expected one of: ${keys.join(', ')})` : iss.code === 'invalid_type' ? (iss.input === undefined ? 'is required' : notMapping) : undefined,
   });
 }
 
-const REMOVED = Symbol('removed field');
-
-/** A field that no longer exists: absent is fine, present is an error saying what to use instead. */
+/**
+ * A field that no longer exists: absent is fine, present is an error saying
+ * what to use instead (in the JSON Schema: `not: {}`, deprecated).
+ */
 export function removedField(message: string) {
-  const s = z.never({ error: message }).optional().meta({ description: message, deprecated: true });
-  (s as unknown as Record<symbol, boolean>)[REMOVED] = true;
-  return s;
-}
-
-function isRemovedField(s: unknown): boolean {
-  return typeof s === 'object' && s !== null && (s as Record<symbol, unknown>)[REMOVED] === true;
+  return z.never({ error: message }).optional().meta({ description: message, deprecated: true });
 }
 
 /** True for a plain mapping (not null, not a list). */
