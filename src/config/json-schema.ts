@@ -5,8 +5,6 @@
 import { routerConfigSchema } from './schema.js';
 import { z } from './schema-kit.js';
 
-export const SCHEMA_ID = 'https://switchyard.dev/schema/switchyard-v1.schema.json';
-
 /** What the generator needs to know about a plugin: its kind, type name and params schema. */
 export interface PluginDescription {
   kind: 'filter' | 'scorer' | 'picker';
@@ -25,7 +23,6 @@ export function configJsonSchema(plugins: readonly PluginDescription[] = []): Js
   const schema = z.toJSONSchema(routerConfigSchema, { io: 'input', target: 'draft-2020-12' }) as Json;
   const out: Json = {
     $schema: schema.$schema,
-    $id: SCHEMA_ID,
     title: 'Switchyard router config (apiVersion switchyard/v1, kind Router)',
     description: 'See docs/config.md and docs/flow-control.md. Generated from src/config/schema.ts by `npm run schema`; do not edit.',
     ...Object.fromEntries(Object.entries(schema).filter(([k]) => k !== '$schema')),
