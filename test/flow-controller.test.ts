@@ -336,7 +336,7 @@ t.test('enabled: false is first come, first served with no queueing', (t) => {
 });
 
 t.test('saturation detector: max of the three ratios; stale metrics fall back to the in-flight cap', (t) => {
-  const d = new SaturationDetector({ queueDepthThreshold: 4, kvThreshold: 0.8, maxConcurrency: 10, staleAfterMs: 100 });
+  const d = new SaturationDetector({ queueDepthThreshold: 4, kvThreshold: 0.8, maxConcurrency: 10 }, 100);
   const ep = (inFlight: number, waiting: number, kvUsage: number, at: number) => ({
     inFlight,
     metrics: { waiting, kvUsage },

@@ -16,16 +16,19 @@ export interface EndpointLoad {
 
 export class SaturationDetector {
   readonly #cfg: SaturationConfig;
+  readonly #staleAfterMs: number;
 
-  constructor(cfg: SaturationConfig) {
+  /** `staleAfterMs`: the router's one staleness setting, dataLayer.staleAfterMs (default 2000). */
+  constructor(cfg: SaturationConfig, staleAfterMs = 2_000) {
     this.#cfg = cfg;
+    this.#staleAfterMs = staleAfterMs;
   }
 
   /** Load of one endpoint; >= 1 means saturated. */
   load(ep: EndpointLoad, now: number): number {
     const c = this.#cfg;
     let u = ep.inFlight / c.maxConcurrency;
-    if (ep.fresh(now, c.staleAfterMs)) {
+    if (ep.fresh(now, this.#staleAfterMs)) {
       const w = ep.metrics.waiting / c.queueDepthThreshold;
       if (w > u) u = w;
       const kv = ep.metrics.kvUsage;

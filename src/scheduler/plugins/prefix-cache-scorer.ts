@@ -7,7 +7,7 @@
 // scores 0 so a hot prefix spills over to replicas with room instead of
 // piling up.
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { knownParams, numParam, type PluginFactory } from '../registry.js';
+import { intParam, numberParam, pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Scorer } from '../types.js';
 import { ensure } from './score-util.js';
 
@@ -57,12 +57,9 @@ export class PrefixCacheScorer implements Scorer {
 export const prefixCacheScorer: PluginFactory<'scorer'> = {
   kind: 'scorer',
   type: 'prefix-cache',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, ['blockSize', 'saturatedQueue'], out);
-    numParam(p, 'blockSize', 1, 1 << 20, out, true);
-    numParam(p, 'saturatedQueue', 0, 1e9, out);
-    return out;
-  },
+  params: pluginParams({
+    blockSize: intParam(1, 1 << 20).optional().describe('bytes per index block; default scheduling.prefixBlockSize'),
+    saturatedQueue: numberParam(0, 1e9).optional().describe('queue length over the shortest candidate at which an endpoint scores 0 (default 16; 0 = off)'),
+  }),
   create: (p) => new PrefixCacheScorer((p.saturatedQueue as number | undefined) ?? 16, p.blockSize as number | undefined),
 };
