@@ -1,5 +1,5 @@
 // Builds the flow-control admission gate from the config's `flowControl`
-// block (validated by flow/'s own validator). Loaded only when the block is
+// block (validated with the rest of the config). Loaded only when the block is
 // present, so the router does not depend on flow/ otherwise.
 import type { RouterConfig } from '../config/schema.js';
 import type { EndpointSet } from '../endpoints/endpoint.js';
