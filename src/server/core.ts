@@ -205,12 +205,31 @@ export class RouterCore {
     app.get('/v1/models', (res) => this.#json(res, 200, this.#modelsBody));
     app.get('/healthz', (res) => this.#json(res, 200, '{"status":"ok"}'));
     app.get('/readyz', (res) => this.#readyz(res));
+    // the gate's families (flow control) join the router's registry once, with the route
+    this.gate.registerMetrics?.(this.metrics.registry);
     app.get('/metrics', (res) => {
-      const extra = this.gate.metricsLines?.();
-      const body = extra && extra.length > 0 ? this.metrics.render() + extra.join('\n') + '\n' : this.metrics.render();
-      res.cork(() => {
-        res.writeStatus('200 OK').writeHeader('content-type', 'text/plain; version=0.0.4; charset=utf-8').end(body, this.draining);
+      // prom-client renders asynchronously: the response may be gone before the text is
+      const state = { aborted: false };
+      res.onAborted(() => {
+        state.aborted = true;
       });
+      const contentType = this.metrics.registry.contentType;
+      this.metrics.text().then(
+        (body) => {
+          if (state.aborted) return;
+          res.cork(() => {
+            res.writeStatus('200 OK').writeHeader('content-type', contentType).end(body, this.draining);
+          });
+        },
+        (err: unknown) => {
+          this.log.error({ err }, '/metrics: rendering failed');
+          if (state.aborted) return;
+          res.cork(() => {
+            res.writeStatus(statusLine(500)).writeHeader('content-type', 'application/json');
+            res.end(errorBody(500, 'metrics rendering failed'), this.draining);
+          });
+        },
+      );
     });
     app.any('/*', (res, req) => {
       const url = req.getUrl();

@@ -1,6 +1,7 @@
 // The admission seam between body parsing and scheduling. Flow control plugs
 // in here: it may hold a request (return a promise), reject it (429/503), or
 // let it through. The default gate admits everything synchronously.
+import type { Registry } from 'prom-client';
 
 /** What an admission gate sees about a request. Valid until release(). */
 export interface RequestInfo {
@@ -53,8 +54,8 @@ export interface AdmissionGate {
   release(ticket: unknown, outcome: ReleaseOutcome): void;
   /** Called after each successful metrics scrape of an endpoint serving `model` (capacity may have changed). */
   onCapacity?(model?: string): void;
-  /** Extra Prometheus text lines for the router's /metrics. */
-  metricsLines?(): string[];
+  /** Registers the gate's metric families (read at scrape time) in the router's registry, once, when the router sets up /metrics. */
+  registerMetrics?(registry: Registry): void;
   close?(): void | Promise<void>;
 }
 
