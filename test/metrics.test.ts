@@ -70,6 +70,24 @@ t.test('Histogram: bucket counts, sum and count match a plain reference model; r
     ),
     { numRuns: 200 },
   );
+  const h = new Histogram([0.5, 1]);
+  h.observe(0.7);
+  const json = new Registry();
+  new HistogramMetric({ name: 'j', help: 'j', labelNames: ['k'], buckets: [0.5, 1], registers: [json], series: (emit) => emit({ k: 'v' }, h) });
+  const [j] = await json.getMetricsAsJSON();
+  t.same(
+    j!.values.map((v) => [(v as { metricName?: string }).metricName, v.labels, v.value]),
+    [
+      ['j_bucket', { k: 'v', le: '0.5' }, 0],
+      ['j_bucket', { k: 'v', le: '1' }, 1],
+      ['j_bucket', { k: 'v', le: '+Inf' }, 1],
+      ['j_sum', { k: 'v' }, 0.7],
+      ['j_count', { k: 'v' }, 1],
+    ],
+    'the JSON shape has le among the labels',
+  );
+  t.equal(await json.metrics(), await json.metrics(), 'rendering twice gives the same text');
+  t.match(await json.metrics(), 'j_bucket{k="v",le="0.5"} 0\nj_bucket{k="v",le="1"} 1\nj_bucket{k="v",le="+Inf"} 1\nj_sum{k="v"} 0.7\nj_count{k="v"} 1');
   t.throws(() => new Histogram([1, 1]), RangeError, 'bounds must ascend strictly');
   t.throws(() => new Histogram([0, Infinity]), RangeError, 'bounds must be finite');
   const registry = new Registry();

@@ -44,18 +44,21 @@ export interface HistogramMetricConfiguration<T extends string> {
   series: HistogramSeries<T>;
 }
 
-type Sample = { metricName: string; labels: Record<string, string | number>; value: number; sharedLabels: object };
-const NO_SHARED = Object.freeze({});
+type Labels = Record<string, string | number>;
+/** A sample as prom-client's Registry renders it: `labels` first, then the (cached) text of `sharedLabels`. */
+type Sample = { metricName: string; labels: Labels; value: number; sharedLabels: Labels };
+const NO_SHARED: Labels = Object.freeze({});
 
 /**
  * A prom-client histogram whose series are our allocation-free Histograms,
  * read when the registry renders. Observe those Histograms, never this metric
- * (its inherited observe() would fill a map that is never rendered). Labels come
- * out in labelNames order with `le` last, as our other renderers and parsers expect.
+ * (its inherited observe() would fill a map that is never rendered). Labels
+ * come out in labelNames order with `le` last, as before prom-client.
  */
 export class HistogramMetric<T extends string = string> extends PromHistogram<T> {
   readonly #bounds: readonly number[];
-  readonly #le: string[];
+  /** `{le}` per bound then `+Inf`, made once: the Registry caches the text of a sharedLabels object. */
+  readonly #le: Labels[];
   readonly #series: HistogramSeries<T>;
   readonly #name: string;
   readonly #help: string;
@@ -67,35 +70,43 @@ export class HistogramMetric<T extends string = string> extends PromHistogram<T>
     this.#help = cfg.help;
     this.#bounds = cfg.buckets;
     const fmt = cfg.formatLe ?? String;
-    this.#le = cfg.buckets.map((b) => fmt(b));
+    this.#le = [...cfg.buckets.map((b) => Object.freeze({ le: fmt(b) })), Object.freeze({ le: '+Inf' })];
     this.#series = cfg.series;
   }
 
+  /** The samples with `le` merged into each bucket's labels (the JSON shape prom-client's get() has). */
   override async get(): ReturnType<PromHistogram<T>['get']> {
-    return this.getForPromString();
+    const m = this.#collect();
+    m.values = m.values.map((v) => ({ ...v, labels: { ...v.labels, ...v.sharedLabels }, sharedLabels: NO_SHARED }));
+    return m as unknown as Awaited<ReturnType<PromHistogram<T>['get']>>;
   }
 
-  /** What prom-client's Registry calls when rendering text. */
+  /** What prom-client's Registry calls when rendering text: the series' own label objects, `le` as shared labels. */
   async getForPromString(): ReturnType<PromHistogram<T>['get']> {
+    return this.#collect() as unknown as Awaited<ReturnType<PromHistogram<T>['get']>>;
+  }
+
+  #collect(): { name: string; help: string; type: 'histogram'; values: Sample[]; aggregator: 'sum' } {
     const values: Sample[] = [];
     const bucket = `${this.#name}_bucket`;
     const sum = `${this.#name}_sum`;
     const count = `${this.#name}_count`;
     const le = this.#le;
+    const n = this.#bounds.length;
     this.#series((labels, h) => {
-      if (h.bounds.length !== le.length || h.bounds.some((b, i) => b !== this.#bounds[i])) {
+      if (h.bounds.length !== n || h.bounds.some((b, i) => b !== this.#bounds[i])) {
         throw new RangeError(`HistogramMetric ${this.#name}: a series has bounds [${h.bounds.join(', ')}], the metric [${this.#bounds.join(', ')}]`);
       }
+      const l = labels as Labels;
       let acc = 0;
-      for (let i = 0; i < le.length; i++) {
+      for (let i = 0; i < n; i++) {
         acc += h.counts[i]!;
-        values.push({ metricName: bucket, labels: { ...labels, le: le[i]! }, value: acc, sharedLabels: NO_SHARED });
+        values.push({ metricName: bucket, labels: l, value: acc, sharedLabels: le[i]! });
       }
-      values.push({ metricName: bucket, labels: { ...labels, le: '+Inf' }, value: h.count, sharedLabels: NO_SHARED });
-      values.push({ metricName: sum, labels: labels as Record<string, string | number>, value: h.sum, sharedLabels: NO_SHARED });
-      values.push({ metricName: count, labels: labels as Record<string, string | number>, value: h.count, sharedLabels: NO_SHARED });
+      values.push({ metricName: bucket, labels: l, value: h.count, sharedLabels: le[n]! });
+      values.push({ metricName: sum, labels: l, value: h.sum, sharedLabels: NO_SHARED });
+      values.push({ metricName: count, labels: l, value: h.count, sharedLabels: NO_SHARED });
     });
-    const out = { name: this.#name, help: this.#help, type: 'histogram', values, aggregator: 'sum' };
-    return out as unknown as Awaited<ReturnType<PromHistogram<T>['get']>>;
+    return { name: this.#name, help: this.#help, type: 'histogram', values, aggregator: 'sum' };
   }
 }
