@@ -209,21 +209,21 @@ export class RouterCore {
     this.gate.registerMetrics?.(this.metrics.registry);
     app.get('/metrics', (res) => {
       // prom-client renders asynchronously: the response may be gone before the text is
-      const state = { aborted: false };
+      let aborted = false;
       res.onAborted(() => {
-        state.aborted = true;
+        aborted = true;
       });
       const contentType = this.metrics.registry.contentType;
       this.metrics.text().then(
         (body) => {
-          if (state.aborted) return;
+          if (aborted) return;
           res.cork(() => {
             res.writeStatus('200 OK').writeHeader('content-type', contentType).end(body, this.draining);
           });
         },
         (err: unknown) => {
           this.log.error({ err }, '/metrics: rendering failed');
-          if (state.aborted) return;
+          if (aborted) return;
           res.cork(() => {
             res.writeStatus(statusLine(500)).writeHeader('content-type', 'application/json');
             res.end(errorBody(500, 'metrics rendering failed'), this.draining);
