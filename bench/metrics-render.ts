@@ -99,6 +99,10 @@ function perCall(f: (i: number) => void, arg: (i: number) => number): number {
 async function main(): Promise<void> {
   if (base === '') throw new Error('--base <dir of another Switchyard build> is required');
   const builds = [await load('base', base), await load('this', ROOT)];
+  // this build's default process/Node.js metrics alone (newRegistry with nothing else in it)
+  const prom = await import(pathToFileURL(join(ROOT, 'dist/src/metrics/prom.js')).href);
+  const defaults = prom.newRegistry();
+  const defaultsUs: number[] = [];
   const res = new Map(builds.map((b) => [b.name, { router: [] as number[], sim: [] as number[], observe: [] as number[], count: [] as number[] }]));
   for (let r = 0; r < rounds; r++) {
     const order = r % 2 === 0 ? builds : [...builds].reverse();
@@ -109,6 +113,7 @@ async function main(): Promise<void> {
       x.observe.push(perCall(b.observe, (i) => (i % 1000) * 0.001));
       x.count.push(perCall(b.count, (i) => i));
     }
+    defaultsUs.push(await perRender(() => defaults.metrics()));
   }
   const b = res.get('base')!;
   const t = res.get('this')!;
@@ -121,6 +126,7 @@ async function main(): Promise<void> {
   console.log('| what | base | this | this vs base |');
   console.log('|---|---:|---:|---:|');
   console.log(line('router /metrics render (8 endpoints)', 'µs', 'router', 1));
+  console.log(`| of which the default process/Node.js metrics alone | – | ${median(defaultsUs).toFixed(1)} µs | – |`);
   console.log(line('sim (vLLM) /metrics render', 'µs', 'sim', 1));
   console.log(line('ttft[id].observe(v)', 'ns', 'observe', 1));
   console.log(line('countRequest(model, id, 200)', 'ns', 'count', 1));
