@@ -50,14 +50,14 @@ export class RouterMetrics {
     return this.registry.metrics();
   }
 
-  #register(registers: Registry): void {
+  #register(registry: Registry): void {
     const set = this.#set;
     const m = this;
     const requests = this.#requests;
     // one label object per endpoint id, made once (prom-client keeps a reference, never mutates it)
     const epLabels: { endpoint: string }[] = [];
     for (const ep of set.all) epLabels[ep.id] = { endpoint: ep.name };
-    const r = [registers];
+    const r = [registry];
     new Counter({
       name: 'switchyard_requests_total',
       help: 'Requests answered, by model, endpoint and HTTP status.',
