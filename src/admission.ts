@@ -3,7 +3,9 @@
 // src/flow/). Both import this module and nothing of each other. A gate may
 // hold a request (return a promise), reject it (a value carrying its status,
 // reason and Retry-After), or let it through. The default gate admits
-// everything synchronously. Types only, plus that default: no imports.
+// everything synchronously. Types only, plus that default: nothing of ours
+// is imported.
+import type { Registry } from 'prom-client';
 
 /** What an admission gate sees about a request. Valid until release(). */
 export interface RequestInfo {
@@ -56,8 +58,8 @@ export interface AdmissionGate {
   release(ticket: unknown, outcome: ReleaseOutcome): void;
   /** Called after each successful metrics scrape of an endpoint serving `model` (capacity may have changed). */
   onCapacity?(model?: string): void;
-  /** Extra Prometheus text lines for the router's /metrics. */
-  metricsLines?(): string[];
+  /** Registers the gate's metric families (read at scrape time) in the router's registry, once, when the router sets up /metrics. */
+  registerMetrics?(registry: Registry): void;
   close?(): void | Promise<void>;
 }
 

@@ -8,6 +8,7 @@ import { flush, Signal } from './flow-util.js';
 import { validateFlowControl, type FlowControlConfig } from '../src/flow/config.js';
 import { admitProbability, seededRng } from '../src/flow/admission.js';
 import { FlowControlGate } from '../src/flow/gate.js';
+import { Registry } from '../src/metrics/prom.js';
 import { SaturationDetector } from '../src/flow/saturation.js';
 import type { AdmissionGate } from '../src/admission.js';
 
@@ -388,7 +389,9 @@ t.test('the gate fits the server seam and answers with reason and Retry-After', 
   const h = (await held) as { admitted: boolean; ticket: unknown };
   t.ok(h.admitted, 'dispatched once capacity returns');
   seam.release(h.ticket, 'ok');
-  const lines = gate.metricsLines();
+  const registry = new Registry();
+  gate.registerMetrics(registry);
+  const lines = (await registry.metrics()).split('\n');
   if (process.env.FLOW_DEBUG) console.error(lines.join('\n'));
   t.ok(lines.includes('switchyard_flow_dispatched_total{pool="m",band="premium",flow="tenant:payments"} 2'), 'per-flow dispatches');
   t.ok(lines.includes('switchyard_flow_rejected_total{pool="m",band="best-effort",reason="rejected-saturated"} 1'));

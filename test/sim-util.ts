@@ -180,8 +180,10 @@ export function parseProm(text: string): Exposition {
     if (line[i] !== ' ') throw bad('expected a space before the value');
     const rest = line.slice(i + 1).trim().split(/\s+/);
     const raw = rest[0]!;
-    const value = raw === '+Inf' ? Infinity : raw === '-Inf' ? -Infinity : raw === 'NaN' ? NaN : Number(raw);
-    if (raw === '' || (Number.isNaN(value) && raw !== 'NaN')) throw bad('bad value');
+    // NaN in any case, as Prometheus reads it (Go's ParseFloat): prom-client writes `Nan`
+    const isNaNText = raw.toLowerCase() === 'nan';
+    const value = raw === '+Inf' ? Infinity : raw === '-Inf' ? -Infinity : isNaNText ? NaN : Number(raw);
+    if (raw === '' || (Number.isNaN(value) && !isNaNText)) throw bad('bad value');
     samples.push({ name, labels, value });
   }
   return { samples, types, helps };

@@ -6,7 +6,8 @@ import { Classifier, CLASSIFY_HEADERS } from './classify.js';
 import type { FlowControlConfig } from './config.js';
 import { FlowController, type AdmitResult, type Refused } from './controller.js';
 import type { Rng } from './admission.js';
-import { renderFlowMetrics } from './metrics.js';
+import type { Registry } from '../metrics/prom.js';
+import { registerFlowMetrics, type FlowMetricsSource } from './metrics.js';
 import { SaturationDetector, type EndpointLoad } from './saturation.js';
 
 /** An endpoint as the gate's endpoint-based constructor sees it (structurally the router's Endpoint). */
@@ -98,17 +99,16 @@ export class FlowControlGate implements AdmissionGate {
     else for (const e of this.#controllers.values()) e.controller.onCapacity();
   }
 
-  /** Prometheus text lines for /metrics. */
-  metricsLines(): string[] {
+  /** Registers the switchyard_flow_* families (read at scrape time) in the router's registry. */
+  registerMetrics(registry: Registry): void {
+    registerFlowMetrics(registry, () => this.#metricsSources());
+  }
+
+  *#metricsSources(): IterableIterator<FlowMetricsSource> {
     const bands = this.#opts.config.bands;
-    return renderFlowMetrics(
-      [...this.#controllers.values()].map(({ controller }) => ({
-        pool: controller.pool,
-        bands,
-        bandStats: controller.bandStats,
-        flowStats: controller.flowStats(),
-      })),
-    );
+    for (const { controller } of this.#controllers.values()) {
+      yield { pool: controller.pool, bands, bandStats: controller.bandStats, flowStats: controller.flowStats() };
+    }
   }
 
   close(): void {

@@ -1,5 +1,8 @@
 // Flow-control metrics, kept in flat counters (no per-request allocation) and
-// rendered as Prometheus text lines on demand.
+// read by prom-client collectors at scrape time (registerFlowMetrics).
+import { Counter, Gauge } from 'prom-client';
+import { Histogram } from '../metrics/histogram.js';
+import { HistogramMetric, type Registry } from '../metrics/prom.js';
 
 /** Queue-wait histogram bucket bounds, seconds. */
 export const WAIT_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60] as const;
@@ -23,71 +26,89 @@ export class BandStats {
   queuedBytes = 0;
   dispatched = 0;
   readonly rejected = new Float64Array(REJECT_REASONS.length);
-  readonly waitBuckets = new Float64Array(WAIT_BUCKETS.length + 1);
-  waitSum = 0;
-  waitCount = 0;
+  /** Seconds waited in the queue before dispatch. */
+  readonly wait = new Histogram(WAIT_BUCKETS);
 
   observeWait(seconds: number): void {
-    let i = 0;
-    while (i < WAIT_BUCKETS.length && seconds > WAIT_BUCKETS[i]!) i++;
-    this.waitBuckets[i]!++;
-    this.waitSum += seconds;
-    this.waitCount++;
+    this.wait.observe(seconds);
   }
 }
 
-function esc(v: string): string {
-  return v.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n');
+/** The flow-control state of one pool, as the collectors read it. */
+export interface FlowMetricsSource {
+  readonly pool: string;
+  readonly bands: readonly string[];
+  readonly bandStats: readonly BandStats[];
+  readonly flowStats: Iterable<FlowStats>;
 }
 
-/** Renders the metrics of one or more flow controllers (one per pool key) as Prometheus text lines. */
-export function renderFlowMetrics(
-  sources: Iterable<{ pool: string; bands: readonly string[]; bandStats: readonly BandStats[]; flowStats: Iterable<FlowStats> }>,
-): string[] {
-  const list = [...sources].map((s) => ({ ...s, flowStats: [...s.flowStats] }));
-  const out: string[] = [];
-  const family = (name: string, type: string, help: string, body: (push: (s: string) => void) => void) => {
-    out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
-    body((s) => out.push(s));
+/**
+ * Registers the switchyard_flow_* families in `registry`; `sources` is called
+ * at each scrape and yields the state of every flow controller (one per pool).
+ */
+export function registerFlowMetrics(registry: Registry, sources: () => Iterable<FlowMetricsSource>): void {
+  const registers = [registry];
+  type FlowLabels = 'pool' | 'band' | 'flow';
+  type BandLabels = 'pool' | 'band';
+  const perFlow = (set: (pool: string, band: string, flow: string, f: FlowStats) => void) => {
+    for (const s of sources()) for (const f of s.flowStats) set(s.pool, s.bands[f.band]!, f.flowId, f);
   };
-  const lbl = (pool: string, band: string, flow?: string) =>
-    `pool="${esc(pool)}",band="${esc(band)}"` + (flow === undefined ? '' : `,flow="${esc(flow)}"`);
+  const perBand = (set: (pool: string, band: string, b: BandStats) => void) => {
+    for (const s of sources()) s.bandStats.forEach((b, i) => set(s.pool, s.bands[i]!, b));
+  };
+  const flowGauge = (name: string, help: string, read: (f: FlowStats) => number) =>
+    new Gauge<FlowLabels>({
+      name,
+      help,
+      labelNames: ['pool', 'band', 'flow'],
+      registers,
+      collect() {
+        this.reset();
+        perFlow((pool, band, flow, f) => this.set({ pool, band, flow }, read(f)));
+      },
+    });
+  const bandGauge = (name: string, help: string, read: (b: BandStats) => number) =>
+    new Gauge<BandLabels>({
+      name,
+      help,
+      labelNames: ['pool', 'band'],
+      registers,
+      collect() {
+        this.reset();
+        perBand((pool, band, b) => this.set({ pool, band }, read(b)));
+      },
+    });
 
-  family('switchyard_flow_queue_length', 'gauge', 'Requests waiting in the flow-control queues, by band and flow.', (push) => {
-    for (const s of list) for (const f of s.flowStats) push(`switchyard_flow_queue_length{${lbl(s.pool, s.bands[f.band]!, f.flowId)}} ${f.queued}`);
+  flowGauge('switchyard_flow_queue_length', 'Requests waiting in the flow-control queues, by band and flow.', (f) => f.queued);
+  flowGauge('switchyard_flow_queue_bytes', 'Request body bytes waiting in the flow-control queues, by band and flow.', (f) => f.queuedBytes);
+  bandGauge('switchyard_flow_band_queue_length', 'Requests waiting in the flow-control queues, by band.', (b) => b.queued);
+  bandGauge('switchyard_flow_band_queue_bytes', 'Request body bytes waiting in the flow-control queues, by band.', (b) => b.queuedBytes);
+  new Counter<FlowLabels>({
+    name: 'switchyard_flow_dispatched_total',
+    help: 'Requests let through flow control, by band and flow.',
+    labelNames: ['pool', 'band', 'flow'],
+    registers,
+    collect() {
+      this.reset();
+      perFlow((pool, band, flow, f) => this.inc({ pool, band, flow }, f.dispatched));
+    },
   });
-  family('switchyard_flow_queue_bytes', 'gauge', 'Request body bytes waiting in the flow-control queues, by band and flow.', (push) => {
-    for (const s of list) for (const f of s.flowStats) push(`switchyard_flow_queue_bytes{${lbl(s.pool, s.bands[f.band]!, f.flowId)}} ${f.queuedBytes}`);
+  new Counter<BandLabels | 'reason'>({
+    name: 'switchyard_flow_rejected_total',
+    help: 'Requests rejected by flow control, by band and reason.',
+    labelNames: ['pool', 'band', 'reason'],
+    registers,
+    collect() {
+      this.reset();
+      perBand((pool, band, b) => REJECT_REASONS.forEach((reason, k) => this.inc({ pool, band, reason }, b.rejected[k]!)));
+    },
   });
-  family('switchyard_flow_band_queue_length', 'gauge', 'Requests waiting in the flow-control queues, by band.', (push) => {
-    for (const s of list) s.bandStats.forEach((b, i) => push(`switchyard_flow_band_queue_length{${lbl(s.pool, s.bands[i]!)}} ${b.queued}`));
+  new HistogramMetric<BandLabels>({
+    name: 'switchyard_flow_queue_wait_seconds',
+    help: 'Time requests waited in flow control before dispatch, by band.',
+    labelNames: ['pool', 'band'],
+    buckets: WAIT_BUCKETS,
+    registers,
+    series: (emit) => perBand((pool, band, b) => emit({ pool, band }, b.wait)),
   });
-  family('switchyard_flow_band_queue_bytes', 'gauge', 'Request body bytes waiting in the flow-control queues, by band.', (push) => {
-    for (const s of list) s.bandStats.forEach((b, i) => push(`switchyard_flow_band_queue_bytes{${lbl(s.pool, s.bands[i]!)}} ${b.queuedBytes}`));
-  });
-  family('switchyard_flow_dispatched_total', 'counter', 'Requests let through flow control, by band and flow.', (push) => {
-    for (const s of list) for (const f of s.flowStats) push(`switchyard_flow_dispatched_total{${lbl(s.pool, s.bands[f.band]!, f.flowId)}} ${f.dispatched}`);
-  });
-  family('switchyard_flow_rejected_total', 'counter', 'Requests rejected by flow control, by band and reason.', (push) => {
-    for (const s of list)
-      s.bandStats.forEach((b, i) =>
-        REJECT_REASONS.forEach((r, k) => push(`switchyard_flow_rejected_total{${lbl(s.pool, s.bands[i]!)},reason="${r}"} ${b.rejected[k]}`)),
-      );
-  });
-  family('switchyard_flow_queue_wait_seconds', 'histogram', 'Time requests waited in flow control before dispatch, by band.', (push) => {
-    for (const s of list)
-      s.bandStats.forEach((b, i) => {
-        const l = lbl(s.pool, s.bands[i]!);
-        let cum = 0;
-        WAIT_BUCKETS.forEach((le, k) => {
-          cum += b.waitBuckets[k]!;
-          push(`switchyard_flow_queue_wait_seconds_bucket{${l},le="${le}"} ${cum}`);
-        });
-        cum += b.waitBuckets[WAIT_BUCKETS.length]!;
-        push(`switchyard_flow_queue_wait_seconds_bucket{${l},le="+Inf"} ${cum}`);
-        push(`switchyard_flow_queue_wait_seconds_sum{${l}} ${b.waitSum}`);
-        push(`switchyard_flow_queue_wait_seconds_count{${l}} ${b.waitCount}`);
-      });
-  });
-  return out;
 }

@@ -195,6 +195,8 @@ export class RouterCore {
       });
     }
     this.metrics = new RouterMetrics(set);
+    // the gate's families (flow control) join the router's registry
+    gate.registerMetrics?.(this.metrics.registry);
     this.limits = cfg.limits;
     this.director = new Director({
       scheduler: this.scheduler,
@@ -261,11 +263,28 @@ export class RouterCore {
     });
     app.get('/metrics', (res, req) => {
       if (this.#badlyFramed(res, req)) return;
-      const extra = this.gate.metricsLines?.();
-      const body = extra && extra.length > 0 ? this.metrics.render() + extra.join('\n') + '\n' : this.metrics.render();
-      res.cork(() => {
-        res.writeStatus('200 OK').writeHeader('content-type', 'text/plain; version=0.0.4; charset=utf-8').end(body, this.draining);
+      // prom-client renders asynchronously: the response may be gone before the text is
+      let aborted = false;
+      res.onAborted(() => {
+        aborted = true;
       });
+      const contentType = this.metrics.registry.contentType;
+      this.metrics.text().then(
+        (body) => {
+          if (aborted) return;
+          res.cork(() => {
+            res.writeStatus('200 OK').writeHeader('content-type', contentType).end(body, this.draining);
+          });
+        },
+        (err: unknown) => {
+          this.log.error({ err }, '/metrics: rendering failed');
+          if (aborted) return;
+          res.cork(() => {
+            res.writeStatus(statusLine(500)).writeHeader('content-type', 'application/json');
+            res.end(errorBody(500, 'metrics rendering failed'), this.draining);
+          });
+        },
+      );
     });
     app.any('/*', (res, req) => {
       if (this.#badlyFramed(res, req)) return;

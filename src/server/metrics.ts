@@ -1,46 +1,18 @@
-// The router's own Prometheus metrics. Counters are plain numbers in nested
-// maps (no string keys built per request); the text is rendered on scrape.
+// The router's own Prometheus metrics. The request path bumps plain numbers,
+// typed arrays and nested maps keyed by numbers (no string keys built, no
+// prom-client call per request); the prom-client metrics of `registry` copy
+// them in their collect() callbacks when /metrics is scraped.
+import { Counter, Gauge } from 'prom-client';
 import type { EndpointSet } from '../endpoints/endpoint.js';
-
-/** Fixed-bucket histogram (upper bounds in seconds). */
-export class Histogram {
-  readonly bounds: Float64Array;
-  readonly counts: Float64Array;
-  sum = 0;
-  count = 0;
-  constructor(bounds: number[]) {
-    this.bounds = Float64Array.from(bounds);
-    this.counts = new Float64Array(bounds.length);
-  }
-  observe(v: number): void {
-    const b = this.bounds;
-    let i = 0;
-    while (i < b.length && v > b[i]) i++;
-    if (i < b.length) this.counts[i]++;
-    this.sum += v;
-    this.count++;
-  }
-  render(name: string, labels: string, out: string[]): void {
-    let cum = 0;
-    const sep = labels ? labels + ',' : '';
-    for (let i = 0; i < this.bounds.length; i++) {
-      cum += this.counts[i];
-      out.push(`${name}_bucket{${sep}le="${this.bounds[i]}"} ${cum}`);
-    }
-    out.push(`${name}_bucket{${sep}le="+Inf"} ${this.count}`);
-    out.push(`${name}_sum${labels ? `{${labels}}` : ''} ${this.sum}`);
-    out.push(`${name}_count${labels ? `{${labels}}` : ''} ${this.count}`);
-  }
-}
+import { Histogram } from '../metrics/histogram.js';
+import { HistogramMetric, newRegistry, type Registry } from '../metrics/prom.js';
 
 const DECISION_BUCKETS = [5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01];
 const TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
 
-function esc(v: string): string {
-  return v.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n');
-}
-
 export class RouterMetrics {
+  /** This router's registry: the switchyard_* families below, the process and Node.js defaults, and whatever the gate registers. */
+  readonly registry: Registry;
   readonly #set: EndpointSet;
   /** model → endpoint id (+1; 0 = none) → status → count */
   readonly #requests = new Map<string, Map<number, Map<number, number>>>();
@@ -56,6 +28,8 @@ export class RouterMetrics {
   constructor(set: EndpointSet) {
     this.#set = set;
     this.ttft = set.all.map(() => new Histogram(TTFT_BUCKETS));
+    this.registry = newRegistry();
+    this.#register(this.registry);
   }
 
   /** `model` is '' when unknown; `endpointId` -1 when no endpoint was used. */
@@ -71,50 +45,106 @@ export class RouterMetrics {
     byStatus.set(status, (byStatus.get(status) ?? 0) + 1);
   }
 
-  render(): string {
-    const out: string[] = [];
-    out.push('# HELP switchyard_requests_total Requests answered, by model, endpoint and HTTP status.');
-    out.push('# TYPE switchyard_requests_total counter');
-    for (const [model, byEp] of this.#requests) {
-      for (const [epPlus1, byStatus] of byEp) {
-        const ep = epPlus1 === 0 ? '' : this.#set.all[epPlus1 - 1].name;
-        for (const [status, n] of byStatus) {
-          out.push(`switchyard_requests_total{model="${esc(model)}",endpoint="${esc(ep)}",status="${status}"} ${n}`);
+  /** The Prometheus text of the whole registry (what GET /metrics answers). */
+  text(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  #register(registry: Registry): void {
+    const set = this.#set;
+    const m = this;
+    const requests = this.#requests;
+    // one label object per endpoint id, made once (prom-client keeps a reference, never mutates it)
+    const epLabels: { endpoint: string }[] = [];
+    for (const ep of set.all) epLabels[ep.id] = { endpoint: ep.name };
+    const r = [registry];
+    new Counter({
+      name: 'switchyard_requests_total',
+      help: 'Requests answered, by model, endpoint and HTTP status.',
+      labelNames: ['model', 'endpoint', 'status'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const [model, byEp] of requests) {
+          for (const [epPlus1, byStatus] of byEp) {
+            const endpoint = epPlus1 === 0 ? '' : set.all[epPlus1 - 1]!.name;
+            for (const [status, n] of byStatus) this.inc({ model, endpoint, status: String(status) }, n);
+          }
         }
-      }
-    }
-    out.push('# HELP switchyard_routing_decision_seconds Time to pick an endpoint (filters, scorers, picker).');
-    out.push('# TYPE switchyard_routing_decision_seconds histogram');
-    this.decision.render('switchyard_routing_decision_seconds', '', out);
-    out.push('# HELP switchyard_upstream_ttft_seconds Time from dispatch to the first response byte from the endpoint.');
-    out.push('# TYPE switchyard_upstream_ttft_seconds histogram');
-    for (const ep of this.#set.all) this.ttft[ep.id].render('switchyard_upstream_ttft_seconds', `endpoint="${esc(ep.name)}"`, out);
-    out.push('# HELP switchyard_endpoint_in_flight Requests in flight from this router per endpoint.');
-    out.push('# TYPE switchyard_endpoint_in_flight gauge');
-    for (const ep of this.#set.all) out.push(`switchyard_endpoint_in_flight{endpoint="${esc(ep.name)}"} ${ep.inFlight}`);
-    out.push('# HELP switchyard_endpoint_ready 1 when the endpoint is healthy and its circuit breaker closed.');
-    out.push('# TYPE switchyard_endpoint_ready gauge');
-    const now = performance.now();
-    const checks = this.#set.dataLayer.healthIntervalMs > 0;
-    for (const ep of this.#set.all) out.push(`switchyard_endpoint_ready{endpoint="${esc(ep.name)}"} ${ep.ready(now, checks) ? 1 : 0}`);
-    out.push('# HELP switchyard_prefix_blocks_total Prompt blocks hashed for prefix matching.');
-    out.push('# TYPE switchyard_prefix_blocks_total counter');
-    out.push(`switchyard_prefix_blocks_total ${this.promptBlocks}`);
-    out.push('# HELP switchyard_prefix_matched_blocks_total Prompt blocks the picked endpoint was believed to hold.');
-    out.push('# TYPE switchyard_prefix_matched_blocks_total counter');
-    out.push(`switchyard_prefix_matched_blocks_total ${this.matchedBlocks}`);
-    out.push('# HELP switchyard_prefix_match_ratio Matched / hashed prompt blocks since start.');
-    out.push('# TYPE switchyard_prefix_match_ratio gauge');
-    out.push(`switchyard_prefix_match_ratio ${this.promptBlocks > 0 ? this.matchedBlocks / this.promptBlocks : 0}`);
-    out.push('# HELP switchyard_upstream_retries_total Requests retried on another endpoint before the first byte.');
-    out.push('# TYPE switchyard_upstream_retries_total counter');
-    out.push(`switchyard_upstream_retries_total ${this.retries}`);
-    out.push('# HELP switchyard_relay_pauses_total Times a slow client made the relay pause reading from the engine (backpressure).');
-    out.push('# TYPE switchyard_relay_pauses_total counter');
-    out.push(`switchyard_relay_pauses_total ${this.pauses}`);
-    out.push('# HELP switchyard_rejected_total Requests rejected by the admission gate, by reason.');
-    out.push('# TYPE switchyard_rejected_total counter');
-    for (const [reason, n] of this.rejected) out.push(`switchyard_rejected_total{reason="${esc(reason)}"} ${n}`);
-    return out.join('\n') + '\n';
+      },
+    });
+    new HistogramMetric({
+      name: 'switchyard_routing_decision_seconds',
+      help: 'Time to pick an endpoint (filters, scorers, picker).',
+      buckets: DECISION_BUCKETS,
+      registers: r,
+      series: (emit) => emit({}, m.decision),
+    });
+    new HistogramMetric({
+      name: 'switchyard_upstream_ttft_seconds',
+      help: 'Time from dispatch to the first response byte from the endpoint.',
+      labelNames: ['endpoint'],
+      buckets: TTFT_BUCKETS,
+      registers: r,
+      series: (emit) => {
+        for (const ep of set.all) emit(epLabels[ep.id]!, m.ttft[ep.id]!);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_endpoint_in_flight',
+      help: 'Requests in flight from this router per endpoint.',
+      labelNames: ['endpoint'],
+      registers: r,
+      collect() {
+        for (const ep of set.all) this.set(epLabels[ep.id]!, ep.inFlight);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_endpoint_ready',
+      help: '1 when the endpoint is healthy and its circuit breaker closed.',
+      labelNames: ['endpoint'],
+      registers: r,
+      collect() {
+        const now = performance.now();
+        const checks = set.dataLayer.healthIntervalMs > 0;
+        for (const ep of set.all) this.set(epLabels[ep.id]!, ep.ready(now, checks) ? 1 : 0);
+      },
+    });
+    const counter = (name: string, help: string, read: () => number) =>
+      new Counter({
+        name,
+        help,
+        registers: r,
+        collect() {
+          this.reset();
+          this.inc(read());
+        },
+      });
+    counter('switchyard_prefix_blocks_total', 'Prompt blocks hashed for prefix matching.', () => m.promptBlocks);
+    counter('switchyard_prefix_matched_blocks_total', 'Prompt blocks the picked endpoint was believed to hold.', () => m.matchedBlocks);
+    new Gauge({
+      name: 'switchyard_prefix_match_ratio',
+      help: 'Matched / hashed prompt blocks since start.',
+      registers: r,
+      collect() {
+        this.set(m.promptBlocks > 0 ? m.matchedBlocks / m.promptBlocks : 0);
+      },
+    });
+    counter('switchyard_upstream_retries_total', 'Requests retried on another endpoint before the first byte.', () => m.retries);
+    counter(
+      'switchyard_relay_pauses_total',
+      'Times a slow client made the relay pause reading from the engine (backpressure).',
+      () => m.pauses,
+    );
+    new Counter({
+      name: 'switchyard_rejected_total',
+      help: 'Requests rejected by the admission gate, by reason.',
+      labelNames: ['reason'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const [reason, n] of m.rejected) this.inc({ reason }, n);
+      },
+    });
   }
 }

@@ -4,7 +4,7 @@
 import { jsonNestsDeeper } from '../json-depth.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
-import { renderMetrics } from './metrics.js';
+import { SimMetrics } from './metrics.js';
 import { resolveSimOptions, type FailureKind, type ResolvedSimOptions, type SimOptions, SimOptionError } from './options.js';
 import { ReqState, Scheduler, SimRequest, type RequestSink, type SchedulerStats } from './scheduler.js';
 import { BYTES_PER_TOKEN, renderChat, type ChatMessage } from './tokenizer.js';
@@ -29,7 +29,7 @@ export interface SimEngine {
   /** Drops every idle cached KV block. */
   clearCache(): void;
   /** Renders /metrics text (what GET /metrics serves). */
-  metricsText(): string;
+  metricsText(): Promise<string>;
   /** Stops listening, drops open connections and frees everything. Idempotent. */
   close(): Promise<void>;
 }
@@ -519,6 +519,7 @@ function writeScratch(s: string): number {
 export class Engine implements SimEngine {
   readonly options: ResolvedSimOptions;
   readonly sched: Scheduler;
+  readonly #metrics: SimMetrics;
   readonly calls = new Set<Call>();
   readonly modelJson = new Map<string, string>();
   /** LoRA adapter name → hash salt. */
@@ -538,6 +539,7 @@ export class Engine implements SimEngine {
   constructor(opts: ResolvedSimOptions, salt = 0) {
     this.options = opts;
     this.sched = new Scheduler(opts);
+    this.#metrics = new SimMetrics(opts, this.sched);
     for (const m of opts.models) this.modelJson.set(m, JSON.stringify(m));
     opts.loras.forEach((m, i) => {
       this.modelJson.set(m, JSON.stringify(m));
@@ -573,7 +575,19 @@ export class Engine implements SimEngine {
       res.end();
     });
     app.get('/metrics', (res) => {
-      res.writeHeader('Content-Type', 'text/plain; version=0.0.4; charset=utf-8').end(this.metricsText());
+      // prom-client renders asynchronously: the client may be gone before the text is
+      let gone = false;
+      res.onAborted(() => {
+        gone = true;
+      });
+      this.metricsText().then(
+        (text) => {
+          if (!gone) res.cork(() => res.writeHeader('Content-Type', this.#metrics.registry.contentType).end(text));
+        },
+        () => {
+          if (!gone) res.cork(() => res.writeStatus('500 Internal Server Error').end());
+        },
+      );
     });
     app.get('/v1/models', (res, req) => {
       const rid = req.getHeader('x-request-id');
@@ -645,8 +659,8 @@ export class Engine implements SimEngine {
     this.sched.clearCache();
   }
 
-  metricsText(): string {
-    return renderMetrics(this.options, this.sched);
+  metricsText(): Promise<string> {
+    return this.#metrics.text();
   }
 
   close(): Promise<void> {

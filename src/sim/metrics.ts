@@ -1,100 +1,166 @@
-// /metrics of a simulated engine: Prometheus text (format 0.0.4) with the real
-// engines' metric names (vLLM V1 or SGLang), every series labelled model_name.
-
-import { fmt } from './histogram.js';
-import type { Scheduler } from './scheduler.js';
+// /metrics of a simulated engine with the real engines' metric names (vLLM V1
+// or SGLang), every series labelled model_name. One prom-client registry per
+// engine (no process metrics: every series carries model_name); the metrics
+// read the scheduler's plain counters and Histograms at scrape time.
+import { Counter, Gauge } from 'prom-client';
+import type { Histogram } from '../metrics/histogram.js';
+import { HistogramMetric, newRegistry, type Registry } from '../metrics/prom.js';
 import type { ResolvedSimOptions } from './options.js';
+import type { Scheduler } from './scheduler.js';
 
-function esc(v: string): string {
-  return v.replace(/\\/g, '\\\\').replace(/\n/g, '\\n').replace(/"/g, '\\"');
+/** vLLM's bucket bounds for time to first token, seconds. */
+export const TTFT_BUCKETS = [
+  0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/** vLLM's bucket bounds for inter-token latency, seconds. */
+export const ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+/** vLLM's bucket bounds for request latencies (e2e, queue), seconds. */
+export const REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
+
+/** A bound as the Python client writes it in `le` (1 → "1.0"), as the real engines do. */
+export function pyFloat(v: number): string {
+  return Number.isInteger(v) ? v.toFixed(1) : String(v);
 }
 
-function head(out: string[], name: string, type: string, help: string): void {
-  out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
-}
+type Labels = Record<string, string>;
+type Series = readonly (readonly [Labels, () => number])[];
 
-export function renderMetrics(o: ResolvedSimOptions, s: Scheduler): string {
-  const out: string[] = [];
-  const model = esc(o.models[0]!);
-  if (o.engine === 'vllm') renderVllm(o, s, model, out);
-  else renderSglang(o, s, model, out);
-  head(out, 'switchyard_sim_info', 'gauge', 'Simulated engine: engine type, revision and role labels.');
-  out.push(`switchyard_sim_info{engine_type="${o.engine}",model_name="${model}",revision="${esc(o.revision)}",role="${o.role}"} 1.0`);
-  return out.join('\n') + '\n';
-}
+export class SimMetrics {
+  readonly registry: Registry = newRegistry({ defaultMetrics: false });
 
-function renderVllm(o: ResolvedSimOptions, s: Scheduler, model: string, out: string[]): void {
-  const l = o.legacy ? `model_name="${model}"` : `engine="0",model_name="${model}"`;
-  const c = s.cache;
-  head(out, 'vllm:num_requests_running', 'gauge', 'Number of requests in model execution batches.');
-  out.push(`vllm:num_requests_running{${l}} ${fmt(s.running)}`);
-  head(out, 'vllm:num_requests_waiting', 'gauge', 'Number of requests waiting to be processed.');
-  out.push(`vllm:num_requests_waiting{${l}} ${fmt(s.waiting)}`);
-  const usageName = o.legacy ? 'vllm:gpu_cache_usage_perc' : 'vllm:kv_cache_usage_perc';
-  head(out, usageName, 'gauge', 'KV-cache usage. 1 means 100 percent usage.');
-  out.push(`${usageName}{${l}} ${fmt(c.usage)}`);
-  head(out, 'vllm:prefix_cache_queries_total', 'counter', 'Prefix cache queries, in terms of number of queried tokens.');
-  out.push(`vllm:prefix_cache_queries_total{${l}} ${fmt(s.prefixQueryTokens)}`);
-  head(out, 'vllm:prefix_cache_hits_total', 'counter', 'Prefix cache hits, in terms of number of cached tokens.');
-  out.push(`vllm:prefix_cache_hits_total{${l}} ${fmt(s.prefixHitTokens)}`);
-  head(out, 'vllm:num_preemptions_total', 'counter', 'Cumulative number of preemption from the engine.');
-  out.push(`vllm:num_preemptions_total{${l}} 0.0`);
-  head(out, 'vllm:prompt_tokens_total', 'counter', 'Number of prefill tokens processed.');
-  out.push(`vllm:prompt_tokens_total{${l}} ${fmt(s.promptTokensTotal)}`);
-  head(out, 'vllm:generation_tokens_total', 'counter', 'Number of generation tokens processed.');
-  out.push(`vllm:generation_tokens_total{${l}} ${fmt(s.generationTokensTotal)}`);
-  head(out, 'vllm:request_success_total', 'counter', 'Count of successfully processed requests.');
-  out.push(`vllm:request_success_total{${l},finished_reason="length"} ${fmt(s.finishedLength)}`);
-  out.push(`vllm:request_success_total{${l},finished_reason="stop"} ${fmt(s.finishedStop)}`);
-  out.push(`vllm:request_success_total{${l},finished_reason="abort"} ${fmt(s.aborted)}`);
-  head(out, 'vllm:cache_config_info', 'gauge', 'Information of the LLMEngine CacheConfig');
-  out.push(
-    `vllm:cache_config_info{block_size="${o.blockSize}",cache_dtype="auto",enable_prefix_caching="True",` +
-      `${o.legacy ? '' : 'engine="0",'}model_name="${model}",num_cpu_blocks="0",num_gpu_blocks="${o.kvCacheBlocks}"} 1.0`,
-  );
-  if (o.loras.length > 0) {
-    head(out, 'vllm:lora_requests_info', 'gauge', 'Running stats on lora requests.');
-    const running = [...s.runningLoras.keys()].join(',');
-    const waiting = [...s.waitingLoras.keys()].join(',');
-    out.push(
-      `vllm:lora_requests_info{${o.legacy ? '' : 'engine="0",'}max_lora="${o.maxLoras}",model_name="${model}",running_lora_adapters="${esc(running)}",waiting_lora_adapters="${esc(waiting)}"} ${fmt(Date.now() / 1000)}`,
+  constructor(o: ResolvedSimOptions, s: Scheduler) {
+    const model = o.models[0]!;
+    if (o.engine === 'vllm') this.#vllm(o, s, model);
+    else this.#sglang(o, s, model);
+    this.#gauge('switchyard_sim_info', 'Simulated engine: engine type, revision and role labels.', [
+      [{ engine_type: o.engine, model_name: model, revision: o.revision, role: o.role }, () => 1],
+    ]);
+  }
+
+  /** The text GET /metrics answers. */
+  text(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  #vllm(o: ResolvedSimOptions, s: Scheduler, model: string): void {
+    const l: Labels = o.legacy ? { model_name: model } : { engine: '0', model_name: model };
+    const engine: Labels = o.legacy ? {} : { engine: '0' };
+    const c = s.cache;
+    this.#gauge('vllm:num_requests_running', 'Number of requests in model execution batches.', [[l, () => s.running]]);
+    this.#gauge('vllm:num_requests_waiting', 'Number of requests waiting to be processed.', [[l, () => s.waiting]]);
+    const usageName = o.legacy ? 'vllm:gpu_cache_usage_perc' : 'vllm:kv_cache_usage_perc';
+    this.#gauge(usageName, 'KV-cache usage. 1 means 100 percent usage.', [[l, () => c.usage]]);
+    this.#counter('vllm:prefix_cache_queries_total', 'Prefix cache queries, in terms of number of queried tokens.', [[l, () => s.prefixQueryTokens]]);
+    this.#counter('vllm:prefix_cache_hits_total', 'Prefix cache hits, in terms of number of cached tokens.', [[l, () => s.prefixHitTokens]]);
+    this.#counter('vllm:num_preemptions_total', 'Cumulative number of preemption from the engine.', [[l, () => 0]]);
+    this.#counter('vllm:prompt_tokens_total', 'Number of prefill tokens processed.', [[l, () => s.promptTokensTotal]]);
+    this.#counter('vllm:generation_tokens_total', 'Number of generation tokens processed.', [[l, () => s.generationTokensTotal]]);
+    this.#counter('vllm:request_success_total', 'Count of successfully processed requests.', [
+      [{ ...l, finished_reason: 'length' }, () => s.finishedLength],
+      [{ ...l, finished_reason: 'stop' }, () => s.finishedStop],
+      [{ ...l, finished_reason: 'abort' }, () => s.aborted],
+    ]);
+    this.#gauge('vllm:cache_config_info', 'Information of the LLMEngine CacheConfig', [
+      [
+        {
+          block_size: String(o.blockSize),
+          cache_dtype: 'auto',
+          enable_prefix_caching: 'True',
+          ...engine,
+          model_name: model,
+          num_cpu_blocks: '0',
+          num_gpu_blocks: String(o.kvCacheBlocks),
+        },
+        () => 1,
+      ],
+    ]);
+    if (o.loras.length > 0) {
+      const labelNames = [...Object.keys(engine), 'max_lora', 'model_name', 'running_lora_adapters', 'waiting_lora_adapters'];
+      new Gauge({
+        name: 'vllm:lora_requests_info',
+        help: 'Running stats on lora requests.',
+        labelNames,
+        registers: [this.registry],
+        collect() {
+          this.reset();
+          const labels: Labels = {
+            ...engine,
+            max_lora: String(o.maxLoras),
+            model_name: model,
+            running_lora_adapters: [...s.runningLoras.keys()].join(','),
+            waiting_lora_adapters: [...s.waitingLoras.keys()].join(','),
+          };
+          this.set(labels, Date.now() / 1000);
+        },
+      });
+    }
+    this.#histogram('vllm:time_to_first_token_seconds', 'Histogram of time to first token in seconds.', TTFT_BUCKETS, l, s.ttft);
+    this.#histogram('vllm:inter_token_latency_seconds', 'Histogram of inter-token latency in seconds.', ITL_BUCKETS, l, s.itl);
+    this.#histogram('vllm:e2e_request_latency_seconds', 'Histogram of e2e request latency in seconds.', REQUEST_LATENCY_BUCKETS, l, s.e2e);
+    this.#histogram(
+      'vllm:request_queue_time_seconds',
+      'Histogram of time spent in WAITING phase for request.',
+      REQUEST_LATENCY_BUCKETS,
+      l,
+      s.queueTime,
     );
   }
-  head(out, 'vllm:time_to_first_token_seconds', 'histogram', 'Histogram of time to first token in seconds.');
-  s.ttft.render('vllm:time_to_first_token_seconds', l, out);
-  head(out, 'vllm:inter_token_latency_seconds', 'histogram', 'Histogram of inter-token latency in seconds.');
-  s.itl.render('vllm:inter_token_latency_seconds', l, out);
-  head(out, 'vllm:e2e_request_latency_seconds', 'histogram', 'Histogram of e2e request latency in seconds.');
-  s.e2e.render('vllm:e2e_request_latency_seconds', l, out);
-  head(out, 'vllm:request_queue_time_seconds', 'histogram', 'Histogram of time spent in WAITING phase for request.');
-  s.queueTime.render('vllm:request_queue_time_seconds', l, out);
-}
 
-function renderSglang(o: ResolvedSimOptions, s: Scheduler, model: string, out: string[]): void {
-  const l = `model_name="${model}"`;
-  const c = s.cache;
-  head(out, 'sglang:num_running_reqs', 'gauge', 'The number of running requests.');
-  out.push(`sglang:num_running_reqs{${l}} ${fmt(s.running)}`);
-  head(out, 'sglang:num_queue_reqs', 'gauge', 'The number of requests in the waiting queue.');
-  out.push(`sglang:num_queue_reqs{${l}} ${fmt(s.waiting)}`);
-  head(out, 'sglang:num_used_tokens', 'gauge', 'The number of used tokens.');
-  out.push(`sglang:num_used_tokens{${l}} ${fmt(c.usedBlocks * o.blockSize)}`);
-  head(out, 'sglang:token_usage', 'gauge', 'The token usage.');
-  out.push(`sglang:token_usage{${l}} ${fmt(c.usage)}`);
-  head(out, 'sglang:cache_hit_rate', 'gauge', 'The prefix cache hit rate.');
-  out.push(`sglang:cache_hit_rate{${l}} ${fmt(s.prefixQueryTokens > 0 ? s.prefixHitTokens / s.prefixQueryTokens : 0)}`);
-  head(out, 'sglang:cache_config_info', 'gauge', 'Information of the KV cache configuration.');
-  out.push(`sglang:cache_config_info{model_name="${model}",num_pages="${o.kvCacheBlocks}",page_size="${o.blockSize}"} 1.0`);
-  head(out, 'sglang:prompt_tokens_total', 'counter', 'Number of prefill tokens processed.');
-  out.push(`sglang:prompt_tokens_total{${l}} ${fmt(s.promptTokensTotal)}`);
-  head(out, 'sglang:generation_tokens_total', 'counter', 'Number of generation tokens processed.');
-  out.push(`sglang:generation_tokens_total{${l}} ${fmt(s.generationTokensTotal)}`);
-  head(out, 'sglang:num_requests_total', 'counter', 'Number of requests processed.');
-  out.push(`sglang:num_requests_total{${l}} ${fmt(s.finishedLength + s.finishedStop)}`);
-  head(out, 'sglang:time_to_first_token_seconds', 'histogram', 'Histogram of time to first token in seconds.');
-  s.ttft.render('sglang:time_to_first_token_seconds', l, out);
-  head(out, 'sglang:inter_token_latency_seconds', 'histogram', 'Histogram of inter-token latency in seconds.');
-  s.itl.render('sglang:inter_token_latency_seconds', l, out);
-  head(out, 'sglang:e2e_request_latency_seconds', 'histogram', 'Histogram of End-to-end request latency in seconds');
-  s.e2e.render('sglang:e2e_request_latency_seconds', l, out);
+  #sglang(o: ResolvedSimOptions, s: Scheduler, model: string): void {
+    const l: Labels = { model_name: model };
+    const c = s.cache;
+    this.#gauge('sglang:num_running_reqs', 'The number of running requests.', [[l, () => s.running]]);
+    this.#gauge('sglang:num_queue_reqs', 'The number of requests in the waiting queue.', [[l, () => s.waiting]]);
+    this.#gauge('sglang:num_used_tokens', 'The number of used tokens.', [[l, () => c.usedBlocks * o.blockSize]]);
+    this.#gauge('sglang:token_usage', 'The token usage.', [[l, () => c.usage]]);
+    this.#gauge('sglang:cache_hit_rate', 'The prefix cache hit rate.', [
+      [l, () => (s.prefixQueryTokens > 0 ? s.prefixHitTokens / s.prefixQueryTokens : 0)],
+    ]);
+    this.#gauge('sglang:cache_config_info', 'Information of the KV cache configuration.', [
+      [{ model_name: model, num_pages: String(o.kvCacheBlocks), page_size: String(o.blockSize) }, () => 1],
+    ]);
+    this.#counter('sglang:prompt_tokens_total', 'Number of prefill tokens processed.', [[l, () => s.promptTokensTotal]]);
+    this.#counter('sglang:generation_tokens_total', 'Number of generation tokens processed.', [[l, () => s.generationTokensTotal]]);
+    this.#counter('sglang:num_requests_total', 'Number of requests processed.', [[l, () => s.finishedLength + s.finishedStop]]);
+    this.#histogram('sglang:time_to_first_token_seconds', 'Histogram of time to first token in seconds.', TTFT_BUCKETS, l, s.ttft);
+    this.#histogram('sglang:inter_token_latency_seconds', 'Histogram of inter-token latency in seconds.', ITL_BUCKETS, l, s.itl);
+    this.#histogram('sglang:e2e_request_latency_seconds', 'Histogram of End-to-end request latency in seconds', REQUEST_LATENCY_BUCKETS, l, s.e2e);
+  }
+
+  #gauge(name: string, help: string, series: Series): void {
+    new Gauge({
+      name,
+      help,
+      labelNames: Object.keys(series[0]![0]),
+      registers: [this.registry],
+      collect() {
+        for (const [labels, read] of series) this.set(labels, read());
+      },
+    });
+  }
+
+  #counter(name: string, help: string, series: Series): void {
+    new Counter({
+      name,
+      help,
+      labelNames: Object.keys(series[0]![0]),
+      registers: [this.registry],
+      collect() {
+        this.reset();
+        for (const [labels, read] of series) this.inc(labels, read());
+      },
+    });
+  }
+
+  #histogram(name: string, help: string, buckets: readonly number[], labels: Labels, h: Histogram): void {
+    new HistogramMetric({
+      name,
+      help,
+      labelNames: Object.keys(labels),
+      buckets,
+      formatLe: pyFloat,
+      registers: [this.registry],
+      series: (emit) => emit(labels, h),
+    });
+  }
 }

@@ -27,7 +27,8 @@
 
 import { performance } from 'node:perf_hooks';
 import { KvCache, type KvLease } from './kv-cache.js';
-import { Histogram, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS } from './histogram.js';
+import { Histogram } from '../metrics/histogram.js';
+import { ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS } from './metrics.js';
 import type { ResolvedSimOptions } from './options.js';
 
 export const enum ReqState {
