@@ -28,6 +28,8 @@
 
 #include <uv.h>
 
+#include "h1_parser.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -41,13 +43,11 @@ namespace {
 
 constexpr size_t kReadSize = 64 * 1024;
 constexpr size_t kMinArena = 4 * kReadSize;
-constexpr size_t kMaxHead = 64 * 1024;
 constexpr uint32_t kSlotBits = 20;
 constexpr uint32_t kSlotMask = (1u << kSlotBits) - 1;
 constexpr uint64_t kIdleKeepAliveMs = 4000;  // below the 10 s idle timeout of uWS-based engines
 constexpr size_t kMaxInterned = 256;
 constexpr size_t kShrinkAbove = 1 << 20;
-constexpr double kMaxSafeInteger = 9007199254740991.0;
 
 enum : int32_t { kEvHead = 1, kEvData = 2, kEvEnd = 3, kEvError = 4 };
 // Error reasons (the JS side turns them into messages and codes).
@@ -66,6 +66,11 @@ enum : int32_t {
   kRQueueTimeout = 12,
 };
 
+static_assert(kRBadStatus == static_cast<int32_t>(h1::Error::BadStatus) && kRHeadTooLarge == static_cast<int32_t>(h1::Error::HeadTooLarge) &&
+                  kRBadChunk == static_cast<int32_t>(h1::Error::BadChunk) && kRBadLength == static_cast<int32_t>(h1::Error::BadLength) &&
+                  kRUnexpected == static_cast<int32_t>(h1::Error::Unexpected),
+              "the parser's errors are the client's error reasons");
+
 // One event record as the JS side reads it: Int32Array words 0-3, Float64 at
 // byte 16, words 6-7.
 struct Event {
@@ -74,8 +79,6 @@ struct Event {
   int32_t c, d;
 };
 static_assert(sizeof(Event) == 32, "event records are 32 bytes");
-
-enum class St : uint8_t { Idle, Head, BodyLength, BodyClose, ChunkSize, ChunkExt, ChunkSizeLF, ChunkData, ChunkDataCR, ChunkDataLF, Trailer };
 
 void ThrowType(Napi::Env env, const char* msg) { Napi::TypeError::New(env, msg).ThrowAsJavaScriptException(); }
 void ThrowRange(Napi::Env env, const char* msg) { Napi::RangeError::New(env, msg).ThrowAsJavaScriptException(); }
@@ -112,22 +115,15 @@ struct Conn {
   Conn* next = nullptr;
   std::string out;  // request bytes the socket has not taken yet (owned until the write completes)
   size_t out_off = 0;
-  std::string head;  // a response head that spans reads
+  h1::ResponseParser parser;
   uint64_t active_at = 0;
   uint64_t waited = 0;  // how long the current call waited in the queue (ms; counts toward its headers limit)
   uint32_t limit_ms = 0;
-  uint64_t remaining = 0;
-  uint64_t chunk_size = 0;
-  uint32_t line_len = 0;
-  uint32_t trailer_bytes = 0;
-  int digits = 0;
-  St st = St::Idle;
   bool connected = false;
   bool reused = false;
   bool got_bytes = false;
   bool closing = false;
   bool writing = false;
-  bool keep_alive = true;
   bool reading = false;
   bool in_idle = false;
 
@@ -135,7 +131,9 @@ struct Conn {
   void WriteOut();
   void TryWrite(const char* hp, size_t hl, const uint8_t* bp, size_t bl);
   void OnBytes(char* p, size_t n);
-  bool ParseHead(const char* h, size_t len);
+  void OnHead(const h1::Head& h);
+  void OnBody(char* p, size_t n) { core_push_data(p, n); }
+  void core_push_data(char* p, size_t n);
   void Complete(bool extra_bytes);
   void Fail(int err, int32_t reason);
   void OnEof();
@@ -143,32 +141,6 @@ struct Conn {
   void Check(uint64_t now, uint32_t slack);
   void SetReading(bool on);
 };
-
-bool IEq(const char* a, size_t n, const char* lower) {
-  size_t m = strlen(lower);
-  if (n != m) return false;
-  for (size_t i = 0; i < n; i++) {
-    char c = a[i];
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
-    if (c != lower[i]) return false;
-  }
-  return true;
-}
-
-bool IContains(const char* a, size_t n, const char* lower) {
-  size_t m = strlen(lower);
-  if (m > n) return false;
-  for (size_t s = 0; s + m <= n; s++) {
-    size_t i = 0;
-    for (; i < m; i++) {
-      char c = a[s + i];
-      if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
-      if (c != lower[i]) break;
-    }
-    if (i == m) return true;
-  }
-  return false;
-}
 
 class UpstreamClientWrap;
 
@@ -718,9 +690,7 @@ void Conn::Start(Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t b
   call = c;
   c->conn = this;
   got_bytes = false;
-  st = St::Head;
-  keep_alive = true;
-  head.clear();
+  parser.Start();
   const uint64_t now = core->Now();
   waited = c->queued ? now - c->queued_at : 0;
   c->queued = false;
@@ -806,8 +776,7 @@ void Conn::Check(uint64_t now, uint32_t slack) {
 }
 
 void Conn::OnEof() {
-  if (call != nullptr && st == St::BodyClose) {
-    keep_alive = false;
+  if (call != nullptr && parser.Eof()) {
     Complete(false);
     return;
   }
@@ -846,12 +815,11 @@ void Conn::Close() {
 void Conn::Complete(bool extra_bytes) {
   Call* c = call;
   call = nullptr;
-  st = St::Idle;
   core->Push(kEvEnd, c->id, 0, 0);
   const bool was_paused = c->paused;
   c->conn = nullptr;
   core->FreeCall(c);
-  if (!keep_alive || writing || extra_bytes || out.size() > out_off || core->closed_) {
+  if (!parser.keep_alive() || writing || extra_bytes || out.size() > out_off || core->closed_) {
     Close();
     return;
   }
@@ -861,89 +829,13 @@ void Conn::Complete(bool extra_bytes) {
   core->Release(this);
 }
 
-bool Conn::ParseHead(const char* h, size_t len) {
-  // status line: HTTP/1.x SSS
-  if (len < 13 || memcmp(h, "HTTP/1.", 7) != 0 || h[8] != ' ' || h[9] < '0' || h[9] > '9' || h[10] < '0' ||
-      h[10] > '9' || h[11] < '0' || h[11] > '9' || (h[12] != ' ' && h[12] != '\r' && h[12] != '\n')) {
-    Fail(UV_EPROTO, kRBadStatus);
-    return false;
-  }
-  const int status = (h[9] - '0') * 100 + (h[10] - '0') * 10 + (h[11] - '0');
-  if (status < 100 || status > 599 || status == 101) {
-    Fail(UV_EPROTO, kRBadStatus);
-    return false;
-  }
-  if (status < 200) return true;  // 1xx informational: the real response follows
-  keep_alive = h[7] != '0';       // HTTP/1.0 closes by default
-  const char* ct = nullptr;
-  size_t ct_len = 0;
-  double cl = -1;
-  bool chunked = false;
-  const char* end = h + len;
-  const char* p = static_cast<const char*>(memchr(h, '\n', len));
-  while (p != nullptr && p + 1 < end) {
-    const char* a = p + 1;
-    const char* q = static_cast<const char*>(memchr(a, '\n', static_cast<size_t>(end - a)));
-    const char* line_end = q == nullptr ? end : q;
-    p = q;
-    const char* colon = static_cast<const char*>(memchr(a, ':', static_cast<size_t>(line_end - a)));
-    if (colon == nullptr) continue;
-    const size_t nlen = static_cast<size_t>(colon - a);
-    if (nlen != 12 && nlen != 14 && nlen != 17 && nlen != 10) continue;
-    const char* v0 = colon + 1;
-    const char* v1 = line_end;
-    while (v0 < v1 && (*v0 == ' ' || *v0 == '\t')) v0++;
-    while (v1 > v0 && (v1[-1] == ' ' || v1[-1] == '\t' || v1[-1] == '\r')) v1--;
-    const size_t vlen = static_cast<size_t>(v1 - v0);
-    if (IEq(a, nlen, "content-type")) {
-      ct = v0;
-      ct_len = vlen;
-    } else if (IEq(a, nlen, "content-length")) {
-      double v = 0;
-      if (vlen == 0) {
-        Fail(UV_EPROTO, kRBadLength);
-        return false;
-      }
-      for (const char* d = v0; d < v1; d++) {
-        if (*d < '0' || *d > '9' || v > kMaxSafeInteger / 10) {
-          Fail(UV_EPROTO, kRBadLength);
-          return false;
-        }
-        v = v * 10 + (*d - '0');
-      }
-      if (cl >= 0 && cl != v) {
-        Fail(UV_EPROTO, kRBadLength);
-        return false;
-      }
-      cl = v;
-    } else if (IEq(a, nlen, "transfer-encoding")) {
-      chunked = IContains(v0, vlen, "chunked");
-    } else if (IEq(a, nlen, "connection")) {
-      if (IContains(v0, vlen, "close")) keep_alive = false;
-      else if (IContains(v0, vlen, "keep-alive")) keep_alive = true;
-    }
-  }
+void Conn::OnHead(const h1::Head& h) {
   limit_ms = core->body_ms_;
   active_at = core->Now();  // the body phase starts
-  if (status == 204 || status == 304) {
-    chunked = false;
-    cl = 0;
-  }
-  if (chunked) {
-    cl = -1;
-    st = St::ChunkSize;
-    chunk_size = 0;
-    digits = 0;
-  } else if (cl >= 0) {
-    st = St::BodyLength;
-    remaining = static_cast<uint64_t>(cl);
-  } else {
-    st = St::BodyClose;
-    keep_alive = false;
-  }
-  core->Push(kEvHead, call->id, status, core->InternContentType(ct, ct_len), cl);
-  return true;
+  core->Push(kEvHead, call->id, h.status, core->InternContentType(h.type, h.type_len), h.length);
 }
+
+void Conn::core_push_data(char* p, size_t n) { core->PushData(call, p, n); }
 
 void Conn::OnBytes(char* p, size_t n) {
   if (call == nullptr) {
@@ -953,202 +845,17 @@ void Conn::OnBytes(char* p, size_t n) {
   got_bytes = true;
   // the head must be complete within the headers limit (bytes of it do not restart it,
   // or an engine trickling a head could hold the call forever); body bytes are progress
-  if (st != St::Head) active_at = core->Now();
-  Call* c = call;
-  char* d0 = nullptr;  // start of this read's (de-chunked) body bytes
-  char* w = nullptr;   // where the next body byte goes
-  auto take = [&](char* src, size_t len) {
-    if (len == 0) return;
-    if (d0 == nullptr) d0 = w = src;
-    if (w != src) memmove(w, src, len);
-    w += len;
-  };
-  auto emit = [&]() {
-    if (d0 != nullptr && w > d0) core->PushData(c, d0, static_cast<size_t>(w - d0));
-    d0 = w = nullptr;
-  };
-  size_t i = 0;
-  while (i < n) {
-    switch (st) {
-      case St::Head: {
-        if (head.empty()) {
-          const void* e = memmem(p + i, n - i, "\r\n\r\n", 4);
-          if (e == nullptr) {
-            if (n - i > kMaxHead) {
-              Fail(UV_EPROTO, kRHeadTooLarge);
-              return;
-            }
-            head.assign(p + i, n - i);
-            i = n;
-            break;
-          }
-          const size_t hl = static_cast<size_t>(static_cast<const char*>(e) - (p + i)) + 4;
-          if (!ParseHead(p + i, hl)) return;
-          i += hl;
-        } else {
-          const size_t old = head.size();
-          head.append(p + i, n - i);
-          const size_t from = old >= 3 ? old - 3 : 0;
-          const void* e = memmem(head.data() + from, head.size() - from, "\r\n\r\n", 4);
-          if (e == nullptr) {
-            if (head.size() > kMaxHead) {
-              Fail(UV_EPROTO, kRHeadTooLarge);
-              return;
-            }
-            i = n;
-            break;
-          }
-          const size_t hl = static_cast<size_t>(static_cast<const char*>(e) - head.data()) + 4;
-          if (!ParseHead(head.data(), hl)) return;
-          i += hl - old;
-          head.clear();
-        }
-        if (call != c) return;
-        if (st == St::BodyLength && remaining == 0) {
-          Complete(i < n);
-          return;
-        }
-        break;
-      }
-      case St::BodyLength: {
-        const size_t len = static_cast<size_t>(std::min<uint64_t>(remaining, n - i));
-        take(p + i, len);
-        i += len;
-        remaining -= len;
-        if (remaining == 0) {
-          emit();
-          Complete(i < n);
-          return;
-        }
-        break;
-      }
-      case St::BodyClose:
-        take(p + i, n - i);
-        i = n;
-        break;
-      case St::ChunkSize: {
-        const char ch = p[i++];
-        int v = -1;
-        if (ch >= '0' && ch <= '9') v = ch - '0';
-        else if (ch >= 'a' && ch <= 'f') v = ch - 'a' + 10;
-        else if (ch >= 'A' && ch <= 'F') v = ch - 'A' + 10;
-        if (v >= 0) {
-          if (++digits > 12) {
-            emit();
-            Fail(UV_EPROTO, kRBadChunk);
-            return;
-          }
-          chunk_size = chunk_size * 16 + static_cast<uint64_t>(v);
-          break;
-        }
-        if (digits == 0) {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        if (ch == ';' || ch == ' ' || ch == '\t') {
-          st = St::ChunkExt;
-          line_len = 0;
-        } else if (ch == '\r') {
-          st = St::ChunkSizeLF;
-        } else if (ch == '\n') {
-          goto size_line_done;
-        } else {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        break;
-      }
-      case St::ChunkExt: {
-        const char ch = p[i++];
-        if (ch == '\n') goto size_line_done;
-        if (++line_len > 4096) {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        break;
-      }
-      case St::ChunkSizeLF: {
-        const char ch = p[i++];
-        if (ch != '\n') {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        goto size_line_done;
-      }
-      case St::ChunkData: {
-        const size_t len = static_cast<size_t>(std::min<uint64_t>(remaining, n - i));
-        take(p + i, len);
-        i += len;
-        remaining -= len;
-        if (remaining == 0) st = St::ChunkDataCR;
-        break;
-      }
-      case St::ChunkDataCR: {
-        const char ch = p[i++];
-        if (ch == '\r') st = St::ChunkDataLF;
-        else if (ch == '\n') {
-          st = St::ChunkSize;
-          chunk_size = 0;
-          digits = 0;
-        } else {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        break;
-      }
-      case St::ChunkDataLF: {
-        const char ch = p[i++];
-        if (ch != '\n') {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        st = St::ChunkSize;
-        chunk_size = 0;
-        digits = 0;
-        break;
-      }
-      case St::Trailer: {
-        const char ch = p[i++];
-        if (ch == '\n') {
-          if (line_len == 0) {
-            emit();
-            Complete(i < n);
-            return;
-          }
-          line_len = 0;
-        } else if (ch != '\r') {
-          line_len++;
-          if (++trailer_bytes > kMaxHead) {
-            emit();
-            Fail(UV_EPROTO, kRBadChunk);
-            return;
-          }
-        }
-        break;
-      }
-      case St::Idle:
-        emit();
-        Fail(UV_EPROTO, kRUnexpected);
-        return;
-    }
-    continue;
-  size_line_done:
-    if (chunk_size == 0) {
-      st = St::Trailer;
-      line_len = 0;
-      trailer_bytes = 0;
-    } else {
-      st = St::ChunkData;
-      remaining = chunk_size;
-    }
+  if (!parser.in_head()) active_at = core->Now();
+  switch (parser.Feed(p, n, *this)) {
+    case h1::Result::More:
+      return;
+    case h1::Result::Done:
+      Complete(parser.consumed() < n);
+      return;
+    case h1::Result::Fail:
+      Fail(UV_EPROTO, static_cast<int32_t>(parser.error()));
+      return;
   }
-  emit();
 }
 
 // ---- the JS class -----------------------------------------------------------------------------
