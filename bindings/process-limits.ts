@@ -13,6 +13,7 @@ export interface FdLimit {
  * and returns both. Throws an Error if the system refuses (the message names
  * the call and errno text).
  */
-export function raiseFdLimit(): FdLimit {
+export function raiseFdLimit(...args: never[]): FdLimit {
+  if (args.length !== 0) throw new TypeError('raiseFdLimit() takes no arguments');
   return native.raiseFdLimit() as FdLimit;
 }

@@ -1,6 +1,6 @@
 // The HTTP/1.1 response parser of the native upstream client, on its own:
 // no libuv, no N-API, so tests can drive it directly (the addon exports a
-// test-only entry point over it, and test/h1-parser.property.test.ts compares
+// test-only entry point over it, and test/native-h1-parser.property.test.ts compares
 // it with the plain TS model in test/reference/h1-response.ts).
 //
 // What it accepts (RFC 9112, and the same rules as src/proxy/h1-parser.ts,

@@ -1,7 +1,7 @@
 // A test-only entry point over the HTTP/1.1 response parser (h1_parser.h):
 // h1ParseForTest(bytes, splits, eof) feeds bytes to one parser in the pieces
 // splits names (end offsets) and reports what it saw. Used by
-// test/h1-parser.property.test.ts against the TS reference model; not on any
+// test/native-h1-parser.property.test.ts against the TS reference model; not on any
 // request path (it builds a JS object per call).
 #include "h1_parser_probe.h"
 

@@ -1,7 +1,7 @@
 // The HTTP/1.1 response parser of the TS h1 client: the same rules as the
 // native client's parser (native/h1_parser.h; its header comment lists them),
 // so the router behaves alike whichever client serves an endpoint.
-// test/h1-parser.property.test.ts compares both parsers with the plain model
+// test/native-h1-parser.property.test.ts compares both parsers with the plain model
 // in test/reference/h1-response.ts over generated responses and read splits;
 // test/h1-conformance.test.ts runs both clients over real sockets.
 //

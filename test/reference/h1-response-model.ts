@@ -3,7 +3,7 @@
 // src/proxy/h1-parser.ts, apply it; the rules are listed in h1_parser.h).
 // Written as a whole-input reader over a string, with no streaming state, so
 // it shares no code or structure with the parsers it checks:
-// test/h1-parser.property.test.ts feeds both parsers the same bytes in random
+// test/native-h1-parser.property.test.ts feeds both parsers the same bytes in random
 // read splits and compares them with this.
 
 export const MAX_HEAD = 64 * 1024;
