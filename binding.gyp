@@ -7,6 +7,7 @@
         "native/prefix_index.cc",
         "native/flow_queues.cc",
         "native/upstream_client.cc",
+        "native/upstream_core.cc",
         "native/h1_parser_probe.cc",
         "native/fd_limit.cc"
       ],
