@@ -72,6 +72,14 @@ function eqLower(buf: Buffer, a: number, b: number, lower: Buffer): boolean {
   return true;
 }
 
+const HTTP1 = Buffer.from('HTTP/1.');
+
+/** buf[at, at + 7) is "HTTP/1." (byte compares: no string per response). */
+function startsWithHttp1(buf: Buffer, at: number): boolean {
+  for (let k = 0; k < 7; k++) if (buf[at + k] !== HTTP1[k]) return false;
+  return true;
+}
+
 function isDigit(c: number | undefined): boolean {
   return c !== undefined && c >= 48 && c <= 57;
 }
@@ -306,7 +314,7 @@ export class H1ResponseParser {
   #parseHead(buf: Buffer, start: number, end: number, sink: H1ParserSink): H1Result {
     if (
       end - start < 13 ||
-      buf.toString('latin1', start, start + 7) !== 'HTTP/1.' ||
+      !startsWithHttp1(buf, start) ||
       !isDigit(buf[start + 7]) ||
       buf[start + 8] !== 32 ||
       !isDigit(buf[start + 9]) ||
