@@ -307,6 +307,9 @@ class Core {
   }
 
   void NewConn(Pool* pool, Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl) {
+    // the loop's cached time is that of this turn's start, before whatever JavaScript ran
+    // since: the connect limit counts from now (once per connection, not per request)
+    uv_update_time(loop_);
     Conn* k = new Conn();
     k->core = this;
     k->pool = pool;

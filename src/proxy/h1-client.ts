@@ -320,8 +320,10 @@ class H1Pool {
 
   #connect(call: H1Call): void {
     this.#open++;
+    // the coarse clock is that of the last tick, before whatever JavaScript ran since:
+    // the connect limit counts from now (once per connection, not per request)
+    this.clock = performance.now();
     if (this.#sweep === undefined) {
-      this.clock = performance.now();
       this.#sweep = setInterval(() => this.#tick(), this.#tickMs);
       this.#sweep.unref();
     }
