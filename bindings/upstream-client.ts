@@ -1,4 +1,4 @@
-// Typed surface over the native HTTP/1.1 upstream client (native/upstream_client.cc).
+// Typed surface over the native HTTP/1.1 upstream client (native/upstream_client.cc over native/upstream_core.h).
 //
 // The native side owns the sockets (libuv, on this thread's event loop) and
 // reports responses as event records in a shared Int32Array, delivered to
