@@ -6,7 +6,10 @@
         "native/addon.cc",
         "native/prefix_index.cc",
         "native/flow_queues.cc",
-        "native/upstream_client.cc"
+        "native/upstream_client.cc",
+        "native/upstream_core.cc",
+        "native/h1_parser_probe.cc",
+        "native/fd_limit.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": ["NAPI_VERSION=8", "NAPI_DISABLE_CPP_EXCEPTIONS", "NODE_ADDON_API_DISABLE_DEPRECATED", "NODE_API_SWALLOW_UNTHROWABLE_EXCEPTIONS"],

@@ -4,3 +4,4 @@ export { NativeLoadError, NATIVE_ABI_VERSION } from './native.js';
 export * from './flow-queues.js';
 export * from './prefix-index.js';
 export * from './upstream-client.js';
+export * from './process-limits.js';

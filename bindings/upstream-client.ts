@@ -1,4 +1,4 @@
-// Typed surface over the native HTTP/1.1 upstream client (native/upstream_client.cc).
+// Typed surface over the native HTTP/1.1 upstream client (native/upstream_client.cc over native/upstream_core.h).
 //
 // The native side owns the sockets (libuv, on this thread's event loop) and
 // reports responses as event records in a shared Int32Array, delivered to
@@ -131,4 +131,30 @@ export class NativeUpstreamConnections {
     const s = this.#n.stats();
     return { flushes: s[0]!, events: s[1]!, opened: s[2]!, open: s[3]! };
   }
+}
+
+/** What h1ParseForTest saw (see native/h1_parser_probe.cc). */
+export interface H1ParseProbe {
+  /** done: the response ended; eof: a body delimited by close ended at eof; fail: malformed; more: incomplete. */
+  outcome: 'done' | 'eof' | 'fail' | 'more';
+  /** An UpstreamErrorReason (6-10) when outcome is fail, else 0. */
+  error: number;
+  /** Final heads reported (0 or 1). */
+  heads: number;
+  status: number;
+  type: string;
+  length: number;
+  keepAlive: boolean;
+  /** Bytes of the input that belonged to the response (done, eof). */
+  consumed: number;
+  body: Buffer;
+}
+
+/**
+ * Test-only: feeds `bytes` to one native HTTP/1.1 response parser (native/h1_parser.h)
+ * in reads ending at the offsets in `splits` (increasing, inside bytes), then an
+ * end of stream if `eof`. Not for request paths: it builds a JS object per call.
+ */
+export function h1ParseForTest(bytes: Uint8Array, splits: Uint32Array, eof: boolean): H1ParseProbe {
+  return native.h1ParseForTest(bytes, splits, eof) as H1ParseProbe;
 }

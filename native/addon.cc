@@ -5,6 +5,8 @@
 #include "prefix_index.h"
 #include "flow_queues.h"
 #include "upstream_client.h"
+#include "h1_parser_probe.h"
+#include "fd_limit.h"
 
 namespace {
 
@@ -12,7 +14,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   switchyard::InitPrefixIndex(env, exports);
   switchyard::InitFlowQueues(env, exports);
   switchyard::InitUpstreamClient(env, exports);
-  exports.Set("abiVersion", Napi::Number::New(env, 2)); // 2: the upstream client
+  switchyard::InitH1ParserProbe(env, exports);
+  switchyard::InitFdLimit(env, exports);
+  exports.Set("abiVersion", Napi::Number::New(env, 3)); // 2: the upstream client; 3: h1ParseForTest, raiseFdLimit
   return exports;
 }
 

@@ -1,1155 +1,93 @@
-// The native HTTP/1.1 upstream client: keep-alive TCP connections per
-// endpoint on the host's libuv loop, one request at a time per connection,
-// a small response parser, and events delivered to JavaScript in batches.
-//
-// Crossing into JavaScript: every response event (headers, a body piece, end,
-// error) is appended to a native queue; the queue is copied into a shared
-// Int32Array and handed to one JS callback per loop turn (from a uv_check
-// handle, after the poll phase), or sooner when the read arena runs low.
-// Response bytes are read straight into a shared arena (a JS Buffer); body
-// events name [offset, length) ranges of it, so a body is never copied on the
-// way to JS. Chunked bodies are de-chunked in place (framing bytes are
-// squeezed out by moving data backwards), so one read yields at most one body
-// event per call.
-//
-// Calls are named by ids the JS side picks: slot | generation << 20. Events
-// of an id the JS side no longer knows (aborted, reused slot) are dropped
-// there, so nothing has to be purged from the queue here.
-//
-// Timeouts: one coarse uv_timer per client checks every connection's last
-// progress against its phase's limit: connect, the complete response head,
-// body inactivity.
-// A call that waits for a free connection (every connectionsPerEndpoint one
-// busy) is under the headers limit from the moment it was sent: the wait
-// counts, so it fails when its complete head did not arrive within the limit,
-// queued or not (1xx interim heads and bytes of an incomplete head do not
-// restart it).
+// The N-API binding of the native HTTP/1.1 upstream client: the
+// UpstreamClient class (argument checks, the hot send() path) and the bridge
+// that delivers a Core's event batches to JavaScript. The connections, pools
+// and timeouts are in upstream_core.h/.cc, the response parser in h1_parser.h.
 #include "upstream_client.h"
 
-#include <uv.h>
-
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
-#include <deque>
-#include <memory>
-#include <string>
-#include <vector>
+#include "upstream_core.h"
 
 namespace switchyard {
 namespace {
 
-constexpr size_t kReadSize = 64 * 1024;
-constexpr size_t kMinArena = 4 * kReadSize;
-constexpr size_t kMaxHead = 64 * 1024;
-constexpr uint32_t kSlotBits = 20;
-constexpr uint32_t kSlotMask = (1u << kSlotBits) - 1;
-constexpr uint64_t kIdleKeepAliveMs = 4000;  // below the 10 s idle timeout of uWS-based engines
-constexpr size_t kMaxInterned = 256;
-constexpr size_t kShrinkAbove = 1 << 20;
-constexpr double kMaxSafeInteger = 9007199254740991.0;
-
-enum : int32_t { kEvHead = 1, kEvData = 2, kEvEnd = 3, kEvError = 4 };
-// Error reasons (the JS side turns them into messages and codes).
-enum : int32_t {
-  kRConnect = 1,
-  kRConnectTimeout = 2,
-  kRTimeout = 3,
-  kRClosed = 4,
-  kRIo = 5,
-  kRBadStatus = 6,
-  kRHeadTooLarge = 7,
-  kRBadChunk = 8,
-  kRBadLength = 9,
-  kRUnexpected = 10,
-  kRClientClosed = 11,
-  kRQueueTimeout = 12,
-};
-
-// One event record as the JS side reads it: Int32Array words 0-3, Float64 at
-// byte 16, words 6-7.
-struct Event {
-  int32_t type, id, a, b;
-  double f;
-  int32_t c, d;
-};
-static_assert(sizeof(Event) == 32, "event records are 32 bytes");
-
-enum class St : uint8_t { Idle, Head, BodyLength, BodyClose, ChunkSize, ChunkExt, ChunkSizeLF, ChunkData, ChunkDataCR, ChunkDataLF, Trailer };
+using namespace upstream;
 
 void ThrowType(Napi::Env env, const char* msg) { Napi::TypeError::New(env, msg).ThrowAsJavaScriptException(); }
 void ThrowRange(Napi::Env env, const char* msg) { Napi::RangeError::New(env, msg).ThrowAsJavaScriptException(); }
 
-class Core;
-struct Pool;
-struct Conn;
 
-struct Call {
-  int32_t id = -1;  // -1: free
-  Pool* pool = nullptr;
-  Conn* conn = nullptr;
-  std::string out;  // the request while it waits for a connection
-  uint64_t queued_at = 0;  // loop time it joined its pool's queue (valid while queued)
-  bool queued = false;
-  bool paused = false;
-};
-
-struct Pool {
-  sockaddr_storage addr{};
-  uint32_t open = 0;
-  std::vector<Conn*> idle;
-  std::deque<int32_t> queue;  // waiting call ids (stale ids are skipped)
-};
-
-struct Conn {
-  uv_tcp_t tcp;
-  uv_connect_t creq;
-  uv_write_t wreq;
-  Core* core = nullptr;
-  Pool* pool = nullptr;
-  Call* call = nullptr;
-  Conn* prev = nullptr;
-  Conn* next = nullptr;
-  std::string out;  // request bytes the socket has not taken yet (owned until the write completes)
-  size_t out_off = 0;
-  std::string head;  // a response head that spans reads
-  uint64_t active_at = 0;
-  uint64_t waited = 0;  // how long the current call waited in the queue (ms; counts toward its headers limit)
-  uint32_t limit_ms = 0;
-  uint64_t remaining = 0;
-  uint64_t chunk_size = 0;
-  uint32_t line_len = 0;
-  uint32_t trailer_bytes = 0;
-  int digits = 0;
-  St st = St::Idle;
-  bool connected = false;
-  bool reused = false;
-  bool got_bytes = false;
-  bool closing = false;
-  bool writing = false;
-  bool keep_alive = true;
-  bool reading = false;
-  bool in_idle = false;
-
-  void Start(Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl);
-  void WriteOut();
-  void TryWrite(const char* hp, size_t hl, const uint8_t* bp, size_t bl);
-  void OnBytes(char* p, size_t n);
-  bool ParseHead(const char* h, size_t len);
-  void Complete(bool extra_bytes);
-  void Fail(int err, int32_t reason);
-  void OnEof();
-  void Close();
-  void Check(uint64_t now, uint32_t slack);
-  void SetReading(bool on);
-};
-
-bool IEq(const char* a, size_t n, const char* lower) {
-  size_t m = strlen(lower);
-  if (n != m) return false;
-  for (size_t i = 0; i < n; i++) {
-    char c = a[i];
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
-    if (c != lower[i]) return false;
-  }
-  return true;
-}
-
-bool IContains(const char* a, size_t n, const char* lower) {
-  size_t m = strlen(lower);
-  if (m > n) return false;
-  for (size_t s = 0; s + m <= n; s++) {
-    size_t i = 0;
-    for (; i < m; i++) {
-      char c = a[s + i];
-      if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
-      if (c != lower[i]) break;
-    }
-    if (i == m) return true;
-  }
-  return false;
-}
-
-class UpstreamClientWrap;
-
-class Core {
+// The JavaScript side of a Core: the onEvents callback, the shared event and
+// arena buffers (kept alive by references), the async context the callback
+// runs in, and the environment cleanup hook that shuts the core down when the
+// environment (a worker thread) goes away. Deletes itself when the core has finished.
+class JsBridge : public CoreHost {
  public:
-  Core(napi_env env, uv_loop_t* loop) : env_(env), loop_(loop) {}
+  explicit JsBridge(napi_env env) : env_(env) {}
 
-  bool Init(Napi::Env env, Napi::Function cb, Napi::TypedArray events, Napi::Uint8Array arena) {
+  bool Init(Napi::Function cb, Napi::TypedArray events, Napi::Uint8Array arena) {
+    Napi::Env env(env_);
     cb_ = Napi::Persistent(cb);
     events_ref_ = Napi::Persistent(events.As<Napi::Object>());
     arena_ref_ = Napi::Persistent(arena.As<Napi::Object>());
-    ev_ptr_ = reinterpret_cast<Event*>(static_cast<uint8_t*>(events.ArrayBuffer().Data()) + events.ByteOffset());
-    ev_cap_ = events.ByteLength() / sizeof(Event);
-    arena_ = reinterpret_cast<char*>(arena.Data());
-    arena_size_ = arena.ByteLength();
     napi_value name;
     napi_create_string_utf8(env_, "SwitchyardUpstream", NAPI_AUTO_LENGTH, &name);
     if (napi_async_init(env_, Napi::Object::New(env), name, &async_) != napi_ok) return false;
-    uv_timer_init(loop_, &timer_);
-    uv_check_init(loop_, &check_);
-    uv_idle_init(loop_, &idle_);
-    timer_.data = check_.data = idle_.data = this;
-    uv_unref(reinterpret_cast<uv_handle_t*>(&timer_));
-    uv_unref(reinterpret_cast<uv_handle_t*>(&check_));
-    handles_ = 3;
-    napi_add_async_cleanup_hook(env_, &Core::OnEnvCleanup, this, &cleanup_);
     return true;
   }
 
-  void Configure(uint32_t connect_ms, uint32_t headers_ms, uint32_t body_ms, uint32_t per_endpoint) {
-    connect_ms_ = connect_ms;
-    headers_ms_ = headers_ms;
-    body_ms_ = body_ms;
-    per_endpoint_ = per_endpoint;
-    uint32_t shortest = 0;
-    for (uint32_t v : {connect_ms, headers_ms, body_ms})
-      if (v > 0 && (shortest == 0 || v < shortest)) shortest = v;
-    tick_ms_ = shortest == 0 ? 250 : std::max<uint32_t>(5, std::min<uint32_t>(250, shortest / 8));
+  // core: the core this bridge serves; owner_slot: the wrap's pointer to it, cleared when the core is gone.
+  void Attach(Core* core, Core** owner_slot) {
+    core_ = core;
+    owner_slot_ = owner_slot;
+    napi_add_async_cleanup_hook(env_, &JsBridge::OnEnvCleanup, this, &cleanup_);
   }
+  void Detach() { owner_slot_ = nullptr; }
 
-  uv_loop_t* loop() const { return loop_; }
-  uint64_t Now() const { return uv_now(loop_); }
-
-  // ---- calls ------------------------------------------------------------------------------
-
-  Call* Lookup(int32_t id) {
-    uint32_t slot = static_cast<uint32_t>(id) & kSlotMask;
-    if (id < 0 || slot >= calls_.size()) return nullptr;
-    Call* c = calls_[slot].get();
-    return c->id == id ? c : nullptr;
-  }
-
-  void FreeCall(Call* c) {
-    c->id = -1;
-    c->conn = nullptr;
-    c->pool = nullptr;
-    c->paused = false;
-    c->queued = false;
-    if (c->out.capacity() > kShrinkAbove) std::string().swap(c->out);
-    else c->out.clear();
-  }
-
-  bool AddPool(uint32_t id, const std::string& ip, uint32_t port) {
-    if (id >= pools_.size()) pools_.resize(id + 1);
-    auto p = std::make_unique<Pool>();
-    if (ip.find(':') != std::string::npos) {
-      if (uv_ip6_addr(ip.c_str(), static_cast<int>(port), reinterpret_cast<sockaddr_in6*>(&p->addr)) != 0) return false;
-    } else if (uv_ip4_addr(ip.c_str(), static_cast<int>(port), reinterpret_cast<sockaddr_in*>(&p->addr)) != 0) {
-      return false;
-    }
-    if (pools_[id]) {
-      // re-registering an endpoint id (a new address): new connections use it
-      pools_[id]->addr = p->addr;
-      return true;
-    }
-    pools_[id] = std::move(p);
-    return true;
-  }
-
-  Pool* GetPool(uint32_t id) { return id < pools_.size() ? pools_[id].get() : nullptr; }
-
-  // The call a queue entry names, or nullptr if the entry is stale: its call was
-  // aborted or has started, or (the JS side's generations wrapped) the id now
-  // names a newer call, which may be waiting in another pool's queue.
-  Call* Waiting(int32_t id, const Pool* pool) {
-    Call* c = Lookup(id);
-    return c != nullptr && c->queued && c->pool == pool ? c : nullptr;
-  }
-
-  // send: returns false (with a JS exception set) on bad arguments.
-  bool Send(Napi::Env env, int32_t id, Pool* pool, const char* hp, size_t hl, const uint8_t* bp, size_t bl) {
-    uint32_t slot = static_cast<uint32_t>(id) & kSlotMask;
-    if (slot >= calls_.size()) {
-      size_t n = std::max<size_t>(slot + 1, calls_.size() * 2);
-      n = std::min<size_t>(n, kSlotMask + 1);
-      calls_.reserve(n);
-      while (calls_.size() < n) calls_.push_back(std::make_unique<Call>());
-    }
-    Call* c = calls_[slot].get();
-    if (c->id != -1) {
-      ThrowRange(env, "call slot is in use");
-      return false;
-    }
-    c->id = id;
-    c->pool = pool;
-    if (closed_) {
-      PushError(c, UV_ECANCELED, kRClientClosed, false);
-      FreeCall(c);
-      Schedule();
-      return true;
-    }
-    Dispatch(c, hp, hl, bp, bl);
-    Schedule();  // a synchronous failure left an event
-    return true;
-  }
-
-  void Dispatch(Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl) {
-    Pool* pool = c->pool;
-    while (!pool->idle.empty()) {
-      Conn* k = pool->idle.back();
-      pool->idle.pop_back();
-      k->in_idle = false;
-      if (!k->closing) {
-        k->Start(c, hp, hl, bp, bl);
-        return;
-      }
-    }
-    if (pool->open < per_endpoint_) {
-      NewConn(pool, c, hp, hl, bp, bl);
-      return;
-    }
-    if (hp != nullptr) {
-      c->out.assign(hp, hl);
-      if (bl > 0) c->out.append(reinterpret_cast<const char*>(bp), bl);
-    }
-    c->queued = true;
-    c->queued_at = Now();
-    pool->queue.push_back(c->id);
-  }
-
-  // Fails queued calls that waited longer than the headers limit (oldest first:
-  // a queue is in sending order, so the scan stops at the first one still in time).
-  void ExpireQueued(uint64_t now) {
-    if (headers_ms_ == 0) return;
-    for (auto& p : pools_) {
-      if (!p) continue;
-      while (!p->queue.empty()) {
-        Call* c = Waiting(p->queue.front(), p.get());
-        if (c == nullptr) {
-          p->queue.pop_front();
-          continue;
-        }
-        if (now - c->queued_at <= static_cast<uint64_t>(headers_ms_) + tick_ms_) break;
-        p->queue.pop_front();
-        PushError(c, UV_ETIMEDOUT, kRQueueTimeout, false);
-        FreeCall(c);
-      }
-    }
-  }
-
-  void NewConn(Pool* pool, Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl) {
-    Conn* k = new Conn();
-    k->core = this;
-    k->pool = pool;
-    uv_tcp_init(loop_, &k->tcp);
-    handles_++;
-    k->tcp.data = k;
-    k->creq.data = k;
-    k->wreq.data = k;
-    uv_tcp_nodelay(&k->tcp, 1);
-    Link(k);
-    pool->open++;
-    opened_++;
-    if (!uv_is_active(reinterpret_cast<uv_handle_t*>(&timer_))) uv_timer_start(&timer_, &Core::OnTick, tick_ms_, tick_ms_);
-    k->Start(c, hp, hl, bp, bl);
-    int r = uv_tcp_connect(&k->creq, &k->tcp, reinterpret_cast<const sockaddr*>(&pool->addr), &Core::OnConnect);
-    if (r < 0) k->Fail(r, kRConnect);
-  }
-
-  // A connection left the pool: a waiting call may open a new one.
-  void Drain(Pool* pool) {
-    if (draining_ || closed_) return;
-    draining_ = true;
-    while (!pool->queue.empty() && pool->open < per_endpoint_) {
-      Call* c = Waiting(pool->queue.front(), pool);
-      pool->queue.pop_front();
-      if (c == nullptr) continue;
-      NewConn(pool, c, nullptr, 0, nullptr, 0);
-    }
-    draining_ = false;
-  }
-
-  // A finished connection is handed to the next waiting call or parked.
-  void Release(Conn* k) {
-    Pool* pool = k->pool;
-    while (!pool->queue.empty()) {
-      Call* c = Waiting(pool->queue.front(), pool);
-      pool->queue.pop_front();
-      if (c == nullptr) continue;
-      k->Start(c, nullptr, 0, nullptr, 0);
-      return;
-    }
-    k->in_idle = true;
-    k->SetReading(true);  // an idle connection still watches for the endpoint closing it
-    uv_unref(reinterpret_cast<uv_handle_t*>(&k->tcp));
-    pool->idle.push_back(k);
-  }
-
-  void Abort(int32_t id) {
-    if (shutting_down_) return;  // every connection is closing and no call will see another event
-    Call* c = Lookup(id);
-    if (c == nullptr) return;
-    Conn* k = c->conn;
-    FreeCall(c);
-    if (k != nullptr) {
-      k->call = nullptr;
-      k->Close();  // mid-request: the connection cannot be reused; the endpoint sees the disconnect
-    }
-    // a queued call leaves a stale id in the queue, skipped when reached
-  }
-
-  void Pause(int32_t id) {
-    if (shutting_down_) return;
-    Call* c = Lookup(id);
-    if (c == nullptr || c->paused) return;
-    c->paused = true;
-    if (c->conn != nullptr) c->conn->SetReading(false);
-  }
-
-  void Resume(int32_t id) {
-    if (shutting_down_) return;
-    Call* c = Lookup(id);
-    if (c == nullptr || !c->paused) return;
-    c->paused = false;
-    Conn* k = c->conn;
-    if (k != nullptr) {
-      k->active_at = Now();  // the pause was the client's doing: the body timeout starts afresh
-      k->SetReading(true);
-    }
-  }
-
-  // close(): fails waiting calls, closes idle connections; busy ones finish.
-  void CloseClient() {
-    if (closed_) return;
-    closed_ = true;
-    for (auto& p : pools_) {
-      if (!p) continue;
-      for (int32_t id : p->queue) {
-        Call* c = Waiting(id, p.get());
-        if (c == nullptr) continue;
-        PushError(c, UV_ECANCELED, kRClientClosed, false);
-        FreeCall(c);
-      }
-      p->queue.clear();
-      std::vector<Conn*> idle;
-      idle.swap(p->idle);
-      for (Conn* k : idle) {
-        k->in_idle = false;
-        k->Close();
-      }
-    }
-    Schedule();
-  }
-
-  // ---- connections ------------------------------------------------------------------------
-
-  void Link(Conn* k) {
-    k->next = conns_;
-    if (conns_ != nullptr) conns_->prev = k;
-    conns_ = k;
-  }
-  void Unlink(Conn* k) {
-    if (k->prev != nullptr) k->prev->next = k->next;
-    else if (conns_ == k) conns_ = k->next;
-    if (k->next != nullptr) k->next->prev = k->prev;
-    k->prev = k->next = nullptr;
-  }
-
-  void HandleClosed() {
-    handles_--;
-    if (handles_ == 0 && shutting_down_) Finish();
-  }
-
-  // ---- events -----------------------------------------------------------------------------
-
-  void Push(int32_t type, int32_t id, int32_t a, int32_t b, double f = 0, int32_t c = 0) {
-    events_.push_back(Event{type, id, a, b, f, c, 0});
-  }
-  void PushError(Call* c, int err, int32_t reason, bool stale) { Push(kEvError, c->id, err, reason, 0, stale ? 1 : 0); }
-  void PushData(Call* c, const char* p, size_t n) {
-    Push(kEvData, c->id, static_cast<int32_t>(p - arena_), static_cast<int32_t>(n));
-  }
-
-  int32_t InternContentType(const char* p, size_t n) {
-    if (n == 0) return -1;
-    for (size_t i = 0; i < ct_table_.size(); i++) {
-      const std::string& s = ct_table_[i];
-      if (s.size() == n && memcmp(s.data(), p, n) == 0) return static_cast<int32_t>(i);
-    }
-    if (ct_table_.size() < kMaxInterned) {
-      ct_table_.emplace_back(p, n);
-      return static_cast<int32_t>(ct_table_.size() - 1);
-    }
-    ct_extra_.emplace_back(p, n);
-    return static_cast<int32_t>(kMaxInterned + ct_extra_.size() - 1);
-  }
-
-  const std::string* ContentType(uint32_t i) const {
-    if (i < ct_table_.size()) return &ct_table_[i];
-    if (i >= kMaxInterned && i - kMaxInterned < ct_extra_.size()) return &ct_extra_[i - kMaxInterned];
-    return nullptr;
-  }
-
-  char* ArenaTail(size_t* len) {
-    *len = std::min(kReadSize, arena_size_ - arena_used_);
-    return arena_ + arena_used_;
-  }
-  void ArenaTake(size_t n) { arena_used_ += n; }
-
-  // After a libuv callback: deliver now if the arena runs low, otherwise by the end of this loop turn.
-  void AfterIo() {
-    if (arena_size_ - arena_used_ < kReadSize) Flush();
-    else Schedule();
-  }
-
-  void Schedule() {
-    if (events_.empty() || scheduled_ || flushing_ || shutting_down_) return;
-    scheduled_ = true;
-    uv_check_start(&check_, &Core::OnCheck);
-    uv_idle_start(&idle_, &Core::OnIdle);  // keeps the poll phase from blocking until the check runs
-  }
-
-  void Flush() {
-    if (flushing_ || shutting_down_) return;
-    if (scheduled_) {
-      scheduled_ = false;
-      uv_check_stop(&check_);
-      uv_idle_stop(&idle_);
-    }
-    if (events_.empty()) {
-      arena_used_ = 0;
-      return;
-    }
-    flushing_ = true;
-    flushes_++;
+  void DeliverEvents(size_t n) override {
     Napi::Env env(env_);
     Napi::HandleScope scope(env);
     napi_value fn = cb_.Value();
     napi_value recv;  // napi_make_callback wants an object receiver
     napi_get_global(env_, &recv);
-    size_t done = 0;
-    while (done < events_.size() && !shutting_down_) {
-      size_t n = std::min(events_.size() - done, ev_cap_);
-      memcpy(ev_ptr_, events_.data() + done, n * sizeof(Event));
-      done += n;
-      delivered_ += n;
-      napi_value argv[1];
-      napi_create_uint32(env_, static_cast<uint32_t>(n), &argv[0]);
-      napi_value result;
-      napi_status s = napi_make_callback(env_, async_, recv, fn, 1, argv, &result);
-      if (s == napi_pending_exception) {
-        napi_value err;
-        napi_get_and_clear_last_exception(env_, &err);
-        napi_fatal_exception(env_, err);
-      }
-    }
-    events_.clear();
-    ct_extra_.clear();
-    arena_used_ = 0;
-    flushing_ = false;
-    if (shutting_down_) ReleaseJs();
-  }
-
-  // ---- lifetime -----------------------------------------------------------------------------
-
-  // Closes every handle; the core frees itself when the last one has closed.
-  void Shutdown() {
-    if (shutting_down_) return;
-    shutting_down_ = true;
-    closed_ = true;
-    while (conns_ != nullptr) {
-      Conn* k = conns_;
-      if (k->call != nullptr) k->call->conn = nullptr;  // no call keeps a pointer to a closing connection
-      k->call = nullptr;
-      k->Close();  // unlinks k
-    }
-    for (auto& p : pools_)
-      if (p) {
-        p->idle.clear();
-        p->queue.clear();
-      }
-    uv_close(reinterpret_cast<uv_handle_t*>(&timer_), &Core::OnCoreHandleClosed);
-    uv_close(reinterpret_cast<uv_handle_t*>(&check_), &Core::OnCoreHandleClosed);
-    uv_close(reinterpret_cast<uv_handle_t*>(&idle_), &Core::OnCoreHandleClosed);
-    if (flushing_) return;  // the flush in progress releases the JS references when it returns
-    ReleaseJs();
-  }
-
-  void ReleaseJs() {
-    if (!env_gone_) {
-      cb_.Reset();
-      events_ref_.Reset();
-      arena_ref_.Reset();
-      if (async_ != nullptr) napi_async_destroy(env_, async_);
-      async_ = nullptr;
+    napi_value argv[1];
+    napi_create_uint32(env_, static_cast<uint32_t>(n), &argv[0]);
+    napi_value result;
+    napi_status s = napi_make_callback(env_, async_, recv, fn, 1, argv, &result);
+    if (s == napi_pending_exception) {
+      napi_value err;
+      napi_get_and_clear_last_exception(env_, &err);
+      napi_fatal_exception(env_, err);
     }
   }
 
-  void Finish() {
+  void ReleaseShared() override {
+    cb_.Reset();
+    events_ref_.Reset();
+    arena_ref_.Reset();
+    if (async_ != nullptr) napi_async_destroy(env_, async_);
+    async_ = nullptr;
+  }
+
+  void CoreFinished() override {
     if (cleanup_ != nullptr) napi_remove_async_cleanup_hook(cleanup_);
     cleanup_ = nullptr;
-    if (wrap_gone_callback_) wrap_gone_callback_(wrap_);
+    if (owner_slot_ != nullptr) *owner_slot_ = nullptr;
     delete this;
   }
 
+ private:
   static void OnEnvCleanup(napi_async_cleanup_hook_handle handle, void* arg) {
-    Core* core = static_cast<Core*>(arg);
-    core->in_env_cleanup_ = true;
-    core->Shutdown();
+    static_cast<JsBridge*>(arg)->core_->Shutdown();
   }
-
-  static void OnCoreHandleClosed(uv_handle_t* h) { static_cast<Core*>(h->data)->HandleClosed(); }
-
-  static void OnCheck(uv_check_t* h) { static_cast<Core*>(h->data)->Flush(); }
-  static void OnIdle(uv_idle_t* h) {}
-
-  static void OnTick(uv_timer_t* h) {
-    Core* core = static_cast<Core*>(h->data);
-    const uint64_t now = core->Now();
-    // the queue first: a connection failing below would hand its place to a call
-    // that is already out of time, which should fail as the queued call it is
-    core->ExpireQueued(now);
-    for (Conn* k = core->conns_; k != nullptr;) {
-      Conn* next = k->next;
-      k->Check(now, core->tick_ms_);
-      k = next;
-    }
-    if (core->conns_ == nullptr) uv_timer_stop(&core->timer_);
-    core->AfterIo();
-  }
-
-  static void OnConnect(uv_connect_t* req, int status);
 
   napi_env env_;
-  uv_loop_t* loop_;
+  Core* core_ = nullptr;
+  Core** owner_slot_ = nullptr;
   Napi::FunctionReference cb_;
   Napi::ObjectReference events_ref_;
   Napi::ObjectReference arena_ref_;
   napi_async_context async_ = nullptr;
   napi_async_cleanup_hook_handle cleanup_ = nullptr;
-  Event* ev_ptr_ = nullptr;
-  size_t ev_cap_ = 0;
-  char* arena_ = nullptr;
-  size_t arena_size_ = 0;
-  size_t arena_used_ = 0;
-  std::vector<Event> events_;
-  std::vector<std::unique_ptr<Call>> calls_;
-  std::vector<std::unique_ptr<Pool>> pools_;
-  std::vector<std::string> ct_table_;
-  std::vector<std::string> ct_extra_;
-  Conn* conns_ = nullptr;
-  uv_timer_t timer_;
-  uv_check_t check_;
-  uv_idle_t idle_;
-  uint32_t handles_ = 0;
-  uint32_t connect_ms_ = 2000, headers_ms_ = 300000, body_ms_ = 300000, per_endpoint_ = 256, tick_ms_ = 250;
-  double flushes_ = 0, delivered_ = 0, opened_ = 0;
-  bool closed_ = false;
-  bool shutting_down_ = false;
-  bool flushing_ = false;
-  bool scheduled_ = false;
-  bool draining_ = false;
-  bool env_gone_ = false;
-  bool in_env_cleanup_ = false;
-  void* wrap_ = nullptr;
-  void (*wrap_gone_callback_)(void*) = nullptr;
 };
-
-// ---- connection -------------------------------------------------------------------------------
-
-void OnAlloc(uv_handle_t* h, size_t, uv_buf_t* buf) {
-  Conn* k = static_cast<Conn*>(h->data);
-  size_t len;
-  buf->base = k->core->ArenaTail(&len);
-  buf->len = len;
-}
-
-void OnRead(uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
-  Conn* k = static_cast<Conn*>(s->data);
-  Core* core = k->core;
-  if (n > 0) {
-    core->ArenaTake(static_cast<size_t>(n));
-    k->OnBytes(buf->base, static_cast<size_t>(n));
-  } else if (n == UV_EOF) {
-    k->OnEof();
-  } else if (n < 0) {
-    k->Fail(static_cast<int>(n), kRIo);
-  }
-  core->AfterIo();
-}
-
-void OnWrite(uv_write_t* req, int status) {
-  Conn* k = static_cast<Conn*>(req->data);
-  k->writing = false;
-  if (k->closing || status == UV_ECANCELED) return;
-  if (status < 0) {
-    k->Fail(status, kRIo);
-    k->core->AfterIo();
-    return;
-  }
-  if (k->out.capacity() > kShrinkAbove) std::string().swap(k->out);
-  else k->out.clear();
-  k->out_off = 0;
-}
-
-void OnConnClosed(uv_handle_t* h) {
-  Conn* k = static_cast<Conn*>(h->data);
-  Core* core = k->core;
-  delete k;
-  core->HandleClosed();
-}
-
-void Core::OnConnect(uv_connect_t* req, int status) {
-  Conn* k = static_cast<Conn*>(req->data);
-  Core* core = k->core;
-  if (k->closing || status == UV_ECANCELED) return;
-  if (status < 0) {
-    k->Fail(status, kRConnect);
-  } else {
-    k->connected = true;
-    k->active_at = core->Now() - k->waited;  // a queued call's wait counts toward its headers limit
-    k->limit_ms = core->headers_ms_;
-    k->SetReading(k->call == nullptr || !k->call->paused);
-    if (k->out.size() > k->out_off) k->WriteOut();
-  }
-  core->AfterIo();
-}
-
-void Conn::SetReading(bool on) {
-  if (closing || !connected || on == reading) return;
-  reading = on;
-  if (on) uv_read_start(reinterpret_cast<uv_stream_t*>(&tcp), OnAlloc, OnRead);
-  else uv_read_stop(reinterpret_cast<uv_stream_t*>(&tcp));
-}
-
-void Conn::Start(Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl) {
-  call = c;
-  c->conn = this;
-  got_bytes = false;
-  st = St::Head;
-  keep_alive = true;
-  head.clear();
-  const uint64_t now = core->Now();
-  waited = c->queued ? now - c->queued_at : 0;
-  c->queued = false;
-  // the connect phase has its own limit; the headers phase counts a queued call's wait
-  active_at = connected ? now - waited : now;
-  limit_ms = connected ? core->headers_ms_ : core->connect_ms_;
-  uv_ref(reinterpret_cast<uv_handle_t*>(&tcp));
-  SetReading(!c->paused);
-  if (hp != nullptr) {
-    if (connected) {
-      TryWrite(hp, hl, bp, bl);
-    } else {
-      out.assign(hp, hl);
-      if (bl > 0) out.append(reinterpret_cast<const char*>(bp), bl);
-      out_off = 0;
-    }
-  } else {
-    out.swap(c->out);
-    c->out.clear();
-    out_off = 0;
-    if (connected) WriteOut();
-  }
-}
-
-// First attempt straight from the caller's memory; only what the socket does not take is copied.
-void Conn::TryWrite(const char* hp, size_t hl, const uint8_t* bp, size_t bl) {
-  uv_buf_t bufs[2] = {uv_buf_init(const_cast<char*>(hp), static_cast<unsigned>(hl)),
-                      uv_buf_init(reinterpret_cast<char*>(const_cast<uint8_t*>(bp)), static_cast<unsigned>(bl))};
-  int r = uv_try_write(reinterpret_cast<uv_stream_t*>(&tcp), bufs, bl > 0 ? 2 : 1);
-  if (r == UV_EAGAIN) r = 0;
-  if (r < 0) {
-    Fail(r, kRIo);
-    return;
-  }
-  size_t w = static_cast<size_t>(r);
-  if (w == hl + bl) return;
-  out.clear();
-  out_off = 0;
-  if (w < hl) {
-    out.append(hp + w, hl - w);
-    if (bl > 0) out.append(reinterpret_cast<const char*>(bp), bl);
-  } else {
-    out.append(reinterpret_cast<const char*>(bp) + (w - hl), bl - (w - hl));
-  }
-  WriteOut();
-}
-
-void Conn::WriteOut() {
-  if (writing || closing) return;
-  size_t len = out.size() - out_off;
-  if (len == 0) return;
-  uv_buf_t b = uv_buf_init(out.data() + out_off, static_cast<unsigned>(len));
-  int r = uv_try_write(reinterpret_cast<uv_stream_t*>(&tcp), &b, 1);
-  if (r == UV_EAGAIN) r = 0;
-  if (r < 0) {
-    Fail(r, kRIo);
-    return;
-  }
-  out_off += static_cast<size_t>(r);
-  if (out_off == out.size()) {
-    out.clear();
-    out_off = 0;
-    return;
-  }
-  b = uv_buf_init(out.data() + out_off, static_cast<unsigned>(out.size() - out_off));
-  r = uv_write(&wreq, reinterpret_cast<uv_stream_t*>(&tcp), &b, 1, OnWrite);
-  if (r < 0) {
-    Fail(r, kRIo);
-    return;
-  }
-  writing = true;
-}
-
-void Conn::Check(uint64_t now, uint32_t slack) {
-  if (closing) return;
-  if (call == nullptr) {
-    if (now - active_at > kIdleKeepAliveMs) Close();
-    return;
-  }
-  if (limit_ms == 0 || call->paused) return;
-  if (now - active_at <= static_cast<uint64_t>(limit_ms) + slack) return;
-  Fail(UV_ETIMEDOUT, connected ? kRTimeout : kRConnectTimeout);
-}
-
-void Conn::OnEof() {
-  if (call != nullptr && st == St::BodyClose) {
-    keep_alive = false;
-    Complete(false);
-    return;
-  }
-  Fail(UV_ECONNRESET, kRClosed);
-}
-
-void Conn::Fail(int err, int32_t reason) {
-  if (closing) return;
-  Call* c = call;
-  const bool stale = reused && !got_bytes && err != UV_ETIMEDOUT;
-  call = nullptr;
-  Close();
-  if (c == nullptr) return;
-  core->PushError(c, err, reason, stale);
-  core->FreeCall(c);
-}
-
-void Conn::Close() {
-  if (closing) return;
-  closing = true;
-  if (in_idle) {
-    auto& idle = pool->idle;
-    idle.erase(std::remove(idle.begin(), idle.end(), this), idle.end());
-    in_idle = false;
-  }
-  if (call != nullptr) {
-    call->conn = nullptr;
-    call = nullptr;
-  }
-  core->Unlink(this);
-  pool->open--;
-  uv_close(reinterpret_cast<uv_handle_t*>(&tcp), OnConnClosed);
-  core->Drain(pool);
-}
-
-void Conn::Complete(bool extra_bytes) {
-  Call* c = call;
-  call = nullptr;
-  st = St::Idle;
-  core->Push(kEvEnd, c->id, 0, 0);
-  const bool was_paused = c->paused;
-  c->conn = nullptr;
-  core->FreeCall(c);
-  if (!keep_alive || writing || extra_bytes || out.size() > out_off || core->closed_) {
-    Close();
-    return;
-  }
-  (void)was_paused;
-  reused = true;
-  active_at = core->Now();
-  core->Release(this);
-}
-
-bool Conn::ParseHead(const char* h, size_t len) {
-  // status line: HTTP/1.x SSS
-  if (len < 13 || memcmp(h, "HTTP/1.", 7) != 0 || h[8] != ' ' || h[9] < '0' || h[9] > '9' || h[10] < '0' ||
-      h[10] > '9' || h[11] < '0' || h[11] > '9' || (h[12] != ' ' && h[12] != '\r' && h[12] != '\n')) {
-    Fail(UV_EPROTO, kRBadStatus);
-    return false;
-  }
-  const int status = (h[9] - '0') * 100 + (h[10] - '0') * 10 + (h[11] - '0');
-  if (status < 100 || status > 599 || status == 101) {
-    Fail(UV_EPROTO, kRBadStatus);
-    return false;
-  }
-  if (status < 200) return true;  // 1xx informational: the real response follows
-  keep_alive = h[7] != '0';       // HTTP/1.0 closes by default
-  const char* ct = nullptr;
-  size_t ct_len = 0;
-  double cl = -1;
-  bool chunked = false;
-  const char* end = h + len;
-  const char* p = static_cast<const char*>(memchr(h, '\n', len));
-  while (p != nullptr && p + 1 < end) {
-    const char* a = p + 1;
-    const char* q = static_cast<const char*>(memchr(a, '\n', static_cast<size_t>(end - a)));
-    const char* line_end = q == nullptr ? end : q;
-    p = q;
-    const char* colon = static_cast<const char*>(memchr(a, ':', static_cast<size_t>(line_end - a)));
-    if (colon == nullptr) continue;
-    const size_t nlen = static_cast<size_t>(colon - a);
-    if (nlen != 12 && nlen != 14 && nlen != 17 && nlen != 10) continue;
-    const char* v0 = colon + 1;
-    const char* v1 = line_end;
-    while (v0 < v1 && (*v0 == ' ' || *v0 == '\t')) v0++;
-    while (v1 > v0 && (v1[-1] == ' ' || v1[-1] == '\t' || v1[-1] == '\r')) v1--;
-    const size_t vlen = static_cast<size_t>(v1 - v0);
-    if (IEq(a, nlen, "content-type")) {
-      ct = v0;
-      ct_len = vlen;
-    } else if (IEq(a, nlen, "content-length")) {
-      double v = 0;
-      if (vlen == 0) {
-        Fail(UV_EPROTO, kRBadLength);
-        return false;
-      }
-      for (const char* d = v0; d < v1; d++) {
-        if (*d < '0' || *d > '9' || v > kMaxSafeInteger / 10) {
-          Fail(UV_EPROTO, kRBadLength);
-          return false;
-        }
-        v = v * 10 + (*d - '0');
-      }
-      if (cl >= 0 && cl != v) {
-        Fail(UV_EPROTO, kRBadLength);
-        return false;
-      }
-      cl = v;
-    } else if (IEq(a, nlen, "transfer-encoding")) {
-      chunked = IContains(v0, vlen, "chunked");
-    } else if (IEq(a, nlen, "connection")) {
-      if (IContains(v0, vlen, "close")) keep_alive = false;
-      else if (IContains(v0, vlen, "keep-alive")) keep_alive = true;
-    }
-  }
-  limit_ms = core->body_ms_;
-  active_at = core->Now();  // the body phase starts
-  if (status == 204 || status == 304) {
-    chunked = false;
-    cl = 0;
-  }
-  if (chunked) {
-    cl = -1;
-    st = St::ChunkSize;
-    chunk_size = 0;
-    digits = 0;
-  } else if (cl >= 0) {
-    st = St::BodyLength;
-    remaining = static_cast<uint64_t>(cl);
-  } else {
-    st = St::BodyClose;
-    keep_alive = false;
-  }
-  core->Push(kEvHead, call->id, status, core->InternContentType(ct, ct_len), cl);
-  return true;
-}
-
-void Conn::OnBytes(char* p, size_t n) {
-  if (call == nullptr) {
-    Close();  // bytes on an idle connection: not ours; drop the connection
-    return;
-  }
-  got_bytes = true;
-  // the head must be complete within the headers limit (bytes of it do not restart it,
-  // or an engine trickling a head could hold the call forever); body bytes are progress
-  if (st != St::Head) active_at = core->Now();
-  Call* c = call;
-  char* d0 = nullptr;  // start of this read's (de-chunked) body bytes
-  char* w = nullptr;   // where the next body byte goes
-  auto take = [&](char* src, size_t len) {
-    if (len == 0) return;
-    if (d0 == nullptr) d0 = w = src;
-    if (w != src) memmove(w, src, len);
-    w += len;
-  };
-  auto emit = [&]() {
-    if (d0 != nullptr && w > d0) core->PushData(c, d0, static_cast<size_t>(w - d0));
-    d0 = w = nullptr;
-  };
-  size_t i = 0;
-  while (i < n) {
-    switch (st) {
-      case St::Head: {
-        if (head.empty()) {
-          const void* e = memmem(p + i, n - i, "\r\n\r\n", 4);
-          if (e == nullptr) {
-            if (n - i > kMaxHead) {
-              Fail(UV_EPROTO, kRHeadTooLarge);
-              return;
-            }
-            head.assign(p + i, n - i);
-            i = n;
-            break;
-          }
-          const size_t hl = static_cast<size_t>(static_cast<const char*>(e) - (p + i)) + 4;
-          if (!ParseHead(p + i, hl)) return;
-          i += hl;
-        } else {
-          const size_t old = head.size();
-          head.append(p + i, n - i);
-          const size_t from = old >= 3 ? old - 3 : 0;
-          const void* e = memmem(head.data() + from, head.size() - from, "\r\n\r\n", 4);
-          if (e == nullptr) {
-            if (head.size() > kMaxHead) {
-              Fail(UV_EPROTO, kRHeadTooLarge);
-              return;
-            }
-            i = n;
-            break;
-          }
-          const size_t hl = static_cast<size_t>(static_cast<const char*>(e) - head.data()) + 4;
-          if (!ParseHead(head.data(), hl)) return;
-          i += hl - old;
-          head.clear();
-        }
-        if (call != c) return;
-        if (st == St::BodyLength && remaining == 0) {
-          Complete(i < n);
-          return;
-        }
-        break;
-      }
-      case St::BodyLength: {
-        const size_t len = static_cast<size_t>(std::min<uint64_t>(remaining, n - i));
-        take(p + i, len);
-        i += len;
-        remaining -= len;
-        if (remaining == 0) {
-          emit();
-          Complete(i < n);
-          return;
-        }
-        break;
-      }
-      case St::BodyClose:
-        take(p + i, n - i);
-        i = n;
-        break;
-      case St::ChunkSize: {
-        const char ch = p[i++];
-        int v = -1;
-        if (ch >= '0' && ch <= '9') v = ch - '0';
-        else if (ch >= 'a' && ch <= 'f') v = ch - 'a' + 10;
-        else if (ch >= 'A' && ch <= 'F') v = ch - 'A' + 10;
-        if (v >= 0) {
-          if (++digits > 12) {
-            emit();
-            Fail(UV_EPROTO, kRBadChunk);
-            return;
-          }
-          chunk_size = chunk_size * 16 + static_cast<uint64_t>(v);
-          break;
-        }
-        if (digits == 0) {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        if (ch == ';' || ch == ' ' || ch == '\t') {
-          st = St::ChunkExt;
-          line_len = 0;
-        } else if (ch == '\r') {
-          st = St::ChunkSizeLF;
-        } else if (ch == '\n') {
-          goto size_line_done;
-        } else {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        break;
-      }
-      case St::ChunkExt: {
-        const char ch = p[i++];
-        if (ch == '\n') goto size_line_done;
-        if (++line_len > 4096) {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        break;
-      }
-      case St::ChunkSizeLF: {
-        const char ch = p[i++];
-        if (ch != '\n') {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        goto size_line_done;
-      }
-      case St::ChunkData: {
-        const size_t len = static_cast<size_t>(std::min<uint64_t>(remaining, n - i));
-        take(p + i, len);
-        i += len;
-        remaining -= len;
-        if (remaining == 0) st = St::ChunkDataCR;
-        break;
-      }
-      case St::ChunkDataCR: {
-        const char ch = p[i++];
-        if (ch == '\r') st = St::ChunkDataLF;
-        else if (ch == '\n') {
-          st = St::ChunkSize;
-          chunk_size = 0;
-          digits = 0;
-        } else {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        break;
-      }
-      case St::ChunkDataLF: {
-        const char ch = p[i++];
-        if (ch != '\n') {
-          emit();
-          Fail(UV_EPROTO, kRBadChunk);
-          return;
-        }
-        st = St::ChunkSize;
-        chunk_size = 0;
-        digits = 0;
-        break;
-      }
-      case St::Trailer: {
-        const char ch = p[i++];
-        if (ch == '\n') {
-          if (line_len == 0) {
-            emit();
-            Complete(i < n);
-            return;
-          }
-          line_len = 0;
-        } else if (ch != '\r') {
-          line_len++;
-          if (++trailer_bytes > kMaxHead) {
-            emit();
-            Fail(UV_EPROTO, kRBadChunk);
-            return;
-          }
-        }
-        break;
-      }
-      case St::Idle:
-        emit();
-        Fail(UV_EPROTO, kRUnexpected);
-        return;
-    }
-    continue;
-  size_line_done:
-    if (chunk_size == 0) {
-      st = St::Trailer;
-      line_len = 0;
-      trailer_bytes = 0;
-    } else {
-      st = St::ChunkData;
-      remaining = chunk_size;
-    }
-  }
-  emit();
-}
 
 // ---- the JS class -----------------------------------------------------------------------------
 
@@ -1197,28 +135,28 @@ class UpstreamClientWrap : public Napi::ObjectWrap<UpstreamClientWrap> {
     uv_loop_t* loop = nullptr;
     if (napi_get_uv_event_loop(env, &loop) != napi_ok || loop == nullptr)
       { Napi::Error::New(env, "no event loop").ThrowAsJavaScriptException(); return; }
-    core_ = new Core(env, loop);
-    if (!core_->Init(env, info[0].As<Napi::Function>(), events, arena)) {
-      delete core_;
-      core_ = nullptr;
+    JsBridge* bridge = new JsBridge(env);
+    if (!bridge->Init(info[0].As<Napi::Function>(), events, arena)) {
+      delete bridge;
       { Napi::Error::New(env, "cannot create the async context").ThrowAsJavaScriptException(); return; }
     }
+    core_ = new Core(loop);
+    Event* ev = reinterpret_cast<Event*>(static_cast<uint8_t*>(events.ArrayBuffer().Data()) + events.ByteOffset());
+    core_->Init(bridge, ev, events.ByteLength() / sizeof(Event), reinterpret_cast<char*>(arena.Data()), arena.ByteLength());
     core_->Configure(ms[0], ms[1], ms[2], ms[3]);
-    core_->wrap_ = this;
-    core_->wrap_gone_callback_ = &UpstreamClientWrap::CoreGone;
+    bridge->Attach(core_, &core_);
   }
 
   ~UpstreamClientWrap() override {
     if (core_ != nullptr) {
-      core_->wrap_gone_callback_ = nullptr;
-      core_->wrap_ = nullptr;
-      core_->Shutdown();
+      Core* core = core_;
       core_ = nullptr;
+      static_cast<JsBridge*>(core->host())->Detach();  // no pointer back into this wrap
+      core->Shutdown();
     }
   }
 
  private:
-  static void CoreGone(void* self) { static_cast<UpstreamClientWrap*>(self)->core_ = nullptr; }
 
   bool Ready(const Napi::CallbackInfo& info) {
     if (core_ == nullptr || core_->shutting_down_) {
@@ -1298,7 +236,7 @@ class UpstreamClientWrap : public Napi::ObjectWrap<UpstreamClientWrap> {
       bl = 0;
     }
     if (bl > 0xffffffffu - hl) return ThrowRange(env, "request too large");
-    core_->Send(env, id, pool, head_.data(), hl, bp, bl);
+    if (!core_->Send(id, pool, head_.data(), hl, bp, bl)) return ThrowRange(env, "call slot is in use");
   }
 
   void Abort(const Napi::CallbackInfo& info) {

@@ -1,15 +1,29 @@
 // A lean HTTP/1.1 upstream client: keep-alive net.Socket connections per
 // endpoint, one request at a time per connection (no pipelining), one write
-// per request, and a small response parser (status line, the few headers the
-// relay needs, content-length or chunked bodies). It exists because it costs
-// about half the CPU per proxied request of undici's general-purpose client
-// (bench/overhead.ts measures both: `proxy.client: undici | h1`).
+// per request, and the response parser of src/proxy/h1-parser.ts. It exists
+// because it costs about half the CPU per proxied request of undici's
+// general-purpose client (bench/overhead.ts measures both: `proxy.client:
+// undici | h1`), and it is the client for endpoints named by DNS names
+// (`proxy.client: auto` picks the native client only for IP literals).
+//
+// Why two plain-http clients, and how they stay one behaviour: the native
+// client is cheaper (`node dist/bench/upstream-clients.js --seconds 3
+// --rounds 3`, 2026-12-01 00:50 UTC, a loaded 2-core VM: native 92 % / 90 % /
+// 80 % of h1's router CPU per request at 16 / 64 / 256 connections, 110-115 %
+// of its req/s), so retiring this client for DNS names (native DNS through
+// uv_getaddrinfo) is the better end state; it needs address selection and
+// re-resolution in the addon and changes to config validation and client
+// selection, more risk than this change could carry. Until then both clients
+// parse with the same rules (native/h1_parser.h and h1-parser.ts), held to
+// one reference model (test/native-h1-parser.property.test.ts) and one
+// conformance suite over real sockets (test/h1-conformance.test.ts).
 import { connect, type Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import type { ProxyConfig } from '../config/schema.js';
 import { DEFAULTS } from '../config/schema.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import type { UpstreamCall, UpstreamClient, UpstreamRequest, UpstreamSink } from './upstream.js';
+import { H1Error, H1Result, H1ResponseParser, type H1ParserSink } from './h1-parser.js';
 
 export class UpstreamSocketError extends Error {
   readonly code: string;
@@ -20,7 +34,6 @@ export class UpstreamSocketError extends Error {
   }
 }
 
-const CRLFCRLF = Buffer.from('\r\n\r\n');
 /**
  * Every upstream socket reads into this one buffer (Node's `onread` option:
  * no Buffer and no stream machinery per read). Safe because a chunk is handed
@@ -33,42 +46,13 @@ const IDLE_KEEPALIVE_MS = 4000; // below the 10 s idle timeout of uWS-based engi
 /** Upper bound of the pool's clock tick (timeouts fire up to two ticks late). */
 const MAX_TICK_MS = 250;
 
-const enum St {
-  Idle,
-  Head,
-  BodyLength,
-  BodyUntilClose,
-  ChunkSize,
-  ChunkData,
-  ChunkDataEnd,
-  Trailers,
-}
-
-const CONTENT_TYPE = Buffer.from('content-type');
-const CONTENT_LENGTH = Buffer.from('content-length');
-const TRANSFER_ENCODING = Buffer.from('transfer-encoding');
-const CONNECTION = Buffer.from('connection');
-
-/** Case-insensitive match of a header name at buf[at] against lower-case `lower` (letters and '-'). */
-function nameIs(buf: Buffer, at: number, lower: Buffer): boolean {
-  for (let k = 0; k < lower.length; k++) if ((buf[at + k] | 0x20) !== lower[k]) return false;
-  return true;
-}
-
-function digit(c: number): number {
-  return c >= 48 && c <= 57 ? c - 48 : NaN;
-}
-
-/** A decimal header value in buf[a, b) (already trimmed); NaN if it has anything but digits. */
-function decimal(buf: Buffer, a: number, b: number): number {
-  let v = 0;
-  for (let k = a; k < b; k++) {
-    const c = buf[k];
-    if (c < 48 || c > 57) return NaN;
-    v = v * 10 + (c - 48);
-  }
-  return v;
-}
+const PARSE_ERRORS: Record<number, string> = {
+  [H1Error.BadStatus]: 'malformed status line',
+  [H1Error.HeadTooLarge]: 'response headers too large',
+  [H1Error.BadChunk]: 'malformed chunked body',
+  [H1Error.BadLength]: 'malformed content-length',
+  [H1Error.Unexpected]: 'unexpected bytes from the endpoint',
+};
 
 class H1Call implements UpstreamCall {
   sink: UpstreamSink | null;
@@ -117,7 +101,7 @@ class H1Call implements UpstreamCall {
   }
 }
 
-class H1Conn {
+class H1Conn implements H1ParserSink {
   readonly socket: Socket;
   readonly pool: H1Pool;
   call: H1Call | null = null;
@@ -133,11 +117,7 @@ class H1Conn {
   activeAt = 0;
   /** How long the current call waited for this connection (ms): it counts toward the headers limit. */
   waited = 0;
-  #st = St.Idle;
-  #pending: Buffer | null = null;
-  #remaining = 0;
-  #chunkLine = '';
-  #keepAlive = true;
+  readonly #parser = new H1ResponseParser();
   /** Inactivity limit of the current phase (connect, headers, body) in ms. */
   limitMs = 0;
 
@@ -177,9 +157,7 @@ class H1Conn {
     this.call = call;
     call.conn = this;
     this.gotBytes = false;
-    this.#st = St.Head;
-    this.#pending = null;
-    this.#keepAlive = true;
+    this.#parser.start();
     const now = this.pool.clock;
     this.waited = call.queuedAt >= 0 ? now - call.queuedAt : 0;
     call.queuedAt = -1;
@@ -223,7 +201,7 @@ class H1Conn {
     return true;
   }
 
-  /** `b` may be the shared read buffer: anything kept past this call is copied. */
+  /** `b` may be the shared read buffer: anything kept past this call is copied (the parser does). */
   #onData(b: Buffer): void {
     const call = this.call;
     if (call === null) {
@@ -234,187 +212,43 @@ class H1Conn {
     this.gotBytes = true;
     // the head must be complete within the headers limit (bytes of it do not restart it,
     // or an engine trickling a head could hold the call forever); body bytes are progress
-    if (this.#st !== St.Head) this.activeAt = this.pool.clock;
-    let buf = b;
-    if (this.#pending !== null) {
-      buf = Buffer.concat([this.#pending, b]);
-      this.#pending = null;
+    if (!this.#parser.inHead) this.activeAt = this.pool.clock;
+    const p = this.#parser;
+    switch (p.feed(b, this)) {
+      case H1Result.Done:
+        if (this.call === call) this.#complete(p.consumed < b.length); // bytes after the response: not ours
+        break;
+      case H1Result.Fail:
+        this.#fail(new UpstreamSocketError(PARSE_ERRORS[p.error] ?? 'malformed response', 'EPROTO'));
+        break;
+      default:
+        break; // More, or Stop: the sink gave the call up
     }
-    let i = 0;
-    const n = buf.length;
-    while (i < n && this.call === call) {
-      switch (this.#st) {
-        case St.Head: {
-          const end = buf.indexOf(CRLFCRLF, i);
-          if (end < 0) {
-            if (n - i > 65536) return this.#fail(new UpstreamSocketError('response headers too large', 'EPROTO'));
-            this.#pending = Buffer.from(buf.subarray(i)); // a copy: buf may be the shared read buffer
-            return;
-          }
-          const next = this.#parseHead(buf, i, end);
-          if (next < 0) return;
-          i = end + 4;
-          break;
-        }
-        case St.BodyLength: {
-          const take = Math.min(this.#remaining, n - i);
-          this.#remaining -= take;
-          const piece = i === 0 && take === n ? buf : buf.subarray(i, i + take);
-          i += take;
-          call.sink?.onUpstreamData(piece);
-          if (this.#remaining === 0) this.#complete();
-          break;
-        }
-        case St.BodyUntilClose: {
-          call.sink?.onUpstreamData(i === 0 ? buf : buf.subarray(i));
-          i = n;
-          break;
-        }
-        case St.ChunkSize: {
-          const nl = buf.indexOf(10, i);
-          if (nl < 0) {
-            this.#chunkLine += buf.toString('latin1', i, n);
-            if (this.#chunkLine.length > 1024) return this.#fail(new UpstreamSocketError('bad chunk size line', 'EPROTO'));
-            i = n;
-            break;
-          }
-          const line = this.#chunkLine + buf.toString('latin1', i, nl);
-          this.#chunkLine = '';
-          i = nl + 1;
-          const size = parseInt(line, 16);
-          if (!(size >= 0)) return this.#fail(new UpstreamSocketError(`bad chunk size ${JSON.stringify(line.slice(0, 20))}`, 'EPROTO'));
-          if (size === 0) this.#st = St.Trailers;
-          else {
-            this.#remaining = size;
-            this.#st = St.ChunkData;
-          }
-          break;
-        }
-        case St.ChunkData: {
-          const take = Math.min(this.#remaining, n - i);
-          this.#remaining -= take;
-          const piece = buf.subarray(i, i + take);
-          i += take;
-          if (this.#remaining === 0) {
-            this.#st = St.ChunkDataEnd;
-            this.#remaining = 2;
-          }
-          call.sink?.onUpstreamData(piece);
-          break;
-        }
-        case St.ChunkDataEnd: {
-          const take = Math.min(this.#remaining, n - i);
-          this.#remaining -= take;
-          i += take;
-          if (this.#remaining === 0) this.#st = St.ChunkSize;
-          break;
-        }
-        case St.Trailers: {
-          // trailer lines until an empty line
-          const nl = buf.indexOf(10, i);
-          if (nl < 0) {
-            this.#chunkLine += buf.toString('latin1', i, n);
-            i = n;
-            break;
-          }
-          const line = this.#chunkLine + buf.toString('latin1', i, nl);
-          this.#chunkLine = '';
-          i = nl + 1;
-          if (line === '' || line === '\r') this.#complete();
-          break;
-        }
-        default:
-          return this.#fail(new UpstreamSocketError('unexpected bytes from the endpoint', 'EPROTO'));
-      }
-    }
-    if (i < n && this.call === null && !this.dead) this.destroy(); // bytes after the response: not ours
   }
 
-  /** Parses the status line and headers in buf[start, end) (bytes, no head string); returns -1 if the call ended. */
-  #parseHead(buf: Buffer, start: number, end: number): number {
+  /** H1ParserSink: the final head. */
+  onHead(status: number, contentType: string, contentLength: number): boolean {
     const call = this.call!;
-    const status =
-      end - start >= 12 && buf[start] === 72 && buf[start + 4] === 47 && buf[start + 5] === 49 && buf[start + 6] === 46 // "HTTP/1."
-        ? digit(buf[start + 9]) * 100 + digit(buf[start + 10]) * 10 + digit(buf[start + 11])
-        : NaN;
-    // 101: the router never asks to switch protocols, so a 101 is not an interim head to skip
-    if (!(status >= 100 && status < 600) || status === 101) {
-      this.#fail(new UpstreamSocketError(`malformed status line ${JSON.stringify(buf.toString('latin1', start, Math.min(end, start + 40)))}`, 'EPROTO'));
-      return -1;
-    }
-    if (status < 200) return 0; // 1xx informational: the real response follows
-    let contentType = '';
-    let contentLength = -1;
-    let chunked = false;
-    this.#keepAlive = buf[start + 7] !== 48; // HTTP/1.0 closes by default
-    let p = buf.indexOf(10, start);
-    while (p >= 0 && p < end) {
-      const a = p + 1; // line start
-      let q = buf.indexOf(10, a);
-      if (q < 0 || q > end) q = end;
-      p = q;
-      const lineEnd = q; // a trailing CR is trimmed off the value below
-      let colon = -1;
-      for (let k = a; k < lineEnd && k - a <= 17; k++) {
-        if (buf[k] === 58) {
-          colon = k;
-          break;
-        }
-      }
-      const len = colon - a;
-      if (len !== 12 && len !== 14 && len !== 17 && len !== 10) continue;
-      let v0 = colon + 1;
-      let v1 = lineEnd;
-      while (v0 < v1 && (buf[v0] === 32 || buf[v0] === 9)) v0++;
-      while (v1 > v0 && (buf[v1 - 1] === 32 || buf[v1 - 1] === 9 || buf[v1 - 1] === 13)) v1--;
-      if (len === 12 && nameIs(buf, a, CONTENT_TYPE)) contentType = buf.toString('latin1', v0, v1);
-      else if (len === 14 && nameIs(buf, a, CONTENT_LENGTH)) {
-        // digits only, a safe integer, and the same value if repeated: else the body's end is unknowable (RFC 9112 6.3)
-        const v = v1 > v0 ? decimal(buf, v0, v1) : NaN;
-        if (!(v <= Number.MAX_SAFE_INTEGER) || (contentLength >= 0 && contentLength !== v)) {
-          this.#fail(new UpstreamSocketError('malformed content-length', 'EPROTO'));
-          return -1;
-        }
-        contentLength = v;
-      }
-      else if (len === 17 && nameIs(buf, a, TRANSFER_ENCODING)) chunked = buf.toString('latin1', v0, v1).toLowerCase().includes('chunked');
-      else if (len === 10 && nameIs(buf, a, CONNECTION)) this.#keepAlive = buf.toString('latin1', v0, v1).toLowerCase() !== 'close';
-    }
-    if (status === 204 || status === 304) {
-      // no body, whatever the head says
-      chunked = false;
-      contentLength = 0;
-    }
     this.limitMs = this.pool.cfg.bodyTimeoutMs;
     this.activeAt = this.pool.clock; // the body phase starts
-    if (chunked) {
-      contentLength = -1;
-      this.#st = St.ChunkSize;
-      this.#chunkLine = '';
-    } else if (contentLength >= 0) {
-      this.#st = St.BodyLength;
-      this.#remaining = contentLength;
-    } else {
-      this.#st = St.BodyUntilClose;
-      this.#keepAlive = false;
-    }
     call.sink?.onUpstreamHeaders(status, contentType, contentLength);
-    if (this.call !== call) return -1; // the sink aborted (e.g. a retry on 5xx)
-    if (this.#st === St.BodyLength && this.#remaining === 0) {
-      this.#complete();
-      return -1;
-    }
-    return 0;
+    return this.call === call; // false: the sink aborted (e.g. a retry on 5xx)
   }
 
-  #complete(): void {
+  /** H1ParserSink: body bytes. */
+  onBody(buf: Buffer, start: number, end: number): boolean {
+    const call = this.call!;
+    call.sink?.onUpstreamData(start === 0 && end === buf.length ? buf : buf.subarray(start, end));
+    return this.call === call;
+  }
+
+  #complete(extraBytes: boolean): void {
     const call = this.call!;
     this.call = null;
     call.conn = null;
-    this.#st = St.Idle;
     const sink = call.sink;
     call.sink = null;
-    if (this.#keepAlive && !this.dead) {
+    if (this.#parser.keepAlive && !extraBytes && !this.dead) {
       this.reused = true;
       this.activeAt = this.pool.clock;
       if (call.paused) this.socket.resume();
@@ -424,10 +258,8 @@ class H1Conn {
   }
 
   #onEnd(): void {
-    if (this.call && this.#st === St.BodyUntilClose) {
-      this.#keepAlive = false;
-      this.#complete();
-    } else this.#fail(new UpstreamSocketError('connection closed by the endpoint', 'ECONNRESET'));
+    if (this.call && this.#parser.eof()) this.#complete(false);
+    else this.#fail(new UpstreamSocketError('connection closed by the endpoint', 'ECONNRESET'));
   }
 
   #fail(err: UpstreamSocketError): void {
@@ -488,8 +320,10 @@ class H1Pool {
 
   #connect(call: H1Call): void {
     this.#open++;
+    // the coarse clock is that of the last tick, before whatever JavaScript ran since:
+    // the connect limit counts from now (once per connection, not per request)
+    this.clock = performance.now();
     if (this.#sweep === undefined) {
-      this.clock = performance.now();
       this.#sweep = setInterval(() => this.#tick(), this.#tickMs);
       this.#sweep.unref();
     }

@@ -1,6 +1,6 @@
 // The native HTTP/1.1 upstream client (`proxy.client: native`): the sockets,
 // connection pools, request writes, response parsing and timeouts live in the
-// addon (native/upstream_client.cc) on this thread's libuv loop; this file
+// addon (native/upstream_core.h/.cc; the parser is native/h1_parser.h, the N-API class native/upstream_client.cc) on this thread's libuv loop; this file
 // owns call ids and turns the addon's batched event records into sink calls.
 // Compared with the h1 client it takes Node's stream machinery (StreamBase
 // reads, WriteWraps, per-socket JS callbacks) off every proxied request: one
