@@ -79,7 +79,7 @@ export class PrefixCacheScorer implements Scorer {
     let shortest = Infinity;
     for (let i = 0; i < n; i++) {
       const ep = eps[i];
-      const q = ep.fresh(ctx.now, ctx.staleAfterMs) ? ep.metrics.waiting + Math.min(ep.sinceScrape, ep.inFlight) : ep.inFlight;
+      const q = ep.queueEstimate(ctx.now);
       queues[i] = q;
       if (q < shortest) shortest = q;
     }
