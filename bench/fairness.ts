@@ -14,9 +14,19 @@
 // samples of all rounds are pooled per phase; the figure of merit is
 // premium p95 (loud) / premium p95 (quiet) for each router.
 //
+//
+// With --documented the routers run exactly the flowControl block of
+// docs/flow-control.md (read from the doc: probabilistic admission at 0.85, no
+// saturation settings, so the engines' batch limit is the router's to learn)
+// and the best-effort tenant names itself with `x-tenant-id: internal-tools`
+// (the documented block maps no API keys). The figure of merit is then held
+// per round: premium p95 with the burst <= 1.5x its p95 without it in each
+// round, not only pooled.
+//
 //   node dist/bench/fairness.js [--rounds 5] [--engines 2] [--slots 4] [--burst 60]
-//                               [--premium 30] [--gap-ms 80] [--max-tokens 5] [--quick] [--json out.json]
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+//                               [--premium 30] [--gap-ms 80] [--max-tokens 5] [--documented]
+//                               [--quick] [--json out.json]
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
@@ -47,6 +57,8 @@ interface Shape {
   maxTokens: number;
   itlMs: number;
   prefillOverheadMs: number;
+  /** Routers run docs/flow-control.md's block as it stands (no saturation settings). */
+  documented: boolean;
 }
 
 interface Target {
@@ -56,6 +68,7 @@ interface Target {
   router: Proc;
   premium: Pool;
   burst: Pool;
+  burstHeaders: Record<string, string>;
   quiet: Sample[];
   loudPremium: Sample[];
   loudBurst: Sample[];
@@ -123,6 +136,18 @@ async function call(pool: Pool, headers: Record<string, string>, body: string): 
 
 const PREMIUM_HEADERS = { 'content-type': 'application/json', 'x-tenant-id': 'payments' };
 const BURST_HEADERS = { 'content-type': 'application/json', authorization: 'Bearer sk-internal-tools' };
+/** The documented block maps no API keys: the best-effort tenant names itself. */
+const BURST_HEADERS_DOCUMENTED = { 'content-type': 'application/json', 'x-tenant-id': 'internal-tools' };
+
+/** The flowControl block of docs/flow-control.md's "Configuration" section, as the doc shows it. */
+function documentedBlock(): string {
+  const candidates = [new URL('../docs/flow-control.md', import.meta.url), new URL('../../docs/flow-control.md', import.meta.url)];
+  const file = candidates.find((u) => existsSync(u));
+  if (!file) throw new Error('fairness: docs/flow-control.md not found');
+  const m = /## Configuration\s+```yaml\n(flowControl:[\s\S]*?)```/.exec(readFileSync(file, 'utf8'));
+  if (!m) throw new Error('fairness: docs/flow-control.md has no yaml flowControl block under "## Configuration"');
+  return m[1]!;
+}
 
 /** Premium: `n` requests, one every `gapMs` (open loop); with `burst` > 0, that many best-effort requests at once at `burstAtMs`. */
 async function phase(t: Target, s: Shape, burst: number, tag: string): Promise<Phase> {
@@ -139,7 +164,7 @@ async function phase(t: Target, s: Shape, burst: number, tag: string): Promise<P
       const wait = t0 + s.burstAtMs - performance.now();
       if (wait > 0) await sleep(wait);
       fired = true;
-      burstDone = Promise.all(Array.from({ length: burst }, (_, k) => call(t.burst, BURST_HEADERS, body('best-effort', k))));
+      burstDone = Promise.all(Array.from({ length: burst }, (_, k) => call(t.burst, t.burstHeaders, body('best-effort', k))));
     }
     const wait = t0 + due - performance.now();
     if (wait > 0) await sleep(wait);
@@ -157,6 +182,21 @@ function stats(xs: Sample[]): Stats {
 
 function routerYaml(port: number, base: number, s: Shape, enabled: boolean): string {
   const endpoints = Array.from({ length: s.engines }, (_, i) => `      - { name: e${i}, url: "http://127.0.0.1:${base + i}" }`).join('\n');
+  if (s.documented) {
+    const block = documentedBlock();
+    if (!/^  enabled: true$/m.test(block)) throw new Error('fairness: the documented block no longer has `enabled: true`');
+    return `apiVersion: switchyard/v1
+kind: Router
+listen: { host: 127.0.0.1, port: ${port} }
+logging: { level: warn }
+pools:
+  - name: sim
+    engine: vllm
+    models: [open-model]
+    endpoints:
+${endpoints}
+${enabled ? block : block.replace(/^  enabled: true$/m, '  enabled: false')}`;
+  }
   // The router treats an endpoint with `slots` requests in flight as saturated
   // (the engine's own batch size), and best-effort may use 3/4 of the pool
   // (maxUtilisation 0.75), keeping the rest for premium arrivals. Admission
@@ -202,6 +242,7 @@ async function startTarget(mode: 'on' | 'off', s: Shape, dir: string): Promise<T
       mode, url, sim, router,
       premium: new Pool(url, { connections: 64 }),
       burst: new Pool(url, { connections: Math.max(64, s.burst) }),
+      burstHeaders: s.documented ? BURST_HEADERS_DOCUMENTED : BURST_HEADERS,
       quiet: [], loudPremium: [], loudBurst: [], rounds: [], flow: { dispatched: {}, meanWaitMs: {} },
     };
   } catch (e) {
@@ -254,6 +295,7 @@ export async function measureFairness(argv: string[]): Promise<{ shape: Shape; r
     maxTokens: num('--max-tokens', 5, 1),
     itlMs: 20,
     prefillOverheadMs: 2,
+    documented: argv.includes('--documented'),
   };
   const verbose = argv.includes('--verbose');
   const dir = mkdtempSync(join(tmpdir(), 'swy-fairness-'));
