@@ -303,9 +303,11 @@ export async function measureFairness(argv: string[]): Promise<{ shape: Shape; r
   try {
     targets.push(await startTarget('on', s, dir));
     targets.push(await startTarget('off', s, dir));
-    // warm-up: connections, JIT, first scrapes
+    // warm-up: connections, JIT, first scrapes; with --documented also a small
+    // burst (twice the fleet's slots), so each engine queues once and the
+    // router has learnt its batch limit before the measured rounds
     for (const t of targets) {
-      await phase(t, { ...s, premium: 8, gapMs: 20 }, 0, 'warm');
+      await phase(t, { ...s, premium: 8, gapMs: 20, burstAtMs: 0 }, s.documented ? 2 * s.engines * s.slots : 0, 'warm');
       await sleep(200);
     }
     for (let round = 0; round < s.rounds; round++) {
