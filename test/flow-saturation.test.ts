@@ -105,9 +105,9 @@ t.test('endpoint: staleness is its own (the data layer setting); queueEstimate a
 t.test('endpoint: other clients\' requests seen by the scrape count while fresh', (t) => {
   const [ep] = endpoints(1, 100);
   send(ep, 2);
-  scrape(ep, 1000, 4, 3, 1); // one of the router's two left after the scrape did
-  t.equal(ep.foreign, 6, '7 at the engine, 1 of them the router\'s');
-  t.equal(ep.occupancy(1050), 8);
+  scrape(ep, 1000, 4, 3, 1); // one of the router's two left after the scrape did (it may be in the figures or not)
+  t.equal(ep.foreign, 5, '7 at the engine, 2 of them taken as the router\'s');
+  t.equal(ep.occupancy(1050), 7, 'a request sent during the scrape is not counted twice');
   t.equal(ep.occupancy(1150), 2, 'stale: only the router\'s own');
   scrape(ep, 1200, 1, 0, 0);
   t.equal(ep.foreign, 0, 'the engine holds fewer than the router has out (some in transit): none foreign');

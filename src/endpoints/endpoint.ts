@@ -38,7 +38,7 @@ export class Endpoint {
   /**
    * Requests at the engine at the last successful scrape that were not the
    * router's (other routers' or clients'): running + waiting beyond the router's
-   * own in-flight requests the scrape could see. Counts only while fresh.
+   * own in-flight requests. Counts only while fresh.
    */
   foreign = 0;
   /** The engine's batch limit, learned from its running/waiting counts. */
@@ -112,9 +112,12 @@ export class Endpoint {
   onScrape(): void {
     const m = this.metrics;
     this.batch.observe(m.running, m.waiting);
-    // the router's requests the scrape could count: those out now, less those sent after it left
-    const own = this.inFlight > this.sinceScrape ? this.inFlight - this.sinceScrape : 0;
-    const other = m.running + m.waiting - own;
+    // Beyond all the router has out now: requests it sent while the scrape was
+    // on its way often reach the engine before the engine answers it, so
+    // leaving them out would count them twice (as foreign and as in flight)
+    // and hold requests for nothing until the next scrape; counted here, at
+    // worst some other client's load is missed until then.
+    const other = m.running + m.waiting - this.inFlight;
     this.foreign = other > 0 ? other : 0;
   }
 
