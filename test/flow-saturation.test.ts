@@ -6,6 +6,10 @@ import { BatchLimit, DEFAULT_BATCH_LIMIT } from '../src/endpoints/batch-limit.js
 import { EndpointSet, type Endpoint } from '../src/endpoints/endpoint.js';
 import { DEFAULTS } from '../src/config/schema.js';
 import { SaturationDetector } from '../src/flow/saturation.js';
+import { FlowControlGate } from '../src/flow/gate.js';
+import { validateFlowControl } from '../src/flow/config.js';
+import { seededRng } from '../src/flow/admission.js';
+import { flush, Signal } from './flow-util.js';
 
 function endpoints(n: number, staleAfterMs = 100): Endpoint[] {
   const set = new EndpointSet(
@@ -158,4 +162,53 @@ t.test('detector: the configured thresholds still apply; stale metrics fall back
   t.ok(d.saturated(ep, 1500), '...except the in-flight cap (maxConcurrency)');
   t.equal(d.poolLoad([], 0), Infinity);
   t.end();
+});
+
+t.test('gate: lower bands leave the last slot of a small batch to the top band (4 slots at 0.85: 3, not 4)', async (t) => {
+  const { value: cfg, errors } = validateFlowControl({
+    flows: [
+      { id: 'tenant:payments', priority: 'premium', minShare: 0.3 },
+      { id: 'tenant:internal-tools', priority: 'best-effort' },
+    ],
+    admission: { mode: 'probabilistic', maxUtilisation: 0.85 },
+  });
+  if (!cfg) throw new Error(errors.join('\n'));
+  const [ep] = endpoints(1, 10_000);
+  send(ep, 6);
+  scrape(ep, performance.now(), 4, 2);
+  scrape(ep, performance.now(), 4, 2);
+  for (let i = 0; i < 6; i++) ep.onOutcome(0, false, DEFAULTS.dataLayer);
+  t.equal(ep.batchLimit, 4, 'learnt');
+  const gate = FlowControlGate.fromEndpoints({ config: cfg, endpointsFor: () => [ep], rng: seededRng(3) });
+  t.teardown(() => gate.close());
+  const info = (tenant: string) => ({
+    model: 'm',
+    headers: { authorization: '', 'x-tenant-id': tenant, 'x-workload-id': '', 'x-llm-d-inference-fairness-id': '', 'x-priority': '' },
+    bodyBytes: 10,
+  });
+  // what the server does with a grant: dispatch to the endpoint
+  const tickets: unknown[] = [];
+  const admitted = (r: unknown) => {
+    const g = r as { admitted: boolean; ticket: unknown };
+    if (g.admitted) {
+      ep.onDispatch(0);
+      tickets.push(g.ticket);
+    }
+    return g.admitted;
+  };
+  for (let i = 0; i < 3; i++) t.ok(admitted(gate.admit(info('internal-tools'), new Signal())), `best-effort ${i} goes at once`);
+  const held = gate.admit(info('internal-tools'), new Signal());
+  t.ok(held instanceof Promise, 'the fourth best-effort request waits in the router');
+  t.ok(admitted(gate.admit(info('payments'), new Signal())), 'premium takes the last slot at once');
+  t.equal(ep.inFlight, 4);
+  ep.onOutcome(0, false, DEFAULTS.dataLayer);
+  gate.release(tickets.shift());
+  await flush();
+  await flush();
+  t.equal(ep.inFlight, 3, 'a freed slot does not go to best-effort while premium holds the fourth');
+  for (const tk of tickets) {
+    ep.onOutcome(0, false, DEFAULTS.dataLayer);
+    gate.release(tk);
+  }
+  t.ok(admitted(await held), 'the held request goes once there is room below 0.85');
 });
