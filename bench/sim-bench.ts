@@ -61,7 +61,7 @@ async function serve(kind: string, port: number, fixedBody: string): Promise<voi
     const e = await startEngine({ port, ...TIMED });
     actual = e.port;
   } else if (kind === 'uws-fixed') {
-    const { uws } = await import('../src/server/uws.js');
+    const { uws } = await import('../src/uws.js');
     const app = uws.App();
     app.post('/*', (res) => {
       res.onAborted(() => {});

@@ -6,7 +6,7 @@
 // loopback; alternating variants, two passes, nanoseconds per call or per
 // answer's headers.
 //   node dist/bench/uws-calls.js [--iterations 300000]
-import { uws } from '../src/server/uws.js';
+import { uws } from '../src/uws.js';
 
 const argv = process.argv.slice(2);
 const i = argv.indexOf('--iterations');

@@ -1,5 +1,5 @@
 // Config loading and validation: defaults, every problem reported at once
-// with its field path, flowControl passed through, and the CLI's exit code 2.
+// with its field path, flowControl validated with the rest, and the CLI's exit code 2.
 import t from 'tap';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
@@ -26,7 +26,9 @@ t.test('a valid file loads with defaults filled in', async (t) => {
   t.equal(c.dataLayer.scrapeIntervalMs, 50, 'default scrape interval');
   t.equal(c.dataLayer.staleAfterMs, 2000, 'default staleness');
   t.equal(c.proxy.maxRetries, 2);
-  t.same(c.flowControl, { bands: [{ name: 'interactive', priority: 10 }], anything: 'goes here' }, 'flowControl passed through unvalidated');
+  t.same(c.flowControl?.flows, [{ id: 'tenant:payments', priority: 'premium', minShare: 0.3 }], 'flowControl validated with the rest');
+  t.equal(c.flowControl?.ttlMs, 2000, 'durations converted');
+  t.equal(c.flowControl?.defaultBand, 'standard', 'flowControl defaults filled');
 });
 
 t.test('the minimal config: defaults everywhere', async (t) => {
@@ -103,4 +105,32 @@ t.test('switchyard serve: exit code 2 and every problem on stderr', async (t) =>
   const help = spawnSync(process.execPath, [bin, 'serve', '--help'], { encoding: 'utf8', timeout: 20000 });
   t.equal(help.status, 0);
   t.match(help.stdout, /--upstream URL/);
+});
+
+t.test('a broken flowControl block is a config error at its field path (parseConfig passed it through unvalidated)', async (t) => {
+  const base = 'apiVersion: switchyard/v1\nkind: Router\npools:\n  - { name: p, models: [m], endpoints: [{ url: "http://10.0.0.5:8000" }] }\n';
+  const err = (() => {
+    try {
+      parseConfig(base + 'listen: { port: -1 }\nflowControl:\n  flows:\n    - { id: "tenant:x", minShare: 1.5 }\n  ttl: forever\n  colour: blue\n', validate);
+    } catch (e) {
+      return e;
+    }
+    return null;
+  })();
+  t.ok(err instanceof ConfigError, 'ConfigError');
+  const issues = (err as ConfigError).issues.map((i) => `${i.path}: ${i.message}`);
+  t.ok(issues.some((i) => i.startsWith('flowControl.flows[0].minShare: must be a number in [0, 1], got 1.5')), issues.join('\n'));
+  t.ok(issues.some((i) => i.startsWith('flowControl.ttl: must be a duration')));
+  t.ok(issues.some((i) => i.startsWith('flowControl.colour: unknown field')));
+  t.ok(issues.some((i) => i.startsWith('listen.port: ')), 'with the problems elsewhere in the file');
+  t.equal(issues.length, 4, issues.join('\n'));
+  t.throws(() => parseConfig(base + 'flowControl: { saturation: { staleAfter: 2s } }\n'), {
+    name: 'ConfigError',
+    message: /flowControl\.saturation\.staleAfter: removed: .*dataLayer\.staleAfterMs/,
+  });
+  t.throws(() => parseConfig(base + 'flowControl: 5\n'), { name: 'ConfigError', message: /flowControl: must be an object/ });
+  const ok = parseConfig(base + 'flowControl: { tenants: { key-a: a } }\n');
+  t.equal(ok.flowControl?.enabled, true, 'a present block is enabled');
+  t.equal(ok.flowControl?.trustHeaders, false, 'with API-key tenants, headers are not trusted by default');
+  t.equal(parseConfig(base + 'flowControl:\n').flowControl, undefined, 'an empty block is absent');
 });

@@ -52,7 +52,7 @@ limits:
 ttl: 30s
 sweepInterval: 100ms
 retryAfterSeconds: 3
-saturation: { queueDepthThreshold: 8, kvThreshold: 0.8, maxConcurrency: 16, staleAfter: 500ms }
+saturation: { queueDepthThreshold: 8, kvThreshold: 0.8, maxConcurrency: 16 }
 tenants: { "sk-alpha": a, "sk-beta": b }
 trustHeaders: false
 maxFlows: 64
@@ -69,7 +69,7 @@ queueCapacity: 512
   t.equal(v.ttlMs, 30_000);
   t.equal(v.sweepIntervalMs, 100);
   t.equal(v.retryAfterSeconds, 3);
-  t.same(v.saturation, { queueDepthThreshold: 8, kvThreshold: 0.8, maxConcurrency: 16, staleAfterMs: 500 });
+  t.same(v.saturation, { queueDepthThreshold: 8, kvThreshold: 0.8, maxConcurrency: 16 });
   t.same(v.tenants, { 'sk-alpha': 'a', 'sk-beta': 'b' });
   t.equal(v.trustHeaders, false);
   t.equal(v.maxFlows, 64);
@@ -133,5 +133,33 @@ t.test('durations', (t) => {
   t.ok(Number.isNaN(parseDurationMs('-1s')));
   t.ok(Number.isNaN(parseDurationMs(-1)));
   t.ok(Number.isNaN(parseDurationMs({})));
+  t.end();
+});
+
+t.test('one staleness setting: saturation.staleAfter / staleAfterMs are errors pointing at dataLayer.staleAfterMs', (t) => {
+  for (const key of ['staleAfter', 'staleAfterMs']) {
+    const { value, errors } = validateFlowControl({ saturation: { maxConcurrency: 4, [key]: key === 'staleAfter' ? '2s' : 2000 } });
+    t.equal(value, undefined, key);
+    t.same(errors.length, 1, errors.join('\n'));
+    t.match(errors[0], new RegExp(`^flowControl\\.saturation\\.${key}: removed: .*dataLayer\\.staleAfterMs`), key);
+  }
+  t.notOk('staleAfterMs' in validateFlowControl({}).value!.saturation, 'no staleness field in the validated config');
+  t.end();
+});
+
+t.test('trustHeaders: defaults to true without API-key tenants, to false with them; explicit values win', (t) => {
+  t.equal(validateFlowControl({}).value!.trustHeaders, true, 'no tenants: headers trusted');
+  t.equal(validateFlowControl({ tenants: {} }).value!.trustHeaders, true, 'empty tenants: headers trusted');
+  t.equal(validateFlowControl({ tenants: { 'key-a': 'a' } }).value!.trustHeaders, false, 'tenants: identity from the key');
+  t.equal(validateFlowControl({ tenants: { 'key-a': 'a' }, trustHeaders: true }).value!.trustHeaders, true, 'a gateway that authenticates');
+  t.equal(validateFlowControl({ trustHeaders: false }).value!.trustHeaders, false);
+  t.end();
+});
+
+t.test('a validated block passes through validateFlowControl unchanged', (t) => {
+  const v = validateFlowControl({ flows: [{ id: 'tenant:a', priority: 'premium' }], ttl: '5s' }).value!;
+  const again = validateFlowControl(v);
+  t.equal(again.value, v, 'the same object');
+  t.same(again.errors, []);
   t.end();
 });

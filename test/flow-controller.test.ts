@@ -8,7 +8,7 @@ import { flush, Signal } from './flow-util.js';
 import { validateFlowControl, type FlowControlConfig } from '../src/flow/config.js';
 import { admitProbability, seededRng } from '../src/flow/admission.js';
 import { FlowControlGate } from '../src/flow/gate.js';
-import type { AdmissionGate } from '../src/server/gate.js';
+import type { AdmissionGate } from '../src/admission.js';
 
 function config(raw: Record<string, unknown>): FlowControlConfig {
   const { value, errors } = validateFlowControl(raw);
@@ -344,7 +344,7 @@ t.test('the gate fits the server seam and answers with reason and Retry-After', 
   });
   let util = 0.2;
   const gate = new FlowControlGate({ config: cfg, utilisation: () => util, rng: seededRng(1) });
-  const seam: AdmissionGate = gate; // compile-time check against src/server/gate.ts
+  const seam: AdmissionGate = gate; // compile-time check against src/admission.ts
   t.ok(seam.headerNames.includes('x-tenant-id'));
   const info = (tenant: string, priority = '') => ({
     requestId: 'r',

@@ -3,14 +3,14 @@
 import t from 'tap';
 import fc from 'fast-check';
 import { ReadingList } from '../src/server/core.js';
-import type { ProxyRequest } from '../src/server/request.js';
+import type { HttpExchange } from '../src/server/http-exchange.js';
 
 t.test('ReadingList behaves like a Set of requests', async (t) => {
   fc.assert(
     fc.property(fc.array(fc.tuple(fc.boolean(), fc.nat(15), fc.nat(100)), { maxLength: 200 }), (ops) => {
-      const reqs = Array.from({ length: 16 }, () => ({ readSlot: -1, readStart: 0 }) as unknown as ProxyRequest);
+      const reqs = Array.from({ length: 16 }, () => ({ readSlot: -1, readStart: 0 }) as unknown as HttpExchange);
       const list = new ReadingList();
-      const model = new Set<ProxyRequest>();
+      const model = new Set<HttpExchange>();
       for (const [add, k, start] of ops) {
         const r = reqs[k]!;
         if (add) {

@@ -7,7 +7,7 @@ import { connect } from 'node:net';
 import { startFleet } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { startRouter } from '../src/server/router.js';
-import type { AbortLike, Admission, RequestInfo } from '../src/server/gate.js';
+import type { AbortLike, Admission, RequestInfo } from '../src/admission.js';
 
 const validate = validatePlugin;
 

@@ -21,6 +21,13 @@ t.test('flags parse into options', async (t) => {
   t.match(parseSimArgs(['--legacy=false']), { legacy: false });
   t.match(parseSimArgs(['--port', '0']), { port: 0, basePort: 0, fleet: 1 });
   t.equal(parseSimArgs(['--itl-ms', '3', '--help']), 'help');
+  t.equal(parseSimArgs(['-h']), 'help');
+  t.match(parseSimArgs(['--failure-kind', '429']), { failureKinds: ['429'] }, '--failure-kind is an alias');
+  t.match(parseSimArgs(['--legacy=true', '--model=x']), { legacy: true, models: ['x'] });
+  t.throws(() => parseSimArgs(['--port', '--host', 'h']), { message: /--port needs a value/ }, 'a flag is not a value');
+  t.throws(() => parseSimArgs(['--bogus', '--help']), { message: /unknown flag '--bogus'/ }, 'flags are read in order');
+  t.throws(() => parseSimArgs(['-x']), { message: /unknown flag '-x'/ });
+  t.throws(() => parseSimArgs(['--legacy=maybe']), { message: /--legacy expects true or false/ });
 });
 
 t.test('bad flags exit 2 with a clear message; --help exits 0 and lists every flag', async (t) => {

@@ -9,7 +9,7 @@
 //
 //   node dist/bench/lib/relay-floor.js <port> <engine port>
 // GET /health answers 200 (readiness); other methods get 404.
-import { uws, type HttpResponse } from '../../src/server/uws.js';
+import { uws, type HttpResponse } from '../../src/uws.js';
 import {
   NativeUpstreamConnections,
   UPSTREAM_EVENT_DATA,

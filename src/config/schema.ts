@@ -1,8 +1,14 @@
-// The switchyard/v1 Router config: types, defaults and validation. Validation
-// collects every problem (with its field path) before failing, so a user fixes
-// a file in one pass. docs/config.md documents each field.
+// The switchyard/v1 Router config: types, defaults and its zod schema.
+// Validation collects every problem (with its field path) before failing, so a
+// user fixes a file in one pass. docs/config.md documents each field;
+// schema/switchyard-v1.schema.json is generated from `routerConfigSchema`
+// (npm run schema). Why zod: see schema-kit.ts (transforms, cross-field
+// refinements that still run when a field failed, our own messages, and JSON
+// Schema output, all from one declaration).
 import { isIP } from 'node:net';
-import { ConfigError, type ConfigIssue } from '../errors.js';
+import { ConfigError } from '../errors.js';
+import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
+import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
 
 export const API_VERSION = 'switchyard/v1';
 export const ENGINES = ['vllm', 'sglang'] as const;
@@ -91,8 +97,8 @@ export interface RouterConfig {
   proxy: ProxyConfig;
   limits: LimitsConfig;
   logging: { level: (typeof LOG_LEVELS)[number] };
-  /** Owned by flow control (a later layer); passed through unvalidated. */
-  flowControl?: unknown;
+  /** The validated, defaulted flowControl block; undefined when the config has none. */
+  flowControl?: FlowControlConfig;
 }
 
 export const DEFAULT_SCORERS: ScorerSpec[] = [
@@ -128,92 +134,6 @@ export const DEFAULTS = {
   limits: { maxBodyBytes: 16 * 1024 * 1024, requestBodyTimeoutMs: 30_000 } satisfies LimitsConfig,
   logging: { level: 'info' as const },
 };
-
-const TOP_KEYS = new Set([
-  'apiVersion', 'kind', 'listen', 'pools', 'scheduling', 'dataLayer', 'proxy', 'limits', 'logging', 'flowControl',
-]);
-
-type Obj = Record<string, unknown>;
-
-class Checker {
-  readonly issues: ConfigIssue[] = [];
-  add(path: string, message: string): void {
-    this.issues.push({ path, message });
-  }
-  isObj(v: unknown): v is Obj {
-    return typeof v === 'object' && v !== null && !Array.isArray(v);
-  }
-  /** Returns the object at `path` (or {} when absent); reports non-objects and unknown keys. */
-  obj(v: unknown, path: string, keys: readonly string[], optional = true): Obj {
-    if (v === undefined || v === null) {
-      if (!optional) this.add(path, 'is required');
-      return {};
-    }
-    if (!this.isObj(v)) {
-      this.add(path, 'must be a mapping');
-      return {};
-    }
-    for (const k of Object.keys(v)) if (!keys.includes(k)) this.add(join(path, k), `unknown field (expected one of: ${keys.join(', ')})`);
-    return v;
-  }
-  str(o: Obj, key: string, path: string, def?: string): string {
-    const v = o[key];
-    if (v === undefined || v === null) {
-      if (def === undefined) this.add(join(path, key), 'is required');
-      return def ?? '';
-    }
-    if (typeof v !== 'string' || v.length === 0) {
-      this.add(join(path, key), 'must be a non-empty string');
-      return def ?? '';
-    }
-    return v;
-  }
-  oneOf<T extends string>(o: Obj, key: string, path: string, allowed: readonly T[], def?: T): T {
-    const v = o[key];
-    if (v === undefined || v === null) {
-      if (def === undefined) this.add(join(path, key), `is required (one of: ${allowed.join(', ')})`);
-      return (def ?? allowed[0]) as T;
-    }
-    if (typeof v !== 'string' || !allowed.includes(v as T)) {
-      this.add(join(path, key), `must be one of: ${allowed.join(', ')} (got ${JSON.stringify(v)})`);
-      return (def ?? allowed[0]) as T;
-    }
-    return v as T;
-  }
-  int(o: Obj, key: string, path: string, def: number, min: number, max = Number.MAX_SAFE_INTEGER): number {
-    const v = o[key];
-    if (v === undefined || v === null) return def;
-    if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) {
-      this.add(join(path, key), `must be an integer in [${min}, ${max}] (got ${JSON.stringify(v)})`);
-      return def;
-    }
-    return v;
-  }
-  num(o: Obj, key: string, path: string, def: number, min: number, max: number): number {
-    const v = o[key];
-    if (v === undefined || v === null) return def;
-    if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) {
-      this.add(join(path, key), `must be a number in [${min}, ${max}] (got ${JSON.stringify(v)})`);
-      return def;
-    }
-    return v;
-  }
-  arr(v: unknown, path: string, required: boolean): unknown[] {
-    if (v === undefined || v === null) {
-      if (required) this.add(path, 'is required');
-      return [];
-    }
-    if (!Array.isArray(v)) {
-      this.add(path, 'must be a list');
-      return [];
-    }
-    return v;
-  }
-}
-
-function join(path: string, key: string): string {
-  return path ? `${path}.${key}` : key;
-}
 
 /** True when an http URL's host is an IP address literal (what `proxy.client: auto` hands to the native client). */
 export function hostIsIp(url: string): boolean {
@@ -255,22 +175,270 @@ function httpOrigin(s: string): string | null {
 /** Control characters (C0 and DEL): not allowed in an endpoint name, which goes into a response header. */
 const CONTROL_CHARS = /[\x00-\x1f\x7f]/;
 
-function pluginSpec(c: Checker, v: unknown, path: string, withWeight: boolean): ScorerSpec | null {
-  if (typeof v === 'string' && v.length > 0) return { type: v, params: {}, weight: 1 };
-  const keys = withWeight ? ['type', 'weight', 'params'] : ['type', 'params'];
-  if (!c.isObj(v)) {
-    c.add(path, withWeight ? 'must be a mapping {type, weight, params}' : 'must be a plugin type name or a mapping {type, params}');
-    return null;
+// ---- the schema (zod 4; see schema-kit.ts for why zod). Messages keep the
+// router config's style: "must be ... (got <value>)", "is required".
+
+const got = (v: unknown) => JSON.stringify(v);
+const listError = (i: { input?: unknown }) => (i.input === undefined ? 'is required' : 'must be a list');
+
+const nonEmpty = () =>
+  z.string({ error: (i) => (i.input === undefined ? 'is required' : 'must be a non-empty string') }).min(1, { error: 'must be a non-empty string' });
+
+function oneOf<const T extends readonly [string, ...string[]]>(allowed: T) {
+  return z.enum(allowed, {
+    error: (i) => (i.input === undefined ? `is required (one of: ${allowed.join(', ')})` : `must be one of: ${allowed.join(', ')} (got ${got(i.input)})`),
+  });
+}
+
+function int(min: number, max = Number.MAX_SAFE_INTEGER) {
+  const error = (i: { input?: unknown }) => `must be an integer in [${min}, ${max}] (got ${got(i.input)})`;
+  return z.int({ error }).gte(min, { error }).lte(max, { error });
+}
+
+function num(min: number, max: number) {
+  const error = (i: { input?: unknown }) => `must be a number in [${min}, ${max}] (got ${got(i.input)})`;
+  return z.number({ error }).gte(min, { error }).lte(max, { error });
+}
+
+const urlMessage = (s: unknown) => `must be an http(s) URL with no path, query, fragment or credentials, e.g. http://10.0.0.5:8000 (got ${got(s)})`;
+
+const endpointSchema = strict(
+  {
+    name: nonEmpty()
+      .refine((s) => !CONTROL_CHARS.test(s), {
+        error: (i) => `must not contain control characters (it is sent in the x-switchyard-endpoint header; got ${got(i.input)})`,
+      })
+      .optional()
+      .describe('unique across all pools; default host:port of url'),
+    url: nonEmpty()
+      .transform((s, ctx) => {
+        const origin = httpOrigin(s);
+        if (origin === null) {
+          ctx.addIssue({ code: 'custom', message: urlMessage(s), input: s });
+          return z.NEVER;
+        }
+        return origin;
+      })
+      .describe('http://host:port or https://host:port, no path, query, fragment or credentials'),
+    role: oneOf(ROLES).default('both'),
+    revision: nonEmpty().optional(),
+    capacity: strict(
+      { gpuBlocks: int(0, 2 ** 31 - 1).default(0), cpuBlocks: int(0, 2 ** 31 - 1).default(0), diskBlocks: int(0, 2 ** 31 - 1).default(0) },
+      'must be a mapping',
+    )
+      .optional()
+      .describe('prefix-index blocks (of scheduling.prefixBlockSize bytes) per tier; default: learnt from the engine'),
+  },
+  'must be a mapping',
+).transform((e): EndpointConfig => ({
+  name: e.name ?? safeName(e.url),
+  url: e.url,
+  role: e.role,
+  ...(e.revision ? { revision: e.revision } : {}),
+  ...(e.capacity ? { capacity: e.capacity } : {}),
+}));
+
+const poolSchema = strict(
+  {
+    name: nonEmpty(),
+    engine: oneOf(ENGINES).default('vllm'),
+    accelerator: oneOf(ACCELERATORS).default('nvidia'),
+    models: z
+      .array(nonEmpty(), { error: listError })
+      .min(1, { error: 'must list at least one model' })
+      .superRefine((models, ctx) => {
+        // listed twice, each endpoint of the pool would be a candidate twice for the model
+        const seen = new Set<unknown>();
+        models.forEach((m, j) => {
+          if (typeof m === 'string' && m !== '' && seen.has(m)) ctx.addIssue({ code: 'custom', path: [j], message: `duplicate model "${m}" in this pool`, input: m });
+          seen.add(m);
+        });
+      }, ALWAYS),
+    endpoints: z.array(endpointSchema, { error: listError }).min(1, { error: 'must list at least one endpoint' }),
+  },
+  'must be a mapping',
+);
+
+const paramsSchema = z
+  .record(z.string(), z.unknown(), { error: 'must be a mapping' })
+  .prefault({})
+  .describe("the plugin's parameters, checked by its factory");
+
+function pluginSpecSchema(withWeight: boolean) {
+  const message = withWeight ? 'must be a mapping {type, weight, params}' : 'must be a plugin type name or a mapping {type, params}';
+  const byName = z
+    .string({ error: message })
+    .min(1, { error: message })
+    .transform((type) => ({ type, weight: 1, params: {} as Record<string, unknown> }));
+  const mapping = strict({ type: nonEmpty(), weight: num(0, 1e6).default(1), params: paramsSchema }, message);
+  const full = withWeight ? mapping : strict({ type: nonEmpty(), params: paramsSchema }, message).transform((s) => ({ ...s, weight: 1 }));
+  return z.union([byName, full], { error: message });
+}
+
+const filterSpec = pluginSpecSchema(false).transform(({ type, params }): PluginSpec => ({ type, params }));
+const scorerSpec = pluginSpecSchema(true).transform(({ type, weight, params }): ScorerSpec => ({ type, weight, params }));
+
+const schedulingSchema = strict(
+  {
+    filters: z
+      .array(filterSpec, { error: listError })
+      .default(() => DEFAULT_FILTERS.map((s) => ({ ...s, params: { ...s.params } })))
+      .describe('applied in order; a type name or {type, params}'),
+    scorers: z
+      .array(scorerSpec, { error: listError })
+      .default(() => DEFAULT_SCORERS.map((s) => ({ ...s, params: { ...s.params } })))
+      .describe('{type, weight, params}; [] = no scoring'),
+    picker: filterSpec.default(() => ({ type: DEFAULTS.scheduling.picker, params: {} })),
+    prefixBlockSize: int(1, 1 << 20).default(DEFAULTS.scheduling.prefixBlockSize).describe('bytes per prefix-index block'),
+  },
+  'must be a mapping',
+).prefault({});
+
+const d = DEFAULTS.dataLayer;
+const dataLayerSchema = strict(
+  {
+    scrapeIntervalMs: int(0, 3_600_000).default(d.scrapeIntervalMs),
+    staleAfterMs: int(1, 3_600_000).default(d.staleAfterMs).describe('the one staleness setting: metrics older than this are ignored by scorers and flow control'),
+    healthIntervalMs: int(0, 3_600_000).default(d.healthIntervalMs),
+    healthTimeoutMs: int(1, 3_600_000).default(d.healthTimeoutMs),
+    breakerFailures: int(1, 1_000_000).default(d.breakerFailures),
+    breakerCooldownMs: int(1, 3_600_000).default(d.breakerCooldownMs),
+  },
+  'must be a mapping',
+).prefault({});
+
+const p = DEFAULTS.proxy;
+const proxySchema = strict(
+  {
+    client: oneOf(UPSTREAM_CLIENTS).default(p.client),
+    maxRetries: int(0, 10).default(p.maxRetries),
+    connectionsPerEndpoint: int(1, 65536).default(p.connectionsPerEndpoint),
+    connectTimeoutMs: int(1, 3_600_000).default(p.connectTimeoutMs),
+    headersTimeoutMs: int(1, 86_400_000).default(p.headersTimeoutMs),
+    bodyTimeoutMs: int(0, 86_400_000).default(p.bodyTimeoutMs),
+  },
+  'must be a mapping',
+).prefault({});
+
+/** What a user writes in a switchyard/v1 Router config (the published JSON Schema is generated from it). */
+export const routerConfigSchema = strict(
+  {
+    apiVersion: z.literal(API_VERSION, { error: (i) => `must be "${API_VERSION}" (got ${got(i.input)})` }),
+    kind: z.literal('Router', { error: (i) => `must be "Router" (got ${got(i.input)})` }),
+    listen: strict(
+      { host: nonEmpty().default(DEFAULTS.listen.host), port: int(0, 65535).default(DEFAULTS.listen.port) },
+      'must be a mapping',
+    ).prefault({}),
+    pools: z.array(poolSchema, { error: listError }).min(1, { error: 'must list at least one pool' }),
+    scheduling: schedulingSchema,
+    dataLayer: dataLayerSchema,
+    proxy: proxySchema,
+    limits: strict(
+      {
+        maxBodyBytes: int(1, 2 ** 31 - 1).default(DEFAULTS.limits.maxBodyBytes),
+        requestBodyTimeoutMs: int(1, 3_600_000).default(DEFAULTS.limits.requestBodyTimeoutMs),
+      },
+      'must be a mapping',
+    ).prefault({}),
+    logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
+    flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
+  },
+  'the config must be a YAML mapping',
+  'unknown top-level field',
+);
+
+type RouterInput = z.output<typeof routerConfigSchema>;
+
+/** A plugin spec as far as it parsed (the raw value when its own checks failed), or null. */
+function specOf(v: unknown): PluginSpec | null {
+  if (typeof v === 'string') return v === '' ? null : { type: v, params: {} };
+  if (!isMapping(v) || typeof v.type !== 'string' || v.type === '') return null;
+  return { type: v.type, params: isMapping(v.params) ? v.params : {} };
+}
+
+/** The name an endpoint will have, from its raw or parsed value ('' when it has none). */
+function endpointName(e: unknown): string {
+  if (!isMapping(e)) return '';
+  if (typeof e.name === 'string') return e.name;
+  const origin = typeof e.url === 'string' ? httpOrigin(e.url) : null;
+  return origin ? safeName(origin) : '';
+}
+
+/**
+ * Rules across fields: unique pool and endpoint names, one prefix-cache
+ * scorer, the plugins' own parameter checks, and what the upstream client can
+ * reach. They run on whatever parsed, so they are reported with the rest.
+ */
+function crossFieldRules(validatePlugin?: PluginCheck) {
+  return (v: RouterInput, ctx: z.core.$RefinementCtx<RouterInput>) => {
+    const add = (path: PropertyKey[], message: string) => ctx.addIssue({ code: 'custom', path, message, input: undefined });
+    const pools: unknown[] = Array.isArray(v.pools) ? v.pools : [];
+    const poolNames = new Set<string>();
+    const epNames = new Set<string>();
+    pools.forEach((pool, i) => {
+      if (!isMapping(pool)) return;
+      if (typeof pool.name === 'string' && pool.name !== '') {
+        if (poolNames.has(pool.name)) add(['pools', i, 'name'], `duplicate pool name "${pool.name}"`);
+        poolNames.add(pool.name);
+      }
+      if (!Array.isArray(pool.endpoints)) return;
+      pool.endpoints.forEach((e, j) => {
+        const name = endpointName(e);
+        if (name === '' || CONTROL_CHARS.test(name)) return;
+        if (epNames.has(name)) add(['pools', i, 'endpoints', j, 'name'], `duplicate endpoint name "${name}" (names are unique across pools)`);
+        epNames.add(name);
+      });
+    });
+
+    const s = isMapping(v.scheduling) ? v.scheduling : undefined;
+    if (s) {
+      const scorers: unknown[] = Array.isArray(s.scorers) ? s.scorers : [];
+      // a decision carries one prefix-cache scorer's block counts (the request path uses them to
+      // forget what a failed pick recorded): a second one would overwrite them
+      const prefixAt = scorers.map((x, i) => (specOf(x)?.type === 'prefix-cache' ? i : -1)).filter((i) => i >= 0);
+      if (prefixAt.length > 1) add(['scheduling', 'scorers', prefixAt[1]!], 'at most one prefix-cache scorer (give it a larger weight instead)');
+      if (validatePlugin) {
+        const check = (kind: 'filter' | 'scorer' | 'picker', x: unknown, path: PropertyKey[]) => {
+          const spec = specOf(x);
+          if (spec) for (const m of validatePlugin(kind, spec)) add(path, m);
+        };
+        if (Array.isArray(s.filters)) s.filters.forEach((x, i) => check('filter', x, ['scheduling', 'filters', i]));
+        scorers.forEach((x, i) => check('scorer', x, ['scheduling', 'scorers', i]));
+        check('picker', s.picker, ['scheduling', 'picker']);
+      }
+    }
+
+    const client = isMapping(v.proxy) ? v.proxy.client : undefined;
+    if (client === 'h1' || client === 'native') {
+      pools.forEach((pool, i) => {
+        if (!isMapping(pool) || !Array.isArray(pool.endpoints)) return;
+        pool.endpoints.forEach((e, j) => {
+          const url = isMapping(e) && typeof e.url === 'string' ? httpOrigin(e.url) : null;
+          if (url === null) return; // reported by the url field
+          if (url.startsWith('https:')) add(['pools', i, 'endpoints', j, 'url'], 'https endpoints need proxy.client: undici (or auto)');
+          else if (client === 'native' && !hostIsAddress(url))
+            add(['pools', i, 'endpoints', j, 'url'], 'proxy.client: native needs an IP address or localhost as host (it does no DNS lookups); use h1 or auto');
+        });
+      });
+    }
+  };
+}
+
+type PluginCheck = (kind: 'filter' | 'scorer' | 'picker', spec: PluginSpec) => string[];
+
+/**
+ * A YAML key with no value (`listen:`) is null: outside flowControl and
+ * plugin params (whose own rules decide), null means absent.
+ */
+function dropNulls(v: unknown, top = true): unknown {
+  if (Array.isArray(v)) return v.map((x) => dropNulls(x, false));
+  if (!isMapping(v)) return v;
+  const out: Record<string, unknown> = {};
+  for (const [k, x] of Object.entries(v)) {
+    if (x === null) continue;
+    out[k] = (top && k === 'flowControl') || k === 'params' ? x : dropNulls(x, false);
   }
-  const o = c.obj(v, path, keys);
-  const type = c.str(o, 'type', path);
-  const weight = withWeight ? c.num(o, 'weight', path, 1, 0, 1e6) : 1;
-  let params: Obj = {};
-  if (o.params !== undefined && o.params !== null) {
-    if (!c.isObj(o.params)) c.add(join(path, 'params'), 'must be a mapping');
-    else params = o.params;
-  }
-  return type ? { type, weight, params } : null;
+  return out;
 }
 
 /**
@@ -278,148 +446,26 @@ function pluginSpec(c: Checker, v: unknown, path: string, withWeight: boolean): 
  * listing every problem. `validatePlugin` (optional) checks plugin types and
  * parameters against the registry and returns problems as messages.
  */
-export function validateConfig(
-  doc: unknown,
-  validatePlugin?: (kind: 'filter' | 'scorer' | 'picker', spec: PluginSpec) => string[],
-  source?: string,
-): RouterConfig {
-  const c = new Checker();
-  if (!c.isObj(doc)) throw new ConfigError([{ path: '', message: 'the config must be a YAML mapping' }], source);
-  for (const k of Object.keys(doc)) {
-    if (!TOP_KEYS.has(k)) c.add(k, `unknown top-level field (expected one of: ${[...TOP_KEYS].join(', ')})`);
-  }
-  if (doc.apiVersion !== API_VERSION) c.add('apiVersion', `must be "${API_VERSION}" (got ${JSON.stringify(doc.apiVersion)})`);
-  if (doc.kind !== 'Router') c.add('kind', `must be "Router" (got ${JSON.stringify(doc.kind)})`);
-
-  const lo = c.obj(doc.listen, 'listen', ['host', 'port']);
-  const listen = { host: c.str(lo, 'host', 'listen', DEFAULTS.listen.host), port: c.int(lo, 'port', 'listen', DEFAULTS.listen.port, 0, 65535) };
-
-  const pools: PoolConfig[] = [];
-  const poolNames = new Set<string>();
-  const epNames = new Set<string>();
-  const rawPools = c.arr(doc.pools, 'pools', true);
-  if (Array.isArray(doc.pools) && rawPools.length === 0) c.add('pools', 'must list at least one pool');
-  rawPools.forEach((rp, i) => {
-    const pp = `pools[${i}]`;
-    const po = c.obj(rp, pp, ['name', 'engine', 'accelerator', 'models', 'endpoints'], false);
-    const name = c.str(po, 'name', pp);
-    if (name && poolNames.has(name)) c.add(`${pp}.name`, `duplicate pool name "${name}"`);
-    poolNames.add(name);
-    const engine = c.oneOf(po, 'engine', pp, ENGINES, 'vllm');
-    const accelerator = c.oneOf(po, 'accelerator', pp, ACCELERATORS, 'nvidia');
-    const models: string[] = [];
-    const rawModels = c.arr(po.models, `${pp}.models`, true);
-    if (Array.isArray(po.models) && rawModels.length === 0) c.add(`${pp}.models`, 'must list at least one model');
-    rawModels.forEach((m, j) => {
-      if (typeof m !== 'string' || m.length === 0) c.add(`${pp}.models[${j}]`, 'must be a non-empty string');
-      // listed twice, each endpoint of the pool would be a candidate twice for the model
-      else if (models.includes(m)) c.add(`${pp}.models[${j}]`, `duplicate model "${m}" in this pool`);
-      else models.push(m);
-    });
-    const endpoints: EndpointConfig[] = [];
-    const rawEps = c.arr(po.endpoints, `${pp}.endpoints`, true);
-    if (Array.isArray(po.endpoints) && rawEps.length === 0) c.add(`${pp}.endpoints`, 'must list at least one endpoint');
-    rawEps.forEach((re, j) => {
-      const ep = `${pp}.endpoints[${j}]`;
-      const eo = c.obj(re, ep, ['name', 'url', 'role', 'revision', 'capacity'], false);
-      const rawUrl = c.str(eo, 'url', ep);
-      const origin = rawUrl ? httpOrigin(rawUrl) : null;
-      if (rawUrl && origin === null) {
-        c.add(`${ep}.url`, `must be an http(s) URL with no path, query, fragment or credentials, e.g. http://10.0.0.5:8000 (got ${JSON.stringify(rawUrl)})`);
-      }
-      const url = origin ?? rawUrl.replace(/\/$/, '');
-      const epName = c.str(eo, 'name', ep, url ? safeName(url) : undefined);
-      if (CONTROL_CHARS.test(epName)) {
-        c.add(`${ep}.name`, `must not contain control characters (it is sent in the x-switchyard-endpoint header; got ${JSON.stringify(epName)})`);
-      } else if (epName && epNames.has(epName)) c.add(`${ep}.name`, `duplicate endpoint name "${epName}" (names are unique across pools)`);
-      epNames.add(epName);
-      const role = c.oneOf(eo, 'role', ep, ROLES, 'both');
-      const revision = eo.revision === undefined ? undefined : c.str(eo, 'revision', ep);
-      let capacity: CapacityConfig | undefined;
-      if (eo.capacity !== undefined) {
-        const cp = `${ep}.capacity`;
-        const co = c.obj(eo.capacity, cp, ['gpuBlocks', 'cpuBlocks', 'diskBlocks']);
-        capacity = {
-          gpuBlocks: c.int(co, 'gpuBlocks', cp, 0, 0, 2 ** 31 - 1),
-          cpuBlocks: c.int(co, 'cpuBlocks', cp, 0, 0, 2 ** 31 - 1),
-          diskBlocks: c.int(co, 'diskBlocks', cp, 0, 0, 2 ** 31 - 1),
-        };
-      }
-      endpoints.push({ name: epName, url, role, ...(revision ? { revision } : {}), ...(capacity ? { capacity } : {}) });
-    });
-    pools.push({ name, engine, accelerator, models, endpoints });
-  });
-
-  const so = c.obj(doc.scheduling, 'scheduling', ['filters', 'scorers', 'picker', 'prefixBlockSize']);
-  const specs = (key: 'filters' | 'scorers', def: PluginSpec[] | ScorerSpec[]) => {
-    if (so[key] === undefined) return def.map((s) => ({ ...s, params: { ...s.params } }));
-    const out: ScorerSpec[] = [];
-    c.arr(so[key], `scheduling.${key}`, false).forEach((v, i) => {
-      const s = pluginSpec(c, v, `scheduling.${key}[${i}]`, key === 'scorers');
-      if (s) out.push(s);
-    });
-    return out;
+export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, source?: string): RouterConfig {
+  if (!isMapping(doc)) throw new ConfigError([{ path: '', message: 'the config must be a YAML mapping' }], source);
+  const r = routerConfigSchema.superRefine(crossFieldRules(validatePlugin), ALWAYS).safeParse(dropNulls(doc));
+  if (!r.success) throw new ConfigError(toConfigIssues(r.error.issues), source);
+  const v = r.data;
+  const cfg: RouterConfig = {
+    apiVersion: API_VERSION,
+    kind: 'Router',
+    listen: v.listen,
+    pools: v.pools,
+    scheduling: v.scheduling,
+    dataLayer: v.dataLayer,
+    proxy: v.proxy,
+    limits: v.limits,
+    logging: v.logging,
   };
-  const filters = specs('filters', DEFAULT_FILTERS).map(({ type, params }) => ({ type, params }));
-  const scorers = specs('scorers', DEFAULT_SCORERS) as ScorerSpec[];
-  // a decision carries one prefix-cache scorer's block counts (the request path uses them to
-  // forget what a failed pick recorded): a second one would overwrite them
-  const prefixAt = scorers.map((s, i) => (s.type === 'prefix-cache' ? i : -1)).filter((i) => i >= 0);
-  if (prefixAt.length > 1) c.add(`scheduling.scorers[${prefixAt[1]}]`, 'at most one prefix-cache scorer (give it a larger weight instead)');
-  let picker: PluginSpec = { type: DEFAULTS.scheduling.picker, params: {} };
-  if (so.picker !== undefined) {
-    const p = pluginSpec(c, so.picker, 'scheduling.picker', false);
-    if (p) picker = { type: p.type, params: p.params };
-  }
-  const prefixBlockSize = c.int(so, 'prefixBlockSize', 'scheduling', DEFAULTS.scheduling.prefixBlockSize, 1, 1 << 20);
-  if (validatePlugin) {
-    filters.forEach((s, i) => validatePlugin('filter', s).forEach((m) => c.add(`scheduling.filters[${i}]`, m)));
-    scorers.forEach((s, i) => validatePlugin('scorer', s).forEach((m) => c.add(`scheduling.scorers[${i}]`, m)));
-    validatePlugin('picker', picker).forEach((m) => c.add('scheduling.picker', m));
-  }
-
-  const dl = c.obj(doc.dataLayer, 'dataLayer', Object.keys(DEFAULTS.dataLayer));
-  const d = DEFAULTS.dataLayer;
-  const dataLayer: DataLayerConfig = {
-    scrapeIntervalMs: c.int(dl, 'scrapeIntervalMs', 'dataLayer', d.scrapeIntervalMs, 0, 3_600_000),
-    staleAfterMs: c.int(dl, 'staleAfterMs', 'dataLayer', d.staleAfterMs, 1, 3_600_000),
-    healthIntervalMs: c.int(dl, 'healthIntervalMs', 'dataLayer', d.healthIntervalMs, 0, 3_600_000),
-    healthTimeoutMs: c.int(dl, 'healthTimeoutMs', 'dataLayer', d.healthTimeoutMs, 1, 3_600_000),
-    breakerFailures: c.int(dl, 'breakerFailures', 'dataLayer', d.breakerFailures, 1, 1_000_000),
-    breakerCooldownMs: c.int(dl, 'breakerCooldownMs', 'dataLayer', d.breakerCooldownMs, 1, 3_600_000),
-  };
-  const px = c.obj(doc.proxy, 'proxy', Object.keys(DEFAULTS.proxy));
-  const p = DEFAULTS.proxy;
-  const proxy: ProxyConfig = {
-    client: c.oneOf(px, 'client', 'proxy', UPSTREAM_CLIENTS, p.client),
-    maxRetries: c.int(px, 'maxRetries', 'proxy', p.maxRetries, 0, 10),
-    connectionsPerEndpoint: c.int(px, 'connectionsPerEndpoint', 'proxy', p.connectionsPerEndpoint, 1, 65536),
-    connectTimeoutMs: c.int(px, 'connectTimeoutMs', 'proxy', p.connectTimeoutMs, 1, 3_600_000),
-    headersTimeoutMs: c.int(px, 'headersTimeoutMs', 'proxy', p.headersTimeoutMs, 1, 86_400_000),
-    bodyTimeoutMs: c.int(px, 'bodyTimeoutMs', 'proxy', p.bodyTimeoutMs, 0, 86_400_000),
-  };
-  if (proxy.client === 'h1' || proxy.client === 'native') {
-    pools.forEach((pool, i) =>
-      pool.endpoints.forEach((e, j) => {
-        if (e.url.startsWith('https:')) c.add(`pools[${i}].endpoints[${j}].url`, 'https endpoints need proxy.client: undici (or auto)');
-        else if (proxy.client === 'native' && !hostIsAddress(e.url))
-          c.add(`pools[${i}].endpoints[${j}].url`, 'proxy.client: native needs an IP address or localhost as host (it does no DNS lookups); use h1 or auto');
-      }),
-    );
-  }
-  const li = c.obj(doc.limits, 'limits', Object.keys(DEFAULTS.limits));
-  const limits: LimitsConfig = {
-    maxBodyBytes: c.int(li, 'maxBodyBytes', 'limits', DEFAULTS.limits.maxBodyBytes, 1, 2 ** 31 - 1),
-    requestBodyTimeoutMs: c.int(li, 'requestBodyTimeoutMs', 'limits', DEFAULTS.limits.requestBodyTimeoutMs, 1, 3_600_000),
-  };
-  const lg = c.obj(doc.logging, 'logging', ['level']);
-  const logging = { level: c.oneOf(lg, 'level', 'logging', LOG_LEVELS, DEFAULTS.logging.level) };
-
-  if (c.issues.length > 0) throw new ConfigError(c.issues, source);
-  const cfg: RouterConfig = { apiVersion: API_VERSION, kind: 'Router', listen, pools, scheduling: { filters, scorers, picker, prefixBlockSize }, dataLayer, proxy, limits, logging };
-  if (doc.flowControl !== undefined) cfg.flowControl = doc.flowControl;
+  if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   return cfg;
 }
+
 
 /** An endpoint name derived from its URL (host:port), used when `name` is omitted. */
 export function safeName(url: string): string {

@@ -39,9 +39,17 @@ export class Classifier {
     this.bands = cfg.bands;
     cfg.bands.forEach((b, i) => this.#bandIndex.set(b, i));
     this.defaultBand = this.#bandIndex.get(cfg.defaultBand) ?? 0;
-    for (const f of cfg.flows) this.#declared.set(f.id, this.#bandIndex.get(f.priority) ?? this.defaultBand);
     this.#tenants = new Map(Object.entries(cfg.tenants).map(([key, tenant]) => [key, `tenant:${tenant}`]));
     this.#trustHeaders = cfg.trustHeaders;
+    // Untrusted headers may lower a request's band, never raise it: only an id
+    // proven by an API key keeps a declared band above the default one; any
+    // other id (it came from a header, or is anonymous) is held at the default
+    // band or below. Precomputed, so band() stays one lookup.
+    const keyed = new Set(this.#tenants.values());
+    for (const f of cfg.flows) {
+      const declared = this.#bandIndex.get(f.priority) ?? this.defaultBand;
+      this.#declared.set(f.id, this.#trustHeaders || keyed.has(f.id) ? declared : Math.max(declared, this.defaultBand));
+    }
   }
 
   /** The fairness id of a request. */
@@ -97,7 +105,11 @@ export class Classifier {
     return id;
   }
 
-  /** The band a flow was declared with (the default band when undeclared). */
+  /**
+   * The band a flow was declared with (the default band when undeclared);
+   * with untrusted headers, no higher than the default band unless an API key
+   * maps to the flow.
+   */
   declaredBand(flowId: string): number {
     return this.#declared.get(flowId) ?? this.defaultBand;
   }

@@ -12,6 +12,7 @@
 // queue holds [id, bytes, time] records. A client that disconnects leaves a
 // tombstone: its id is dropped from the map and the record is skipped when it
 // reaches the head.
+import type { AbortLike } from '../admission.js';
 import { FlowQueues, FLOW_RECORD_WORDS, flowRecordId } from '../../bindings/flow-queues.js';
 import { ProbabilisticAdmission, type Rng } from './admission.js';
 import type { FlowControlConfig } from './config.js';
@@ -29,11 +30,8 @@ export interface FlowRequest {
   bytes: number;
 }
 
-/** Minimal abort hook: `onabort` is called once if the client leaves. */
-export interface AbortHook {
-  readonly aborted: boolean;
-  onabort: (() => void) | null;
-}
+/** The contract's abort signal: `onabort` is called once if the client leaves. */
+export type AbortHook = AbortLike;
 
 export interface Granted {
   readonly ok: true;

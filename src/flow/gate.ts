@@ -1,6 +1,7 @@
-// Flow control shaped as the server's admission gate (src/server/gate.ts's
-// AdmissionGate, matched structurally so flow/ does not import server/).
-// One FlowController per model: each model's pool has its own saturation.
+// Flow control as an admission gate (the contract in src/admission.ts, which
+// the director imports too). One FlowController per model: each model's pool
+// has its own saturation.
+import type { AbortLike, Admission, AdmissionGate, Admitted, Rejected, RequestInfo } from '../admission.js';
 import { Classifier, CLASSIFY_HEADERS } from './classify.js';
 import type { FlowControlConfig } from './config.js';
 import { FlowController, type AdmitResult, type Refused } from './controller.js';
@@ -13,36 +14,6 @@ export interface GateEndpoint extends EndpointLoad {
   /** False while the endpoint is down or its circuit breaker is open. */
   routable?(now: number): boolean;
 }
-
-/** The part of the server's RequestInfo the gate reads. */
-export interface GateRequestInfo {
-  readonly model: string;
-  /** Lower-case header names from `headerNames`; '' when absent. */
-  readonly headers: Readonly<Record<string, string>>;
-  readonly bodyBytes: number;
-}
-
-export interface GateAbortSignal {
-  readonly aborted: boolean;
-  onabort: (() => void) | null;
-}
-
-export interface GateAdmitted {
-  readonly admitted: true;
-  readonly ticket: unknown;
-}
-
-export interface GateRejected {
-  readonly admitted: false;
-  readonly status: number;
-  readonly message: string;
-  /** For the `x-switchyard-dropped-reason` header. */
-  readonly reason: string;
-  /** For the `Retry-After` header (429 only). */
-  readonly retryAfterSeconds: number;
-}
-
-export type GateAdmission = GateAdmitted | GateRejected;
 
 export interface FlowControlGateOptions {
   config: FlowControlConfig;
@@ -60,14 +31,14 @@ interface Ticket {
   readonly band: number;
 }
 
-const PASS: GateAdmitted = Object.freeze({ admitted: true as const, ticket: null });
+const PASS: Admitted = Object.freeze({ admitted: true as const, ticket: null });
 
-export class FlowControlGate {
+export class FlowControlGate implements AdmissionGate {
   readonly headerNames: readonly string[] = CLASSIFY_HEADERS;
   readonly classifier: Classifier;
   readonly #opts: FlowControlGateOptions;
-  readonly #controllers = new Map<string, { controller: FlowController; tickets: GateAdmitted[] }>();
-  readonly #rejections = new Map<Refused, GateRejected>();
+  readonly #controllers = new Map<string, { controller: FlowController; tickets: Admitted[] }>();
+  readonly #rejections = new Map<Refused, Rejected>();
   #headers: Readonly<Record<string, string>> = {};
   readonly #get = (name: string): string | undefined => this.#headers[name];
 
@@ -120,7 +91,7 @@ export class FlowControlGate {
     return this.#entry(model).controller;
   }
 
-  admit(info: GateRequestInfo, signal: GateAbortSignal): GateAdmission | Promise<GateAdmission> {
+  admit(info: Pick<RequestInfo, 'model' | 'headers' | 'bodyBytes'>, signal: AbortLike): Admission | Promise<Admission> {
     if (!this.#opts.config.enabled) return PASS;
     this.#headers = info.headers;
     const flowId = this.classifier.flowId(this.#get);
@@ -161,7 +132,7 @@ export class FlowControlGate {
     this.#controllers.clear();
   }
 
-  #entry(model: string): { controller: FlowController; tickets: GateAdmitted[] } {
+  #entry(model: string): { controller: FlowController; tickets: Admitted[] } {
     let e = this.#controllers.get(model);
     if (e === undefined) {
       const o = this.#opts;
@@ -183,7 +154,7 @@ export class FlowControlGate {
     return e;
   }
 
-  #map(tickets: GateAdmitted[], r: AdmitResult): GateAdmission {
+  #map(tickets: Admitted[], r: AdmitResult): Admission {
     if (r.ok) return tickets[r.ticket]!;
     let g = this.#rejections.get(r);
     if (g === undefined) {

@@ -26,7 +26,7 @@ export interface EndpointLoad {
   readonly batchLimit: number;
 }
 
-/** The thresholds the detector reads (the config's `saturation` block; its staleness setting is not used). */
+/** The thresholds the detector reads (the config's `saturation` block). */
 export type SaturationThresholds = Pick<SaturationConfig, 'queueDepthThreshold' | 'kvThreshold' | 'maxConcurrency'>;
 
 export class SaturationDetector {

@@ -1,6 +1,9 @@
-// The scheduler: filters → weighted scorers → picker over an EndpointSet.
-// Synchronous, allocation-free per pick (apart from what plugins choose to
-// do), and free of HTTP: embed it in any proxy with createScheduler().
+// The scheduler: filters → prefix producer → weighted scorers → picker over
+// an EndpointSet. Synchronous, allocation-free per pick (apart from what
+// plugins choose to do), and free of HTTP: embed it in any proxy with
+// createScheduler(). It does not own the data layer (metrics scraping, health
+// checks): the router does, and tells the scheduler of capacity changes;
+// createScheduler() attaches one for library users.
 import { performance } from 'node:perf_hooks';
 import { validateConfig, API_VERSION, type RouterConfig, type SchedulingConfig } from '../config/schema.js';
 import { DataLayer } from '../endpoints/data-layer.js';
@@ -8,6 +11,7 @@ import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
 import { NoEndpointError, UnknownModelError } from '../errors.js';
 import { registry as defaultRegistry } from './builtins.js';
 import type { PluginRegistry } from './registry.js';
+import { PrefixProducer } from './prefix-producer.js';
 import type { CycleContext, Filter, Picker, Plugin, SchedRequest, Scorer } from './types.js';
 
 /** The outcome of one pick. Pass it back to `complete()` once (complete() zeroes `seq`; a second call is ignored). */
@@ -15,7 +19,7 @@ export interface Decision {
   endpoint: Endpoint;
   /** The endpoint's dispatch number for this request (from Endpoint.onDispatch; the breaker's half-open trial is named by it). */
   seq: number;
-  /** Prompt blocks hashed by the prefix-cache scorer (0 without it). */
+  /** Prompt blocks hashed by the prefix producer (0 when no plugin reads prefix matches). */
   promptBlocks: number;
   /** Of those, leading blocks the picked endpoint was believed to hold. */
   matchedBlocks: number;
@@ -37,10 +41,13 @@ export class Scheduler {
   readonly #plugins: Plugin[];
   readonly #ctx: CycleContext;
   readonly #cands: Endpoint[] = [];
+  /** Prefix matching once per request, when a plugin reads it (a prefix-cache scorer); null otherwise. */
+  readonly prefix: PrefixProducer | null;
   #total: Float64Array;
+  /** A data layer createScheduler() started for a library user (closed with the scheduler). */
   #dataLayer: DataLayer | undefined;
+  /** Resolves after the attached data layer's first round of scrapes and health checks. */
   ready: Promise<void> = Promise.resolve();
-  readonly #scrapeListeners: ((ep: Endpoint) => void)[] = [];
 
   constructor(endpoints: EndpointSet, scheduling: SchedulingConfig, opts: SchedulerOptions = {}) {
     const reg = opts.registry ?? defaultRegistry;
@@ -52,26 +59,50 @@ export class Scheduler {
     this.picker = reg.create('picker', scheduling.picker.type, scheduling.picker.params, env);
     this.#plugins = [...this.filters, ...this.scorers, this.picker];
     this.#total = new Float64Array(Math.max(1, endpoints.all.length));
-    this.#ctx = { request: { model: '' }, now: 0, staleAfterMs: endpoints.dataLayer.staleAfterMs, promptBlocks: 0, matchedBlocks: 0 };
+    this.prefix = null;
+    if (this.#plugins.some((p) => p.usesPrefix)) {
+      // one index for every reader: a plugin may ask for its own block size (they must agree: the config says so)
+      const asked = this.#plugins.map((p) => p.blockSize).find((b) => b !== undefined);
+      this.prefix = new PrefixProducer({
+        blockSize: asked ?? scheduling.prefixBlockSize,
+        capacityBlockSize: scheduling.prefixBlockSize,
+        maxEndpoints: endpoints.all.length,
+      });
+      for (const ep of endpoints.all) this.prefix.setCapacity(ep);
+    }
+    this.#ctx = {
+      request: { model: '' },
+      now: 0,
+      staleAfterMs: endpoints.dataLayer.staleAfterMs,
+      promptBlocks: 0,
+      prefixMatched: EMPTY_MATCH,
+      matchedBlocks: 0,
+    };
   }
 
-  /** Starts metrics scraping and health checks; resolves after the first round. */
-  start(): Promise<void> {
+  /** An endpoint's KV-cache geometry was learnt or changed (the data layer's capacity event). */
+  onCapacity(ep: Endpoint): void {
+    this.prefix?.setCapacity(ep);
+    for (const p of this.#plugins) p.onCapacity?.(ep);
+  }
+
+  /**
+   * Starts a data layer owned by this scheduler (library use without the
+   * router: createScheduler() calls it unless `watch: false`); resolves after
+   * the first round of scrapes and health checks.
+   */
+  watch(): Promise<void> {
     if (this.#dataLayer) return this.ready;
     const dl = (this.#dataLayer = new DataLayer(this.endpoints));
-    dl.onCapacity((ep) => {
-      for (const p of this.#plugins) p.onCapacity?.(ep);
-    });
-    dl.onScrape((ep) => {
-      for (const fn of this.#scrapeListeners) fn(ep);
-    });
+    dl.onCapacity((ep) => this.onCapacity(ep));
     this.ready = dl.start();
     return this.ready;
   }
 
-  /** Registers a callback run after each successful metrics scrape of an endpoint. */
+  /** Registers a callback run after each successful metrics scrape of an endpoint (needs watch()). */
   onScrape(fn: (ep: Endpoint) => void): void {
-    this.#scrapeListeners.push(fn);
+    if (!this.#dataLayer) throw new Error('onScrape needs a data layer: createScheduler() with watch, or the router\'s own');
+    this.#dataLayer.onScrape(fn);
   }
 
   /** True if some pool serves `model`. */
@@ -101,10 +132,13 @@ export class Scheduler {
     ctx.request = req;
     ctx.now = now ?? performance.now();
     ctx.promptBlocks = 0;
+    ctx.prefixMatched = EMPTY_MATCH;
     ctx.matchedBlocks = 0;
     for (let f = 0; f < this.filters.length && eps.length > 0; f++) eps = this.filters[f].filter(ctx, eps);
     const n = eps.length;
     if (n === 0) return null;
+    const prefix = this.prefix;
+    if (prefix !== null) prefix.produce(ctx, eps);
     let idx = 0;
     if (n > 1 || this.scorers.length > 0) {
       const total = this.#total;
@@ -121,9 +155,11 @@ export class Scheduler {
       idx = n > 1 ? this.picker.pick(ctx, eps, total) : 0;
     }
     const ep = eps[idx];
+    if (prefix !== null) prefix.record(ctx, ep, idx);
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onPicked?.(ctx, ep, idx);
     const seq = ep.onDispatch(ctx.now);
     ctx.request = EMPTY_REQUEST;
+    ctx.prefixMatched = EMPTY_MATCH;
     if (out) {
       out.endpoint = ep;
       out.seq = seq;
@@ -147,7 +183,7 @@ export class Scheduler {
    * status below 500), `failed` (connect error, reset, 5xx: feeds the circuit
    * breaker) or `aborted` (the client went away: only releases accounting).
    * With a failure, pass the request again (`req`, same model and prompt as
-   * the pick) so the prefix-cache scorer can forget the blocks this pick
+   * the pick) so the prefix producer can forget the blocks this pick
    * recorded: the engine never computed them.
    */
   complete(d: Decision, outcome: Outcome, req?: SchedRequest): void {
@@ -159,6 +195,7 @@ export class Scheduler {
     const failed = outcome === 'failed';
     if (outcome === 'aborted') ep.onRelease(seq);
     else ep.onOutcome(failed ? performance.now() : 0, failed, this.endpoints.dataLayer, seq); // the clock matters only to the breaker
+    if (failed && req !== undefined && this.prefix !== null) this.prefix.forget(ep, d, req);
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onComplete?.(ep, failed, d, failed ? req : undefined);
   }
 
@@ -169,6 +206,7 @@ export class Scheduler {
 }
 
 const EMPTY_REQUEST: SchedRequest = { model: '' };
+const EMPTY_MATCH = new Uint32Array(0);
 
 /** Input for createScheduler: the `pools`, `scheduling` and `dataLayer` parts of a Router config. */
 export interface SchedulerConfig {
@@ -179,8 +217,8 @@ export interface SchedulerConfig {
 
 /**
  * Builds a scheduler from plain config (validated like a config file; throws
- * ConfigError listing every problem). Unless `watch: false`, it starts
- * scraping the endpoints' /metrics and /health in the background;
+ * ConfigError listing every problem). Unless `watch: false`, it starts its own
+ * data layer scraping the endpoints' /metrics and /health in the background;
  * `scheduler.ready` resolves after the first round.
  */
 export function createScheduler(config: SchedulerConfig | RouterConfig, opts: SchedulerOptions & { watch?: boolean } = {}): Scheduler {
@@ -191,6 +229,6 @@ export function createScheduler(config: SchedulerConfig | RouterConfig, opts: Sc
     'createScheduler',
   );
   const s = new Scheduler(new EndpointSet(cfg.pools, cfg.dataLayer), cfg.scheduling, opts);
-  if (opts.watch !== false) void s.start();
+  if (opts.watch !== false) void s.watch();
   return s;
 }

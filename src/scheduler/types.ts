@@ -24,14 +24,21 @@ export interface CycleContext {
   now: number;
   /** Metrics older than this are stale (ms). */
   staleAfterMs: number;
-  /** Filled by the prefix-cache scorer: prompt blocks hashed, and the matched blocks of the picked endpoint. */
+  /** Filled by the prefix producer before the scorers run: prompt blocks hashed (0: no prefix to match)... */
   promptBlocks: number;
+  /** ...and per candidate (the scorers' `eps` order) the leading blocks that endpoint is believed to hold. */
+  prefixMatched: Uint32Array;
+  /** Set once the picker chose: the matched blocks of the picked endpoint. */
   matchedBlocks: number;
 }
 
 export interface Plugin {
   readonly type: string;
   readonly name: string;
+  /** True when the plugin reads the prefix producer's match (ctx.promptBlocks, ctx.prefixMatched): the scheduler then runs it. */
+  readonly usesPrefix?: boolean;
+  /** Bytes per prefix block this plugin needs (undefined: scheduling.prefixBlockSize). */
+  readonly blockSize?: number;
   /** Called once the picker chose `ep` (at candidate index `index`); the request is being dispatched. */
   onPicked?(ctx: CycleContext, ep: Endpoint, index: number): void;
   /**

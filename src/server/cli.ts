@@ -7,7 +7,6 @@ import { API_VERSION, ENGINES, validateConfig, type Engine, type RouterConfig } 
 import { ConfigError } from '../errors.js';
 import { registry } from '../scheduler/builtins.js';
 import { createLogger, startRouter } from './router.js';
-import { flowGateFactory } from './flow-gate.js';
 
 const USAGE = `usage: switchyard serve [options]
 
@@ -126,21 +125,18 @@ export async function runServeCli(argv: string[]): Promise<number> {
     await fleet?.close();
     return 1;
   }
-  let gate: Awaited<ReturnType<typeof flowGateFactory>>;
-  try {
-    gate = await flowGateFactory(config);
-  } catch (err) {
-    console.error(`switchyard serve: ${(err as Error).message}`);
-    await fleet?.close();
-    return err instanceof ConfigError ? 2 : 1;
-  }
   if (level !== undefined) config.logging.level = level as RouterConfig['logging']['level'];
   const log = createLogger(config.logging.level);
 
   let router;
   try {
-    router = await startRouter(config, { logger: log, host: args.host, port, gate });
+    router = await startRouter(config, { logger: log, host: args.host, port });
   } catch (err) {
+    if (err instanceof ConfigError) {
+      console.error(`switchyard serve: ${err.message}`);
+      await fleet?.close();
+      return 2;
+    }
     log.error({ err }, 'the router failed to start');
     await fleet?.close();
     return 1;

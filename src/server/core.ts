@@ -1,28 +1,31 @@
-// The router's HTTP server on uWebSockets.js: routes, body limits and
-// timeouts, the admission gate seam, the non-inference endpoints, and
-// graceful shutdown. Per-request work lives in request.ts.
+// The router's HTTP transport on uWebSockets.js: routes, body limits and
+// timeouts, the non-inference endpoints, and graceful shutdown. It owns the
+// router's parts (endpoints, data layer, scheduler, upstream client, gate,
+// director) and hands each inference request, once its body has arrived, to
+// the director (src/director/), which knows nothing of uWS. The per-request
+// transport object is HttpExchange (http-exchange.ts).
 import { performance } from 'node:perf_hooks';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { hostIsIp, type LimitsConfig, type ProxyConfig, type RouterConfig } from '../config/schema.js';
+import { PassThroughGate, type AdmissionGate } from '../admission.js';
+import { Director, KIND_CHAT, KIND_COMPLETION } from '../director/director.js';
+import { DataLayer } from '../endpoints/data-layer.js';
 import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
 import { UndiciUpstreamClient } from '../proxy/undici-client.js';
 import { H1UpstreamClient } from '../proxy/h1-client.js';
 import { NativeUpstreamClient } from '../proxy/native-client.js';
 import type { UpstreamClient } from '../proxy/upstream.js';
 import { Scheduler } from '../scheduler/scheduler.js';
-import type { SchedRequest } from '../scheduler/types.js';
-import { PassThroughGate, type AdmissionGate } from './gate.js';
 import { errorBody, statusLine } from './http-errors.js';
+import { headerBytes, HttpExchange } from './http-exchange.js';
 import { RouterMetrics } from './metrics.js';
-import { PromptWriter } from './prompt.js';
-import { headerBytes, KIND_CHAT, KIND_COMPLETION, ProxyRequest } from './request.js';
-import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from './uws.js';
+import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
 export interface RouterOptions {
   config: RouterConfig;
   logger: Logger;
-  /** Admission gate (flow control), or a factory given the endpoints. Default: admit everything. */
+  /** Admission gate, or a factory given the endpoints. Default: flow control when config.flowControl is set (startRouter builds it), else admit everything. */
   gate?: AdmissionGate | ((endpoints: EndpointSet) => AdmissionGate);
   /** Upstream client. Default: undici pools. */
   upstream?: UpstreamClient;
@@ -40,6 +43,45 @@ const FIELD_CTL = /[\0-\x08\n-\x1f\x7f]/;
 const FIELD_CTLS = /[\0-\x08\n-\x1f\x7f]/g;
 const CONTENT_TYPE_PREFIX = Buffer.from('content-type: ');
 
+const H_TRANSFER_ENCODING = Buffer.from('transfer-encoding');
+
+// ---- request framing (RFC 9112 6.1, 6.3) ----------------------------------------------------
+// uWS 20.30 frames a body by the FIRST Content-Length line and decodes any
+// Transfer-Encoding value as chunked; a proxy in front of the router may pick
+// another line or refuse the coding, and the two then disagree where the next
+// request starts (request smuggling). req.forEach walks every header line uWS
+// parsed, duplicates included (req.getHeader returns the first one only).
+// Module-level state and callback: no closure per request.
+let scanLength: string | null = null;
+let scanCodings = 0;
+let scanProblem = '';
+function scanFramingHeader(key: string, value: string): void {
+  if (key.length === 14 && key === 'content-length') {
+    if (scanLength === null) scanLength = value;
+    else if (value !== scanLength && scanProblem === '') scanProblem = `conflicting Content-Length headers (${JSON.stringify(scanLength)} and ${JSON.stringify(value)})`;
+  } else if (key.length === 17 && key === 'transfer-encoding') {
+    if (++scanCodings > 1) {
+      if (scanProblem === '') scanProblem = 'more than one Transfer-Encoding header';
+    } else if (value.length !== 7 || value.toLowerCase() !== 'chunked') {
+      if (scanProblem === '') scanProblem = `Transfer-Encoding ${JSON.stringify(value)} is not supported (only "chunked")`;
+    }
+  }
+}
+
+/**
+ * Why the request's body framing is ambiguous ('' if it is not): Content-Length
+ * lines that differ, more than one Transfer-Encoding line, or a coding other
+ * than exactly `chunked`. (Content-Length together with Transfer-Encoding, and
+ * a Content-Length that is not a number, uWS rejects itself by closing.)
+ */
+export function framingProblem(req: HttpRequest): string {
+  scanLength = null;
+  scanCodings = 0;
+  scanProblem = '';
+  req.forEach(scanFramingHeader);
+  return scanProblem;
+}
+
 const KNOWN_PATHS: Record<string, string> = {
   '/v1/chat/completions': 'POST',
   '/v1/completions': 'POST',
@@ -55,19 +97,19 @@ const KNOWN_PATHS: Record<string, string> = {
  * every request; this allocates nothing per request.
  */
 export class ReadingList {
-  readonly #items: ProxyRequest[] = [];
+  readonly #items: HttpExchange[] = [];
 
   get size(): number {
     return this.#items.length;
   }
 
-  add(r: ProxyRequest): void {
+  add(r: HttpExchange): void {
     if (r.readSlot >= 0) return;
     r.readSlot = this.#items.length;
     this.#items.push(r);
   }
 
-  delete(r: ProxyRequest): void {
+  delete(r: HttpExchange): void {
     const i = r.readSlot;
     if (i < 0) return;
     r.readSlot = -1;
@@ -78,12 +120,12 @@ export class ReadingList {
     }
   }
 
-  has(r: ProxyRequest): boolean {
+  has(r: HttpExchange): boolean {
     return r.readSlot >= 0 && this.#items[r.readSlot] === r;
   }
 
   /** Those whose body reading began before `deadline` (a new array: the sweep is not on the request path). */
-  startedBefore(deadline: number): ProxyRequest[] {
+  startedBefore(deadline: number): HttpExchange[] {
     return this.#items.filter((r) => r.readStart < deadline);
   }
 }
@@ -104,19 +146,17 @@ export function newUpstreamClient(cfg: ProxyConfig, set: EndpointSet): UpstreamC
 export class RouterCore {
   readonly config: RouterConfig;
   readonly log: Logger;
+  readonly endpoints: EndpointSet;
+  /** Metrics scraping and health checks of every endpoint (started by startRouter). */
+  readonly dataLayer: DataLayer;
   readonly scheduler: Scheduler;
   readonly upstream: UpstreamClient;
   readonly gate: AdmissionGate;
+  readonly director: Director;
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
-  readonly maxRetries: number;
-  readonly prompt = new PromptWriter();
-  readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
   /** Requests still reading their body (for the 408 sweep). */
   readonly reading = new ReadingList();
-  /** Set just before a gate rejection reply; read by reply(). */
-  rejectReason = '';
-  retryAfter = 0;
   /** performance.now() at the last body-timeout sweep: requests stamp their start with it (no clock read per request). */
   clock = performance.now();
   #active = 0;
@@ -142,20 +182,28 @@ export class RouterCore {
     const cfg = (this.config = opts.config);
     this.log = opts.logger;
     this.#debug = this.log.isLevelEnabled('debug');
-    const set = new EndpointSet(cfg.pools, cfg.dataLayer);
+    const set = (this.endpoints = new EndpointSet(cfg.pools, cfg.dataLayer));
     this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random });
     this.upstream = opts.upstream ?? newUpstreamClient(cfg.proxy, set);
     const g = opts.gate;
-    this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g;
-    const gate = this.gate;
+    const gate: AdmissionGate = (this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g);
+    const dl = (this.dataLayer = new DataLayer(set));
+    dl.onCapacity((ep) => this.scheduler.onCapacity(ep));
     if (gate.onCapacity) {
-      this.scheduler.onScrape((ep) => {
+      dl.onScrape((ep) => {
         for (const m of ep.models) gate.onCapacity!(m);
       });
     }
     this.metrics = new RouterMetrics(set);
     this.limits = cfg.limits;
-    this.maxRetries = cfg.proxy.maxRetries;
+    this.director = new Director({
+      scheduler: this.scheduler,
+      upstream: this.upstream,
+      gate,
+      metrics: this.metrics,
+      log: this.log,
+      maxRetries: cfg.proxy.maxRetries,
+    });
     const created = Math.floor(Date.now() / 1000);
     this.#modelsBody = JSON.stringify({
       object: 'list',
@@ -202,10 +250,17 @@ export class RouterCore {
   #routes(app: TemplatedApp): TemplatedApp {
     app.post('/v1/chat/completions', (res, req) => this.#inference(res, req, KIND_CHAT));
     app.post('/v1/completions', (res, req) => this.#inference(res, req, KIND_COMPLETION));
-    app.get('/v1/models', (res) => this.#json(res, 200, this.#modelsBody));
-    app.get('/healthz', (res) => this.#json(res, 200, '{"status":"ok"}'));
-    app.get('/readyz', (res) => this.#readyz(res));
-    app.get('/metrics', (res) => {
+    app.get('/v1/models', (res, req) => {
+      if (!this.#badlyFramed(res, req)) this.#json(res, 200, this.#modelsBody);
+    });
+    app.get('/healthz', (res, req) => {
+      if (!this.#badlyFramed(res, req)) this.#json(res, 200, '{"status":"ok"}');
+    });
+    app.get('/readyz', (res, req) => {
+      if (!this.#badlyFramed(res, req)) this.#readyz(res);
+    });
+    app.get('/metrics', (res, req) => {
+      if (this.#badlyFramed(res, req)) return;
       const extra = this.gate.metricsLines?.();
       const body = extra && extra.length > 0 ? this.metrics.render() + extra.join('\n') + '\n' : this.metrics.render();
       res.cork(() => {
@@ -213,6 +268,7 @@ export class RouterCore {
       });
     });
     app.any('/*', (res, req) => {
+      if (this.#badlyFramed(res, req)) return;
       const url = req.getUrl();
       const method = req.getMethod().toUpperCase();
       const allowed = KNOWN_PATHS[url];
@@ -226,14 +282,57 @@ export class RouterCore {
         });
         return;
       }
-      const hasBody = method !== 'GET';
-      if (allowed !== undefined) {
-        this.#error(res, 405, `method ${method} is not allowed on ${url} (use ${allowed})`, hasBody, allowed);
-      } else {
-        this.#error(res, 404, `no route for ${method} ${url}`, hasBody);
-      }
+      // uWS reads and drops the body of a request it has no onData for (by its
+      // Content-Length or chunks), so the connection stays in step and can stay
+      // open. Only a declared body over the limit closes it (not worth reading);
+      // that answer is deferred, as a "Connection: close" written inside the
+      // handler does not stop uWS from serving a request pipelined behind it.
+      const cl = req.getHeader(H_CONTENT_LENGTH);
+      const close = cl !== '' && Number(cl) > this.limits.maxBodyBytes;
+      const [status, message] =
+        allowed !== undefined ? [405, `method ${method} is not allowed on ${url} (use ${allowed})`] : [404, `no route for ${method} ${url}`];
+      if (close) this.#deferredError(res, status, message, allowed);
+      else this.#error(res, status, message, false, allowed);
     });
     return app;
+  }
+
+  /**
+   * Rejects ambiguous body framing (framingProblem) with 400 and a closed
+   * connection; true if it did. GET routes check only when a Content-Length
+   * or Transfer-Encoding is present (two header lookups, no header walk).
+   */
+  #badlyFramed(res: HttpResponse, req: HttpRequest, always = false): boolean {
+    if (!always && req.getHeader(H_CONTENT_LENGTH) === '' && req.getHeader(H_TRANSFER_ENCODING) === '') return false;
+    const problem = framingProblem(req);
+    if (problem === '') return false;
+    this.#deferredError(res, 400, `bad request framing: ${problem}`);
+    return true;
+  }
+
+  /**
+   * Answers `status` and closes the connection, after uWS has finished with
+   * the bytes of this read. An answer written inside the handler is lost when
+   * uWS then closes the socket itself (a body it cannot parse: the write is
+   * still in its cork buffer), and uWS clears the close flag when the next
+   * pipelined request of the same read starts, so it would serve that one.
+   * Deferred, the request is still pending when uWS meets a pipelined one:
+   * uWS closes the connection (no answer rather than a served hidden request).
+   */
+  #deferredError(res: HttpResponse, status: number, message: string, allow?: string): void {
+    this.metrics.countRequest('', -1, status);
+    let gone = false;
+    res.onAborted(() => {
+      gone = true;
+    });
+    setImmediate(() => {
+      if (gone) return;
+      res.cork(() => {
+        res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json');
+        if (allow) res.writeHeader('allow', allow);
+        res.end(errorBody(status, message), true);
+      });
+    });
   }
 
   #json(res: HttpResponse, status: number, body: string): void {
@@ -254,7 +353,7 @@ export class RouterCore {
   #readyz(res: HttpResponse): void {
     // draining: a load balancer that checks over a kept-alive connection must take the router out
     if (this.draining) return this.#json(res, 503, '{"status":"shutting down"}');
-    const set = this.scheduler.endpoints;
+    const set = this.endpoints;
     const now = performance.now();
     const checks = set.dataLayer.healthIntervalMs > 0;
     const notReady: string[] = [];
@@ -266,13 +365,14 @@ export class RouterCore {
   }
 
   #inference(res: HttpResponse, req: HttpRequest, kind: number): void {
+    if (this.#badlyFramed(res, req, true)) return;
     const clText = req.getHeader(H_CONTENT_LENGTH);
     const contentLength = clText === '' ? -1 : Number(clText);
     let id = req.getHeader(H_REQUEST_ID);
     let idHeader: string | Buffer;
     if (id === '' || id.length > 256) idHeader = id = this.newRequestId();
     else idHeader = headerBytes(id);
-    const ctx = new ProxyRequest(this, res, kind, id, idHeader, req.getHeader(H_AUTHORIZATION), contentLength);
+    const ctx = new HttpExchange(this, res, kind, id, idHeader, req.getHeader(H_AUTHORIZATION), contentLength);
     const names = this.gate.headerNames;
     if (names.length > 0) {
       const h: Record<string, string> = {};
@@ -284,7 +384,7 @@ export class RouterCore {
     // fresh closure pays V8's lazy-code install on its first call
     res.onAborted(ctx.onClientAbort.bind(ctx));
     if (contentLength > this.limits.maxBodyBytes) {
-      ctx.reply(413, `request body of ${contentLength} bytes exceeds the limit of ${this.limits.maxBodyBytes} bytes`, null, true);
+      ctx.reject(413, `request body of ${contentLength} bytes exceeds the limit of ${this.limits.maxBodyBytes} bytes`);
       return;
     }
     ctx.readStart = this.clock;
@@ -300,15 +400,16 @@ export class RouterCore {
     const late = this.reading.startedBefore(deadline);
     for (const ctx of late) {
       this.reading.delete(ctx);
-      ctx.reply(408, `the request body did not arrive within ${this.limits.requestBodyTimeoutMs} ms`, null, true);
+      ctx.reject(408, `the request body did not arrive within ${this.limits.requestBodyTimeoutMs} ms`);
     }
   }
 
   /** Called once per inference request when it ends (any way). */
-  requestEnded(ctx: ProxyRequest, status: number): void {
+  requestEnded(ctx: HttpExchange, status: number): void {
     this.#active--;
     if (this.#debug) {
-      this.log.debug({ id: ctx.requestId, model: ctx.model, endpoint: ctx.endpoint?.name, status, path: ctx.path }, 'request');
+      const f = ctx.flight;
+      this.log.debug({ id: ctx.requestId, model: f?.model, endpoint: f?.endpoint?.name, status, path: f?.path }, 'request');
     }
     if (this.#active === 0 && this.#drainWaiters.length > 0) {
       for (const w of this.#drainWaiters.splice(0)) w();
@@ -352,7 +453,9 @@ export class RouterCore {
     clearInterval(this.#sweep);
     (this.#app as unknown as { close(): void }).close();
     await this.gate.close?.();
+    await this.director.close();
     await this.scheduler.close();
+    await this.dataLayer.close();
     await this.upstream.close();
   }
 }

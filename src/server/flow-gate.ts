@@ -1,10 +1,10 @@
 // Builds the flow-control admission gate from the config's `flowControl`
-// block (validated by flow/'s own validator). Loaded only when the block is
+// block (validated with the rest of the config). Loaded only when the block is
 // present, so the router does not depend on flow/ otherwise.
 import type { RouterConfig } from '../config/schema.js';
 import type { EndpointSet } from '../endpoints/endpoint.js';
 import { ConfigError } from '../errors.js';
-import type { AdmissionGate } from './gate.js';
+import type { AdmissionGate } from '../admission.js';
 
 /** Returns a gate factory for startRouter, or undefined when flow control is not configured. Throws ConfigError. */
 export async function flowGateFactory(config: RouterConfig): Promise<((set: EndpointSet) => AdmissionGate) | undefined> {

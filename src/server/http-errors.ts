@@ -1,17 +1,6 @@
-// OpenAI-style error bodies: {"error":{"message","type","param","code"}},
-// with the HTTP status as `code`.
-
-const TYPES: Record<number, string> = {
-  400: 'BadRequestError',
-  404: 'NotFoundError',
-  405: 'MethodNotAllowedError',
-  408: 'RequestTimeoutError',
-  413: 'RequestTooLargeError',
-  429: 'RateLimitError',
-  500: 'InternalServerError',
-  502: 'BadGatewayError',
-  503: 'ServiceUnavailableError',
-};
+// HTTP status lines for uWS's writeStatus; the OpenAI error bodies live in
+// src/proxy/error-shape.ts (every transport writes the same shape).
+export { errorBody, normalizeErrorBody } from '../proxy/error-shape.js';
 
 export const STATUS_LINES: Record<number, string> = {
   200: '200 OK',
@@ -36,29 +25,3 @@ export function statusLine(status: number): string {
   return STATUS_LINES[status] ?? `${status} Status`;
 }
 
-export function errorBody(status: number, message: string, param: string | null = null): string {
-  return JSON.stringify({ error: { message, type: TYPES[status] ?? 'Error', param, code: status } });
-}
-
-/**
- * An engine's error body in the current OpenAI shape. Older vLLM answers with
- * a flat `{"object":"error","message","type","param","code"}`; that shape (or
- * any JSON without an `error` object) is rewritten, the current one kept as it
- * is. Returns null when `text` is not JSON (then it is relayed unchanged).
- */
-export function normalizeErrorBody(text: string, status: number): string | null {
-  let j: unknown;
-  try {
-    j = JSON.parse(text);
-  } catch {
-    return null;
-  }
-  if (typeof j !== 'object' || j === null || Array.isArray(j)) return null;
-  const o = j as Record<string, unknown>;
-  if (typeof o.error === 'object' && o.error !== null) return null;
-  const message = typeof o.message === 'string' ? o.message : typeof o.detail === 'string' ? o.detail : `upstream error (HTTP ${status})`;
-  const type = typeof o.type === 'string' ? o.type : TYPES[status] ?? 'Error';
-  const param = typeof o.param === 'string' ? o.param : null;
-  const code = typeof o.code === 'number' || typeof o.code === 'string' ? o.code : status;
-  return JSON.stringify({ error: { message, type, param, code } });
-}

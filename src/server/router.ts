@@ -2,6 +2,7 @@
 import { pino, type Logger } from 'pino';
 import type { RouterConfig } from '../config/schema.js';
 import { RouterCore, type RouterOptions } from './core.js';
+import { flowGateFactory } from './flow-gate.js';
 
 export interface RunningRouter {
   readonly host: string;
@@ -24,10 +25,18 @@ export function createLogger(level: string): Logger {
   return pino({ level, base: { name: 'switchyard' } });
 }
 
+/**
+ * Builds and starts a router from a validated config: endpoints, data layer,
+ * scheduler, upstream client, and the admission gate (flow control when
+ * `config.flowControl` is set, unless `opts.gate` replaces it), then listens.
+ * The CLI and library users get the same router from the same config. Throws
+ * ConfigError for an invalid flowControl block.
+ */
 export async function startRouter(config: RouterConfig, opts: StartRouterOptions = {}): Promise<RunningRouter> {
   const logger = opts.logger ?? createLogger(config.logging.level);
-  const core = new RouterCore({ config, logger, gate: opts.gate, upstream: opts.upstream, random: opts.random });
-  const ready = core.scheduler.start();
+  const gate = opts.gate ?? (await flowGateFactory(config));
+  const core = new RouterCore({ config, logger, gate, upstream: opts.upstream, random: opts.random });
+  const ready = core.dataLayer.start();
   if (opts.waitForFirstScrape !== false) await ready;
   const host = opts.host ?? config.listen.host;
   let port: number;

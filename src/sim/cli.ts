@@ -1,5 +1,6 @@
 // `switchyard sim`: run a simulated vLLM/SGLang engine, or a fleet of them.
 
+import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { startFleet, type FleetOptions } from './index.js';
 import { FAILURE_KINDS, SIM_DEFAULTS, SimOptionError, resolveSimOptions, type FailureKind } from './options.js';
 
@@ -40,7 +41,8 @@ options (--name value or --name=value):
   --base-port P               first port of the fleet (default: --port)
   -h, --help                  show this message`;
 
-type Setter = (o: FleetOptions & { fleet: number }, v: string, flag: string) => void;
+type Parsed = FleetOptions & { fleet: number };
+type Setter = (o: Parsed, v: string, flag: string) => void;
 
 class FlagError extends Error {}
 
@@ -54,87 +56,103 @@ function integer(flag: string, v: string): number {
   if (!Number.isInteger(n)) throw new FlagError(`${flag} expects an integer, got '${v}'`);
   return n;
 }
+function trueFalse(flag: string, v: string): boolean {
+  if (v !== 'true' && v !== 'false') throw new FlagError(`${flag} expects true or false, got '${v}'`);
+  return v === 'true';
+}
+function failureKinds(o: Parsed, v: string, f: string): void {
+  const kinds = v.split(',').map((s) => s.trim()).filter((s) => s !== '');
+  for (const k of kinds) {
+    if (!FAILURE_KINDS.includes(k as FailureKind)) throw new FlagError(`${f}: unknown kind '${k}' (kinds: ${FAILURE_KINDS.join(', ')})`);
+  }
+  if (kinds.length === 0) throw new FlagError(`${f} expects a comma-separated list of kinds`);
+  o.failureKinds = kinds as FailureKind[];
+}
 
-const FLAGS: Record<string, Setter> = {
-  '--host': (o, v) => (o.host = v),
-  '--port': (o, v, f) => (o.port = integer(f, v)),
-  '--model': (o, v) => {
-    o.models = o.models === D.models || o.models === undefined ? [v] : [...o.models, v];
+/** Each flag (by its parseArgs name): its parseArgs declaration and how its value lands in the options. */
+const FLAGS: Record<string, { type: 'string' | 'boolean'; set: Setter }> = {
+  host: { type: 'string', set: (o, v) => (o.host = v) },
+  port: { type: 'string', set: (o, v, f) => (o.port = integer(f, v)) },
+  model: {
+    type: 'string',
+    set: (o, v) => {
+      o.models = o.models === undefined ? [v] : [...o.models, v];
+    },
   },
-  '--engine': (o, v, f) => {
-    if (v !== 'vllm' && v !== 'sglang') throw new FlagError(`${f} expects vllm or sglang, got '${v}'`);
-    o.engine = v;
+  engine: {
+    type: 'string',
+    set: (o, v, f) => {
+      if (v !== 'vllm' && v !== 'sglang') throw new FlagError(`${f} expects vllm or sglang, got '${v}'`);
+      o.engine = v;
+    },
   },
-  '--max-num-seqs': (o, v, f) => (o.maxNumSeqs = integer(f, v)),
-  '--kv-cache-blocks': (o, v, f) => (o.kvCacheBlocks = integer(f, v)),
-  '--block-size': (o, v, f) => (o.blockSize = integer(f, v)),
-  '--prefill-overhead-ms': (o, v, f) => (o.prefillOverheadMs = number(f, v)),
-  '--prefill-us-per-token': (o, v, f) => (o.prefillUsPerToken = number(f, v)),
-  '--itl-ms': (o, v, f) => (o.itlMs = number(f, v)),
-  '--decode-slowdown': (o, v, f) => (o.decodeSlowdown = number(f, v)),
-  '--time-scale': (o, v, f) => (o.timeScale = number(f, v)),
-  '--serial-prefill': (o, v, f) => {
-    if (v !== 'true' && v !== 'false') throw new FlagError(`${f} expects true or false, got '${v}'`);
-    o.serialPrefill = v === 'true';
+  'max-num-seqs': { type: 'string', set: (o, v, f) => (o.maxNumSeqs = integer(f, v)) },
+  'kv-cache-blocks': { type: 'string', set: (o, v, f) => (o.kvCacheBlocks = integer(f, v)) },
+  'block-size': { type: 'string', set: (o, v, f) => (o.blockSize = integer(f, v)) },
+  'prefill-overhead-ms': { type: 'string', set: (o, v, f) => (o.prefillOverheadMs = number(f, v)) },
+  'prefill-us-per-token': { type: 'string', set: (o, v, f) => (o.prefillUsPerToken = number(f, v)) },
+  'itl-ms': { type: 'string', set: (o, v, f) => (o.itlMs = number(f, v)) },
+  'decode-slowdown': { type: 'string', set: (o, v, f) => (o.decodeSlowdown = number(f, v)) },
+  'time-scale': { type: 'string', set: (o, v, f) => (o.timeScale = number(f, v)) },
+  'serial-prefill': { type: 'string', set: (o, v, f) => (o.serialPrefill = trueFalse(f, v)) },
+  seed: { type: 'string', set: (o, v, f) => (o.seed = integer(f, v)) },
+  revision: { type: 'string', set: (o, v) => (o.revision = v) },
+  role: {
+    type: 'string',
+    set: (o, v, f) => {
+      if (v !== 'both' && v !== 'prefill' && v !== 'decode') throw new FlagError(`${f} expects both, prefill or decode, got '${v}'`);
+      o.role = v;
+    },
   },
-  '--seed': (o, v, f) => (o.seed = integer(f, v)),
-  '--revision': (o, v) => (o.revision = v),
-  '--role': (o, v, f) => {
-    if (v !== 'both' && v !== 'prefill' && v !== 'decode') throw new FlagError(`${f} expects both, prefill or decode, got '${v}'`);
-    o.role = v;
+  'failure-rate': { type: 'string', set: (o, v, f) => (o.failureRate = number(f, v)) },
+  'failure-kinds': { type: 'string', set: failureKinds },
+  'failure-kind': { type: 'string', set: failureKinds },
+  'slow-first-byte-ms': { type: 'string', set: (o, v, f) => (o.slowFirstByteMs = number(f, v)) },
+  'max-model-len': { type: 'string', set: (o, v, f) => (o.maxModelLen = integer(f, v)) },
+  'default-max-tokens': { type: 'string', set: (o, v, f) => (o.defaultMaxTokens = integer(f, v)) },
+  'max-body-bytes': { type: 'string', set: (o, v, f) => (o.maxBodyBytes = integer(f, v)) },
+  lora: {
+    type: 'string',
+    set: (o, v) => {
+      o.loras = [...(o.loras ?? []), v];
+    },
   },
-  '--failure-rate': (o, v, f) => (o.failureRate = number(f, v)),
-  '--failure-kinds': (o, v, f) => {
-    const kinds = v.split(',').map((s) => s.trim()).filter((s) => s !== '');
-    for (const k of kinds) {
-      if (!FAILURE_KINDS.includes(k as FailureKind)) throw new FlagError(`${f}: unknown kind '${k}' (kinds: ${FAILURE_KINDS.join(', ')})`);
-    }
-    if (kinds.length === 0) throw new FlagError(`${f} expects a comma-separated list of kinds`);
-    o.failureKinds = kinds as FailureKind[];
+  'max-loras': { type: 'string', set: (o, v, f) => (o.maxLoras = integer(f, v)) },
+  // a switch: `--legacy`; `--legacy=false` also works
+  legacy: { type: 'boolean', set: (o, v, f) => (o.legacy = trueFalse(f, v)) },
+  fleet: {
+    type: 'string',
+    set: (o, v, f) => {
+      const n = integer(f, v);
+      if (n < 1 || n > 4096) throw new FlagError(`${f} expects an integer in [1, 4096], got '${v}'`);
+      o.fleet = n;
+    },
   },
-  '--slow-first-byte-ms': (o, v, f) => (o.slowFirstByteMs = number(f, v)),
-  '--max-model-len': (o, v, f) => (o.maxModelLen = integer(f, v)),
-  '--default-max-tokens': (o, v, f) => (o.defaultMaxTokens = integer(f, v)),
-  '--max-body-bytes': (o, v, f) => (o.maxBodyBytes = integer(f, v)),
-  '--lora': (o, v) => {
-    o.loras = [...(o.loras ?? []), v];
-  },
-  '--max-loras': (o, v, f) => (o.maxLoras = integer(f, v)),
-  '--legacy': (o, v, f) => {
-    if (v !== 'true' && v !== 'false') throw new FlagError(`${f} expects true or false, got '${v}'`);
-    o.legacy = v === 'true';
-  },
-  '--fleet': (o, v, f) => {
-    const n = integer(f, v);
-    if (n < 1 || n > 4096) throw new FlagError(`${f} expects an integer in [1, 4096], got '${v}'`);
-    o.fleet = n;
-  },
-  '--base-port': (o, v, f) => (o.basePort = integer(f, v)),
+  'base-port': { type: 'string', set: (o, v, f) => (o.basePort = integer(f, v)) },
 };
-FLAGS['--failure-kind'] = FLAGS['--failure-kinds']!;
-/** Flags that take no value (`--legacy`; `--legacy=false` also works). */
-const SWITCHES = new Set(['--legacy']);
 
-/** Parses `switchyard sim` flags; throws FlagError with a clear message. Exported for tests. */
-export function parseSimArgs(argv: string[]): (FleetOptions & { fleet: number }) | 'help' {
-  const o: FleetOptions & { fleet: number } = { fleet: 1, port: 8000 };
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i]!;
-    if (arg === '-h' || arg === '--help') return 'help';
-    const eq = arg.indexOf('=');
-    const flag = arg.startsWith('--') && eq > 0 ? arg.slice(0, eq) : arg;
-    const set = FLAGS[flag];
-    if (set === undefined) throw new FlagError(arg.startsWith('-') ? `unknown flag '${flag}'` : `unexpected argument '${arg}'`);
-    let value: string;
-    if (flag !== arg) value = arg.slice(eq + 1);
-    else if (SWITCHES.has(flag)) value = 'true';
-    else {
-      const next = argv[i + 1];
-      if (next === undefined || (next.startsWith('--') && next.length > 2)) throw new FlagError(`${flag} needs a value`);
-      value = next;
-      i++;
-    }
-    set(o, value, flag);
+const PARSE_OPTIONS = {
+  ...Object.fromEntries(Object.entries(FLAGS).map(([name, { type }]) => [name, { type }])),
+  help: { type: 'boolean', short: 'h' },
+} as const satisfies NonNullable<ParseArgsConfig['options']>;
+
+/** Parses `switchyard sim` flags (node:util parseArgs); throws FlagError with a clear message. Exported for tests. */
+export function parseSimArgs(argv: string[]): Parsed | 'help' {
+  const o: Parsed = { fleet: 1, port: 8000 };
+  // Not strict: the tokens are checked here, in order, so the first problem is
+  // reported in our words and `--help` wins only when it comes before it.
+  const { tokens } = parseArgs({ args: argv, options: PARSE_OPTIONS, strict: false, allowPositionals: true, tokens: true });
+  for (const tok of tokens) {
+    if (tok.kind === 'positional') throw new FlagError(`unexpected argument '${tok.value}'`);
+    if (tok.kind === 'option-terminator') throw new FlagError(`unknown flag '--'`);
+    if (tok.name === 'help') return 'help';
+    const spec = FLAGS[tok.name];
+    const flag = tok.rawName;
+    if (spec === undefined || !flag.startsWith('--')) throw new FlagError(`unknown flag '${flag}'`);
+    let value = tok.value;
+    if (spec.type === 'boolean') value ??= 'true';
+    else if (value === undefined || (!tok.inlineValue && value.startsWith('--') && value.length > 2)) throw new FlagError(`${flag} needs a value`);
+    spec.set(o, value, flag);
   }
   if (o.basePort === undefined) o.basePort = o.port;
   const { fleet, basePort, ...rest } = o;

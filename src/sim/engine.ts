@@ -1,7 +1,8 @@
 // One simulated engine: an OpenAI-compatible HTTP server on uWebSockets.js in
 // front of a Scheduler. Several engines can share one process and event loop.
 
-import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../server/uws.js';
+import { jsonNestsDeeper } from '../json-depth.js';
+import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
 import { renderMetrics } from './metrics.js';
 import { resolveSimOptions, type FailureKind, type ResolvedSimOptions, type SimOptions, SimOptionError } from './options.js';
@@ -62,6 +63,8 @@ export function errorBody(status: number, message: string, param: string | null 
   return legacy ? `{"object":"error",${fields}}` : `{"error":{${fields}}}`;
 }
 
+/** Past Python's default recursion limit a real engine's JSON decoder gives up. */
+const ENGINE_MAX_JSON_DEPTH = 1000;
 const JSON_TYPE = 'application/json';
 const SSE_TYPE = 'text/event-stream; charset=utf-8';
 const DONE = 'data: [DONE]\n\n';
@@ -129,7 +132,7 @@ class Call implements RequestSink {
     }
     if (isLast && this.body === null) {
       // One chunk: use it in place, synchronously (uWS reuses the buffer after we return).
-      this.handle(Buffer.from(chunk, 0, len).toString('utf8'));
+      this.handleBytes(Buffer.from(chunk, 0, len));
       return;
     }
     if (this.body === null) this.body = Buffer.allocUnsafe(Math.max(len * 2, 4096));
@@ -140,7 +143,17 @@ class Call implements RequestSink {
     }
     this.body.set(new Uint8Array(chunk, 0, len), this.bodyLen);
     this.bodyLen += len;
-    if (isLast) this.handle(this.body.toString('utf8', 0, this.bodyLen));
+    if (isLast) this.handleBytes(this.body.subarray(0, this.bodyLen));
+  }
+
+  /** A body in place (valid only during this call). */
+  handleBytes(b: Buffer): void {
+    // Python's json gives up past its recursion limit (~1000 levels); vLLM answers 400
+    if (jsonNestsDeeper(b, ENGINE_MAX_JSON_DEPTH)) {
+      this.sendError(400, `Invalid JSON body: nesting deeper than ${ENGINE_MAX_JSON_DEPTH} levels`, null);
+      return;
+    }
+    this.handle(b.toString('utf8'));
   }
 
   handle(text: string): void {

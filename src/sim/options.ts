@@ -1,4 +1,5 @@
 // Options of a simulated engine: the type, the defaults and their validation.
+import { ALWAYS, z } from '../config/schema-kit.js';
 
 export type FailureKind = '500' | '429' | '503' | 'reset-mid-stream' | 'slow-first-byte' | 'error-mid-stream';
 export const FAILURE_KINDS: readonly FailureKind[] = ['500', '429', '503', 'reset-mid-stream', 'slow-first-byte', 'error-mid-stream'];
@@ -90,60 +91,82 @@ export class SimOptionError extends RangeError {
   }
 }
 
-function int(name: string, v: unknown, min: number, max = Number.MAX_SAFE_INTEGER): number {
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) {
-    throw new SimOptionError(name, `expected an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
-  }
-  return v;
+// ---- validation (zod, the schema library of every config surface: see src/config/schema-kit.ts)
+
+function int(min: number, max = Number.MAX_SAFE_INTEGER) {
+  const error = (i: { input?: unknown }) => `expected an integer in [${min}, ${max}], got ${JSON.stringify(i.input)}`;
+  return z.int({ error }).gte(min, { error }).lte(max, { error });
 }
 
-function num(name: string, v: unknown, min: number, max = Infinity): number {
-  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) {
-    throw new SimOptionError(name, `expected a number in [${min}, ${max}], got ${JSON.stringify(v)}`);
-  }
-  return v;
+function num(min: number, max = Infinity) {
+  const error = (i: { input?: unknown }) => `expected a number in [${min}, ${max}], got ${JSON.stringify(i.input)}`;
+  return z.number({ error }).gte(min, { error }).lte(max, { error });
 }
 
-/** Fills defaults and validates; throws SimOptionError with a precise message. */
+const bool = () => z.boolean({ error: 'expected a boolean' });
+
+/**
+ * The simulator's options (in the order they are checked: the first problem is
+ * the one reported). Loose like before: keys it does not know pass through.
+ */
+export const simOptionsSchema = z
+  .looseObject({
+    host: z.string({ error: 'expected a non-empty string' }).min(1, { error: 'expected a non-empty string' }).default(SIM_DEFAULTS.host),
+    port: int(0, 65535).default(SIM_DEFAULTS.port),
+    models: z
+      .array(z.string().min(1), { error: 'expected a non-empty list of non-empty model names' })
+      .min(1)
+      .default(() => [...SIM_DEFAULTS.models]),
+    engine: z.enum(['vllm', 'sglang'], { error: (i) => `expected vllm or sglang, got ${JSON.stringify(i.input)}` }).default(SIM_DEFAULTS.engine),
+    maxNumSeqs: int(1).default(SIM_DEFAULTS.maxNumSeqs),
+    kvCacheBlocks: int(1).default(SIM_DEFAULTS.kvCacheBlocks),
+    blockSize: int(1, 1 << 16).default(SIM_DEFAULTS.blockSize),
+    prefillOverheadMs: num(0).default(SIM_DEFAULTS.prefillOverheadMs),
+    prefillUsPerToken: num(0).default(SIM_DEFAULTS.prefillUsPerToken),
+    itlMs: num(0).default(SIM_DEFAULTS.itlMs),
+    decodeSlowdown: num(0).default(SIM_DEFAULTS.decodeSlowdown),
+    serialPrefill: bool().default(SIM_DEFAULTS.serialPrefill),
+    timeScale: num(0).default(SIM_DEFAULTS.timeScale),
+    seed: int(0, 0xffffffff).default(SIM_DEFAULTS.seed),
+    revision: z.string({ error: 'expected a string' }).default(SIM_DEFAULTS.revision),
+    role: z.enum(['both', 'prefill', 'decode'], { error: (i) => `expected both, prefill or decode, got ${JSON.stringify(i.input)}` }).default(SIM_DEFAULTS.role),
+    failureRate: num(0, 1).default(SIM_DEFAULTS.failureRate),
+    failureKinds: z
+      .array(z.enum(FAILURE_KINDS as [FailureKind, ...FailureKind[]]), { error: `expected a non-empty list of ${FAILURE_KINDS.join(', ')}` })
+      .min(1)
+      .default(() => [...SIM_DEFAULTS.failureKinds]),
+    slowFirstByteMs: num(0).default(SIM_DEFAULTS.slowFirstByteMs),
+    maxModelLen: int(1).default(SIM_DEFAULTS.maxModelLen),
+    defaultMaxTokens: int(1).default(SIM_DEFAULTS.defaultMaxTokens),
+    maxBodyBytes: int(1).default(SIM_DEFAULTS.maxBodyBytes),
+    loras: z
+      .array(z.string().min(1), { error: 'expected a list of non-empty adapter names distinct from the model names' })
+      .default(() => []),
+    maxLoras: int(1).default(SIM_DEFAULTS.maxLoras),
+    legacy: bool().default(SIM_DEFAULTS.legacy),
+  })
+  .superRefine((o, ctx) => {
+    if (Array.isArray(o.loras) && Array.isArray(o.models) && o.loras.some((m) => o.models.includes(m))) {
+      ctx.addIssue({ code: 'custom', path: ['loras'], message: 'expected a list of non-empty adapter names distinct from the model names', input: o.loras });
+    }
+  }, ALWAYS);
+
+/** Messages for problems inside a list option, which name the list as a whole. */
+const LIST_MESSAGES: Record<string, string> = {
+  models: 'expected a non-empty list of non-empty model names',
+  failureKinds: `expected a non-empty list of ${FAILURE_KINDS.join(', ')}`,
+  loras: 'expected a list of non-empty adapter names distinct from the model names',
+};
+
+/** Fills defaults and validates; throws SimOptionError naming the first invalid option. */
 export function resolveSimOptions(opts: SimOptions = {}): ResolvedSimOptions {
-  const o = { ...SIM_DEFAULTS, ...stripUndefined(opts) } as ResolvedSimOptions;
-  if (typeof o.host !== 'string' || o.host === '') throw new SimOptionError('host', 'expected a non-empty string');
-  int('port', o.port, 0, 65535);
-  if (!Array.isArray(o.models) || o.models.length === 0 || o.models.some((m) => typeof m !== 'string' || m === '')) {
-    throw new SimOptionError('models', 'expected a non-empty list of non-empty model names');
+  const r = simOptionsSchema.safeParse(stripUndefined(opts));
+  if (!r.success) {
+    const iss = r.error.issues[0]!;
+    const option = String(iss.path[0] ?? '(options)');
+    throw new SimOptionError(option, LIST_MESSAGES[option] ?? iss.message);
   }
-  if (o.engine !== 'vllm' && o.engine !== 'sglang') throw new SimOptionError('engine', `expected vllm or sglang, got ${JSON.stringify(o.engine)}`);
-  int('maxNumSeqs', o.maxNumSeqs, 1);
-  int('kvCacheBlocks', o.kvCacheBlocks, 1);
-  int('blockSize', o.blockSize, 1, 1 << 16);
-  num('prefillOverheadMs', o.prefillOverheadMs, 0);
-  num('prefillUsPerToken', o.prefillUsPerToken, 0);
-  num('itlMs', o.itlMs, 0);
-  num('decodeSlowdown', o.decodeSlowdown, 0);
-  if (typeof o.serialPrefill !== 'boolean') throw new SimOptionError('serialPrefill', 'expected a boolean');
-  num('timeScale', o.timeScale, 0);
-  int('seed', o.seed, 0, 0xffffffff);
-  if (typeof o.revision !== 'string') throw new SimOptionError('revision', 'expected a string');
-  if (o.role !== 'both' && o.role !== 'prefill' && o.role !== 'decode') {
-    throw new SimOptionError('role', `expected both, prefill or decode, got ${JSON.stringify(o.role)}`);
-  }
-  num('failureRate', o.failureRate, 0, 1);
-  if (!Array.isArray(o.failureKinds) || o.failureKinds.length === 0 || o.failureKinds.some((k) => !FAILURE_KINDS.includes(k))) {
-    throw new SimOptionError('failureKinds', `expected a non-empty list of ${FAILURE_KINDS.join(', ')}`);
-  }
-  num('slowFirstByteMs', o.slowFirstByteMs, 0);
-  int('maxModelLen', o.maxModelLen, 1);
-  int('defaultMaxTokens', o.defaultMaxTokens, 1);
-  int('maxBodyBytes', o.maxBodyBytes, 1);
-  if (!Array.isArray(o.loras) || o.loras.some((m) => typeof m !== 'string' || m === '' || o.models.includes(m))) {
-    throw new SimOptionError('loras', 'expected a list of non-empty adapter names distinct from the model names');
-  }
-  int('maxLoras', o.maxLoras, 1);
-  if (typeof o.legacy !== 'boolean') throw new SimOptionError('legacy', 'expected a boolean');
-  o.loras = [...o.loras];
-  o.models = [...o.models];
-  o.failureKinds = [...o.failureKinds];
-  return o;
+  return r.data as ResolvedSimOptions;
 }
 
 function stripUndefined<T extends object>(o: T): Partial<T> {

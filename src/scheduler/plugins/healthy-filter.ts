@@ -1,7 +1,7 @@
 // Filter `healthy`: drops endpoints whose /health check failed or whose
 // circuit breaker is open. Unknown health (not checked yet) passes.
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { knownParams, type PluginFactory } from '../registry.js';
+import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Filter } from '../types.js';
 import { keepIf } from './filter-base.js';
 
@@ -21,10 +21,6 @@ export class HealthyFilter implements Filter {
 export const healthyFilter: PluginFactory<'filter'> = {
   kind: 'filter',
   type: 'healthy',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, [], out);
-    return out;
-  },
+  params: pluginParams({}),
   create: () => new HealthyFilter(),
 };

@@ -3,7 +3,7 @@
 // metrics are stale or it reports no usage, its score comes from the router's
 // own in-flight count instead: 1 - inFlight / (max in-flight over candidates + 1).
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { knownParams, type PluginFactory } from '../registry.js';
+import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Scorer } from '../types.js';
 import { ensure } from './score-util.js';
 
@@ -29,10 +29,6 @@ export class KvCacheScorer implements Scorer {
 export const kvCacheScorer: PluginFactory<'scorer'> = {
   kind: 'scorer',
   type: 'kv-cache-utilization',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, [], out);
-    return out;
-  },
+  params: pluginParams({}),
   create: () => new KvCacheScorer(),
 };

@@ -1,7 +1,7 @@
 // Picker `least-request` (baseline): ignores scores; the candidate with the
 // fewest requests in flight from this router, ties broken at random.
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { knownParams, type PluginFactory } from '../registry.js';
+import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Picker } from '../types.js';
 
 export class LeastRequestPicker implements Picker {
@@ -34,10 +34,6 @@ export class LeastRequestPicker implements Picker {
 export const leastRequestPicker: PluginFactory<'picker'> = {
   kind: 'picker',
   type: 'least-request',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, [], out);
-    return out;
-  },
+  params: pluginParams({}),
   create: (_p, env) => new LeastRequestPicker(env.random),
 };

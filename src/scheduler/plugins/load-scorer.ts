@@ -1,7 +1,7 @@
 // Scorer `load`: the router's own in-flight count per endpoint (always fresh).
 // Fewest in flight scores 1, most scores 0 (min-max over the candidates).
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { knownParams, type PluginFactory } from '../registry.js';
+import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Scorer } from '../types.js';
 import { ensure, inverseMinMax } from './score-util.js';
 
@@ -24,10 +24,6 @@ export class LoadScorer implements Scorer {
 export const loadScorer: PluginFactory<'scorer'> = {
   kind: 'scorer',
   type: 'load',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, [], out);
-    return out;
-  },
+  params: pluginParams({}),
   create: () => new LoadScorer(),
 };

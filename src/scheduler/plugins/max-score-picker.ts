@@ -2,7 +2,7 @@
 // highest) broken uniformly at random, without allocating: one pass finds the
 // highest, a second samples the ties (reservoir sampling).
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { knownParams, numParam, type PluginFactory } from '../registry.js';
+import { numberParam, pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Picker } from '../types.js';
 
 export class MaxScorePicker implements Picker {
@@ -35,11 +35,6 @@ export class MaxScorePicker implements Picker {
 export const maxScorePicker: PluginFactory<'picker'> = {
   kind: 'picker',
   type: 'max-score',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, ['epsilon'], out);
-    numParam(p, 'epsilon', 0, 1, out);
-    return out;
-  },
+  params: pluginParams({ epsilon: numberParam(0, 1).optional() }),
   create: (p, env) => new MaxScorePicker(env.random, (p.epsilon as number | undefined) ?? 1e-9),
 };

@@ -1,6 +1,6 @@
 // Filter `model`: keeps endpoints whose pool serves the requested model.
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { knownParams, type PluginFactory } from '../registry.js';
+import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Filter } from '../types.js';
 import { keepIf } from './filter-base.js';
 
@@ -20,10 +20,6 @@ export class ModelFilter implements Filter {
 export const modelFilter: PluginFactory<'filter'> = {
   kind: 'filter',
   type: 'model',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, [], out);
-    return out;
-  },
+  params: pluginParams({}),
   create: () => new ModelFilter(),
 };

@@ -5,7 +5,7 @@
 // When the metrics are stale or missing: the router's own in-flight count.
 // Shortest queue scores 1, longest 0 (min-max over the candidates).
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { knownParams, type PluginFactory } from '../registry.js';
+import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Scorer } from '../types.js';
 import { ensure, inverseMinMax } from './score-util.js';
 
@@ -31,10 +31,6 @@ export class QueueScorer implements Scorer {
 export const queueScorer: PluginFactory<'scorer'> = {
   kind: 'scorer',
   type: 'queue',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, [], out);
-    return out;
-  },
+  params: pluginParams({}),
   create: () => new QueueScorer(),
 };

@@ -5,7 +5,8 @@
 import type { Role } from '../../config/schema.js';
 import { ROLES } from '../../config/schema.js';
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { knownParams, type PluginFactory } from '../registry.js';
+import { boolParam, pluginParams, type PluginFactory } from '../registry.js';
+import { z } from '../../config/schema-kit.js';
 import type { CycleContext, Filter } from '../types.js';
 import { keepIf } from './filter-base.js';
 
@@ -35,14 +36,12 @@ export class RoleFilter implements Filter {
 export const roleFilter: PluginFactory<'filter'> = {
   kind: 'filter',
   type: 'role',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, ['roles', 'preferBoth'], out);
-    if (p.roles !== undefined && (!Array.isArray(p.roles) || p.roles.length === 0 || p.roles.some((r) => !ROLES.includes(r as Role)))) {
-      out.push(`params.roles must be a non-empty list of: ${ROLES.join(', ')}`);
-    }
-    if (p.preferBoth !== undefined && typeof p.preferBoth !== 'boolean') out.push('params.preferBoth must be true or false');
-    return out;
-  },
+  params: pluginParams({
+    roles: z
+      .array(z.enum(ROLES, { error: `must be a non-empty list of: ${ROLES.join(', ')}` }), { error: `must be a non-empty list of: ${ROLES.join(', ')}` })
+      .min(1, { error: `must be a non-empty list of: ${ROLES.join(', ')}` })
+      .optional(),
+    preferBoth: boolParam().optional(),
+  }),
   create: (p) => new RoleFilter((p.roles as Role[] | undefined) ?? ['both', 'decode'], (p.preferBoth as boolean | undefined) ?? true),
 };

@@ -2,7 +2,7 @@
 // One turn counter per model: with a shared one, requests for two models that
 // alternate would each always land on the same endpoint of their pool.
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { knownParams, type PluginFactory } from '../registry.js';
+import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Picker } from '../types.js';
 
 export class RoundRobinPicker implements Picker {
@@ -22,10 +22,6 @@ export class RoundRobinPicker implements Picker {
 export const roundRobinPicker: PluginFactory<'picker'> = {
   kind: 'picker',
   type: 'round-robin',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, [], out);
-    return out;
-  },
+  params: pluginParams({}),
   create: () => new RoundRobinPicker(),
 };

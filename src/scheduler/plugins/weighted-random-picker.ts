@@ -1,7 +1,7 @@
 // Picker `weighted-random`: picks endpoint i with probability score_i / Σ scores
 // (uniformly when every score is 0).
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { knownParams, type PluginFactory } from '../registry.js';
+import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Picker } from '../types.js';
 
 export class WeightedRandomPicker implements Picker {
@@ -31,10 +31,6 @@ export class WeightedRandomPicker implements Picker {
 export const weightedRandomPicker: PluginFactory<'picker'> = {
   kind: 'picker',
   type: 'weighted-random',
-  validate: (p) => {
-    const out: string[] = [];
-    knownParams(p, [], out);
-    return out;
-  },
+  params: pluginParams({}),
   create: (_p, env) => new WeightedRandomPicker(env.random),
 };

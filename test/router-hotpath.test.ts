@@ -5,8 +5,8 @@
 import t from 'tap';
 import { connect, type Socket } from 'node:net';
 import { listenRaw, startTestRouter } from './router-util.js';
-import { uws } from '../src/server/uws.js';
-import { headerBytes } from '../src/server/request.js';
+import { uws } from '../src/uws.js';
+import { headerBytes } from '../src/server/http-exchange.js';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
 import { NativeUpstreamClient } from '../src/proxy/native-client.js';
 import { DEFAULTS } from '../src/config/schema.js';

@@ -1,6 +1,9 @@
-// The admission seam between body parsing and scheduling. Flow control plugs
-// in here: it may hold a request (return a promise), reject it (429/503), or
-// let it through. The default gate admits everything synchronously.
+// The admission contract: the one seam between the request path (the
+// director, src/director/) and whatever decides who goes first (flow control,
+// src/flow/). Both import this module and nothing of each other. A gate may
+// hold a request (return a promise), reject it (a value carrying its status,
+// reason and Retry-After), or let it through. The default gate admits
+// everything synchronously. Types only, plus that default: no imports.
 
 /** What an admission gate sees about a request. Valid until release(). */
 export interface RequestInfo {
@@ -37,7 +40,7 @@ export interface Rejected {
   readonly message: string;
   /** Goes to the `x-switchyard-dropped-reason` header. */
   readonly reason: string;
-  /** When set (429), goes to the `Retry-After` header. */
+  /** When above 0 (429), goes to the `Retry-After` header (whole seconds, rounded up). */
   readonly retryAfterSeconds?: number;
 }
 

@@ -1,0 +1,406 @@
+// The `flowControl` block of the router config: types, defaults and its zod
+// schema. It lives in config/ so the router config validates it with the rest
+// (config/ imports nothing of ours); src/flow/config.ts re-exports it for the
+// flow-control layer. docs/flow-control.md documents each field.
+import { ALWAYS, isMapping, rawSegment, removedField, toConfigIssues, z } from './schema-kit.js';
+
+export const DEFAULT_BANDS = ['premium', 'standard', 'best-effort', 'batch'] as const;
+
+export type AdmissionMode = 'probabilistic' | 'off';
+
+export interface FlowSpec {
+  /** Fairness id, e.g. `tenant:payments` or `workload:nightly-batch`. */
+  id: string;
+  /** The highest band this flow's requests may use. */
+  priority: string;
+  /** Floor on this flow's share of dispatches inside its band while it has demand, in [0, 1]. */
+  minShare: number;
+}
+
+export interface QueueLimits {
+  /** Requests queued; Infinity = no limit. */
+  maxRequests: number;
+  /** Request body bytes queued; Infinity = no limit. */
+  maxBytes: number;
+}
+
+export interface SaturationConfig {
+  /** An endpoint with this many engine-reported waiting requests is saturated. */
+  queueDepthThreshold: number;
+  /** An endpoint whose KV-cache usage reaches this fraction is saturated. */
+  kvThreshold: number;
+  /** An endpoint with this many router in-flight requests is saturated (also the cap when metrics are stale). */
+  maxConcurrency: number;
+}
+
+export interface FlowControlConfig {
+  enabled: boolean;
+  /** Band names, highest priority first. */
+  bands: string[];
+  /** Band of flows not declared in `flows`. */
+  defaultBand: string;
+  flows: FlowSpec[];
+  admission: { mode: AdmissionMode; maxUtilisation: number };
+  limits: QueueLimits & { bands: Record<string, QueueLimits> };
+  /** How long a request may wait in the queue before it is rejected. */
+  ttlMs: number;
+  /** How often queued requests are checked for expiry. */
+  sweepIntervalMs: number;
+  /** Retry-After (seconds) sent with 429 rejections. */
+  retryAfterSeconds: number;
+  saturation: SaturationConfig;
+  /** API key (the token after `Bearer `) -> tenant id. */
+  tenants: Record<string, string>;
+  /**
+   * Take identity from `x-tenant-id` (and `tenant:` ids in other headers) and
+   * let identity headers raise a request's band. Default: true without
+   * `tenants`, false with them (identity then comes from the API key).
+   */
+  trustHeaders: boolean;
+  /** Queue slots (flow x band) tracked individually; further flows share one overflow queue per band. */
+  maxFlows: number;
+  /** Records per native queue (rounded up to a power of two). */
+  queueCapacity: number;
+}
+
+export const FLOW_DEFAULTS = {
+  ttlMs: 60_000,
+  sweepIntervalMs: 250,
+  retryAfterSeconds: 1,
+  maxUtilisation: 0.85,
+  saturation: { queueDepthThreshold: 5, kvThreshold: 0.9, maxConcurrency: 64 },
+  maxFlows: 256,
+  queueCapacity: 1024,
+} as const;
+
+/** The config used when the block is absent: flow control off (first come, first served). */
+export function defaultFlowControl(enabled = false): FlowControlConfig {
+  return {
+    enabled,
+    bands: [...DEFAULT_BANDS],
+    defaultBand: 'standard',
+    flows: [],
+    admission: { mode: 'probabilistic', maxUtilisation: FLOW_DEFAULTS.maxUtilisation },
+    limits: { maxRequests: Infinity, maxBytes: Infinity, bands: {} },
+    ttlMs: FLOW_DEFAULTS.ttlMs,
+    sweepIntervalMs: FLOW_DEFAULTS.sweepIntervalMs,
+    retryAfterSeconds: FLOW_DEFAULTS.retryAfterSeconds,
+    saturation: { ...FLOW_DEFAULTS.saturation },
+    tenants: {},
+    trustHeaders: true,
+    maxFlows: FLOW_DEFAULTS.maxFlows,
+    queueCapacity: FLOW_DEFAULTS.queueCapacity,
+  };
+}
+
+export const FLOW_ID_RE = /^[A-Za-z0-9._:@/-]{1,128}$/;
+const BAND_RE = /^[A-Za-z0-9._-]{1,64}$/;
+const DURATION_RE = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$/;
+
+/** A value for an error message: short, and never a whole object. */
+export function describe(v: unknown): string {
+  if (v === null) return 'null';
+  if (Array.isArray(v)) return 'a list';
+  if (typeof v === 'string') return JSON.stringify(v.length > 40 ? v.slice(0, 40) + '…' : v);
+  if (typeof v === 'object') return 'an object';
+  return String(v);
+}
+
+/** Parses a duration: a number of seconds, or a string like `250ms`, `60s`, `2m`. Returns ms, or NaN. */
+export function parseDurationMs(v: unknown): number {
+  if (typeof v === 'number') return Number.isFinite(v) && v >= 0 ? v * 1000 : NaN;
+  if (typeof v !== 'string') return NaN;
+  const m = DURATION_RE.exec(v);
+  if (!m) return NaN;
+  const n = Number(m[1]);
+  const unit = m[2] ?? 's';
+  return n * (unit === 'ms' ? 1 : unit === 's' ? 1000 : unit === 'm' ? 60_000 : 3_600_000);
+}
+
+// ---- field builders (flow control's message style: "must be ..., got <value>")
+
+const bool = () => z.boolean({ error: (i) => `must be true or false, got ${describe(i.input)}` });
+
+function num(lo: number, hi: number, opts: { integer?: boolean; loOpen?: boolean } = {}) {
+  const msg = (i: { input?: unknown }) =>
+    `must be ${opts.integer ? 'an integer' : 'a number'} in ${opts.loOpen ? '(' : '['}${lo}, ${hi === Infinity ? '∞' : hi}], got ${describe(i.input)}`;
+  // one message per field: toConfigIssues drops the repeat when a value breaks two of these
+  const e = { error: msg };
+  const base = opts.integer ? z.int({ error: msg }) : z.number({ error: msg });
+  return (opts.loOpen ? base.gt(lo, e) : base.gte(lo, e)).lte(hi, e);
+}
+
+/** A limit: a positive integer, or absent / null for no limit (Infinity). */
+const limit = () => {
+  const msg = (i: { input?: unknown }) => `must be a positive integer (or omitted for no limit), got ${describe(i.input)}`;
+  return z
+    .int({ error: msg })
+    .gte(1, { error: msg })
+    .nullable()
+    .optional()
+    .transform((v) => v ?? Infinity);
+};
+
+function duration(minMs: number) {
+  const msg = (i: { input?: unknown }) =>
+    `must be a duration of at least ${minMs} ms (seconds as a number, or a string like "250ms", "60s", "2m"), got ${describe(i.input)}`;
+  return z
+    .union([z.number({ error: msg }).gte(0, { error: msg }), z.string({ error: msg }).regex(DURATION_RE, { error: msg })], { error: msg })
+    .transform((v, ctx) => {
+      const ms = parseDurationMs(v);
+      if (!(ms >= minMs)) ctx.addIssue({ code: 'custom', message: msg({ input: v }), input: v });
+      return ms;
+    });
+}
+
+const queueLimits = () =>
+  z
+    .strictObject(
+      { maxRequests: limit(), maxBytes: limit() },
+      {
+        error: (i) =>
+          i.code === 'unrecognized_keys'
+            ? 'unknown field (allowed: maxRequests, maxBytes)'
+            : `must be an object with maxRequests and/or maxBytes, got ${describe(i.input)}`,
+      },
+    )
+    .prefault({});
+
+function unknownField(allowed: string) {
+  return `unknown field (allowed: ${allowed})`;
+}
+
+const flowIdMsg = (i: { input?: unknown }) =>
+  `must be a flow id like "tenant:<name>" or "workload:<name>" (1-128 of A-Z a-z 0-9 . _ : @ / -), got ${describe(i.input)}`;
+
+const flowSpec = z.strictObject(
+  {
+    id: z.string({ error: flowIdMsg }).regex(FLOW_ID_RE, { error: flowIdMsg }),
+    // the band must be one of `bands`: checked with the other cross-field rules below
+    priority: z.string({ error: (i) => `must be a band name, got ${describe(i.input)}` }).optional(),
+    minShare: num(0, 1).optional(),
+  },
+  {
+    error: (i) =>
+      i.code === 'unrecognized_keys'
+        ? unknownField('id, priority, minShare')
+        : `must be an object with id, priority and optionally minShare, got ${describe(i.input)}`,
+  },
+);
+
+const TOP_KEYS = [
+  'enabled', 'bands', 'defaultBand', 'flows', 'admission', 'limits', 'ttl', 'sweepInterval', 'retryAfterSeconds',
+  'saturation', 'tenants', 'trustHeaders', 'maxFlows', 'queueCapacity',
+].join(', ');
+
+export const STALENESS_MOVED = 'removed: the one staleness setting is dataLayer.staleAfterMs (it applies to routing and saturation alike); set it there';
+
+/** What a user writes under `flowControl:` (before the cross-field checks and defaults that depend on other fields). */
+export const flowControlInput = z.strictObject(
+  {
+    enabled: bool().optional().describe('false: first come, first served'),
+    bands: z
+      .array(
+        z.string({ error: (i) => `must be a band name (letters, digits, '.', '_', '-'), got ${describe(i.input)}` }).regex(BAND_RE, {
+          error: (i) => `must be a band name (letters, digits, '.', '_', '-'), got ${describe(i.input)}`,
+        }),
+        { error: (i) => `must be a non-empty list of band names, highest priority first, got ${describe(i.input)}` },
+      )
+      .min(1, { error: (i) => `must be a non-empty list of band names, highest priority first, got ${describe(i.input)}` })
+      .optional()
+      .describe('band names, highest priority first (at most 32); default premium, standard, best-effort, batch'),
+    defaultBand: z.string({ error: (i) => `must be a band name, got ${describe(i.input)}` }).optional(),
+    flows: z.array(flowSpec, { error: (i) => `must be a list of {id, priority, minShare}, got ${describe(i.input)}` }).optional(),
+    admission: z
+      .strictObject(
+        {
+          mode: z.enum(['probabilistic', 'off'], { error: (i) => `must be one of probabilistic, off, got ${describe(i.input)}` }).default('probabilistic'),
+          maxUtilisation: num(0, 1, { loOpen: true }).default(FLOW_DEFAULTS.maxUtilisation),
+        },
+        {
+          error: (i) =>
+            i.code === 'unrecognized_keys' ? unknownField('mode, maxUtilisation') : `must be an object with mode and maxUtilisation, got ${describe(i.input)}`,
+        },
+      )
+      .prefault({}),
+    limits: z
+      .strictObject(
+        {
+          maxRequests: limit(),
+          maxBytes: limit(),
+          bands: z
+            .record(z.string(), queueLimits(), { error: (i) => `must map band names to {maxRequests, maxBytes}, got ${describe(i.input)}` })
+            .optional(),
+        },
+        {
+          error: (i) =>
+            i.code === 'unrecognized_keys'
+              ? unknownField('maxRequests, maxBytes, bands')
+              : `must be an object with maxRequests, maxBytes and bands, got ${describe(i.input)}`,
+        },
+      )
+      .prefault({}),
+    ttl: duration(1).prefault('60s').describe('seconds as a number, or "250ms", "60s", "2m", "1h"'),
+    sweepInterval: duration(1).prefault('250ms').describe('seconds as a number, or "250ms", "60s", "2m", "1h"'),
+    retryAfterSeconds: num(0, 86_400, { integer: true }).default(FLOW_DEFAULTS.retryAfterSeconds),
+    saturation: z
+      .strictObject(
+        {
+          queueDepthThreshold: num(0, 1e9, { loOpen: true }).default(FLOW_DEFAULTS.saturation.queueDepthThreshold),
+          kvThreshold: num(0, 1, { loOpen: true }).default(FLOW_DEFAULTS.saturation.kvThreshold),
+          maxConcurrency: num(1, 1e9, { integer: true }).default(FLOW_DEFAULTS.saturation.maxConcurrency),
+          staleAfter: removedField(STALENESS_MOVED),
+          staleAfterMs: removedField(STALENESS_MOVED),
+        },
+        {
+          error: (i) =>
+            i.code === 'unrecognized_keys' ? unknownField('queueDepthThreshold, kvThreshold, maxConcurrency') : `must be an object, got ${describe(i.input)}`,
+        },
+      )
+      .prefault({}),
+    tenants: z
+      .record(z.string(), z.unknown(), { error: (i) => `must map API keys to tenant ids, got ${describe(i.input)}` })
+      .optional()
+      .describe('API key (the token after "Authorization: Bearer") -> tenant id'),
+    trustHeaders: bool().optional().describe('honour x-tenant-id; default true without tenants, false with tenants'),
+    maxFlows: num(1, 65_000, { integer: true }).default(FLOW_DEFAULTS.maxFlows),
+    queueCapacity: num(2, 1 << 20, { integer: true }).default(FLOW_DEFAULTS.queueCapacity),
+  },
+  {
+    error: (i) => (i.code === 'unrecognized_keys' ? unknownField(TOP_KEYS) : `must be an object, got ${describe(i.input)}`),
+  },
+);
+
+type FlowInput = z.output<typeof flowControlInput>;
+
+/** Values produced by this schema: validateFlowControl passes them through as they are. */
+const validated = new WeakSet<object>();
+
+/** True for a FlowControlConfig this module produced (so validating it again is a no-op). */
+export function isValidatedFlowControl(v: unknown): v is FlowControlConfig {
+  return typeof v === 'object' && v !== null && validated.has(v);
+}
+
+/**
+ * Cross-field checks (bands named by flows and limits, minShare sums, tenants
+ * whose keys must not be echoed, maxFlows vs flows) and the final config.
+ * Runs even when a field failed, so every problem is reported at once.
+ */
+function finish(v: FlowInput, ctx: z.core.$RefinementCtx<FlowInput>): FlowControlConfig {
+  const cfg = defaultFlowControl(v.enabled ?? true);
+  const add = (path: PropertyKey[], message: string) => ctx.addIssue({ code: 'custom', path, message, input: undefined });
+
+  if (Array.isArray(v.bands)) {
+    const seen = new Set<string>();
+    const bands: string[] = [];
+    v.bands.forEach((b, i) => {
+      if (typeof b !== 'string' || !BAND_RE.test(b)) return; // reported by the field
+      if (seen.has(b)) add(['bands', i], `duplicate band ${JSON.stringify(b)}`);
+      else {
+        seen.add(b);
+        bands.push(b);
+      }
+    });
+    if (bands.length > 32) add(['bands'], `at most 32 bands, got ${bands.length}`);
+    if (bands.length > 0) cfg.bands = bands;
+  }
+  const bandList = cfg.bands.join(', ');
+  const knownBand = (b: unknown, path: PropertyKey[]): string | undefined => {
+    if (typeof b !== 'string' || !cfg.bands.includes(b)) {
+      add(path, `must be one of the bands (${bandList}), got ${describe(b)}`);
+      return undefined;
+    }
+    return b;
+  };
+  if (v.defaultBand !== undefined) cfg.defaultBand = (typeof v.defaultBand === 'string' ? knownBand(v.defaultBand, ['defaultBand']) : undefined) ?? cfg.defaultBand;
+  else if (!cfg.bands.includes(cfg.defaultBand)) cfg.defaultBand = cfg.bands[Math.floor((cfg.bands.length - 1) / 2)]!;
+
+  if (Array.isArray(v.flows)) {
+    const ids = new Set<string>();
+    v.flows.forEach((f, i) => {
+      if (!isMapping(f)) return;
+      let id: string | undefined;
+      if (typeof f.id === 'string' && FLOW_ID_RE.test(f.id)) {
+        if (ids.has(f.id)) add(['flows', i, 'id'], `duplicate flow id ${JSON.stringify(f.id)}`);
+        else ids.add((id = f.id));
+      }
+      const priority =
+        f.priority === undefined ? cfg.defaultBand : typeof f.priority === 'string' ? knownBand(f.priority, ['flows', i, 'priority']) : undefined;
+      const minShare = typeof f.minShare === 'number' && f.minShare >= 0 && f.minShare <= 1 ? f.minShare : f.minShare === undefined ? 0 : undefined;
+      if (id !== undefined && priority !== undefined && minShare !== undefined) cfg.flows.push({ id, priority, minShare });
+    });
+    // minShares inside one band cannot promise more than everything
+    const perBand = new Map<string, number>();
+    for (const f of cfg.flows) perBand.set(f.priority, (perBand.get(f.priority) ?? 0) + f.minShare);
+    for (const [band, sum] of perBand) {
+      if (sum > 1 + 1e-9) add(['flows'], `the minShare values of band ${JSON.stringify(band)} add up to ${+sum.toFixed(6)}, more than 1`);
+    }
+  }
+
+  if (isMapping(v.admission)) cfg.admission = { mode: v.admission.mode, maxUtilisation: v.admission.maxUtilisation };
+  if (isMapping(v.limits)) {
+    cfg.limits.maxRequests = v.limits.maxRequests;
+    cfg.limits.maxBytes = v.limits.maxBytes;
+    if (isMapping(v.limits.bands)) {
+      for (const [band, l] of Object.entries(v.limits.bands)) {
+        if (!cfg.bands.includes(band)) add(['limits', 'bands', band], `unknown band (bands: ${bandList})`);
+        else if (isMapping(l)) cfg.limits.bands[band] = { maxRequests: l.maxRequests, maxBytes: l.maxBytes };
+      }
+    }
+  }
+  cfg.ttlMs = v.ttl;
+  cfg.sweepIntervalMs = v.sweepInterval;
+  cfg.retryAfterSeconds = v.retryAfterSeconds;
+  if (isMapping(v.saturation)) {
+    const s = v.saturation;
+    cfg.saturation = { queueDepthThreshold: s.queueDepthThreshold, kvThreshold: s.kvThreshold, maxConcurrency: s.maxConcurrency };
+  }
+
+  if (isMapping(v.tenants)) {
+    for (const [key, tenant] of Object.entries(v.tenants)) {
+      // never echo the key itself: it is a secret
+      const at = ['tenants', rawSegment(`key ${key.length > 4 ? key.slice(0, 4) + '…' : '…'}`)];
+      if (key.length === 0 || /\s/.test(key)) add(at, 'API keys must be non-empty and contain no whitespace');
+      else if (typeof tenant !== 'string' || !FLOW_ID_RE.test(tenant)) add(at, `must be a tenant id (1-128 of A-Z a-z 0-9 . _ : @ / -), got ${describe(tenant)}`);
+      else cfg.tenants[key] = tenant;
+    }
+  }
+  // With API keys configured, identity comes from the key: a header naming a
+  // tenant is only believed when the operator says a fronting gateway
+  // authenticated it (trustHeaders: true).
+  cfg.trustHeaders = typeof v.trustHeaders === 'boolean' ? v.trustHeaders : !(isMapping(v.tenants) && Object.keys(v.tenants).length > 0);
+  cfg.maxFlows = v.maxFlows;
+  cfg.queueCapacity = v.queueCapacity;
+  if (typeof v.maxFlows === 'number' && cfg.flows.length > v.maxFlows) add(['maxFlows'], `must be at least the number of declared flows (${cfg.flows.length})`);
+  return cfg;
+}
+
+/**
+ * The `flowControl` block: what a user writes → the validated, defaulted
+ * FlowControlConfig. The cross-field rules run even when a field failed (zod
+ * would skip a plain transform then), so every problem is listed at once.
+ */
+export const flowControlSchema = flowControlInput
+  .superRefine((v, ctx) => {
+    if (isMapping(v)) finish(v, ctx);
+  }, ALWAYS)
+  .transform((v) => {
+    const cfg = finish(v, NO_ISSUES);
+    validated.add(cfg);
+    return cfg;
+  });
+
+/** finish() after the refinement above passed: it finds nothing to report. */
+const NO_ISSUES = { addIssue: () => {} } as unknown as z.core.$RefinementCtx<FlowInput>;
+
+/**
+ * Validates a raw `flowControl` block: the config, or every problem as
+ * ConfigIssues (paths under `path`). `undefined`/`null` → flow control off; a
+ * config this module produced passes through unchanged.
+ */
+export function parseFlowControl(raw: unknown, path = 'flowControl'): { value?: FlowControlConfig; issues: { path: string; message: string }[] } {
+  if (raw === undefined || raw === null) return { value: defaultFlowControl(false), issues: [] };
+  if (isValidatedFlowControl(raw)) return { value: raw, issues: [] };
+  const r = flowControlSchema.safeParse(raw);
+  return r.success ? { value: r.data, issues: [] } : { issues: toConfigIssues(r.error.issues, path) };
+}

@@ -1,0 +1,260 @@
+// One inference request on the uWS transport: reads the body (bounded),
+// hands it to the director, and writes what the director answers (head, body
+// chunks with backpressure, error answers). Knows nothing of scheduling.
+// Writes made from upstream socket callbacks are corked through module-level
+// functions (no closure per write).
+import type { Rejected } from '../admission.js';
+import type { ClientPort, Flight } from '../director/director.js';
+import type { Endpoint } from '../endpoints/endpoint.js';
+import { errorBody } from '../proxy/error-shape.js';
+import type { HttpResponse } from '../uws.js';
+import type { RouterCore } from './core.js';
+import { statusLine } from './http-errors.js';
+
+const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
+
+/** uWS hands header values over one char per byte: echo non-ASCII ones as their original bytes. */
+export function headerBytes(s: string): string | Buffer {
+  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) return Buffer.from(s, 'latin1');
+  return s;
+}
+
+// Module-level cork targets: uWS cork takes a callback; these avoid a closure per write.
+let cur: HttpExchange;
+let curChunk: Buffer | string = '';
+function corkedWrite(): void {
+  cur.writeCorked(curChunk);
+}
+function corkedEnd(): void {
+  cur.endCorked(curChunk);
+}
+let curEvent: string | null = null;
+function corkedFail(): void {
+  cur.failCorked(curEvent);
+}
+let curStatus = 0;
+let curMessage = '';
+let curParam: string | null = null;
+let curEndpoint: Endpoint | undefined;
+let curRejection: Rejected | null = null;
+let curClose = false;
+function corkedError(): void {
+  cur.errorCorked(curStatus, curMessage, curParam, curEndpoint, curRejection, curClose);
+}
+
+export class HttpExchange implements ClientPort {
+  readonly core: RouterCore;
+  readonly res: HttpResponse;
+  readonly kind: number;
+  readonly requestId: string;
+  /** The x-request-id value as written back to the client (see headerBytes). */
+  readonly requestIdHeader: string | Buffer;
+  readonly authorization: string;
+  readonly contentLength: number;
+  /** Headers the admission gate asked for (lower-case names; '' when absent). */
+  headers: Readonly<Record<string, string>> = EMPTY;
+  readStart = 0;
+  /** Position in core.reading while the body is being read; -1 otherwise. */
+  readSlot = -1;
+  /** The director's side of this request, once the body has arrived. */
+  flight: Flight | null = null;
+  #raw: Buffer | null = null;
+  #received = 0;
+  // the answer's head, written with its first bytes
+  #status = 200;
+  #contentType = '';
+  #endpoint: Endpoint | undefined;
+  #started = false;
+  #aborted = false;
+  #done = false;
+  #paused = false;
+  #onWritable: ((offset: number) => boolean) | null = null;
+
+  constructor(core: RouterCore, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, authorization: string, contentLength: number) {
+    this.core = core;
+    this.res = res;
+    this.kind = kind;
+    this.requestId = requestId;
+    this.requestIdHeader = requestIdHeader;
+    this.authorization = authorization;
+    this.contentLength = contentLength;
+  }
+
+  // ---- request body -------------------------------------------------------------
+
+  onBodyChunk(ab: ArrayBuffer, isLast: boolean): void {
+    if (this.#done || this.flight !== null) return;
+    const n = ab.byteLength;
+    const limit = this.core.limits.maxBodyBytes;
+    if (this.#received + n > limit) {
+      this.core.reading.delete(this);
+      this.reject(413, `request body exceeds the limit of ${limit} bytes`);
+      return;
+    }
+    if (isLast && this.#received === 0) {
+      const b = Buffer.allocUnsafe(n);
+      b.set(new Uint8Array(ab));
+      this.#raw = b;
+      this.#received = n;
+    } else if (n > 0) {
+      let raw = this.#raw;
+      if (raw === null || raw.length < this.#received + n) {
+        // Grow by doubling; trust the declared Content-Length only up to 64 KiB,
+        // so idle connections that announce large bodies cannot reserve memory.
+        const want = Math.min(limit, Math.max(Math.min(this.contentLength, 65536), (this.#received + n) * 2, 16384));
+        const next = Buffer.allocUnsafe(want);
+        if (raw !== null) raw.copy(next, 0, 0, this.#received);
+        this.#raw = raw = next;
+      }
+      raw.set(new Uint8Array(ab), this.#received);
+      this.#received += n;
+    }
+    if (!isLast) return;
+    this.core.reading.delete(this);
+    const raw = this.#raw === null ? Buffer.alloc(0) : this.#raw.length === this.#received ? this.#raw : this.#raw.subarray(0, this.#received);
+    this.#raw = null;
+    this.flight = this.core.director.begin(this, this.kind, this.requestId, this.authorization, this.headers, raw);
+  }
+
+  /** An error answer from the transport itself (413, 408), before the director took the request; closes the connection. */
+  reject(status: number, message: string): void {
+    if (this.#done || this.#aborted) return;
+    this.#error(status, message, null, undefined, null, true);
+    this.core.metrics.countRequest('', -1, status);
+    this.done(status);
+  }
+
+  /** uWS onAborted: the client went away. */
+  onClientAbort(): void {
+    if (this.#aborted) return;
+    this.#aborted = true;
+    this.core.reading.delete(this);
+    if (this.flight !== null) {
+      this.flight.clientAborted();
+      return;
+    }
+    if (!this.#done) {
+      this.core.metrics.countRequest('', -1, 499);
+      this.done(499);
+    }
+  }
+
+  // ---- ClientPort ----------------------------------------------------------------
+
+  head(status: number, contentType: string, endpoint: Endpoint): void {
+    this.#status = status;
+    this.#contentType = contentType;
+    this.#endpoint = endpoint;
+  }
+
+  write(chunk: Buffer | string): void {
+    if (this.#aborted) return;
+    cur = this;
+    curChunk = chunk;
+    this.res.cork(corkedWrite);
+    curChunk = '';
+  }
+
+  end(chunk: Buffer | string): void {
+    if (this.#aborted) return;
+    cur = this;
+    curChunk = chunk;
+    this.res.cork(corkedEnd);
+    curChunk = '';
+  }
+
+  fail(sseEvent: string | null): void {
+    if (this.#aborted) return;
+    cur = this;
+    curEvent = sseEvent;
+    this.res.cork(corkedFail);
+    curEvent = null;
+  }
+
+  error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null): void {
+    if (this.#aborted) return;
+    this.#error(status, message, param, endpoint, rejection, false);
+  }
+
+  done(status: number): void {
+    if (this.#done) return;
+    this.#done = true;
+    this.core.requestEnded(this, status);
+  }
+
+  // ---- writes (inside cork) ----------------------------------------------------------
+
+  #error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null, close: boolean): void {
+    cur = this;
+    curStatus = status;
+    curMessage = message;
+    curParam = param;
+    curEndpoint = endpoint;
+    curRejection = rejection;
+    curClose = close;
+    this.res.cork(corkedError);
+    curMessage = '';
+    curEndpoint = undefined;
+    curRejection = null;
+  }
+
+  errorCorked(status: number, message: string, param: string | null, ep: Endpoint | undefined, rejection: Rejected | null, close: boolean): void {
+    const res = this.res;
+    res.writeStatus(statusLine(status));
+    res.writeHeader('content-type', 'application/json');
+    res.writeHeader('x-request-id', this.requestIdHeader);
+    if (ep) res.writeHeader('x-switchyard-endpoint', ep.name);
+    if (rejection !== null) {
+      if (rejection.reason) res.writeHeader('x-switchyard-dropped-reason', rejection.reason);
+      const ra = rejection.retryAfterSeconds ?? 0;
+      if (ra > 0) res.writeHeader('retry-after', String(Math.ceil(ra)));
+    }
+    res.end(errorBody(status, message, param), close || this.core.draining);
+  }
+
+  /** `streamed`: the body follows in write() calls (chunked), not in the one end(). */
+  #writeHead(streamed: boolean): void {
+    const res = this.res;
+    if (this.#status !== 200) res.writeStatus(statusLine(this.#status)); // uWS writes 200 OK itself (one native call less)
+    // content-type, x-switchyard-endpoint and x-request-id in one uWS call: the
+    // first two lines and the third's name are one cached block (uWS writes a
+    // header's name and value verbatim, so the bytes are those of three calls)
+    res.writeHeader(this.core.headerBlock(this.#endpoint!, this.#contentType), this.requestIdHeader);
+    // draining: a stream says it closes its connection (a whole answer's end() does that itself)
+    if (streamed && this.core.draining) res.writeHeader('connection', 'close');
+    this.#started = true;
+  }
+
+  writeCorked(chunk: Buffer | string): void {
+    if (!this.#started) this.#writeHead(true);
+    if (!this.res.write(chunk) && !this.#paused) {
+      // the client is slower than the engine: stop reading upstream until uWS drains
+      this.#paused = true;
+      this.core.metrics.pauses++;
+      this.flight?.pause();
+      this.res.onWritable((this.#onWritable ??= () => this.#drained()));
+    }
+  }
+
+  #drained(): boolean {
+    this.#paused = false;
+    this.flight?.resume();
+    return true;
+  }
+
+  endCorked(chunk: Buffer | string): void {
+    const whole = !this.#started; // the answer is this one end (with a content-length), not a chunked stream
+    if (whole) this.#writeHead(false);
+    // draining: the connection closes after the answer, so the client's next request goes
+    // to a router that is staying (a stream was told so by its connection: close header;
+    // uWS cuts a chunked stream's last chunk when asked to close with it)
+    this.res.end(chunk, whole && this.core.draining);
+  }
+
+  failCorked(sseEvent: string | null): void {
+    if (sseEvent !== null) {
+      if (!this.#started) this.#writeHead(true);
+      this.res.end(sseEvent);
+    } else this.res.close();
+  }
+}
