@@ -86,7 +86,7 @@ t.test('a /metrics that never ends: the first round finishes within healthTimeou
   t.not(await within(s.ready, 3000), 'timeout', 'first round of checks and scrapes ended');
   const ep = s.endpoints.all[0];
   t.equal(ep.health, 'up');
-  t.notOk(ep.fresh(performance.now(), 2000), 'a scrape that never completes leaves no metrics');
+  t.notOk(ep.fresh(performance.now()), 'a scrape that never completes leaves no metrics');
   // a healthy engine whose /metrics hangs stays up: health checks run on their own
   let downSeen = false;
   const calls = eng.healthCalls;
@@ -150,7 +150,7 @@ t.test('a /metrics without load signals keeps the last values (which then go sta
   text = '# engine restarting: no gauges yet\n';
   t.ok(await until(() => scrapes >= 3, 3000), 'scraped again');
   t.equal(ep.metricsAt, at, 'not a successful scrape');
-  t.ok(ep.fresh(performance.now(), 60_000), 'the last good figures are still within staleAfterMs');
+  t.ok(ep.fresh(performance.now()), 'the last good figures are still within staleAfterMs');
   t.equal(ep.metrics.waiting, 9, 'and they are the engine figures, not 0');
   t.equal(ep.metrics.kvUsage, 0.8);
 });

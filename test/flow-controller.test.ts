@@ -9,7 +9,6 @@ import { validateFlowControl, type FlowControlConfig } from '../src/flow/config.
 import { admitProbability, seededRng } from '../src/flow/admission.js';
 import { FlowControlGate } from '../src/flow/gate.js';
 import { Registry } from '../src/metrics/prom.js';
-import { SaturationDetector } from '../src/flow/saturation.js';
 import type { AdmissionGate } from '../src/admission.js';
 
 function config(raw: Record<string, unknown>): FlowControlConfig {
@@ -336,25 +335,7 @@ t.test('enabled: false is first come, first served with no queueing', (t) => {
   t.end();
 });
 
-t.test('saturation detector: max of the three ratios; stale metrics fall back to the in-flight cap', (t) => {
-  const d = new SaturationDetector({ queueDepthThreshold: 4, kvThreshold: 0.8, maxConcurrency: 10 }, 100);
-  const ep = (inFlight: number, waiting: number, kvUsage: number, at: number) => ({
-    inFlight,
-    metrics: { waiting, kvUsage },
-    fresh: (now: number, stale: number) => now - at <= stale,
-  });
-  t.equal(d.load(ep(2, 2, 0.4, 0), 50), 0.5);
-  t.equal(d.load(ep(2, 1, 0.4, 0), 50), 0.5, 'kv 0.4/0.8');
-  t.equal(d.load(ep(9, 1, 0.1, 0), 50), 0.9);
-  t.ok(d.saturated(ep(1, 4, 0.1, 0), 50), 'queue depth threshold');
-  t.ok(d.saturated(ep(1, 0, 0.85, 0), 50), 'kv threshold');
-  t.notOk(d.saturated(ep(1, 100, 0.99, 0), 500), 'stale metrics ignored...');
-  t.ok(d.saturated(ep(10, 100, 0.99, 0), 500), '...except the in-flight cap');
-  t.equal(d.load(ep(0, 0, NaN, 0), 10), 0, 'missing kv metric');
-  t.equal(d.poolLoad([ep(10, 0, 0, 0), ep(3, 0, 0, 0)], 0), 0.3, 'pool = least loaded candidate');
-  t.equal(d.poolLoad([], 0), Infinity);
-  t.end();
-});
+// the saturation detector's own tests (over real Endpoints) are in flow-saturation.test.ts
 
 t.test('the gate fits the server seam and answers with reason and Retry-After', async (t) => {
   const cfg = config({

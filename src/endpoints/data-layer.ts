@@ -102,6 +102,7 @@ export class DataLayer {
         ep.metricsAt = performance.now();
         // requests sent after this scrape left are not in its figures
         ep.sinceScrape = ep.dispatched - dispatchedBefore;
+        ep.onScrape();
       }
       if (ep.metrics.cacheBlocks !== prevBlocks || ep.metrics.cacheBlockTokens !== prevTokens) {
         for (const fn of this.#capacityListeners) this.#call(fn, ep);

@@ -5,6 +5,7 @@
 import type { Accelerator, CapacityConfig, DataLayerConfig, Engine, PoolConfig, Role } from '../config/schema.js';
 import { DEFAULTS } from '../config/schema.js';
 import type { EngineMetrics } from './engine-metrics.js';
+import { BatchLimit } from './batch-limit.js';
 
 export type Health = 'unknown' | 'up' | 'down';
 
@@ -21,6 +22,8 @@ export class Endpoint {
   readonly revision: string | undefined;
   /** Prefix-index capacity from the config; when absent it comes from the engine's cache_config_info. */
   readonly configuredCapacity: CapacityConfig | undefined;
+  /** Metrics older than this are stale (the data layer's `staleAfterMs`). */
+  readonly staleAfterMs: number;
 
   /** Requests the router has dispatched here and not yet completed. Always fresh. */
   inFlight = 0;
@@ -32,6 +35,14 @@ export class Endpoint {
   readonly metrics: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0 };
   /** performance.now() of the last successful scrape; 0 = never. */
   metricsAt = 0;
+  /**
+   * Requests at the engine at the last successful scrape that were not the
+   * router's (other routers' or clients'): running + waiting beyond the router's
+   * own in-flight requests. Counts only while fresh.
+   */
+  foreign = 0;
+  /** The engine's batch limit, learned from its running/waiting counts. */
+  readonly batch = new BatchLimit();
   health: Health = 'unknown';
   healthAt = 0;
 
@@ -51,7 +62,7 @@ export class Endpoint {
     return this.trialSeq !== 0;
   }
 
-  constructor(id: number, pool: PoolConfig, ep: PoolConfig['endpoints'][number]) {
+  constructor(id: number, pool: PoolConfig, ep: PoolConfig['endpoints'][number], staleAfterMs: number = DEFAULTS.dataLayer.staleAfterMs) {
     this.id = id;
     this.name = ep.name;
     this.url = ep.url;
@@ -62,23 +73,52 @@ export class Endpoint {
     this.role = ep.role;
     this.revision = ep.revision;
     this.configuredCapacity = ep.capacity;
+    this.staleAfterMs = staleAfterMs;
   }
 
-  /** True when metrics were scraped within `staleAfterMs`. */
-  fresh(now: number, staleAfterMs: number): boolean {
-    return this.metricsAt > 0 && now - this.metricsAt <= staleAfterMs;
+  /** True when metrics were scraped within `staleAfterMs` of `now`. */
+  fresh(now: number): boolean {
+    return this.metricsAt > 0 && now - this.metricsAt <= this.staleAfterMs;
   }
-
-  /** Metrics older than this are stale (the set's dataLayer.staleAfterMs). */
-  staleAfterMs = DEFAULTS.dataLayer.staleAfterMs;
 
   /**
-   * Requests queued at the engine as the router sees it: the engine's waiting
-   * count plus what this router sent since the last scrape (which the figures
-   * cannot show yet); the router's own in-flight count when metrics are stale.
+   * Requests waiting at the engine: the engine's last waiting count plus what
+   * the router sent since that scrape and still has out; with stale metrics,
+   * the router's in-flight count alone.
    */
   queueEstimate(now: number): number {
-    return this.fresh(now, this.staleAfterMs) ? this.metrics.waiting + Math.min(this.sinceScrape, this.inFlight) : this.inFlight;
+    return this.fresh(now) ? this.metrics.waiting + Math.min(this.sinceScrape, this.inFlight) : this.inFlight;
+  }
+
+  /**
+   * Requests at the engine now, running or waiting: the router's own in-flight
+   * count (exact at any moment, scrapes or not) plus, while the metrics are
+   * fresh, what the last scrape showed beyond the router's own requests.
+   */
+  occupancy(now: number): number {
+    return this.foreign > 0 && this.fresh(now) ? this.inFlight + this.foreign : this.inFlight;
+  }
+
+  /** How many requests the engine runs at once: learned from its metrics, a default until then. */
+  get batchLimit(): number {
+    return this.batch.value;
+  }
+
+  /**
+   * Called by the data layer after a successful scrape (`metrics`, `metricsAt`
+   * and `sinceScrape` already set): learns the batch limit and what of the
+   * engine's load is not the router's.
+   */
+  onScrape(): void {
+    const m = this.metrics;
+    this.batch.observe(m.running, m.waiting);
+    // Beyond all the router has out now: requests it sent while the scrape was
+    // on its way often reach the engine before the engine answers it, so
+    // leaving them out would count them twice (as foreign and as in flight)
+    // and hold requests for nothing until the next scrape; counted here, at
+    // worst some other client's load is missed until then.
+    const other = m.running + m.waiting - this.inFlight;
+    this.foreign = other > 0 ? other : 0;
   }
 
   breakerOpen(now: number): boolean {
@@ -155,8 +195,7 @@ export class EndpointSet {
     this.dataLayer = dataLayer;
     for (const pool of pools) {
       for (const ec of pool.endpoints) {
-        const ep = new Endpoint(this.all.length, pool, ec);
-        ep.staleAfterMs = dataLayer.staleAfterMs;
+        const ep = new Endpoint(this.all.length, pool, ec, dataLayer.staleAfterMs);
         this.all.push(ep);
         this.#byName.set(ep.name, ep);
         for (const m of pool.models) {

@@ -60,6 +60,15 @@ export interface FlowControllerOptions {
   utilisation: () => number;
   /** Overrides the `utilisation() >= 1` saturation test. */
   isSaturated?: () => boolean;
+  /**
+   * What one more request adds to the utilisation `utilisation()` last
+   * returned (1 / the least-loaded endpoint's batch limit). With it, a request
+   * below the top band starts only if the pool stays at or below
+   * maxUtilisation once it runs, so a small batch keeps at least one slot for
+   * the top band (4 slots at 0.85: 3 for lower bands, not 4). Without it:
+   * only while the utilisation is below maxUtilisation.
+   */
+  step?: () => number;
   /** Optional hard cap on requests granted and not yet released. */
   maxInFlight?: number;
   /** Clock in ms (default performance.now). */
@@ -118,6 +127,7 @@ export class FlowController {
   readonly bandStats: BandStats[];
   readonly #utilisation: () => number;
   readonly #customSaturated: (() => boolean) | null;
+  readonly #step: (() => number) | null;
   readonly #maxInFlight: number;
   /** Utilisation below which bands other than the top one may be dispatched. */
   readonly #ceiling: number;
@@ -151,6 +161,7 @@ export class FlowController {
     this.pool = opts.pool ?? 'default';
     this.#utilisation = opts.utilisation;
     this.#customSaturated = opts.isSaturated ?? null;
+    this.#step = opts.step ?? null;
     this.#maxInFlight = opts.maxInFlight ?? Infinity;
     this.#ceiling = cfg.admission.maxUtilisation;
     this.#now = opts.now ?? (() => performance.now());
@@ -359,12 +370,14 @@ export class FlowController {
 
   /**
    * May a request of `band` start at utilisation `u`? The top band may use the
-   * pool up to saturation; lower bands only below maxUtilisation, so the last
-   * stretch of capacity stays free for the top band's arrivals.
+   * pool up to saturation; lower bands only while it stays at or below
+   * maxUtilisation with them (below it, without a `step`), so the last stretch
+   * of capacity stays free for the top band's arrivals.
    */
   #canDispatch(band: number, u: number): boolean {
     if (this.#customSaturated !== null ? this.#customSaturated() : !(u < 1)) return false;
-    return band === 0 || u < this.#ceiling;
+    if (band === 0) return true;
+    return this.#step !== null ? u + this.#step() <= this.#ceiling : u < this.#ceiling;
   }
 
   #schedulePump(afterReactions = false): void {

@@ -20,6 +20,8 @@ export interface FlowControlGateOptions {
   config: FlowControlConfig;
   /** Pool utilisation for a model (SaturationDetector.poolLoad over its candidate endpoints); Infinity = no endpoint. */
   utilisation: (model: string) => number;
+  /** What one more request adds to the utilisation the last `utilisation` call returned (see FlowControllerOptions.step). */
+  step?: () => number;
   maxInFlight?: number;
   now?: () => number;
   rng?: Rng;
@@ -48,27 +50,41 @@ export class FlowControlGate implements AdmissionGate {
 
   /**
    * A gate whose pool utilisation is the SaturationDetector's load of the
-   * model's least-loaded routable endpoint (Infinity, hence 503, when none).
+   * model's least-loaded routable endpoint (Infinity, hence 503, when none):
+   * the router's own in-flight requests (plus other clients' from fresh
+   * metrics) over each engine's learned batch limit, so it is current between
+   * scrapes. One more request takes one more of that endpoint's batch slots
+   * (a step of 1 / its batch limit), which keeps lower bands off the last
+   * slot of a small batch.
    */
-  static fromEndpoints(opts: Omit<FlowControlGateOptions, 'utilisation'> & {
+  static fromEndpoints(opts: Omit<FlowControlGateOptions, 'utilisation' | 'step'> & {
     endpointsFor: (model: string) => readonly GateEndpoint[] | undefined;
   }): FlowControlGate {
     const detector = new SaturationDetector(opts.config.saturation);
     const clock = opts.now ?? (() => performance.now());
+    // the step of the endpoint the last utilisation() call found least loaded
+    // (the controller asks for it right after, in the same turn)
+    let lastStep = 0;
     const utilisation = (model: string): number => {
       const eps = opts.endpointsFor(model);
+      lastStep = 0;
       if (eps === undefined) return Infinity;
       const now = clock();
       let best = Infinity;
+      let limit = 0;
       for (const ep of eps) {
         if (ep.routable !== undefined && !ep.routable(now)) continue;
         const u = detector.load(ep, now);
-        if (u < best) best = u;
+        if (u < best) {
+          best = u;
+          limit = ep.batchLimit;
+        }
       }
+      if (limit > 0) lastStep = 1 / limit;
       return best;
     };
     const { endpointsFor: _unused, ...rest } = opts;
-    return new FlowControlGate({ ...rest, utilisation });
+    return new FlowControlGate({ ...rest, utilisation, step: () => lastStep });
   }
 
   /** The controller of a model's pool (created on first use). */
@@ -124,6 +140,7 @@ export class FlowControlGate implements AdmissionGate {
         config: o.config,
         utilisation: () => o.utilisation(model),
         ...(o.maxInFlight !== undefined ? { maxInFlight: o.maxInFlight } : {}),
+        ...(o.step !== undefined ? { step: o.step } : {}),
         ...(o.now !== undefined ? { now: o.now } : {}),
         ...(o.rng !== undefined ? { rng: o.rng } : {}),
         pool: model,

@@ -1,8 +1,16 @@
-// Saturation detection per endpoint, from the engine's scraped metrics and the
-// router's own in-flight count. An endpoint's load is the largest of
-//   waiting / queueDepthThreshold, kvUsage / kvThreshold, inFlight / maxConcurrency
-// and it is saturated at load >= 1. Stale or missing metrics never halt
-// dispatch: then only the in-flight term counts.
+// Saturation detection per endpoint. An endpoint's load is the largest of
+//   occupancy / batchLimit      requests at the engine now (the router's own
+//                               in-flight count, plus other clients' requests the
+//                               last fresh scrape showed) over the engine's batch
+//                               limit (learned from its running/waiting counts)
+//   inFlight / maxConcurrency   the operator's cap on the router's own requests
+//   waiting / queueDepthThreshold, kvUsage / kvThreshold   from fresh metrics only
+// and it is saturated at load >= 1. The first term is exact between scrapes:
+// a burst that arrives right after a scrape is counted request by request as
+// the router dispatches it, so it is held once the engines' batches are full,
+// whenever the next scrape comes. Stale or missing metrics never halt
+// dispatch: then only the router's own counts apply. Freshness is the
+// endpoint's own (the data layer's `staleAfterMs`).
 import type { SaturationConfig } from './config.js';
 
 /** What the detector needs to know about one endpoint (structurally matches the router's Endpoint). */
@@ -10,25 +18,31 @@ export interface EndpointLoad {
   /** Requests the router has dispatched there and not completed. Always fresh. */
   readonly inFlight: number;
   readonly metrics: { readonly waiting: number; readonly kvUsage: number };
-  /** True when the metrics were scraped within `staleAfterMs` of `now`. */
-  fresh(now: number, staleAfterMs: number): boolean;
+  /** True when the metrics are recent enough to use (the endpoint's own staleness setting). */
+  fresh(now: number): boolean;
+  /** Requests at the engine now, running or waiting (at least `inFlight`). */
+  occupancy(now: number): number;
+  /** How many requests the engine runs at once (learned, or a default until learned). */
+  readonly batchLimit: number;
 }
 
-export class SaturationDetector {
-  readonly #cfg: SaturationConfig;
-  readonly #staleAfterMs: number;
+/** The thresholds the detector reads (the config's `saturation` block). */
+export type SaturationThresholds = Pick<SaturationConfig, 'queueDepthThreshold' | 'kvThreshold' | 'maxConcurrency'>;
 
-  /** `staleAfterMs`: the router's one staleness setting, dataLayer.staleAfterMs (default 2000). */
-  constructor(cfg: SaturationConfig, staleAfterMs = 2_000) {
+export class SaturationDetector {
+  readonly #cfg: SaturationThresholds;
+
+  constructor(cfg: SaturationThresholds) {
     this.#cfg = cfg;
-    this.#staleAfterMs = staleAfterMs;
   }
 
   /** Load of one endpoint; >= 1 means saturated. */
   load(ep: EndpointLoad, now: number): number {
     const c = this.#cfg;
     let u = ep.inFlight / c.maxConcurrency;
-    if (ep.fresh(now, this.#staleAfterMs)) {
+    const b = ep.occupancy(now) / ep.batchLimit;
+    if (b > u) u = b;
+    if (ep.fresh(now)) {
       const w = ep.metrics.waiting / c.queueDepthThreshold;
       if (w > u) u = w;
       const kv = ep.metrics.kvUsage;

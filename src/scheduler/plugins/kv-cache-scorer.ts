@@ -20,7 +20,7 @@ export class KvCacheScorer implements Scorer {
     for (let i = 0; i < n; i++) {
       const ep = eps[i];
       const kv = ep.metrics.kvUsage;
-      out[i] = ep.fresh(ctx.now, ctx.staleAfterMs) && kv === kv ? 1 - kv : 1 - ep.inFlight / (maxInFlight + 1);
+      out[i] = ep.fresh(ctx.now) && kv === kv ? 1 - kv : 1 - ep.inFlight / (maxInFlight + 1);
     }
     return out;
   }

@@ -21,7 +21,7 @@ export class QueueScorer implements Scorer {
     this.#out = ensure(this.#out, n);
     for (let i = 0; i < n; i++) {
       const ep = eps[i];
-      this.#vals[i] = ep.fresh(ctx.now, ctx.staleAfterMs) ? ep.metrics.waiting + Math.min(ep.sinceScrape, ep.inFlight) : ep.inFlight;
+      this.#vals[i] = ep.queueEstimate(ctx.now);
     }
     inverseMinMax(this.#vals, n, this.#out);
     return this.#out;
