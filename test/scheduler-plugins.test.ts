@@ -42,7 +42,7 @@ t.test('round-robin: each model cycles through its own endpoints when requests f
 t.test('max-score with epsilon: picks only within epsilon of the highest total, and every such candidate', async (t) => {
   const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [0, 1, 2].map((i) => ({ ...ep(`e${i}`, 10000 + i), role: 'both' as const })) }]);
   const picker = registry.create('picker', 'max-score', { epsilon: 0.1 }, { endpoints: set, prefixBlockSize: 64, random: lcg(11) });
-  const ctx: CycleContext = { request: { model: 'm' }, now: 0, staleAfterMs: 1000, promptBlocks: 0, prefixMatched: new Uint32Array(0), matchedBlocks: 0 };
+  const ctx: CycleContext = { request: { model: 'm' }, now: 0, promptBlocks: 0, prefixMatched: new Uint32Array(0), matchedBlocks: 0 };
   const cases: [number[], number[]][] = [
     [[0.55, 0.5, 0.62], [0, 2]], // 0.5 is 0.12 below the max
     [[0.5, 0.59, 0.68], [1, 2]], // 0.59 is within 0.1 of 0.68

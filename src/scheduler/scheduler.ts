@@ -73,7 +73,6 @@ export class Scheduler {
     this.#ctx = {
       request: { model: '' },
       now: 0,
-      staleAfterMs: endpoints.dataLayer.staleAfterMs,
       promptBlocks: 0,
       prefixMatched: EMPTY_MATCH,
       matchedBlocks: 0,

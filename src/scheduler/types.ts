@@ -20,10 +20,8 @@ export interface PickBlocks {
 /** Per-cycle state shared by the plugins of one pick. Reused between cycles: do not keep references. */
 export interface CycleContext {
   request: SchedRequest;
-  /** performance.now() at the start of the cycle. */
+  /** performance.now() at the start of the cycle (an endpoint's freshness and queue estimate take it: ep.fresh(now), ep.queueEstimate(now)). */
   now: number;
-  /** Metrics older than this are stale (ms). */
-  staleAfterMs: number;
   /** Filled by the prefix producer before the scorers run: prompt blocks hashed (0: no prefix to match)... */
   promptBlocks: number;
   /** ...and per candidate (the scorers' `eps` order) the leading blocks that endpoint is believed to hold. */
