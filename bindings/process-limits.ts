@@ -17,3 +17,13 @@ export function raiseFdLimit(...args: never[]): FdLimit {
   if (args.length !== 0) throw new TypeError('raiseFdLimit() takes no arguments');
   return native.raiseFdLimit() as FdLimit;
 }
+
+/**
+ * The lowest file descriptor number not in use: the kernel hands out the
+ * lowest free one, so this tells how full the table is (two system calls).
+ * -1 when none is free below the soft limit; -2 when the probe itself failed
+ * for another reason.
+ */
+export function lowestFreeFd(): number {
+  return native.lowestFreeFd() as number;
+}

@@ -4,7 +4,9 @@
 // after the call; throws an Error when the platform refuses.
 #include "fd_limit.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -55,9 +57,32 @@ Napi::Value RaiseFdLimit(const Napi::CallbackInfo& info) {
   return o;
 }
 
+// lowestFreeFd(): the lowest file descriptor number not in use, or -1 when
+// none is free below the soft limit. The kernel hands out the lowest free
+// number, so this is how full the table is, for two system calls (a dup of a
+// descriptor held open for the purpose, and its close) and no /proc walk.
+int probe_fd = -1;
+
+Napi::Value LowestFreeFd(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() != 0) {
+    Napi::TypeError::New(env, "lowestFreeFd() takes no arguments").ThrowAsJavaScriptException();
+    return env.Undefined();
+  }
+  if (probe_fd < 0) {
+    probe_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (probe_fd < 0) return Napi::Number::New(env, errno == EMFILE || errno == ENFILE ? -1 : -2);
+  }
+  int fd = fcntl(probe_fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return Napi::Number::New(env, errno == EMFILE || errno == ENFILE ? -1 : -2);
+  close(fd);
+  return Napi::Number::New(env, fd);
+}
+
 }  // namespace
 
 void InitFdLimit(Napi::Env env, Napi::Object exports) {
+  exports.Set("lowestFreeFd", Napi::Function::New(env, LowestFreeFd, "lowestFreeFd"));
   exports.Set("raiseFdLimit", Napi::Function::New<RaiseFdLimit>(env, "raiseFdLimit"));
 }
 

@@ -19,6 +19,9 @@ import type { UpstreamClient } from '../proxy/upstream.js';
 import { Scheduler } from '../scheduler/scheduler.js';
 import { errorBody, statusLine } from './http-errors.js';
 import { headerBytes, HttpExchange } from './http-exchange.js';
+import { AcceptGuard } from './accept-guard.js';
+import { lowestFreeFd, raiseFdLimit } from '../../bindings/index.js';
+import { Counter, Gauge } from 'prom-client';
 import { RouterMetrics } from './metrics.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
@@ -31,6 +34,8 @@ export interface RouterOptions {
   upstream?: UpstreamClient;
   /** Random source for pickers (tests may seed it). */
   random?: () => number;
+  /** Raise the process's open-file soft limit to its hard limit when listening (default true). */
+  raiseFdLimit?: boolean;
 }
 
 // Header names read on every inference request, as bytes: uWS converts a JS
@@ -143,6 +148,10 @@ export function newUpstreamClient(cfg: ProxyConfig, set: EndpointSet): UpstreamC
   return new H1UpstreamClient(cfg);
 }
 
+function localPort(sock: us_listen_socket): number {
+  return uws.us_socket_local_port(sock as unknown as Parameters<typeof uws.us_socket_local_port>[0]);
+}
+
 export class RouterCore {
   readonly config: RouterConfig;
   readonly log: Logger;
@@ -165,6 +174,10 @@ export class RouterCore {
   #debug: boolean;
   #app: TemplatedApp;
   #listenSocket: us_listen_socket | null = null;
+  #host = '';
+  readonly #raiseFdLimit: boolean;
+  /** Stops accepting near the open-file limit (null until listening). */
+  acceptGuard: AcceptGuard | null = null;
   #sweep: NodeJS.Timeout;
   #sweepEvery: number;
   #modelsBody: string;
@@ -181,6 +194,7 @@ export class RouterCore {
   constructor(opts: RouterOptions) {
     const cfg = (this.config = opts.config);
     this.log = opts.logger;
+    this.#raiseFdLimit = opts.raiseFdLimit !== false;
     this.#debug = this.log.isLevelEnabled('debug');
     const set = (this.endpoints = new EndpointSet(cfg.pools, cfg.dataLayer));
     this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random });
@@ -441,21 +455,123 @@ export class RouterCore {
 
   listen(host: string, port: number): Promise<number> {
     return new Promise((resolve, reject) => {
-      this.#app.listen(host, port, (sock) => {
+      const done = (sock: us_listen_socket | false): void => {
         if (!sock) {
           reject(new Error(`cannot listen on ${host}:${port} (address in use or not available)`));
           return;
         }
         this.#listenSocket = sock;
-        this.port = uws.us_socket_local_port(sock as unknown as Parameters<typeof uws.us_socket_local_port>[0]);
+        this.port = localPort(sock);
+        this.#host = host;
+        this.#startAcceptGuard();
         resolve(this.port);
-      });
+      };
+      if (port !== 0) {
+        this.#app.listen(host, port, done);
+        return;
+      }
+      // An OS-picked port: uWS sets SO_REUSEADDR only on a listening socket given a port, and
+      // without it the connections accepted on it keep a new listening socket from binding
+      // there (listening again after a pause at the open-file limit). So: learn a free port,
+      // then listen on it as on any configured port (a few tries in case another process takes it).
+      for (let attempt = 0; attempt < 5; attempt++) {
+        let picked = 0;
+        this.#app.listen(host, 0, (probe) => {
+          if (!probe) return;
+          picked = localPort(probe);
+          uws.us_listen_socket_close(probe);
+        });
+        if (picked === 0) break;
+        let sock: us_listen_socket | false = false;
+        this.#app.listen(host, picked, (s) => {
+          sock = s;
+        });
+        if (sock) return done(sock);
+      }
+      done(false);
+    });
+  }
+
+  /**
+   * Near the file-descriptor limit, stop accepting (close the listening
+   * socket: uWS would otherwise retry a failing accept() in a busy loop) and
+   * keep serving the connections already open; listen again once some close.
+   */
+  #startAcceptGuard(): void {
+    if (this.acceptGuard !== null) return;
+    let limit = Infinity;
+    try {
+      // raise the soft limit to the hard one first (many systems start at 1024), as nginx's worker_rlimit_nofile
+      limit = this.#raiseFdLimit ? raiseFdLimit().soft : Infinity;
+    } catch (err) {
+      this.log.warn({ err }, 'could not raise the open-file limit');
+    }
+    let failedAt = 0;
+    const guard = new AcceptGuard({
+      limit,
+      probe: lowestFreeFd,
+      pause: (inUse) => {
+        if (this.#listenSocket) uws.us_listen_socket_close(this.#listenSocket);
+        this.#listenSocket = null;
+        this.log.warn(
+          { open_fds: inUse, limit, reserve: guard.reserve },
+          'at the open-file limit: not accepting new connections until some close (connections already open are served)',
+        );
+      },
+      resume: (inUse) => {
+        if (this.draining) return true;
+        let ok = false;
+        // uWS calls back synchronously
+        this.#app.listen(this.#host, this.port, (sock) => {
+          if (!sock) return;
+          this.#listenSocket = sock;
+          ok = true;
+        });
+        if (ok) {
+          failedAt = 0;
+          this.log.info({ open_fds: inUse, limit }, 'below the open-file limit again: accepting connections');
+        } else if (failedAt === 0 || Date.now() - failedAt > 10_000) {
+          failedAt = Date.now();
+          this.log.error({ port: this.port }, 'cannot listen again after pausing at the open-file limit (retrying every 100 ms)');
+        }
+        return ok;
+      },
+    });
+    this.acceptGuard = guard;
+    if (!guard.enabled) return;
+    guard.start();
+    const r = [this.metrics.registry];
+    new Gauge({
+      name: 'switchyard_accept_paused',
+      help: '1 while the router does not accept new connections because it is near its open-file limit.',
+      registers: r,
+      collect() {
+        this.set(guard.paused ? 1 : 0);
+      },
+    });
+    new Counter({
+      name: 'switchyard_accept_pauses_total',
+      help: 'Times the router stopped accepting connections near its open-file limit.',
+      registers: r,
+      collect() {
+        this.reset();
+        this.inc(guard.pauses);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_open_fds_limit',
+      help: 'The open-file soft limit the router runs under (raised to the hard limit at start).',
+      registers: r,
+      collect() {
+        this.set(guard.limit);
+      },
     });
   }
 
   /** Stops accepting, waits up to `graceMs` for in-flight requests, then closes everything. */
   async close(graceMs = 10_000): Promise<void> {
     this.draining = true;
+    this.acceptGuard?.stop();
     if (this.#listenSocket) {
       uws.us_listen_socket_close(this.#listenSocket);
       this.#listenSocket = null;

@@ -35,7 +35,7 @@ export function createLogger(level: string): Logger {
 export async function startRouter(config: RouterConfig, opts: StartRouterOptions = {}): Promise<RunningRouter> {
   const logger = opts.logger ?? createLogger(config.logging.level);
   const gate = opts.gate ?? (await flowGateFactory(config));
-  const core = new RouterCore({ config, logger, gate, upstream: opts.upstream, random: opts.random });
+  const core = new RouterCore({ config, logger, gate, upstream: opts.upstream, random: opts.random, raiseFdLimit: opts.raiseFdLimit });
   const ready = core.dataLayer.start();
   if (opts.waitForFirstScrape !== false) await ready;
   const host = opts.host ?? config.listen.host;
