@@ -85,6 +85,12 @@ export interface ProxyConfig {
 export interface LimitsConfig {
   maxBodyBytes: number;
   requestBodyTimeoutMs: number;
+  /** Deepest nesting of arrays/objects a request body may have (400 beyond, before parsing). */
+  maxJsonDepth: number;
+  /** Bodies larger than this are parsed in a worker thread, off the event loop. */
+  parseOffloadBytes: number;
+  /** Worker threads for that. */
+  parseWorkers: number;
 }
 
 export interface RouterConfig {
@@ -131,7 +137,13 @@ export const DEFAULTS = {
     headersTimeoutMs: 300_000,
     bodyTimeoutMs: 300_000,
   } satisfies ProxyConfig,
-  limits: { maxBodyBytes: 16 * 1024 * 1024, requestBodyTimeoutMs: 30_000 } satisfies LimitsConfig,
+  limits: {
+    maxBodyBytes: 16 * 1024 * 1024,
+    requestBodyTimeoutMs: 30_000,
+    maxJsonDepth: 128,
+    parseOffloadBytes: 256 * 1024,
+    parseWorkers: 2,
+  } satisfies LimitsConfig,
   logging: { level: 'info' as const },
 };
 
@@ -337,6 +349,11 @@ export const routerConfigSchema = strict(
       {
         maxBodyBytes: int(1, 2 ** 31 - 1).default(DEFAULTS.limits.maxBodyBytes),
         requestBodyTimeoutMs: int(1, 3_600_000).default(DEFAULTS.limits.requestBodyTimeoutMs),
+        maxJsonDepth: int(1, 10_000).default(DEFAULTS.limits.maxJsonDepth).describe('deepest nesting of arrays/objects in a request body'),
+        parseOffloadBytes: int(0, 2 ** 31 - 1)
+          .default(DEFAULTS.limits.parseOffloadBytes)
+          .describe('bodies larger than this are parsed in a worker thread (0: every body)'),
+        parseWorkers: int(1, 64).default(DEFAULTS.limits.parseWorkers).describe('worker threads for parsing large bodies'),
       },
       'must be a mapping',
     ).prefault({}),

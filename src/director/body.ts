@@ -15,7 +15,7 @@ import { jsonNestsDeeper } from '../json-depth.js';
 import { KIND_CHAT } from './kinds.js';
 import type { PromptWriter } from './prompt.js';
 
-/** Deepest nesting of arrays and objects a request body may have (tools' JSON schemas stay well under it). */
+/** Deepest nesting of arrays and objects a request body may have by default (tools' JSON schemas stay well under it). */
 export const MAX_JSON_DEPTH = 128;
 
 export interface BodyError {
@@ -39,8 +39,8 @@ function fail(status: number, message: string, param: string | null = null): Bod
  * Parses and checks a body and renders its prompt into `pw` (reset first).
  * Checks: depth, JSON, an object, `model`, and `messages` (chat) or `prompt`.
  */
-export function parseRequestBody(raw: Buffer, kind: number, pw: PromptWriter): ParsedBody | BodyError {
-  if (jsonNestsDeeper(raw, MAX_JSON_DEPTH)) return fail(400, `the request body nests arrays or objects deeper than ${MAX_JSON_DEPTH} levels`);
+export function parseRequestBody(raw: Buffer, kind: number, pw: PromptWriter, maxDepth = MAX_JSON_DEPTH): ParsedBody | BodyError {
+  if (jsonNestsDeeper(raw, maxDepth)) return fail(400, `the request body nests arrays or objects deeper than ${maxDepth} levels (limits.maxJsonDepth)`);
   let parsed: unknown;
   try {
     parsed = JSON.parse(raw.toString('utf8'));

@@ -17,7 +17,7 @@ import type { UpstreamCall, UpstreamClient, UpstreamSink } from '../proxy/upstre
 import type { Decision, Outcome, Scheduler } from '../scheduler/scheduler.js';
 import type { SchedRequest } from '../scheduler/types.js';
 import { Piscina } from 'piscina';
-import { parseRequestBody, renderPrompt } from './body.js';
+import { MAX_JSON_DEPTH, parseRequestBody, renderPrompt } from './body.js';
 import { KIND_PATHS } from './kinds.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
 import { PromptWriter } from './prompt.js';
@@ -74,6 +74,8 @@ export interface DirectorOptions {
   parseOffloadBytes?: number;
   /** Worker threads for that (default 2). */
   parseWorkers?: number;
+  /** Deepest nesting of arrays/objects in a body (default 128). */
+  maxJsonDepth?: number;
 }
 
 /** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
@@ -90,6 +92,7 @@ export class Director {
   readonly prompt = new PromptWriter();
   readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
   readonly parseOffloadBytes: number;
+  readonly maxJsonDepth: number;
   readonly #parseWorkers: number;
   #pool: Piscina<ParseTask, ParseReply> | null = null;
   /** Bodies parsed in a worker since start. */
@@ -104,6 +107,7 @@ export class Director {
     this.maxRetries = o.maxRetries;
     this.parseOffloadBytes = o.parseOffloadBytes ?? 256 * 1024;
     this.#parseWorkers = Math.max(1, o.parseWorkers ?? 2);
+    this.maxJsonDepth = o.maxJsonDepth ?? MAX_JSON_DEPTH;
   }
 
   /** Parses a large body in the worker pool (created on first use); the answer goes to flight.parsed(). */
@@ -117,7 +121,7 @@ export class Director {
     });
     this.offloadedParses++;
     // the worker gets a copy: the flight keeps the client's bytes to send upstream
-    this.#pool.run({ raw, kind: f.kind }).then(
+    this.#pool.run({ raw, kind: f.kind, maxDepth: this.maxJsonDepth }).then(
       (r) => f.parsed(r),
       (err: Error) =>
         f.parsed({
@@ -225,7 +229,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
       d.parseOffLoop(this, raw);
       return;
     }
-    const r = parseRequestBody(raw, this.kind, d.prompt);
+    const r = parseRequestBody(raw, this.kind, d.prompt, d.maxJsonDepth);
     if (!r.ok) {
       this.#reply(r.status, r.message, r.param, null);
       return;

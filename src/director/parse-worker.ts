@@ -8,6 +8,7 @@ import { PromptWriter } from './prompt.js';
 export interface ParseTask {
   raw: Uint8Array;
   kind: number;
+  maxDepth: number;
 }
 
 export type ParseReply =
@@ -18,7 +19,7 @@ const pw = new PromptWriter();
 
 export default function parse(task: ParseTask): ParseReply {
   const raw = Buffer.from(task.raw.buffer, task.raw.byteOffset, task.raw.byteLength);
-  const r = parseRequestBody(raw, task.kind, pw);
+  const r = parseRequestBody(raw, task.kind, pw, task.maxDepth);
   if (!r.ok) return { ok: false, status: r.status, message: r.message, param: r.param };
   // a copy of exactly the prompt's bytes, in its own buffer, so it can be transferred
   const prompt = new Uint8Array(pw.length);

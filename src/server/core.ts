@@ -219,6 +219,9 @@ export class RouterCore {
       metrics: this.metrics,
       log: this.log,
       maxRetries: cfg.proxy.maxRetries,
+      maxJsonDepth: cfg.limits.maxJsonDepth,
+      parseOffloadBytes: cfg.limits.parseOffloadBytes,
+      parseWorkers: cfg.limits.parseWorkers,
     });
     const created = Math.floor(Date.now() / 1000);
     this.#modelsBody = JSON.stringify({
