@@ -8,10 +8,25 @@ import type { ClientPort, Flight } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { errorBody } from '../proxy/error-shape.js';
 import type { HttpResponse } from '../uws.js';
-import type { RouterCore } from './core.js';
+import type { LimitsConfig } from '../config/schema.js';
+import type { Director } from '../director/director.js';
 import { statusLine } from './http-errors.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
+
+/** What an exchange needs of the server that made it (RouterCore), so this module does not import it back. */
+export interface ExchangeHost {
+  readonly limits: LimitsConfig;
+  readonly director: Director;
+  /** close() began: answers close their connection. */
+  readonly draining: boolean;
+  readonly reading: { delete(x: HttpExchange): void };
+  readonly metrics: { pauses: number; countRequest(model: string, endpointId: number, status: number): void };
+  /** The content-type / x-switchyard-endpoint / x-request-id header block for one writeHeader call. */
+  headerBlock(ep: Endpoint, contentType: string): Buffer;
+  /** Called once per request when it ends (any way). */
+  requestEnded(x: HttpExchange, status: number): void;
+}
 
 /** uWS hands header values over one char per byte: echo non-ASCII ones as their original bytes. */
 export function headerBytes(s: string): string | Buffer {
@@ -43,7 +58,7 @@ function corkedError(): void {
 }
 
 export class HttpExchange implements ClientPort {
-  readonly core: RouterCore;
+  readonly core: ExchangeHost;
   readonly res: HttpResponse;
   readonly kind: number;
   readonly requestId: string;
@@ -70,7 +85,7 @@ export class HttpExchange implements ClientPort {
   #paused = false;
   #onWritable: ((offset: number) => boolean) | null = null;
 
-  constructor(core: RouterCore, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, authorization: string, contentLength: number) {
+  constructor(core: ExchangeHost, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, authorization: string, contentLength: number) {
     this.core = core;
     this.res = res;
     this.kind = kind;

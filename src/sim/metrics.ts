@@ -8,14 +8,8 @@ import { HistogramMetric, newRegistry, type Registry } from '../metrics/prom.js'
 import type { ResolvedSimOptions } from './options.js';
 import type { Scheduler } from './scheduler.js';
 
-/** vLLM's bucket bounds for time to first token, seconds. */
-export const TTFT_BUCKETS = [
-  0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
-/** vLLM's bucket bounds for inter-token latency, seconds. */
-export const ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
-/** vLLM's bucket bounds for request latencies (e2e, queue), seconds. */
-export const REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
+export { ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS } from './buckets.js';
+import { ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS } from './buckets.js';
 
 /** A bound as the Python client writes it in `le` (1 → "1.0"), as the real engines do. */
 export function pyFloat(v: number): string {

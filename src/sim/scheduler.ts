@@ -28,7 +28,7 @@
 import { performance } from 'node:perf_hooks';
 import { KvCache, type KvLease } from './kv-cache.js';
 import { Histogram } from '../metrics/histogram.js';
-import { ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS } from './metrics.js';
+import { ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS } from './buckets.js';
 import type { ResolvedSimOptions } from './options.js';
 
 export const enum ReqState {
