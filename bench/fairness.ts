@@ -182,10 +182,7 @@ function stats(xs: Sample[]): Stats {
 
 function routerYaml(port: number, base: number, s: Shape, enabled: boolean): string {
   const endpoints = Array.from({ length: s.engines }, (_, i) => `      - { name: e${i}, url: "http://127.0.0.1:${base + i}" }`).join('\n');
-  if (s.documented) {
-    const block = documentedBlock();
-    if (!/^  enabled: true$/m.test(block)) throw new Error('fairness: the documented block no longer has `enabled: true`');
-    return `apiVersion: switchyard/v1
+  const head = `apiVersion: switchyard/v1
 kind: Router
 listen: { host: 127.0.0.1, port: ${port} }
 logging: { level: warn }
@@ -194,23 +191,18 @@ pools:
     engine: vllm
     models: [open-model]
     endpoints:
-${endpoints}
+${endpoints}`;
+  if (s.documented) {
+    const block = documentedBlock();
+    if (!/^  enabled: true$/m.test(block)) throw new Error('fairness: the documented block no longer has `enabled: true`');
+    return `${head}
 ${enabled ? block : block.replace(/^  enabled: true$/m, '  enabled: false')}`;
   }
   // The router treats an endpoint with `slots` requests in flight as saturated
   // (the engine's own batch size), and best-effort may use 3/4 of the pool
   // (maxUtilisation 0.75), keeping the rest for premium arrivals. Admission
   // shedding is off, so the whole burst is queued and completes.
-  return `apiVersion: switchyard/v1
-kind: Router
-listen: { host: 127.0.0.1, port: ${port} }
-logging: { level: warn }
-pools:
-  - name: sim
-    engine: vllm
-    models: [open-model]
-    endpoints:
-${endpoints}
+  return `${head}
 flowControl:
   enabled: ${enabled}
   flows:

@@ -5,7 +5,7 @@
 // ~1 GB; health checks then timed out and unrelated pools answered 503).
 import t from 'tap';
 import { request } from 'node:http';
-import { startTestRouter } from './router-util.js';
+import { maxStall, startTestRouter } from './router-util.js';
 
 function postRaw(url: string, path: string, body: Buffer): Promise<{ status: number; text: string }> {
   return new Promise((resolve, reject) => {
@@ -21,22 +21,6 @@ function postRaw(url: string, path: string, body: Buffer): Promise<{ status: num
     req.on('error', reject);
     req.end(body);
   });
-}
-
-/** Longest gap between 5 ms ticks of this process's event loop (the router's) while `fn` runs. */
-async function maxStall<T>(fn: () => Promise<T>): Promise<[T, number]> {
-  let max = 0;
-  let last = performance.now();
-  const tick = setInterval(() => {
-    const now = performance.now();
-    if (now - last > max) max = now - last;
-    last = now;
-  }, 5);
-  try {
-    return [await fn(), max];
-  } finally {
-    clearInterval(tick);
-  }
 }
 
 t.test('nesting deeper than 128 levels is a 400 naming the limit, small or large', async (t) => {

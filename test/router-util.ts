@@ -102,3 +102,19 @@ export async function spawnServe(t: Tap.Test, args: string[]): Promise<ServeProc
   }).finally(() => clearTimeout(timer));
   return { child, url, out: () => out, exited };
 }
+
+/** Longest gap between 5 ms ticks of this process's event loop (the router's) while `fn` runs. */
+export async function maxStall<T>(fn: () => Promise<T>): Promise<[T, number]> {
+  let max = 0;
+  let last = performance.now();
+  const tick = setInterval(() => {
+    const now = performance.now();
+    if (now - last > max) max = now - last;
+    last = now;
+  }, 5);
+  try {
+    return [await fn(), max];
+  } finally {
+    clearInterval(tick);
+  }
+}

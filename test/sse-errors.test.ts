@@ -8,7 +8,7 @@ import fc from 'fast-check';
 import { request } from 'node:http';
 import { SseErrorRewriter, MAX_EVENT } from '../src/proxy/sse-errors.js';
 import { normalizeErrorBody } from '../src/proxy/error-shape.js';
-import { listenRaw, startTestRouter } from './router-util.js';
+import { listenRaw, maxStall, startTestRouter } from './router-util.js';
 
 const FLAT = 'data: {"object":"error"';
 
@@ -141,14 +141,7 @@ t.test('through the router: an engine streaming 16 MiB of error markers on one l
       pools: () => [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'bad', url: `http://127.0.0.1:${port}` }] }],
       extra: { proxy: { client } },
     });
-    let maxGap = 0;
-    let last = performance.now();
-    const tick = setInterval(() => {
-      const now = performance.now();
-      if (now - last > maxGap) maxGap = now - last;
-      last = now;
-    }, 5);
-    const got = await new Promise<number>((resolve, reject) => {
+    const [got, maxGap] = await maxStall(() => new Promise<number>((resolve, reject) => {
       const u = new URL(`${url}/v1/completions`);
       const req = request({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', headers: { 'content-type': 'application/json' } }, (res) => {
         let n = 0;
@@ -158,8 +151,7 @@ t.test('through the router: an engine streaming 16 MiB of error markers on one l
       });
       req.on('error', reject);
       req.end('{"model":"open-model","prompt":"x","stream":true}');
-    });
-    clearInterval(tick);
+    }));
     t.equal(got, total, `${client}: all ${MB} MiB relayed (${got} of ${total})`);
     t.ok(maxGap < 750, `${client}: the longest event-loop stall while relaying was ${maxGap.toFixed(0)} ms`);
   }
