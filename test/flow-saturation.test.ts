@@ -81,6 +81,27 @@ t.test('batch limit: the default doubles while the engine runs near it with noth
   t.end();
 });
 
+t.test('batch limit: pools[].batchLimit is taken as known from the start (the cold first burst is held), and still corrected by the engine', async (t) => {
+  const { parseConfig } = await import('../src/config/load.js');
+  const yaml = (extra: string) => `apiVersion: switchyard/v1
+kind: Router
+pools:
+  - name: p
+    models: [m]
+    endpoints: [{ name: e0, url: "http://127.0.0.1:9" }]
+${extra}`;
+  const cfg = parseConfig(yaml('    batchLimit: 4'), () => [], 't');
+  t.equal(cfg.pools[0]!.batchLimit, 4);
+  const ep = new EndpointSet(cfg.pools, cfg.dataLayer).all[0]!;
+  t.equal(ep.batchLimit, 4, 'known before any scrape');
+  ep.batch.observe(6, 0);
+  t.equal(ep.batchLimit, 6, 'the engine ran more: raised');
+  const plain = new EndpointSet(parseConfig(yaml(''), () => [], 't').pools, cfg.dataLayer).all[0]!;
+  t.equal(plain.batchLimit, DEFAULT_BATCH_LIMIT, 'without it: the probe default');
+  t.throws(() => parseConfig(yaml('    batchLimit: 0'), () => [], 't'), /pools\[0\]\.batchLimit/, 'a bad value names its path');
+  t.equal(new BatchLimit(4).value, 4);
+});
+
 t.test('endpoint: staleness is its own (the data layer setting); queueEstimate and occupancy', (t) => {
   const [ep] = endpoints(1, 100);
   t.equal(ep.staleAfterMs, 100);

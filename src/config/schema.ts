@@ -41,6 +41,8 @@ export interface PoolConfig {
   accelerator: Accelerator;
   models: string[];
   endpoints: EndpointConfig[];
+  /** Requests each endpoint runs at once (vLLM --max-num-seqs), when the operator knows it; else learned from the engine's metrics. */
+  batchLimit?: number;
 }
 
 export interface PluginSpec {
@@ -267,6 +269,9 @@ const poolSchema = strict(
         });
       }, ALWAYS),
     endpoints: z.array(endpointSchema, { error: listError }).min(1, { error: 'must list at least one endpoint' }),
+    batchLimit: int(1, 65_536)
+      .optional()
+      .describe("requests each endpoint runs at once (vLLM --max-num-seqs, SGLang --max-running-requests); default: learned from the engine's running/waiting counts"),
   },
   'must be a mapping',
 );

@@ -23,6 +23,12 @@ export const MAX_BATCH_LIMIT = 65_536;
 export class BatchLimit {
   /** The learned limit; 0 until learned. */
   learned = 0;
+
+  /** `configured`: the operator's figure (pools[].batchLimit), taken as learned from the start; the engine's own counts still correct it. */
+  constructor(configured = 0) {
+    if (configured > 0) this.learned = configured;
+  }
+
   /** The limit used until one is learned. */
   probe = DEFAULT_BATCH_LIMIT;
   /** The largest running count any scrape showed (the limit is at least this). */

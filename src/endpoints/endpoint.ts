@@ -42,7 +42,7 @@ export class Endpoint {
    */
   foreign = 0;
   /** The engine's batch limit, learned from its running/waiting counts. */
-  readonly batch = new BatchLimit();
+  readonly batch: BatchLimit;
   health: Health = 'unknown';
   healthAt = 0;
 
@@ -74,6 +74,7 @@ export class Endpoint {
     this.revision = ep.revision;
     this.configuredCapacity = ep.capacity;
     this.staleAfterMs = staleAfterMs;
+    this.batch = new BatchLimit(pool.batchLimit);
   }
 
   /** True when metrics were scraped within `staleAfterMs` of `now`. */
