@@ -7,12 +7,13 @@
 // status line); the expected outcome is RFC 9112's, as
 // test/reference/h1-response-model.ts states it.
 import t from 'tap';
-import { createServer, type Server, type Socket } from 'node:net';
+import type { Socket } from 'node:net';
 import { H1UpstreamClient } from '../src/proxy/h1-client.js';
 import { NativeUpstreamClient } from '../src/proxy/native-client.js';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
 import type { UpstreamClient, UpstreamSink } from '../src/proxy/upstream.js';
 import { DEFAULTS } from '../src/config/schema.js';
+import { rawEngine } from './router-util.js';
 
 const CLIENTS = [
   ['h1', H1UpstreamClient],
@@ -49,31 +50,7 @@ function collect(client: UpstreamClient, set: EndpointSet): Promise<Result> {
 }
 
 /** A raw engine: answers the n-th request (1-based, over all connections) with answer(n); counts connections. */
-async function engine(t: Tap.Test, answer: (n: number, sock: Socket) => void): Promise<{ set: EndpointSet; conns: () => number }> {
-  let conns = 0;
-  let requests = 0;
-  const server: Server = createServer((sock) => {
-    conns++;
-    let buf = '';
-    sock.on('data', (b) => {
-      buf += b.toString('latin1');
-      for (;;) {
-        const end = buf.indexOf('\r\n\r\n');
-        if (end < 0) return;
-        const len = Number(/content-length: (\d+)/i.exec(buf.slice(0, end))?.[1] ?? 0);
-        if (buf.length < end + 4 + len) return;
-        buf = buf.slice(end + 4 + len);
-        answer(++requests, sock);
-      }
-    });
-    sock.on('error', () => {});
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const port = (server.address() as { port: number }).port;
-  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
-  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
-  return { set, conns: () => conns };
-}
+const engine = (t: Tap.Test, answer: (n: number, sock: Socket) => void) => rawEngine(t, (sock, n) => answer(n, sock));
 
 /** Connection reuse after a first answer `first` (second answer: a plain 200): 1 or 2 connections. */
 const reuse: [string, string, number][] = [

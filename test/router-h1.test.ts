@@ -2,12 +2,13 @@
 // answer byte by byte, chunked, with 1xx, Connection: close, or close idle
 // keep-alive connections: the parser and connection reuse under real sockets.
 import t from 'tap';
-import { createServer, type Server, type Socket } from 'node:net';
+import type { Socket } from 'node:net';
 import { H1UpstreamClient } from '../src/proxy/h1-client.js';
 import { NativeUpstreamClient } from '../src/proxy/native-client.js';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
 import type { UpstreamClient, UpstreamSink } from '../src/proxy/upstream.js';
 import { DEFAULTS } from '../src/config/schema.js';
+import { rawEngine } from './router-util.js';
 
 interface Result {
   status: number;
@@ -42,31 +43,7 @@ function collect(client: UpstreamClient, set: EndpointSet, path = '/x'): Promise
   });
 }
 
-async function rawServer(t: Tap.Test, onRequest: (sock: Socket, n: number, conn: number) => void): Promise<{ set: EndpointSet; conns: () => number }> {
-  let conns = 0;
-  let requests = 0;
-  const server: Server = createServer((sock) => {
-    const conn = ++conns;
-    let buf = '';
-    sock.on('data', (b) => {
-      buf += b.toString('latin1');
-      for (;;) {
-        const end = buf.indexOf('\r\n\r\n');
-        if (end < 0) return;
-        const len = Number(/content-length: (\d+)/i.exec(buf.slice(0, end))?.[1] ?? 0);
-        if (buf.length < end + 4 + len) return;
-        buf = buf.slice(end + 4 + len);
-        onRequest(sock, ++requests, conn);
-      }
-    });
-    sock.on('error', () => {});
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const port = (server.address() as { port: number }).port;
-  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
-  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
-  return { set, conns: () => conns };
-}
+const rawServer = rawEngine;
 
 async function dribble(sock: Socket, text: string): Promise<void> {
   for (const ch of text) {

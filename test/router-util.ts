@@ -1,6 +1,7 @@
 // Shared setup for router tests: a simulated fleet and a router in front of it,
 // both on loopback ports the OS picks, torn down with the test.
 import { createServer, type Socket } from 'node:net';
+import { EndpointSet } from '../src/endpoints/endpoint.js';
 import { startFleet, type SimFleet, type FleetOptions } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { registry } from '../src/scheduler/builtins.js';
@@ -117,4 +118,46 @@ export async function maxStall<T>(fn: () => Promise<T>): Promise<[T, number]> {
   } finally {
     clearInterval(tick);
   }
+}
+
+/**
+ * A raw engine for upstream-client tests: calls onRequest(sock, n, conn) for the
+ * n-th complete request (1-based, over all connections; bodies framed by
+ * Content-Length) on connection `conn`, so a test scripts the answer bytes.
+ * Returns a one-endpoint set (pool p, model m) and the connection count.
+ * Sockets are destroyed and the server closed with the test.
+ */
+export async function rawEngine(
+  t: Tap.Test,
+  onRequest: (sock: Socket, n: number, conn: number) => void,
+): Promise<{ set: EndpointSet; conns: () => number }> {
+  let conns = 0;
+  let requests = 0;
+  const sockets = new Set<Socket>();
+  const server = createServer((sock) => {
+    const conn = ++conns;
+    sockets.add(sock);
+    sock.on('close', () => sockets.delete(sock));
+    let buf = '';
+    sock.on('data', (b) => {
+      buf += b.toString('latin1');
+      for (;;) {
+        const end = buf.indexOf('\r\n\r\n');
+        if (end < 0) return;
+        const len = Number(/content-length: (\d+)/i.exec(buf.slice(0, end))?.[1] ?? 0);
+        if (buf.length < end + 4 + len) return;
+        buf = buf.slice(end + 4 + len);
+        onRequest(sock, ++requests, conn);
+      }
+    });
+    sock.on('error', () => {});
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const port = (server.address() as { port: number }).port;
+  t.teardown(() => {
+    for (const s of sockets) s.destroy();
+    return new Promise<void>((r) => server.close(() => r()));
+  });
+  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
+  return { set, conns: () => conns };
 }

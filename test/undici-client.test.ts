@@ -6,13 +6,13 @@
 // skipped (undici turned 100 then 200 into an error, so the router answered 502).
 // Same cases through the h1 and native clients, which already behaved so.
 import t from 'tap';
-import { createServer, type Server, type Socket } from 'node:net';
 import { UndiciUpstreamClient } from '../src/proxy/undici-client.js';
 import { H1UpstreamClient } from '../src/proxy/h1-client.js';
 import { NativeUpstreamClient } from '../src/proxy/native-client.js';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
 import type { UpstreamClient, UpstreamSink } from '../src/proxy/upstream.js';
 import { DEFAULTS } from '../src/config/schema.js';
+import { rawEngine } from './router-util.js';
 
 const CLIENTS = [
   ['undici', UndiciUpstreamClient],
@@ -59,37 +59,7 @@ function collect(client: UpstreamClient, set: EndpointSet, guardMs: number): Pro
   });
 }
 
-async function engine(t: Tap.Test, answer: (sock: Socket, n: number) => void): Promise<{ set: EndpointSet; conns: () => number }> {
-  let conns = 0;
-  let requests = 0;
-  const sockets = new Set<Socket>();
-  const server: Server = createServer((sock) => {
-    conns++;
-    sockets.add(sock);
-    sock.on('close', () => sockets.delete(sock));
-    let buf = '';
-    sock.on('data', (b) => {
-      buf += b.toString('latin1');
-      for (;;) {
-        const end = buf.indexOf('\r\n\r\n');
-        if (end < 0) return;
-        const len = Number(/content-length: (\d+)/i.exec(buf.slice(0, end))?.[1] ?? 0);
-        if (buf.length < end + 4 + len) return;
-        buf = buf.slice(end + 4 + len);
-        answer(sock, ++requests);
-      }
-    });
-    sock.on('error', () => {});
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const port = (server.address() as { port: number }).port;
-  t.teardown(() => {
-    for (const s of sockets) s.destroy();
-    return new Promise<void>((r) => server.close(() => r()));
-  });
-  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
-  return { set, conns: () => conns };
-}
+const engine = rawEngine;
 
 const OK = 'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}';
 
