@@ -11,9 +11,9 @@ import type { Socket } from 'node:net';
 import { H1UpstreamClient } from '../src/proxy/h1-client.js';
 import { NativeUpstreamClient } from '../src/proxy/native-client.js';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
-import type { UpstreamClient, UpstreamSink } from '../src/proxy/upstream.js';
+import type { UpstreamClient } from '../src/proxy/upstream.js';
 import { DEFAULTS } from '../src/config/schema.js';
-import { rawEngine } from './router-util.js';
+import { collect as collectAt, rawEngine } from './router-util.js';
 
 const CLIENTS = [
   ['h1', H1UpstreamClient],
@@ -29,25 +29,7 @@ interface Result {
   error?: Error & { code?: string };
 }
 
-function collect(client: UpstreamClient, set: EndpointSet): Promise<Result> {
-  return new Promise((resolve) => {
-    const r: Result = { status: 0, body: '' };
-    const sink: UpstreamSink = {
-      onUpstreamHeaders: (status) => {
-        r.status = status;
-      },
-      onUpstreamData: (chunk) => {
-        r.body += chunk.toString('latin1');
-      },
-      onUpstreamEnd: () => resolve(r),
-      onUpstreamError: (err) => {
-        r.error = err;
-        resolve(r);
-      },
-    };
-    client.send(set.all[0]!, { method: 'POST', path: '/v1/completions', headers: ['content-type', 'application/json'], body: Buffer.from('{}') }, sink);
-  });
-}
+const collect = (client: UpstreamClient, set: EndpointSet) => collectAt(client, set, '/v1/completions');
 
 /** A raw engine: answers the n-th request (1-based, over all connections) with answer(n); counts connections. */
 const engine = (t: Tap.Test, answer: (n: number, sock: Socket) => void) => rawEngine(t, (sock, n) => answer(n, sock));

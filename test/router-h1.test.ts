@@ -6,42 +6,17 @@ import type { Socket } from 'node:net';
 import { H1UpstreamClient } from '../src/proxy/h1-client.js';
 import { NativeUpstreamClient } from '../src/proxy/native-client.js';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
-import type { UpstreamClient, UpstreamSink } from '../src/proxy/upstream.js';
+import type { UpstreamClient } from '../src/proxy/upstream.js';
 import { DEFAULTS } from '../src/config/schema.js';
-import { rawEngine } from './router-util.js';
+import { collect as collectAt, rawEngine } from './router-util.js';
 
-interface Result {
-  status: number;
-  contentType: string;
-  body: string;
-  error?: Error;
-}
 
 const CLIENTS = [
   ['h1', H1UpstreamClient],
   ['native', NativeUpstreamClient],
 ] as const;
 
-function collect(client: UpstreamClient, set: EndpointSet, path = '/x'): Promise<Result> {
-  return new Promise((resolve) => {
-    const r: Result = { status: 0, contentType: '', body: '' };
-    const sink: UpstreamSink = {
-      onUpstreamHeaders: (status, ct) => {
-        r.status = status;
-        r.contentType = ct;
-      },
-      onUpstreamData: (chunk) => {
-        r.body += chunk.toString('latin1');
-      },
-      onUpstreamEnd: () => resolve(r),
-      onUpstreamError: (err) => {
-        r.error = err;
-        resolve(r);
-      },
-    };
-    client.send(set.all[0], { method: 'POST', path, headers: ['content-type', 'application/json'], body: Buffer.from('{}') }, sink);
-  });
-}
+const collect = collectAt;
 
 const rawServer = rawEngine;
 

@@ -2,6 +2,7 @@
 // both on loopback ports the OS picks, torn down with the test.
 import { createServer, type Socket } from 'node:net';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
+import type { UpstreamClient, UpstreamSink } from '../src/proxy/upstream.js';
 import { startFleet, type SimFleet, type FleetOptions } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { registry } from '../src/scheduler/builtins.js';
@@ -160,4 +161,33 @@ export async function rawEngine(
   });
   const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
   return { set, conns: () => conns };
+}
+
+export interface CollectedAnswer {
+  status: number;
+  contentType: string;
+  body: string;
+  error?: Error & { code?: string };
+}
+
+/** Sends one POST through an upstream client to the set's first endpoint and collects the answer (or the error). */
+export function collect(client: UpstreamClient, set: EndpointSet, path = '/x'): Promise<CollectedAnswer> {
+  return new Promise((resolve) => {
+    const r: CollectedAnswer = { status: 0, contentType: '', body: '' };
+    const sink: UpstreamSink = {
+      onUpstreamHeaders: (status, ct) => {
+        r.status = status;
+        r.contentType = ct;
+      },
+      onUpstreamData: (chunk) => {
+        r.body += chunk.toString('latin1');
+      },
+      onUpstreamEnd: () => resolve(r),
+      onUpstreamError: (err) => {
+        r.error = err;
+        resolve(r);
+      },
+    };
+    client.send(set.all[0]!, { method: 'POST', path, headers: ['content-type', 'application/json'], body: Buffer.from('{}') }, sink);
+  });
 }
