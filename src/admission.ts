@@ -21,6 +21,10 @@ export interface RequestInfo {
   readonly bodyBytes: number;
   /** Prompt bytes used for prefix matching (length only is stable). */
   readonly promptBytes: number;
+  /** The conversation this request belongs to ('' when none is known): a Responses chain, `x-session-id`, or the body's `user`/`prompt_cache_key` (docs/responses.md). */
+  readonly sessionKey: string;
+  /** True when the request continues a conversation whose previous turn ended recently (turn priority: it goes ahead of cold work in its band). */
+  readonly continuation: boolean;
 }
 
 /** A tiny abort signal (no EventTarget per request): `aborted` flips and `onabort` fires when the client leaves. */

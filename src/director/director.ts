@@ -142,11 +142,21 @@ export class Director {
 
   /**
    * Takes over a request whose body has arrived: `kind` KIND_CHAT or
-   * KIND_COMPLETION, `headers` those named by the gate's headerNames. Never
-   * throws: every failure becomes an answer through `port`.
+   * KIND_COMPLETION, `headers` those named by the gate's headerNames,
+   * `sessionKey` the conversation when the caller knows it (the Responses
+   * API: its chain). Never throws: every failure becomes an answer through `port`.
    */
-  begin(port: ClientPort, kind: number, requestId: string, authorization: string, headers: Readonly<Record<string, string>>, body: Buffer): Flight {
+  begin(
+    port: ClientPort,
+    kind: number,
+    requestId: string,
+    authorization: string,
+    headers: Readonly<Record<string, string>>,
+    body: Buffer,
+    sessionKey = '',
+  ): Flight {
     const f = new Flight(this, port, kind, requestId, authorization, headers);
+    f.sessionKey = sessionKey;
     try {
       f.start(body);
     } catch (err) {
@@ -173,6 +183,8 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   readonly headers: Readonly<Record<string, string>>;
   bodyBytes = 0;
   promptBytes = 0;
+  sessionKey = '';
+  continuation = false;
 
   readonly director: Director;
   readonly port: ClientPort;
@@ -315,6 +327,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     const d = this.director;
     const sreq = d.schedRequest;
     sreq.model = this.model;
+    sreq.sessionKey = this.sessionKey;
     if (this.#promptCopy !== null) sreq.prompt = this.#promptCopy;
     else {
       if (rerender) this.#renderPrompt();

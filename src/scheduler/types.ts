@@ -9,6 +9,8 @@ export interface SchedRequest {
   model: string;
   /** Bytes used for prefix matching: the rendered chat messages or the prompt. Empty/absent = no prefix scoring. */
   prompt?: Uint8Array;
+  /** The conversation the request belongs to ('' or absent: none); session-aware plugins pin on it. */
+  sessionKey?: string;
 }
 
 /** Prefix blocks of one pick: hashed from the prompt, and of those, held by the picked endpoint. */
