@@ -332,6 +332,13 @@ export class FlowController {
     return this.#bands[band]?.tokens === true;
   }
 
+  /** One flow's scheduling state in a band (for tests and debugging; allocates), or undefined when it has no queue slot. */
+  flowState(flowId: string, band: number): { queued: number; continuations: number; inFlight: number; pass: number; learntOutput: number } | undefined {
+    const s = this.#bySlotKey[band]?.get(flowId);
+    if (s === undefined) return undefined;
+    return { queued: s.live, continuations: s.warm, inFlight: s.inFlight, pass: s.pass, learntOutput: s.learnt };
+  }
+
   /** Per-(flow, band) counters, for metrics. */
   *flowStats(): IterableIterator<FlowStats> {
     for (const m of this.#flowStats) yield* m.values();
