@@ -10,7 +10,7 @@
 // computed. Served tokens per tenant are summed from the answers' `usage`
 // over the measured window (after a warm-up), the routers alternating.
 //
-//   node dist/bench/cost-fairness.js [--rounds 2] [--seconds 8] [--clients 8] [--long 8192] [--short 256] [--json out.json]
+//   node dist/bench/cost-fairness.js [--rounds 2] [--seconds 8] [--warmup 4] [--clients 8] [--long 8192] [--short 256] [--json out.json]
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -27,6 +27,7 @@ interface Shape {
   long: number;
   short: number;
   maxTokens: number;
+  warmup: number;
 }
 
 interface Served {
@@ -132,7 +133,7 @@ export async function measureCost(argv: string[]): Promise<{ shape: Shape; rows:
     if (!Number.isInteger(n) || n < 1) throw new Error(`cost-fairness: ${name} must be a positive integer, got ${v}`);
     return n;
   };
-  const s: Shape = { rounds: num('--rounds', 2), seconds: num('--seconds', 8), clients: num('--clients', 8), long: num('--long', 8192), short: num('--short', 256), maxTokens: 16 };
+  const s: Shape = { rounds: num('--rounds', 2), seconds: num('--seconds', 8), clients: num('--clients', 8), long: num('--long', 8192), short: num('--short', 256), maxTokens: 16, warmup: num('--warmup', 4) };
   const dir = mkdtempSync(join(tmpdir(), 'swy-cost-'));
   const targets: Target[] = [];
   try {
@@ -140,8 +141,8 @@ export async function measureCost(argv: string[]): Promise<{ shape: Shape; rows:
     targets.push(await startTarget('requests', dir));
     for (let round = 0; round < s.rounds; round++) {
       for (const t of targets) {
-        // one second of warm-up (queues fill, virtual times settle), then the measured window
-        const from = performance.now() + 1000;
+        // warm-up (queues fill, virtual times settle past the start, where both flows begin level), then the measured window
+        const from = performance.now() + s.warmup * 1000;
         const until = from + s.seconds * 1000;
         await Promise.all([
           ...Array.from({ length: s.clients }, () => client(t, 'long', s.long, s, from, until)),
@@ -177,7 +178,7 @@ export function costMarkdown(s: Shape, rows: CostRow[]): string {
     `with \`flowControl: { enabled: true, admission: { mode: off }, saturation: { maxConcurrency: 4 } }\` and \`fairness: tokens\` on one, ` +
     `\`fairness: requests\` on the other; each in its own process. Two tenants in band standard, ${s.clients} closed-loop clients each ` +
     `(always backlogged): \`long\` sends ${s.long}-token prompts, \`short\` ${s.short}-token prompts, every prompt unique (no prefix cache hit), ` +
-    `max_tokens ${s.maxTokens}. Served prompt + output tokens from the answers' usage over ${s.rounds} × ${s.seconds} s windows, the routers alternating.\n\n`;
+    `max_tokens ${s.maxTokens}. Served prompt + output tokens from the answers' usage over ${s.rounds} × ${s.seconds} s windows (each after ${s.warmup} s of the same load, not counted), the routers alternating.\n\n`;
   md += '| fairness | long: requests / tokens | short: requests / tokens | tokens long : short | requests long : short |\n|---|---|---|---|---|\n';
   for (const r of rows) {
     md += `| ${r.mode} | ${r.long.requests} / ${r.long.tokens} | ${r.short.requests} / ${r.short.tokens} | **${fmt(r.tokenRatio, 2)} : 1** | ${fmt(r.requestRatio, 3)} : 1 |\n`;
