@@ -7,8 +7,10 @@
 // request = utime + stime from /proc/<pid>/stat over each wrk run divided by
 // the requests completed; user time is also reported on its own.
 // `--base .` with `--extra '<yaml lines>'` compares one build under two configs
-// instead (the lines are appended to the second router's config only).
-//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml']
+// instead (the lines are appended to the second router's config only);
+// `--extra-all '<yaml lines>'` appends lines to both routers' configs (e.g. a
+// flowControl block, to compare the admission path of two builds).
+//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml'] [--extra-all 'yaml']
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -24,6 +26,7 @@ const rounds = Number(arg('--rounds', '5'));
 const connections = arg('--connections', '16,64,256').split(',').map(Number);
 const client = arg('--client', 'native');
 const extra = arg('--extra', '');
+const extraAll = arg('--extra-all', '');
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
 
 
@@ -43,8 +46,8 @@ async function main(): Promise<void> {
   const engine = start('engine', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0']);
   const dir = mkdtempSync(join(tmpdir(), 'swy-ab-'));
   const builds = [
-    { name: 'base', cli: join(base, 'bin', 'switchyard.js'), extra: '' },
-    { name: 'this', cli: CLI, extra },
+    { name: 'base', cli: join(base, 'bin', 'switchyard.js'), extra: extraAll },
+    { name: 'this', cli: CLI, extra: [extraAll, extra].filter((x) => x !== '').join('\n') },
   ];
   const routers: { name: string; url: string; proc: Proc }[] = [];
   try {
@@ -84,7 +87,7 @@ async function main(): Promise<void> {
       }
     }
     const f = (n: number) => Math.round(n).toLocaleString('en-US');
-    console.log(`router A/B: base = ${base}, this = ${ROOT}${extra ? ` with ${JSON.stringify(extra)}` : ''}; proxy.client ${client}; ${rounds} interleaved round(s) of ${seconds} s (medians); wrk -t1; engine = switchyard sim --time-scale 0`);
+    console.log(`router A/B: base = ${base}, this = ${ROOT}${extra ? ` with ${JSON.stringify(extra)}` : ''}${extraAll ? `; both with ${JSON.stringify(extraAll)}` : ''}; proxy.client ${client}; ${rounds} interleaved round(s) of ${seconds} s (medians); wrk -t1; engine = switchyard sim --time-scale 0`);
     console.log('| connections | build | req/s | router CPU µs/req | of which user µs/req | p99 µs | errors | CPU/req vs base | user/req vs base | req/s vs base |');
     console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|');
     for (const c of connections) {

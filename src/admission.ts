@@ -54,12 +54,37 @@ export type Admission = Admitted | Rejected;
 
 export type ReleaseOutcome = 'ok' | 'failed' | 'aborted';
 
+/**
+ * A request that ended, as release() may see it (the director's Flight: the
+ * RequestInfo plus what it learnt from the pick and the answer). Valid only
+ * during the release() call. A gate that reads the usage fields says so with
+ * `wantsUsage`; the director then looks for `"completion_tokens":` in the
+ * answer (a non-streamed answer, or a stream that asked for
+ * `stream_options.include_usage`).
+ */
+export interface FinishedRequest extends RequestInfo {
+  /** The answer's `usage.completion_tokens` when the director saw it, else -1. */
+  readonly completionTokens: number;
+  /** Bytes of the answer relayed to the client. */
+  readonly responseBytes: number;
+  /** Chunks of the answer relayed to the client (for a streamed answer: at least one token each). */
+  readonly responseChunks: number;
+  /** Prompt blocks of the last pick, and how many of them the prefix producer matched (0 and 0 without a pick). */
+  readonly promptBlocks: number;
+  readonly matchedBlocks: number;
+}
+
 export interface AdmissionGate {
   /** Request headers the gate needs in RequestInfo.headers (lower-case). */
   readonly headerNames: readonly string[];
   admit(info: RequestInfo, signal: AbortLike): Admission | Promise<Admission>;
-  /** Called exactly once for every admitted request, when it ends. */
-  release(ticket: unknown, outcome: ReleaseOutcome): void;
+  /**
+   * Set to true when release() reads the usage of `request` (FinishedRequest);
+   * otherwise the director does not scan answers for it.
+   */
+  readonly wantsUsage?: boolean;
+  /** Called exactly once for every admitted request, when it ends; `request` is the request that ended (when the caller has it). */
+  release(ticket: unknown, outcome: ReleaseOutcome, request?: FinishedRequest): void;
   /** Called after each successful metrics scrape of an endpoint serving `model` (capacity may have changed). */
   onCapacity?(model?: string): void;
   /** Registers the gate's metric families (read at scrape time) in the router's registry, once, when the router sets up /metrics. */

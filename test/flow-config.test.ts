@@ -18,7 +18,7 @@ t.test("the issue's exact YAML block loads unchanged", (t) => {
     { id: 'tenant:internal-tools', priority: 'best-effort', minShare: 0 },
     { id: 'workload:nightly-batch', priority: 'batch', minShare: 0 },
   ]);
-  t.same(value!.admission, { mode: 'probabilistic', maxUtilisation: 0.85 });
+  t.same(value!.admission, { mode: 'probabilistic', maxUtilisation: 0.85, shedding: 'fair' });
   t.equal(value!.defaultBand, 'standard');
   t.equal(value!.ttlMs, 60_000, 'TTL defaults to 60 s');
   t.equal(value!.trustHeaders, true);

@@ -8,6 +8,28 @@ export const DEFAULT_BANDS = ['premium', 'standard', 'best-effort', 'batch'] as 
 
 export type AdmissionMode = 'probabilistic' | 'off';
 
+/** Who is shed when a band must shed: the flow furthest over its fair share (`fair`), or the arriving request (`arrival`, flow-blind). */
+export type SheddingMode = 'fair' | 'arrival';
+
+/** What fairness inside a band counts: estimated tokens of work (`tokens`) or requests (`requests`). */
+export type FairnessMode = 'tokens' | 'requests';
+
+export interface FairnessConfig {
+  /** The mode of every band not named in `bands`. */
+  mode: FairnessMode;
+  /** Per-band overrides. */
+  bands: Record<string, FairnessMode>;
+  /** Output estimate of a request with no max_tokens from a flow whose output is not learnt yet. */
+  defaultOutputTokens: number;
+}
+
+export interface TurnPriorityConfig {
+  /** Continuation requests go ahead of cold ones inside their band. */
+  enabled: boolean;
+  /** Longest time a cold request is passed over by continuations before it goes first. */
+  maxColdWaitMs: number;
+}
+
 export interface FlowSpec {
   /** Fairness id, e.g. `tenant:payments` or `workload:nightly-batch`. */
   id: string;
@@ -40,7 +62,11 @@ export interface FlowControlConfig {
   /** Band of flows not declared in `flows`. */
   defaultBand: string;
   flows: FlowSpec[];
-  admission: { mode: AdmissionMode; maxUtilisation: number };
+  admission: { mode: AdmissionMode; maxUtilisation: number; shedding: SheddingMode };
+  /** What fairness inside a band counts (docs/flow-control.md, "Cost fairness"). */
+  fairness: FairnessConfig;
+  /** Continuations of active conversations ahead of cold requests, with aging. */
+  turnPriority: TurnPriorityConfig;
   limits: QueueLimits & { bands: Record<string, QueueLimits> };
   /** How long a request may wait in the queue before it is rejected. */
   ttlMs: number;
@@ -71,6 +97,8 @@ export const FLOW_DEFAULTS = {
   saturation: { queueDepthThreshold: 5, kvThreshold: 0.9, maxConcurrency: 64 },
   maxFlows: 256,
   queueCapacity: 1024,
+  defaultOutputTokens: 256,
+  maxColdWaitMs: 2000,
 } as const;
 
 /** The config used when the block is absent: flow control off (first come, first served). */
@@ -80,7 +108,9 @@ export function defaultFlowControl(enabled = false): FlowControlConfig {
     bands: [...DEFAULT_BANDS],
     defaultBand: 'standard',
     flows: [],
-    admission: { mode: 'probabilistic', maxUtilisation: FLOW_DEFAULTS.maxUtilisation },
+    admission: { mode: 'probabilistic', maxUtilisation: FLOW_DEFAULTS.maxUtilisation, shedding: 'fair' },
+    fairness: { mode: 'tokens', bands: {}, defaultOutputTokens: FLOW_DEFAULTS.defaultOutputTokens },
+    turnPriority: { enabled: true, maxColdWaitMs: FLOW_DEFAULTS.maxColdWaitMs },
     limits: { maxRequests: Infinity, maxBytes: Infinity, bands: {} },
     ttlMs: FLOW_DEFAULTS.ttlMs,
     sweepIntervalMs: FLOW_DEFAULTS.sweepIntervalMs,
@@ -189,9 +219,38 @@ const flowSpec = z.strictObject(
 );
 
 const TOP_KEYS = [
-  'enabled', 'bands', 'defaultBand', 'flows', 'admission', 'limits', 'ttl', 'sweepInterval', 'retryAfterSeconds',
-  'saturation', 'tenants', 'trustHeaders', 'maxFlows', 'queueCapacity',
+  'enabled', 'bands', 'defaultBand', 'flows', 'admission', 'fairness', 'turnPriority', 'limits', 'ttl', 'sweepInterval',
+  'retryAfterSeconds', 'saturation', 'tenants', 'trustHeaders', 'maxFlows', 'queueCapacity',
 ].join(', ');
+
+const fairnessMode = () =>
+  z.enum(['tokens', 'requests'], { error: (i) => `must be one of tokens, requests, got ${describe(i.input)}` });
+
+/** `fairness: tokens` (every band) or `{ mode, bands: { <band>: requests }, defaultOutputTokens }`. */
+const fairnessInput = z
+  .union(
+    [
+      fairnessMode().transform((mode) => ({ mode, bands: {} as Record<string, FairnessMode>, defaultOutputTokens: FLOW_DEFAULTS.defaultOutputTokens })),
+      z.strictObject(
+        {
+          mode: fairnessMode().default('tokens'),
+          bands: z
+            .record(z.string(), fairnessMode(), { error: (i) => `must map band names to tokens or requests, got ${describe(i.input)}` })
+            .optional()
+            .transform((v) => v ?? {}),
+          defaultOutputTokens: num(1, 1e7, { integer: true }).default(FLOW_DEFAULTS.defaultOutputTokens),
+        },
+        {
+          error: (i) =>
+            i.code === 'unrecognized_keys'
+              ? unknownField('mode, bands, defaultOutputTokens')
+              : `must be tokens, requests, or an object with mode, bands and defaultOutputTokens, got ${describe(i.input)}`,
+        },
+      ),
+    ],
+    { error: (i) => `must be tokens, requests, or an object with mode, bands and defaultOutputTokens, got ${describe(i.input)}` },
+  )
+  .prefault('tokens');
 
 export const STALENESS_MOVED = 'removed: the one staleness setting is dataLayer.staleAfterMs (it applies to routing and saturation alike); set it there';
 
@@ -216,10 +275,29 @@ export const flowControlInput = z.strictObject(
         {
           mode: z.enum(['probabilistic', 'off'], { error: (i) => `must be one of probabilistic, off, got ${describe(i.input)}` }).default('probabilistic'),
           maxUtilisation: num(0, 1, { loOpen: true }).default(FLOW_DEFAULTS.maxUtilisation),
+          shedding: z
+            .enum(['fair', 'arrival'], { error: (i) => `must be one of fair, arrival, got ${describe(i.input)}` })
+            .default('fair')
+            .describe('fair: shed the flow furthest over its fair share; arrival: shed the arriving request (flow-blind)'),
         },
         {
           error: (i) =>
-            i.code === 'unrecognized_keys' ? unknownField('mode, maxUtilisation') : `must be an object with mode and maxUtilisation, got ${describe(i.input)}`,
+            i.code === 'unrecognized_keys'
+              ? unknownField('mode, maxUtilisation, shedding')
+              : `must be an object with mode, maxUtilisation and shedding, got ${describe(i.input)}`,
+        },
+      )
+      .prefault({}),
+    fairness: fairnessInput.describe('tokens | requests, or { mode, bands: { <band>: tokens | requests }, defaultOutputTokens }'),
+    turnPriority: z
+      .strictObject(
+        {
+          enabled: bool().default(true),
+          maxColdWait: duration(0).prefault('2s').describe('seconds as a number, or "500ms", "2s"'),
+        },
+        {
+          error: (i) =>
+            i.code === 'unrecognized_keys' ? unknownField('enabled, maxColdWait') : `must be an object with enabled and maxColdWait, got ${describe(i.input)}`,
         },
       )
       .prefault({}),
@@ -337,7 +415,18 @@ function finish(v: FlowInput, ctx: z.core.$RefinementCtx<FlowInput>): FlowContro
     }
   }
 
-  if (isMapping(v.admission)) cfg.admission = { mode: v.admission.mode, maxUtilisation: v.admission.maxUtilisation };
+  if (isMapping(v.admission)) cfg.admission = { mode: v.admission.mode, maxUtilisation: v.admission.maxUtilisation, shedding: v.admission.shedding };
+  if (isMapping(v.fairness)) {
+    const f = v.fairness;
+    cfg.fairness = { mode: f.mode, bands: {}, defaultOutputTokens: f.defaultOutputTokens };
+    if (isMapping(f.bands)) {
+      for (const [band, mode] of Object.entries(f.bands)) {
+        if (!cfg.bands.includes(band)) add(['fairness', 'bands', band], `unknown band (bands: ${bandList})`);
+        else cfg.fairness.bands[band] = mode;
+      }
+    }
+  }
+  if (isMapping(v.turnPriority)) cfg.turnPriority = { enabled: v.turnPriority.enabled, maxColdWaitMs: v.turnPriority.maxColdWait };
   if (isMapping(v.limits)) {
     cfg.limits.maxRequests = v.limits.maxRequests;
     cfg.limits.maxBytes = v.limits.maxBytes;
@@ -372,6 +461,10 @@ function finish(v: FlowInput, ctx: z.core.$RefinementCtx<FlowInput>): FlowContro
   cfg.maxFlows = v.maxFlows;
   cfg.queueCapacity = v.queueCapacity;
   if (typeof v.maxFlows === 'number' && cfg.flows.length > v.maxFlows) add(['maxFlows'], `must be at least the number of declared flows (${cfg.flows.length})`);
+  // turn priority keeps a second native queue per (flow, band): both must fit the native limit of 65536 queues
+  if (cfg.turnPriority.enabled && typeof v.maxFlows === 'number' && 2 * (v.maxFlows + cfg.bands.length) > 65_536) {
+    add(['maxFlows'], `must be at most ${32_768 - cfg.bands.length} with turnPriority enabled (two queues per flow and band), got ${v.maxFlows}`);
+  }
   return cfg;
 }
 

@@ -9,7 +9,7 @@
 // object plus its transport's.
 import { performance } from 'node:perf_hooks';
 import type { Logger } from 'pino';
-import type { AbortLike, Admission, AdmissionGate, Rejected, RequestInfo } from '../admission.js';
+import type { AbortLike, Admission, AdmissionGate, FinishedRequest, Rejected } from '../admission.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { errorBody, normalizeErrorBody } from '../proxy/error-shape.js';
 import { SseErrorRewriter } from '../proxy/sse-errors.js';
@@ -29,6 +29,22 @@ const SSE_DATA = 'data: ';
 const SSE_DONE = '\n\ndata: [DONE]\n\n';
 /** Largest upstream error body the router buffers to rewrite into the current shape. */
 const MAX_ERROR_BODY = 65536;
+/** The answer's output token count, as engines write it in `usage` (the last occurrence in a chunk is the one that counts). */
+const COMPLETION_TOKENS = Buffer.from('"completion_tokens":');
+
+/** The integer after `"completion_tokens":` at `at` in `chunk`, or -1 (the number is cut by the chunk's end, or absent). */
+function readCount(chunk: Buffer, at: number): number {
+  let i = at + COMPLETION_TOKENS.length;
+  while (i < chunk.length && chunk[i] === 32) i++;
+  let n = 0;
+  const start = i;
+  for (; i < chunk.length; i++) {
+    const c = chunk[i]!;
+    if (c < 48 || c > 57) break;
+    n = n * 10 + (c - 48);
+  }
+  return i > start && i < chunk.length && n <= 0x7fffffff ? n : -1;
+}
 
 /**
  * What the director needs of a transport to answer one client. Calls come in
@@ -93,6 +109,8 @@ export class Director {
   readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
   readonly parseOffloadBytes: number;
   readonly maxJsonDepth: number;
+  /** The gate reads usage at release (AdmissionGate.wantsUsage): answers are scanned for `"completion_tokens":`. */
+  readonly wantsUsage: boolean;
   readonly #parseWorkers: number;
   #pool: Piscina<ParseTask, ParseReply> | null = null;
   /** Bodies parsed in a worker since start. */
@@ -102,6 +120,7 @@ export class Director {
     this.scheduler = o.scheduler;
     this.upstream = o.upstream;
     this.gate = o.gate;
+    this.wantsUsage = o.gate.wantsUsage === true;
     this.metrics = o.metrics;
     this.log = o.log;
     this.maxRetries = o.maxRetries;
@@ -166,7 +185,7 @@ export class Director {
   }
 }
 
-export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
+export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLike {
   // Decision
   endpoint!: Endpoint;
   seq = 0;
@@ -185,6 +204,10 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   promptBytes = 0;
   sessionKey = '';
   continuation = false;
+  // FinishedRequest (what release() may read)
+  completionTokens = -1;
+  responseBytes = 0;
+  responseChunks = 0;
 
   readonly director: Director;
   readonly port: ClientPort;
@@ -206,6 +229,8 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   #sse: SseErrorRewriter | null = null;
   #isSse = false;
   #upstreamLength = -1;
+  /** Look for `"completion_tokens":` in the answer's chunks (the gate wants usage, and the answer carries it). */
+  #scanUsage = false;
   /** Bytes (or the head) went to the client: no retry from here on. */
   #started = false;
   #clientEnded = false;
@@ -417,13 +442,29 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     this.#isSse = contentType.startsWith('text/event-stream');
     if (this.#isSse && status === 200) (this.#sse ??= new SseErrorRewriter());
     this.#upstreamLength = contentLength;
+    this.#scanUsage = this.director.wantsUsage && status === 200 && (!this.#isSse || this.#streamsUsage());
     this.#errorBytes = 0;
     this.#errorBody = status >= 400 && !this.#isSse && contentLength <= MAX_ERROR_BODY ? [] : null;
     this.port.head(status, this.#contentType, this.endpoint, contentLength);
   }
 
+  /** The request asked for usage in its stream (`stream_options.include_usage`). */
+  #streamsUsage(): boolean {
+    const so = this.body.stream_options;
+    return typeof so === 'object' && so !== null && (so as Record<string, unknown>).include_usage === true;
+  }
+
   onUpstreamData(chunk: Buffer): void {
     if (this.aborted || this.#clientEnded) return;
+    this.responseBytes += chunk.length;
+    this.responseChunks++;
+    if (this.#scanUsage) {
+      const k = chunk.lastIndexOf(COMPLETION_TOKENS);
+      if (k >= 0) {
+        const n = readCount(chunk, k);
+        if (n >= 0) this.completionTokens = n;
+      }
+    }
     const eb = this.#errorBody;
     if (eb !== null) {
       this.#errorBytes += chunk.length;
@@ -521,7 +562,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     const d = this.director;
     if (this.#admitted) {
       this.#admitted = false;
-      d.gate.release(this.#ticket, outcome);
+      d.gate.release(this.#ticket, outcome, this);
     }
     d.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, status);
     this.port.done(status);
@@ -550,7 +591,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
       this.#release('aborted');
       if (this.#admitted) {
         this.#admitted = false;
-        this.director.gate.release(this.#ticket, 'aborted');
+        this.director.gate.release(this.#ticket, 'aborted', this);
       }
       this.director.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, 499);
       this.port.done(499);

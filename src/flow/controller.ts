@@ -6,7 +6,16 @@
 // FIFO and returns a promise that settles when the dispatch loop grants it,
 // the TTL expires, or the client leaves. The dispatch loop runs on
 // release() / onCapacity() / the sweep timer: strict band priority; inside a
-// band, stride scheduling across flows with weights from minShare.
+// band, continuations of active conversations ahead of cold requests (turn
+// priority, with aging), and virtual-time fair queueing across flows with
+// weights from minShare, each dispatch charged its cost (estimated tokens, or
+// 1 per request) and corrected with the real usage at release.
+//
+// Shedding knows flows: when a band must shed (probabilistic admission says
+// so, or a queue limit is reached), the victim is the flow of that band
+// furthest over its fair share of the band's requests (queued + in flight,
+// relative to its weight); its oldest queued request is shed to make room.
+// A flow at or under its share is not shed while an over-share flow exists.
 //
 // Payloads stay in JS (a Map from record id to the waiting entry); the native
 // queue holds [id, bytes, time] records. A client that disconnects leaves a
@@ -17,6 +26,7 @@ import { FlowQueues, FLOW_RECORD_WORDS, flowRecordId } from '../../bindings/flow
 import { ProbabilisticAdmission, type Rng } from './admission.js';
 import type { FlowControlConfig } from './config.js';
 import { BandStats, FlowStats, REJECT_REASONS, type RejectReason } from './metrics.js';
+import { estimateCost, learnOutput, outputEstimate, realCost } from './cost.js';
 
 export type { RejectReason } from './metrics.js';
 
@@ -28,6 +38,24 @@ export interface FlowRequest {
   band: number;
   /** Request body bytes (for maxBytes limits and metrics). */
   bytes: number;
+  /** Estimated prompt tokens (bands with `fairness: tokens`; see cost.ts). Absent: the request costs 1. */
+  promptTokens?: number;
+  /** The request's max_tokens, -1 or absent when it has none. */
+  maxTokens?: number;
+  /** Continues an active conversation: dispatched ahead of cold requests of its band (turn priority). */
+  continuation?: boolean;
+}
+
+/** What release() learns about a request that ended (bands with `fairness: tokens`). */
+export interface FlowUsage {
+  /** As passed to admit(). */
+  promptTokens: number;
+  /** As passed to admit(). */
+  maxTokens: number;
+  /** Fraction of the prompt the engine computed (1 - the pick's prefix match), 1 when unknown. */
+  uncached: number;
+  /** Output tokens of the answer, -1 when unknown. */
+  outputTokens: number;
 }
 
 /** The contract's abort signal: `onabort` is called once if the client leaves. */
@@ -81,14 +109,33 @@ export interface FlowControllerOptions {
   pool?: string;
 }
 
-/** One native queue: the requests of one flow in one band. */
+/**
+ * One flow in one band: its native queues (`index` for cold requests,
+ * `index + warmOffset` for continuations) and its counters.
+ */
 class Slot {
+  /** Requests queued (cold and continuations). */
   live = 0;
+  /** Continuation requests queued. */
+  warm = 0;
   bytes = 0;
+  /** Requests granted and not yet released. */
+  inFlight = 0;
+  /** Virtual time: the service this flow received, over its weight. */
   pass = 0;
   weight = 1;
+  /** Weight in the last shedding decision. */
+  shedWeight = 0;
+  /** In its band's `active` list (live > 0). */
   active = false;
+  /** Index in its band's `present` list (live + inFlight > 0), -1 when absent. */
+  presentAt = -1;
+  /** Learnt output tokens per request (-1: nothing learnt yet). */
+  learnt = -1;
   stats: FlowStats;
+  /** Granted results: ticket = 2 × index (let through at once) or 2 × index + 1 (dispatched from the queue, charged). */
+  readonly grantNow: Granted;
+  readonly grantQueued: Granted;
   constructor(
     readonly index: number,
     public flowId: string,
@@ -97,6 +144,8 @@ class Slot {
     readonly dynamic: boolean,
   ) {
     this.stats = new FlowStats(flowId, band);
+    this.grantNow = Object.freeze({ ok: true as const, ticket: 2 * index });
+    this.grantQueued = Object.freeze({ ok: true as const, ticket: 2 * index + 1 });
   }
 }
 
@@ -104,16 +153,55 @@ interface Waiting {
   readonly id: number;
   readonly slot: Slot;
   readonly bytes: number;
+  /** Charged to the flow's virtual time when dispatched. */
+  readonly cost: number;
+  readonly warm: boolean;
   readonly enqueuedAt: number;
   readonly resolve: (r: AdmitResult) => void;
   readonly signal: AbortHook | null;
 }
 
+/** A growable FIFO of record ids (no allocation once grown): a band's cold requests in arrival order, for aging. */
+class IdFifo {
+  #buf = new Float64Array(64);
+  #head = 0;
+  size = 0;
+  push(id: number): void {
+    if (this.size === this.#buf.length) {
+      const next = new Float64Array(this.#buf.length * 2);
+      for (let i = 0; i < this.size; i++) next[i] = this.#buf[(this.#head + i) & (this.#buf.length - 1)]!;
+      this.#buf = next;
+      this.#head = 0;
+    }
+    this.#buf[(this.#head + this.size) & (this.#buf.length - 1)] = id;
+    this.size++;
+  }
+  peek(): number {
+    return this.#buf[this.#head]!;
+  }
+  shift(): void {
+    this.#head = (this.#head + 1) & (this.#buf.length - 1);
+    this.size--;
+  }
+  clear(): void {
+    this.#head = 0;
+    this.size = 0;
+  }
+}
+
 /** Per-band scheduling state. */
 class Band {
+  /** Flows with queued requests. */
   readonly active: Slot[] = [];
+  /** Flows with queued or in-flight requests (the flows shedding compares). */
+  readonly present: Slot[] = [];
   vtime = 0;
   weightsDirty = true;
+  /** Continuation requests queued in the band. */
+  warm = 0;
+  /** Cold requests in arrival order (with turn priority on), for aging; ids no longer waiting are skipped. */
+  readonly cold = new IdFifo();
+  constructor(readonly tokens: boolean) {}
 }
 
 const MAX_FLOW_STATS_FACTOR = 4;
@@ -133,7 +221,13 @@ export class FlowController {
   readonly #ceiling: number;
   readonly #now: () => number;
   readonly #admission: ProbabilisticAdmission | null;
+  readonly #fairShedding: boolean;
+  readonly #turnPriority: boolean;
+  readonly #maxColdWaitMs: number;
+  readonly #defaultOutput: number;
   readonly #queues: FlowQueues;
+  /** Native queue index of a slot's continuation queue: slot.index + warmOffset. */
+  readonly #warmOffset: number;
   readonly #slots: Slot[] = [];
   readonly #bySlotKey: Map<string, Slot>[];
   readonly #overflow: Slot[];
@@ -142,7 +236,7 @@ export class FlowController {
   readonly #minShare = new Map<string, number>();
   readonly #waiting = new Map<number, Waiting>();
   readonly #flowStats: Map<string, FlowStats>[];
-  readonly #granted: Granted[];
+  readonly #disabledGrant: Granted = Object.freeze({ ok: true as const, ticket: -1 });
   readonly #refused: Record<RejectReason | 'cancelled', Refused>;
   readonly #buf = new Uint32Array(FLOW_RECORD_WORDS);
   #compactBuf = new Uint32Array(0);
@@ -167,12 +261,15 @@ export class FlowController {
     this.#now = opts.now ?? (() => performance.now());
     this.#admission =
       cfg.admission.mode === 'probabilistic' ? new ProbabilisticAdmission(cfg.admission.maxUtilisation, opts.rng) : null;
+    this.#fairShedding = cfg.admission.shedding !== 'arrival';
+    this.#turnPriority = cfg.turnPriority.enabled;
+    this.#maxColdWaitMs = cfg.turnPriority.maxColdWaitMs;
+    this.#defaultOutput = cfg.fairness.defaultOutputTokens;
     const nb = cfg.bands.length;
     this.bandStats = cfg.bands.map(() => new BandStats());
-    this.#bands = cfg.bands.map(() => new Band());
+    this.#bands = cfg.bands.map((b) => new Band((cfg.fairness.bands[b] ?? cfg.fairness.mode) === 'tokens'));
     this.#bySlotKey = cfg.bands.map(() => new Map());
     this.#flowStats = cfg.bands.map(() => new Map());
-    this.#granted = cfg.bands.map((_, i) => Object.freeze({ ok: true as const, ticket: i }));
     const retry = cfg.retryAfterSeconds;
     const refuse = (status: 429 | 503 | 499, reason: RejectReason | 'cancelled', message: string): Refused =>
       Object.freeze({ ok: false as const, status, reason, retryAfterSeconds: retry, message });
@@ -187,7 +284,9 @@ export class FlowController {
 
     // Slots: one per declared flow at its declared band, dynamic ones, and one overflow per band.
     const total = cfg.maxFlows + nb;
-    this.#queues = FlowQueues.create({ flows: total, capacity: cfg.queueCapacity });
+    // with turn priority each slot has a second native queue, for continuations
+    this.#warmOffset = total;
+    this.#queues = FlowQueues.create({ flows: this.#turnPriority ? 2 * total : total, capacity: cfg.queueCapacity });
     const bandIndex = new Map(cfg.bands.map((b, i) => [b, i]));
     let next = 0;
     for (const f of cfg.flows) {
@@ -228,6 +327,18 @@ export class FlowController {
     return this.#inFlight;
   }
 
+  /** True when `band` counts estimated tokens (fairness: tokens), false when it counts requests. */
+  countsTokens(band: number): boolean {
+    return this.#bands[band]?.tokens === true;
+  }
+
+  /** One flow's scheduling state in a band (for tests and debugging; allocates), or undefined when it has no queue slot. */
+  flowState(flowId: string, band: number): { queued: number; continuations: number; inFlight: number; pass: number; learntOutput: number } | undefined {
+    const s = this.#bySlotKey[band]?.get(flowId);
+    if (s === undefined) return undefined;
+    return { queued: s.live, continuations: s.warm, inFlight: s.inFlight, pass: s.pass, learntOutput: s.learnt };
+  }
+
   /** Per-(flow, band) counters, for metrics. */
   *flowStats(): IterableIterator<FlowStats> {
     for (const m of this.#flowStats) yield* m.values();
@@ -244,51 +355,69 @@ export class FlowController {
     }
     if (!this.config.enabled) {
       this.#inFlight++;
-      return this.#granted[band]!;
+      return this.#disabledGrant;
     }
     if (this.#closed) return this.#reject(band, 'rejected-no-endpoints');
     const u = this.#utilisation();
     if (u === Infinity) return this.#reject(band, 'rejected-no-endpoints');
-    if (this.#admission !== null && !this.#admission.admit(band, u)) return this.#reject(band, 'rejected-saturated');
     if (signal !== null && signal.aborted) return this.#refused.cancelled;
     const slot = this.#slotFor(req.flowId, band);
+    if (this.#admission !== null && !this.#admission.admit(band, u)) {
+      // the band must shed: the flow furthest over its fair share gives up a queued request, or this one is shed
+      const victim = this.#fairShedding ? this.#victim(slot) : slot;
+      if (victim === slot) return this.#shedArrival(slot, 'rejected-saturated');
+      if (victim !== null) this.#shedQueued(victim, 'rejected-saturated');
+    }
     // NaN, negative or fractional sizes count as their integer part, at least 0
     const bytes = req.bytes >= 0 ? Math.min(Math.floor(req.bytes), 0xffffffff) : 0;
 
     if (!this.#waitingAtOrAbove(band) && this.#inFlight < this.#maxInFlight && this.#canDispatch(band, u)) {
       this.#grantStats(slot, 0);
       this.#inFlight++;
-      return this.#granted[band]!;
+      slot.inFlight++;
+      if (slot.presentAt < 0) this.#addPresent(slot);
+      return slot.grantNow;
     }
 
-    // queue limits
-    const cfg = this.config;
-    const bl = cfg.limits.bands[cfg.bands[band]!];
-    const bs = this.bandStats[band]!;
-    if (
-      this.#queued + 1 > cfg.limits.maxRequests ||
-      this.#queuedBytes + bytes > cfg.limits.maxBytes ||
-      (bl !== undefined && (bs.queued + 1 > bl.maxRequests || bs.queuedBytes + bytes > bl.maxBytes))
-    ) {
-      return this.#reject(band, 'rejected-capacity');
+    // queue limits: make room by shedding the oldest queued request of the flow furthest over its share
+    while (this.#overLimit(band, bytes)) {
+      const victim = this.#fairShedding ? this.#victim(slot) : slot;
+      if (victim === null || victim === slot) return this.#shedArrival(slot, 'rejected-capacity');
+      this.#shedQueued(victim, 'rejected-capacity');
     }
+    const warm = this.#turnPriority && req.continuation === true;
+    const ring = warm ? slot.index + this.#warmOffset : slot.index;
     const now = this.#now();
     const id = this.#nextId++;
-    if (!this.#queues.enqueue(slot.index, id, bytes, now >>> 0) && !(this.#compact(slot) && this.#queues.enqueue(slot.index, id, bytes, now >>> 0))) {
-      return this.#reject(band, 'rejected-capacity');
+    if (!this.#queues.enqueue(ring, id, bytes, now >>> 0) && !(this.#compact(slot, warm) && this.#queues.enqueue(ring, id, bytes, now >>> 0))) {
+      return this.#shedArrival(slot, 'rejected-capacity');
     }
+    const b = this.#bands[band]!;
+    const cost = b.tokens && req.promptTokens !== undefined ? estimateCost(req.promptTokens, req.maxTokens ?? -1, slot.learnt, this.#defaultOutput) : 1;
+    if (this.#turnPriority && !warm) b.cold.push(id);
     return new Promise<AdmitResult>((resolve) => {
-      const w: Waiting = { id, slot, bytes, enqueuedAt: now, resolve, signal };
+      const w: Waiting = { id, slot, bytes, cost, warm, enqueuedAt: now, resolve, signal };
       this.#waiting.set(id, w);
-      this.#addQueued(slot, bytes);
+      this.#addQueued(w);
       if (signal !== null) signal.onabort = () => this.#cancel(w);
       this.#schedulePump();
     });
   }
 
-  /** Call once for every granted request when it ends. */
-  release(ticket: number): void {
+  /**
+   * Call once for every granted request when it ends. With `usage` (bands
+   * with `fairness: tokens`), the flow is charged the request's real cost in
+   * place of the estimate it was charged at dispatch, and its output estimate
+   * learns from the answer.
+   */
+  release(ticket: number, usage: FlowUsage | null = null): void {
     if (this.#inFlight > 0) this.#inFlight--;
+    const slot = ticket >= 0 ? this.#slots[ticket >> 1] : undefined;
+    if (slot !== undefined && slot.inFlight > 0) {
+      slot.inFlight--;
+      if (slot.live + slot.inFlight === 0) this.#removePresent(slot);
+      if (usage !== null && this.#bands[slot.band]!.tokens) this.#settle(slot, (ticket & 1) === 1, usage);
+    }
     if (this.#queued > 0) this.#schedulePump();
   }
 
@@ -301,28 +430,14 @@ export class FlowController {
   sweep(now: number = this.#now()): number {
     let expired = 0;
     if (this.#queued === 0) return 0;
-    const ttl = this.config.ttlMs;
-    const buf = this.#buf;
     for (const band of this.#bands) {
       for (let i = 0; i < band.active.length; i++) {
         const slot = band.active[i]!;
         // heads are the oldest records of their queue
-        while (this.#queues.peek(slot.index, buf)) {
-          const w = this.#waiting.get(flowRecordId(buf, 0));
-          if (w !== undefined && now - w.enqueuedAt < ttl) break;
-          this.#queues.dequeueBatch(slot.index, buf, 1);
-          if (w !== undefined) {
-            this.#waiting.delete(w.id);
-            this.#removeQueued(w);
-            this.#expire(w);
-            expired++;
-            if (!slot.active) {
-              // it left band.active (swapped with the last entry): revisit index i; only tombstones remain in its ring
-              i--;
-              break;
-            }
-          }
-        }
+        expired += this.#sweepRing(slot, false, now);
+        if (slot.active && this.#turnPriority) expired += this.#sweepRing(slot, true, now);
+        // it left band.active (swapped with the last entry): revisit index i
+        if (!slot.active) i--;
       }
     }
     if (this.#queued > 0) this.#schedulePump();
@@ -380,6 +495,107 @@ export class FlowController {
     return this.#step !== null ? u + this.#step() <= this.#ceiling : u < this.#ceiling;
   }
 
+  #overLimit(band: number, bytes: number): boolean {
+    const cfg = this.config;
+    const bl = cfg.limits.bands[cfg.bands[band]!];
+    const bs = this.bandStats[band]!;
+    return (
+      this.#queued + 1 > cfg.limits.maxRequests ||
+      this.#queuedBytes + bytes > cfg.limits.maxBytes ||
+      (bl !== undefined && (bs.queued + 1 > bl.maxRequests || bs.queuedBytes + bytes > bl.maxBytes))
+    );
+  }
+
+  /**
+   * Whom to shed when a request of `arrival`'s flow arrives at a band that
+   * must shed. Each flow of the band has a load (queued + in flight, plus one
+   * for the arrival) and a fair share of the band's total load (its weight,
+   * water-filled from minShare as the dispatch loop does). Returns the flow
+   * furthest over its share (largest load / weight) among those with
+   * something to shed (a queued request, or the arrival); null when an
+   * over-share flow exists but has nothing queued and the arrival is at or
+   * under its share (nobody is shed); the arrival when no flow is over its
+   * share (as flow-blind shedding would).
+   */
+  #victim(arrival: Slot): Slot | null {
+    const band = this.#bands[arrival.band]!;
+    const present = band.present;
+    const arrivalPresent = arrival.presentAt >= 0;
+    let total = 1;
+    for (let i = 0; i < present.length; i++) total += present[i]!.live + present[i]!.inFlight;
+    this.#shedWeights(present, arrivalPresent ? null : arrival);
+    let best: Slot | null = null;
+    let bestNorm = -1;
+    let anyOver = false;
+    const n = present.length + (arrivalPresent ? 0 : 1);
+    for (let i = 0; i < n; i++) {
+      const s = i < present.length ? present[i]! : arrival;
+      const load = s.live + s.inFlight + (s === arrival ? 1 : 0);
+      if (load <= s.shedWeight * total * (1 + 1e-9)) continue;
+      anyOver = true;
+      if (s.live === 0 && s !== arrival) continue;
+      const norm = load / s.shedWeight;
+      if (norm > bestNorm || (norm === bestNorm && s === arrival)) {
+        best = s;
+        bestNorm = norm;
+      }
+    }
+    if (best !== null) return best;
+    return anyOver ? null : arrival;
+  }
+
+  /** Water-filled weights over `present` (and `extra`) into shedWeight: max(minShare, an equal split of what larger minShares leave). */
+  #shedWeights(present: Slot[], extra: Slot | null): void {
+    const n = present.length + (extra !== null ? 1 : 0);
+    for (let i = 0; i < n; i++) (i < present.length ? present[i]! : extra!).shedWeight = 0;
+    let rest = 1;
+    let left = n;
+    // fix the flows whose minShare beats an equal split, largest first, until none does
+    for (;;) {
+      const equal = left > 0 ? rest / left : 0;
+      let pick: Slot | null = null;
+      for (let i = 0; i < n; i++) {
+        const s = i < present.length ? present[i]! : extra!;
+        if (s.shedWeight === 0 && s.minShare > equal && (pick === null || s.minShare > pick.minShare)) pick = s;
+      }
+      if (pick === null) break;
+      pick.shedWeight = pick.minShare;
+      rest -= pick.minShare;
+      left--;
+    }
+    const share = left > 0 ? Math.max(rest / left, 1e-3) : 1e-3;
+    for (let i = 0; i < n; i++) {
+      const s = i < present.length ? present[i]! : extra!;
+      if (s.shedWeight === 0) s.shedWeight = share;
+    }
+  }
+
+  /** Sheds the oldest queued request of `victim` (a cold one first). */
+  #shedQueued(victim: Slot, reason: RejectReason): void {
+    const w = (victim.live - victim.warm > 0 ? this.#popLive(victim, false) : undefined) ?? (victim.warm > 0 ? this.#popLive(victim, true) : undefined);
+    if (w === undefined) return;
+    if (w.signal !== null) w.signal.onabort = null;
+    victim.stats.shed++;
+    this.bandStats[victim.band]!.rejected[REJECT_REASONS.indexOf(reason)]!++;
+    w.resolve(this.#refused[reason]);
+  }
+
+  #shedArrival(slot: Slot, reason: RejectReason): Refused {
+    slot.stats.shed++;
+    return this.#reject(slot.band, reason);
+  }
+
+  /** Charges the difference between the real cost of an ended request and its estimate; learns the flow's output. */
+  #settle(slot: Slot, charged: boolean, u: FlowUsage): void {
+    const estOut = outputEstimate(u.maxTokens, slot.learnt, this.#defaultOutput);
+    if (charged) {
+      const est = estimateCost(u.promptTokens, u.maxTokens, slot.learnt, this.#defaultOutput);
+      const real = realCost(u.promptTokens, u.uncached, u.outputTokens, estOut);
+      slot.pass += (real - est) / slot.weight;
+    }
+    if (u.outputTokens >= 0) slot.learnt = learnOutput(slot.learnt, u.outputTokens);
+  }
+
   #schedulePump(afterReactions = false): void {
     if (this.#pumpScheduled) return;
     this.#pumpScheduled = true;
@@ -415,11 +631,12 @@ export class FlowController {
     if (s !== undefined) return s;
     let index = this.#free.pop();
     if (index === undefined) {
-      // recycle an idle dynamic slot
+      // recycle an idle dynamic slot (nothing queued, nothing in flight: no ticket refers to it)
       for (const cand of this.#slots) {
-        if (cand.dynamic && cand.flowId !== '' && cand.live === 0) {
-          // only tombstones can be left in an idle slot's ring: drop them
+        if (cand.dynamic && cand.flowId !== '' && cand.live === 0 && cand.inFlight === 0) {
+          // only tombstones can be left in an idle slot's rings: drop them
           while (this.#queues.dequeueBatch(cand.index, this.#buf, 1) === 1);
+          if (this.#turnPriority) while (this.#queues.dequeueBatch(cand.index + this.#warmOffset, this.#buf, 1) === 1);
           this.#bySlotKey[cand.band]!.delete(cand.flowId);
           index = cand.index;
           break;
@@ -432,12 +649,33 @@ export class FlowController {
     slot.band = band;
     slot.minShare = this.#minShare.get(flowId) ?? 0;
     slot.pass = 0;
+    slot.learnt = -1;
     slot.stats = this.#statsFor(flowId, band);
     map.set(flowId, slot);
     return slot;
   }
 
-  #addQueued(slot: Slot, bytes: number): void {
+  #addPresent(slot: Slot): void {
+    const p = this.#bands[slot.band]!.present;
+    slot.presentAt = p.length;
+    p.push(slot);
+  }
+
+  #removePresent(slot: Slot): void {
+    const p = this.#bands[slot.band]!.present;
+    const i = slot.presentAt;
+    if (i < 0) return;
+    const last = p.pop()!;
+    if (last !== slot) {
+      p[i] = last;
+      last.presentAt = i;
+    }
+    slot.presentAt = -1;
+  }
+
+  #addQueued(w: Waiting): void {
+    const slot = w.slot;
+    const bytes = w.bytes;
     slot.live++;
     slot.bytes += bytes;
     slot.stats.queued++;
@@ -447,8 +685,13 @@ export class FlowController {
     bs.queuedBytes += bytes;
     this.#queued++;
     this.#queuedBytes += bytes;
+    const band = this.#bands[slot.band]!;
+    if (w.warm) {
+      slot.warm++;
+      band.warm++;
+    }
+    if (slot.presentAt < 0) this.#addPresent(slot);
     if (!slot.active) {
-      const band = this.#bands[slot.band]!;
       slot.active = true;
       // a flow returning from idle gets no credit for the time it was away
       if (slot.pass < band.vtime) slot.pass = band.vtime;
@@ -468,7 +711,14 @@ export class FlowController {
     bs.queuedBytes -= w.bytes;
     this.#queued--;
     this.#queuedBytes -= w.bytes;
-    if (slot.live === 0) this.#deactivate(slot);
+    if (w.warm) {
+      slot.warm--;
+      this.#bands[slot.band]!.warm--;
+    }
+    if (slot.live === 0) {
+      this.#deactivate(slot);
+      if (slot.inFlight === 0) this.#removePresent(slot);
+    }
   }
 
   #deactivate(slot: Slot): void {
@@ -480,6 +730,26 @@ export class FlowController {
       band.active.pop();
     }
     band.weightsDirty = true;
+  }
+
+  /** Expires the requests at the head of one of a slot's queues that waited past the TTL; drops tombstones there. */
+  #sweepRing(slot: Slot, warm: boolean, now: number): number {
+    const ring = warm ? slot.index + this.#warmOffset : slot.index;
+    const buf = this.#buf;
+    const ttl = this.config.ttlMs;
+    let expired = 0;
+    while (slot.active && this.#queues.peek(ring, buf)) {
+      const w = this.#waiting.get(flowRecordId(buf, 0));
+      if (w !== undefined && now - w.enqueuedAt < ttl) break;
+      this.#queues.dequeueBatch(ring, buf, 1);
+      if (w !== undefined) {
+        this.#waiting.delete(w.id);
+        this.#removeQueued(w);
+        this.#expire(w);
+        expired++;
+      }
+    }
+    return expired;
   }
 
   /** Rejects a request that waited past the TTL (already out of the queue and the counters). */
@@ -509,29 +779,66 @@ export class FlowController {
     return -1;
   }
 
-  /** Picks the next waiting request of a band: the flow with the smallest pass. */
+  /** The band's oldest cold request still waiting, or undefined. */
+  #oldestCold(band: Band): Waiting | undefined {
+    const fifo = band.cold;
+    while (fifo.size > 0) {
+      const w = this.#waiting.get(fifo.peek());
+      if (w !== undefined) return w;
+      fifo.shift();
+    }
+    return undefined;
+  }
+
+  /**
+   * Picks the next waiting request of a band. Continuations first (turn
+   * priority) unless the band's oldest cold request has been passed over for
+   * maxColdWait, in which case that request's flow goes next; among the flows
+   * of the chosen kind, the one with the smallest virtual time (pass). The
+   * flow is charged the request's cost over its weight.
+   */
   #nextIn(b: number): Waiting | undefined {
     const band = this.#bands[b]!;
     while (band.active.length > 0) {
       if (band.weightsDirty) this.#reweigh(band);
-      let best = band.active[0]!;
-      for (let i = 1; i < band.active.length; i++) {
-        const s = band.active[i]!;
-        if (s.pass < best.pass || (s.pass === best.pass && s.index < best.index)) best = s;
+      let warm = band.warm > 0;
+      let best: Slot | null = null;
+      if (warm && band.warm < this.bandStats[b]!.queued) {
+        const old = this.#oldestCold(band);
+        if (old !== undefined && this.#now() - old.enqueuedAt >= this.#maxColdWaitMs) {
+          warm = false;
+          best = old.slot;
+        }
       }
-      const w = this.#popLive(best);
-      if (w === undefined) continue; // the slot was inconsistent and got deactivated
+      if (best === null) {
+        for (let i = 0; i < band.active.length; i++) {
+          const s = band.active[i]!;
+          if (warm ? s.warm === 0 : s.live === s.warm) continue;
+          if (best === null || s.pass < best.pass || (s.pass === best.pass && s.index < best.index)) best = s;
+        }
+      }
+      if (best === null) {
+        // the band's continuation count disagrees with its flows': cannot happen; repair rather than spin
+        let sum = 0;
+        for (let i = 0; i < band.active.length; i++) sum += band.active[i]!.warm;
+        if (sum === band.warm) return undefined;
+        band.warm = sum;
+        continue;
+      }
+      const w = this.#popLive(best, warm);
+      if (w === undefined) continue; // the slot was inconsistent and got repaired
       band.vtime = best.pass;
-      best.pass += 1 / best.weight;
+      best.pass += w.cost / best.weight;
       return w;
     }
     return undefined;
   }
 
-  /** Pops records from a slot until a live one (skipping tombstones). */
-  #popLive(slot: Slot): Waiting | undefined {
+  /** Pops records from one of a slot's queues until a live one (skipping tombstones). */
+  #popLive(slot: Slot, warm: boolean): Waiting | undefined {
     const buf = this.#buf;
-    while (this.#queues.dequeueBatch(slot.index, buf, 1) === 1) {
+    const ring = warm ? slot.index + this.#warmOffset : slot.index;
+    while (this.#queues.dequeueBatch(ring, buf, 1) === 1) {
       const w = this.#waiting.get(flowRecordId(buf, 0));
       if (w !== undefined) {
         this.#waiting.delete(w.id);
@@ -539,9 +846,14 @@ export class FlowController {
         return w;
       }
     }
-    // live > 0 but the ring is empty: cannot happen while this controller is
+    // counted but the ring is empty: cannot happen while this controller is
     // the only producer; repair the counters rather than spin.
-    if (slot.active) this.#deactivate(slot);
+    if (warm) {
+      this.#bands[slot.band]!.warm -= slot.warm;
+      slot.live -= slot.warm;
+      slot.warm = 0;
+    } else slot.live = slot.warm;
+    if (slot.live <= 0 && slot.active) this.#deactivate(slot);
     return undefined;
   }
 
@@ -566,9 +878,13 @@ export class FlowController {
 
   #grant(w: Waiting): void {
     if (w.signal !== null) w.signal.onabort = null;
-    this.#grantStats(w.slot, (this.#now() - w.enqueuedAt) / 1000);
+    const slot = w.slot;
+    this.#grantStats(slot, (this.#now() - w.enqueuedAt) / 1000);
     this.#inFlight++;
-    w.resolve(this.#granted[w.slot.band]!);
+    slot.inFlight++;
+    if (slot.presentAt < 0) this.#addPresent(slot);
+    if (w.warm) this.bandStats[slot.band]!.continuations++;
+    w.resolve(slot.grantQueued);
   }
 
   #grantStats(slot: Slot, waitSeconds: number): void {
@@ -578,13 +894,15 @@ export class FlowController {
     bs.observeWait(waitSeconds);
   }
 
-  /** Drops tombstones from a full ring by re-queueing its live records in order. */
-  #compact(slot: Slot): boolean {
-    const n = this.#queues.size(slot.index);
-    if (n <= slot.live) return false;
+  /** Drops tombstones from one of a slot's full queues by re-queueing its live records in order. */
+  #compact(slot: Slot, warm: boolean): boolean {
+    const ring = warm ? slot.index + this.#warmOffset : slot.index;
+    const live = warm ? slot.warm : slot.live - slot.warm;
+    const n = this.#queues.size(ring);
+    if (n <= live) return false;
     if (this.#compactBuf.length < n * FLOW_RECORD_WORDS) this.#compactBuf = new Uint32Array(n * FLOW_RECORD_WORDS);
     const buf = this.#compactBuf;
-    const got = this.#queues.dequeueBatch(slot.index, buf, n);
+    const got = this.#queues.dequeueBatch(ring, buf, n);
     let keep = 0;
     for (let i = 0; i < got; i++) {
       if (this.#waiting.has(flowRecordId(buf, i))) {
@@ -592,7 +910,7 @@ export class FlowController {
         keep++;
       }
     }
-    this.#queues.enqueueBatch(slot.index, buf, keep);
+    this.#queues.enqueueBatch(ring, buf, keep);
     return keep < got;
   }
 }

@@ -1,10 +1,11 @@
 // Flow control as an admission gate (the contract in src/admission.ts, which
 // the director imports too). One FlowController per model: each model's pool
 // has its own saturation.
-import type { AbortLike, Admission, AdmissionGate, Admitted, Rejected, RequestInfo } from '../admission.js';
+import type { AbortLike, Admission, AdmissionGate, Admitted, FinishedRequest, Rejected, ReleaseOutcome, RequestInfo } from '../admission.js';
 import { Classifier, CLASSIFY_HEADERS } from './classify.js';
 import type { FlowControlConfig } from './config.js';
-import { FlowController, type AdmitResult, type Refused } from './controller.js';
+import { FlowController, type AdmitResult, type FlowRequest, type FlowUsage, type Refused } from './controller.js';
+import { BYTES_PER_TOKEN, maxTokensOf, promptTokensOf } from './cost.js';
 import type { Rng } from './admission.js';
 import type { Registry } from '../metrics/prom.js';
 import { registerFlowMetrics, type FlowMetricsSource } from './metrics.js';
@@ -29,8 +30,19 @@ export interface FlowControlGateOptions {
 
 interface Ticket {
   readonly controller: FlowController;
-  readonly band: number;
+  /** The controller's ticket. */
+  readonly n: number;
 }
+
+interface Entry {
+  controller: FlowController;
+  /** Admitted values by controller ticket, made on first use (one per flow slot, never per request). */
+  tickets: Admitted[];
+}
+
+/** What admit() reads of a request; tests may leave out everything past bodyBytes. */
+export type GateRequest = Pick<RequestInfo, 'model' | 'headers' | 'bodyBytes'> &
+  Partial<Pick<RequestInfo, 'promptBytes' | 'body' | 'continuation'>>;
 
 const PASS: Admitted = Object.freeze({ admitted: true as const, ticket: null });
 
@@ -38,7 +50,12 @@ export class FlowControlGate implements AdmissionGate {
   readonly headerNames: readonly string[] = CLASSIFY_HEADERS;
   readonly classifier: Classifier;
   readonly #opts: FlowControlGateOptions;
-  readonly #controllers = new Map<string, { controller: FlowController; tickets: Admitted[] }>();
+  readonly #controllers = new Map<string, Entry>();
+  /** Reused for every admit() and release() (read synchronously by the controller). */
+  readonly #req: FlowRequest = { flowId: '', band: 0, bytes: 0, promptTokens: 0, maxTokens: -1, continuation: false };
+  readonly #usage: FlowUsage = { promptTokens: 0, maxTokens: -1, uncached: 1, outputTokens: -1 };
+  /** True when some band counts tokens: release() then reads the request's usage. */
+  readonly wantsUsage: boolean;
   readonly #rejections = new Map<Refused, Rejected>();
   #headers: Readonly<Record<string, string>> = {};
   readonly #get = (name: string): string | undefined => this.#headers[name];
@@ -46,6 +63,8 @@ export class FlowControlGate implements AdmissionGate {
   constructor(opts: FlowControlGateOptions) {
     this.#opts = opts;
     this.classifier = new Classifier(opts.config);
+    const f = opts.config.fairness;
+    this.wantsUsage = opts.config.enabled && (f.mode === 'tokens' || Object.values(f.bands).includes('tokens'));
   }
 
   /**
@@ -92,21 +111,45 @@ export class FlowControlGate implements AdmissionGate {
     return this.#entry(model).controller;
   }
 
-  admit(info: Pick<RequestInfo, 'model' | 'headers' | 'bodyBytes'>, signal: AbortLike): Admission | Promise<Admission> {
+  admit(info: GateRequest, signal: AbortLike): Admission | Promise<Admission> {
     if (!this.#opts.config.enabled) return PASS;
     this.#headers = info.headers;
     const flowId = this.classifier.flowId(this.#get);
     const band = this.classifier.band(flowId, this.#get('x-priority'));
     this.#headers = {};
     const e = this.#entry(info.model);
-    const r = e.controller.admit({ flowId, band, bytes: info.bodyBytes }, signal);
-    if (r instanceof Promise) return r.then((x) => this.#map(e.tickets, x));
-    return this.#map(e.tickets, r);
+    const req = this.#req;
+    req.flowId = flowId;
+    req.band = band;
+    req.bytes = info.bodyBytes;
+    req.promptTokens = promptTokensOf(info.promptBytes ?? 0, info.bodyBytes);
+    req.maxTokens = maxTokensOf(info.body);
+    req.continuation = info.continuation === true;
+    const r = e.controller.admit(req, signal);
+    if (r instanceof Promise) return r.then((x) => this.#map(e, x));
+    return this.#map(e, r);
   }
 
-  release(ticket: unknown): void {
+  release(ticket: unknown, _outcome?: ReleaseOutcome, request?: FinishedRequest): void {
     if (ticket === null || typeof ticket !== 'object') return;
-    (ticket as Ticket).controller.release((ticket as Ticket).band);
+    const t = ticket as Ticket;
+    if (request === undefined || !this.wantsUsage) {
+      t.controller.release(t.n);
+      return;
+    }
+    const u = this.#usage;
+    u.promptTokens = promptTokensOf(request.promptBytes, request.bodyBytes);
+    u.maxTokens = maxTokensOf(request.body);
+    u.uncached = request.promptBlocks > 0 ? 1 - Math.min(request.matchedBlocks, request.promptBlocks) / request.promptBlocks : 1;
+    u.outputTokens =
+      request.completionTokens >= 0
+        ? request.completionTokens
+        : request.responseBytes === 0
+          ? 0
+          : request.body.stream === true
+            ? request.responseChunks
+            : Math.ceil(request.responseBytes / BYTES_PER_TOKEN);
+    t.controller.release(t.n, u);
   }
 
   /** Call when a model's endpoints got fresh metrics or capacity (all models when omitted). */
@@ -132,7 +175,7 @@ export class FlowControlGate implements AdmissionGate {
     this.#controllers.clear();
   }
 
-  #entry(model: string): { controller: FlowController; tickets: Admitted[] } {
+  #entry(model: string): Entry {
     let e = this.#controllers.get(model);
     if (e === undefined) {
       const o = this.#opts;
@@ -145,17 +188,23 @@ export class FlowControlGate implements AdmissionGate {
         ...(o.rng !== undefined ? { rng: o.rng } : {}),
         pool: model,
       });
-      const tickets = o.config.bands.map((_, band) =>
-        Object.freeze({ admitted: true as const, ticket: Object.freeze({ controller, band }) }),
-      );
-      e = { controller, tickets };
+      e = { controller, tickets: [] };
       this.#controllers.set(model, e);
     }
     return e;
   }
 
-  #map(tickets: Admitted[], r: AdmitResult): Admission {
-    if (r.ok) return tickets[r.ticket]!;
+  #map(e: Entry, r: AdmitResult): Admission {
+    if (r.ok) {
+      const n = r.ticket;
+      if (n < 0) return PASS;
+      let a = e.tickets[n];
+      if (a === undefined) {
+        a = Object.freeze({ admitted: true as const, ticket: Object.freeze({ controller: e.controller, n }) });
+        e.tickets[n] = a;
+      }
+      return a;
+    }
     let g = this.#rejections.get(r);
     if (g === undefined) {
       g = Object.freeze({ admitted: false as const, status: r.status, message: r.message, reason: r.reason, retryAfterSeconds: r.retryAfterSeconds });

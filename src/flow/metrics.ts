@@ -15,6 +15,8 @@ export class FlowStats {
   queued = 0;
   queuedBytes = 0;
   dispatched = 0;
+  /** Requests of this flow shed (rejected-saturated or rejected-capacity), at arrival or from its queue. */
+  shed = 0;
   constructor(
     readonly flowId: string,
     readonly band: number,
@@ -25,6 +27,8 @@ export class BandStats {
   queued = 0;
   queuedBytes = 0;
   dispatched = 0;
+  /** Continuation requests dispatched from the queue ahead of cold ones (turn priority). */
+  continuations = 0;
   readonly rejected = new Float64Array(REJECT_REASONS.length);
   /** Seconds waited in the queue before dispatch. */
   readonly wait = new Histogram(WAIT_BUCKETS);
@@ -91,6 +95,28 @@ export function registerFlowMetrics(registry: Registry, sources: () => Iterable<
     collect() {
       this.reset();
       perFlow((pool, band, flow, f) => this.inc({ pool, band, flow }, f.dispatched));
+    },
+  });
+  new Counter<FlowLabels>({
+    name: 'switchyard_flow_shed_total',
+    help: 'Requests shed by flow control (rejected-saturated or rejected-capacity), by band and flow: the flow that was shed, whether at arrival or from its queue.',
+    labelNames: ['pool', 'band', 'flow'],
+    registers,
+    collect() {
+      this.reset();
+      perFlow((pool, band, flow, f) => {
+        if (f.shed > 0) this.inc({ pool, band, flow }, f.shed);
+      });
+    },
+  });
+  new Counter<BandLabels>({
+    name: 'switchyard_flow_continuations_total',
+    help: 'Continuation requests dispatched from the flow-control queues (turn priority), by band.',
+    labelNames: ['pool', 'band'],
+    registers,
+    collect() {
+      this.reset();
+      perBand((pool, band, b) => this.inc({ pool, band }, b.continuations));
     },
   });
   new Counter<BandLabels | 'reason'>({
