@@ -78,6 +78,13 @@ const redisSchema = strict(
   'must be "memory" or a mapping {redis: URL}',
 ).transform((r): SessionRedisConfig => ({ url: r.redis, keyPrefix: r.keyPrefix, timeoutMs: r.timeoutMs }));
 
+const STORE_ERROR = 'must be "memory" or a mapping {redis: URL}';
+// a string checked by value (not a literal): a mapping given instead then reports the mapping's own problems
+const memorySchema = z
+  .string({ error: STORE_ERROR })
+  .refine((s) => s === 'memory', { error: (i) => `${STORE_ERROR} (got ${got(i.input)})` })
+  .meta({ enum: ['memory'] }) as unknown as z.ZodLiteral<'memory'>;
+
 export const sessionsSchema = strict(
   {
     sources: z
@@ -103,7 +110,7 @@ export const sessionsSchema = strict(
       .default(SESSION_DEFAULTS.continuationWindowMs)
       .describe("a request whose session's previous turn ended within this window is a continuation (turn priority); 0 = never"),
     store: z
-      .union([z.literal('memory'), redisSchema], { error: 'must be "memory" or a mapping {redis: URL}' })
+      .union([memorySchema, redisSchema], { error: STORE_ERROR })
       .default('memory')
       .describe('memory: this router only; {redis: URL}: shared by several routers'),
   },

@@ -8,7 +8,7 @@
 //   scorers) pins the session to whatever it chooses;
 // - pinned endpoint among the candidates and not saturated: it alone passes;
 // - pinned endpoint saturated (`sessions.moveQueueDepth` requests waiting:
-//   the larger of the engine's queue estimate and the router's occupancy
+//   the larger of the engine's waiting count and the router's occupancy
 //   beyond the batch limit): the other candidates with less waiting pass,
 //   the scorers choose among them and the pin follows; when none waits less,
 //   the turn stays;
@@ -22,9 +22,16 @@ import { SessionTable, MOVE_FAILED, MOVE_LEFT, MOVE_SATURATED } from '../../sess
 import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Filter } from '../types.js';
 
-/** Requests waiting at `ep` as the router best knows it. */
+/**
+ * Requests waiting at `ep`: the engine's own waiting count while its metrics
+ * are fresh, or the router's occupancy beyond the batch limit (exact at any
+ * moment for the router's own requests), whichever is larger. Not
+ * ep.queueEstimate(): it counts every request sent since the last scrape as
+ * waiting, so a conversation would leave its KV behind on any burst shorter
+ * than a scrape interval.
+ */
 export function waiting(ep: Endpoint, now: number): number {
-  const q = ep.queueEstimate(now);
+  const q = ep.fresh(now) ? ep.metrics.waiting : 0;
   const beyond = ep.occupancy(now) - ep.batchLimit;
   return beyond > q ? beyond : q;
 }
