@@ -299,3 +299,39 @@ t.test('sessions config: field paths and reasons', async (t) => {
   t.match(bad({ pins: 3 }), /sessions\.pins: unknown field/);
   t.equal(bad({}), '', 'an empty block is the defaults');
 });
+
+t.test('a pin to an endpoint that is gone for the session: another model, or a name this router does not know (Redis)', async (t) => {
+  const redis = await startRedis(t);
+  const fleet = await startFleet(3, { timeScale: 0, models: ['open-model', 'other-model'] });
+  t.teardown(() => fleet.close());
+  const cfg = validateConfig(
+    {
+      apiVersion: API_VERSION,
+      kind: 'Router',
+      pools: [
+        { name: 'a', models: ['open-model'], endpoints: [{ name: 'e0', url: fleet.urls[0] }] },
+        { name: 'b', models: ['other-model'], endpoints: [{ name: 'e1', url: fleet.urls[1] }, { name: 'e2', url: fleet.urls[2] }] },
+      ],
+      logging: { level: 'silent' },
+      sessions: { store: { redis: redis.url, keyPrefix: 'gone:' } },
+    },
+    validatePlugin,
+  );
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => router.close(200));
+  const url = router.url;
+  t.equal((await chat(url, 'on model A', { 'x-session-id': 'm' })).endpoint, 'e0');
+  const other = await chat(url, 'now on model B', { 'x-session-id': 'm' }, { model: 'other-model' });
+  t.match(other.endpoint, /^e[12]$/, 'served by the pool of the new model');
+  t.equal(metric(await metrics(url), 'switchyard_session_moves_total', { reason: 'left' }), 1, 'the pin to e0 was dropped (e0 does not serve it)');
+  t.equal((await chat(url, 'again on B', { 'x-session-id': 'm' }, { model: 'other-model' })).endpoint, other.endpoint, 'the new pin holds');
+
+  // another router (another config) wrote a pin to an endpoint this router does not have
+  const client = new Redis(redis.url);
+  t.teardown(() => client.disconnect());
+  await client.set('gone:s:elsewhere', `${Date.now()}\tnot-here`, 'PX', 60_000);
+  const r = await chat(url, 'pinned elsewhere', { 'x-session-id': 'elsewhere' });
+  t.equal(r.status, 200);
+  t.equal(r.endpoint, 'e0');
+  t.ok(await until(async () => (await client.get('gone:s:elsewhere'))?.endsWith('\te0') === true), 'the session is pinned anew here, and written back');
+});
