@@ -1,7 +1,10 @@
 // Scenario `agent`: an agent workload on a KV-bound fleet. 64 conversations ×
 // 8 turns, short outputs, a context that grows every turn (the whole history
 // resent, as an agent loop does), on simulated engines whose KV cache holds
-// only a few conversations each. Conversations start as a Poisson process at
+// only a few conversations each. By default every conversation is the same
+// agent (one system prompt: instructions and tools) on its own task (in the
+// first turn); --distinct-system gives each conversation its own system
+// prompt instead (every first turn then a cold prefill). Conversations start as a Poisson process at
 // each rate (conversation starts per second; the highest rates have all 64
 // running at once); each turn follows the previous one's answer after a short
 // tool-call pause. Policies, each on a fresh fleet and a fresh router process:
@@ -26,7 +29,8 @@
 // lower than prefix-only's at the saturating rate.
 //
 //   node dist/bench/agent.js [--quick] [--rates 2,4,8,16,32] [--policies round-robin,prefix-only,session]
-//                            [--conversations 64] [--turns 8] [--engines 8] [--kv-cache-blocks 1400] [--time-scale 3] [--json out.json]
+//                            [--conversations 64] [--turns 8] [--engines 8] [--kv-cache-blocks 1400] [--time-scale 3]
+//                            [--distinct-system] [--task-tokens 256] [--json out.json]
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -44,7 +48,11 @@ export const AGENT_POLICIES: Record<string, string> = {
 interface Shape {
   conversations: number;
   turns: number;
+  /** The agent's system prompt (instructions, tool definitions): one for every conversation, or one per conversation with --distinct-system. */
   systemTokens: number;
+  sharedSystem: boolean;
+  /** The conversation's own task, in its first user message. */
+  taskTokens: number;
   userTokens: number;
   outputTokens: number;
   /** Pause between an answer and the next turn (the agent's tool call), ms. */
@@ -131,6 +139,7 @@ async function runLoad(url: string, shape: Shape, rate: number, seed: number, se
   const r: RunResult = { ttft: [], ttftLater: [], convMs: [], promptTokens: 0, cachedTokens: 0, errors: 0, errorSamples: [], wallS: 0 };
   const rand = rng(seed ^ 0x9e3779b9);
   const trand = rng(seed);
+  const system = '[agent] ' + text(rng(7), shape.systemTokens * BYTES_PER_TOKEN);
   const t0 = performance.now();
   let at = 0;
   const pending: Promise<void>[] = [];
@@ -138,8 +147,9 @@ async function runLoad(url: string, shape: Shape, rate: number, seed: number, se
     if (c > 0) at += expGap(rand, rate) * 1000;
     const d = at - (performance.now() - t0);
     if (d > 0) await new Promise((res) => setTimeout(res, d));
-    const messages = [{ role: 'system', content: `[agent ${c}] ` + text(trand, shape.systemTokens * BYTES_PER_TOKEN) }];
-    const users = Array.from({ length: shape.turns }, (_, i) => `turn ${i}: ` + text(trand, shape.userTokens * BYTES_PER_TOKEN));
+    const messages = [{ role: 'system', content: shape.sharedSystem ? system : `[agent ${c}] ` + text(trand, shape.systemTokens * BYTES_PER_TOKEN) }];
+    const task = shape.taskTokens > 0 ? `[task ${c}] ` + text(trand, shape.taskTokens * BYTES_PER_TOKEN) + '\n' : '';
+    const users = Array.from({ length: shape.turns }, (_, i) => (i === 0 ? task : '') + `turn ${i}: ` + text(trand, shape.userTokens * BYTES_PER_TOKEN));
     const headers: Record<string, string> = sessions ? { 'x-session-id': `agent-${seed}-${c}` } : {};
     pending.push(
       (async () => {
@@ -185,6 +195,8 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
     conversations: Number(arg('--conversations') ?? (quick ? 24 : 64)),
     turns: Number(arg('--turns') ?? (quick ? 4 : 8)),
     systemTokens: 1024,
+    sharedSystem: !argv.includes('--distinct-system'),
+    taskTokens: Number(arg('--task-tokens') ?? 256),
     userTokens: 128,
     outputTokens: 16,
     thinkMs: 100,
@@ -245,14 +257,15 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
       }
     }
   }
-  const convBlocks = Math.ceil((shape.systemTokens + shape.turns * (shape.userTokens + shape.outputTokens + 8)) / fleet.blockSize);
+  const convBlocks = Math.ceil((shape.systemTokens + shape.taskTokens + shape.turns * (shape.userTokens + shape.outputTokens + 8)) / fleet.blockSize);
   const config =
     `fleet: ${fleet.engines} simulated vLLM engines, kv-cache-blocks ${fleet.kvCacheBlocks} × ${fleet.blockSize} tokens ` +
     `(a whole conversation is ~${convBlocks} blocks: each engine holds ~${Math.floor(fleet.kvCacheBlocks / convBlocks)} of them, ` +
     `${Math.ceil(shape.conversations / fleet.engines)} per engine if spread evenly), max-num-seqs ${fleet.maxNumSeqs}, ` +
     `prefill ${fleet.prefillOverheadMs} ms + ${fleet.prefillUsPerToken} µs/uncached token (serial, stalls decode), ITL ${fleet.itlMs} ms, ` +
     `all simulated times × ${fleet.timeScale} (--time-scale: model costs above the CPU noise of a shared machine); ` +
-    `${shape.conversations} conversations × ${shape.turns} turns, ${shape.systemTokens}-token system prompt, ${shape.userTokens}-token user turns, ` +
+    `${shape.conversations} conversations × ${shape.turns} turns, a ${shape.systemTokens}-token system prompt ` +
+    `(${shape.sharedSystem ? 'the same agent for every conversation' : 'one per conversation'}), a ${shape.taskTokens}-token task in the first turn, ${shape.userTokens}-token user/tool turns, ` +
     `${shape.outputTokens} output tokens, ${shape.thinkMs} ms between an answer and the next turn; conversations start as a Poisson process at each rate`;
   const json = arg('--json');
   if (json) writeFileSync(json, JSON.stringify({ config, rows }, null, 2));
