@@ -11,7 +11,7 @@ import type { Registry } from 'prom-client';
 export interface RequestInfo {
   readonly requestId: string;
   readonly model: string;
-  /** '/v1/chat/completions' or '/v1/completions'. */
+  /** '/v1/chat/completions', '/v1/completions', or a passthrough route's path ('/v1/embeddings', '/v1/score', '/tokenize', ...: src/director/kinds.ts). */
   readonly path: string;
   /** The parsed JSON body (do not mutate). */
   readonly body: Readonly<Record<string, unknown>>;

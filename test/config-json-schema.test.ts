@@ -20,7 +20,7 @@ t.test('the checked-in schema is what the code generates (else: npm run schema)'
   t.equal(checkedIn, configJsonSchemaText(registry.factories()), 'schema/switchyard-v1.schema.json is current');
 });
 
-/** Router configs shown in the docs: complete files, and the flowControl snippet inside a minimal file. */
+/** Router configs shown in the docs: complete files, and the flowControl and sessions snippets inside a minimal file. */
 function docExamples(): [string, string][] {
   const out: [string, string][] = [];
   const minimal = 'apiVersion: switchyard/v1\nkind: Router\npools:\n  - { name: p, models: [m], endpoints: [{ url: "http://10.0.0.5:8000" }] }\n';
@@ -29,6 +29,7 @@ function docExamples(): [string, string][] {
       const text = m[1]!;
       if (/^apiVersion:/m.test(text)) out.push([`${doc}: complete config`, text]);
       else if (/^flowControl:/m.test(text)) out.push([`${doc}: flowControl block`, minimal + text]);
+      else if (/^sessions:/m.test(text)) out.push([`${doc}: sessions block`, minimal + text]);
     }
   }
   return out;

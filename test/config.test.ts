@@ -19,7 +19,7 @@ t.test('a valid file loads with defaults filled in', async (t) => {
   t.same(c.pools[1].endpoints[0].capacity, { gpuBlocks: 100000, cpuBlocks: 50000, diskBlocks: 0 });
   t.equal(c.pools[1].engine, 'sglang');
   t.same(c.scheduling.scorers.map((s) => [s.type, s.weight]), [['prefix-cache', 3], ['queue', 2], ['kv-cache-utilization', 2]]);
-  t.same(c.scheduling.filters.map((f) => f.type), ['model', 'healthy', 'role'], 'default filters');
+  t.same(c.scheduling.filters.map((f) => f.type), ['model', 'healthy', 'role', 'session-affinity'], 'default filters');
   t.equal(c.scheduling.picker.type, 'max-score');
   t.equal(c.limits.maxBodyBytes, 1048576);
   t.equal(c.limits.requestBodyTimeoutMs, 30000, 'default body timeout');

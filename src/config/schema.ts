@@ -8,6 +8,7 @@
 import { isIP } from 'node:net';
 import { ConfigError } from '../errors.js';
 import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
+import { sessionsSchema, type SessionsConfig } from './sessions.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
 
 export const API_VERSION = 'switchyard/v1';
@@ -107,6 +108,8 @@ export interface RouterConfig {
   logging: { level: (typeof LOG_LEVELS)[number] };
   /** The validated, defaulted flowControl block; undefined when the config has none. */
   flowControl?: FlowControlConfig;
+  /** Session identification, pins and turn tracking (docs/responses.md). */
+  sessions: SessionsConfig;
 }
 
 export const DEFAULT_SCORERS: ScorerSpec[] = [
@@ -118,6 +121,8 @@ export const DEFAULT_FILTERS: PluginSpec[] = [
   { type: 'model', params: {} },
   { type: 'healthy', params: {} },
   { type: 'role', params: {} },
+  // last: it narrows to a session's pinned endpoint among those that passed (a request without a session key passes untouched)
+  { type: 'session-affinity', params: {} },
 ];
 
 export const DEFAULTS = {
@@ -364,6 +369,7 @@ export const routerConfigSchema = strict(
     ).prefault({}),
     logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
+    sessions: sessionsSchema.describe('conversations: identification, pins to endpoints, turn priority (docs/responses.md)'),
   },
   'the config must be a YAML mapping',
   'unknown top-level field',
@@ -483,6 +489,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     proxy: v.proxy,
     limits: v.limits,
     logging: v.logging,
+    sessions: v.sessions,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   return cfg;

@@ -12,7 +12,7 @@
 //   reads and the rendered prompt; the bytes relayed to the engine are the
 //   client's own.
 import { jsonNestsDeeper } from '../json-depth.js';
-import { KIND_CHAT } from './kinds.js';
+import { KIND_CHAT, isPassthrough } from './kinds.js';
 import type { PromptWriter } from './prompt.js';
 
 /** Deepest nesting of arrays and objects a request body may have by default (tools' JSON schemas stay well under it). */
@@ -50,6 +50,14 @@ export function parseRequestBody(raw: Buffer, kind: number, pw: PromptWriter, ma
   if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) return fail(400, 'the request body must be a JSON object');
   const body = parsed as Record<string, unknown>;
   const model = body.model;
+  if (isPassthrough(kind)) {
+    // relayed as is: the engine checks its own fields; `model` may be absent (the director
+    // then picks the router's only model, as an engine defaults to its own)
+    pw.reset();
+    if (model === undefined) return { ok: true, model: '', body };
+    if (typeof model !== 'string' || model.length === 0) return fail(400, "field 'model' must be a non-empty string", 'model');
+    return { ok: true, model, body };
+  }
   if (typeof model !== 'string' || model.length === 0) return fail(400, "missing required field 'model' (a non-empty string)", 'model');
   if (!renderPrompt(pw, kind, body)) {
     const field = kind === KIND_CHAT ? 'messages' : 'prompt';
@@ -61,6 +69,7 @@ export function parseRequestBody(raw: Buffer, kind: number, pw: PromptWriter, ma
 
 export function renderPrompt(pw: PromptWriter, kind: number, body: Readonly<Record<string, unknown>>): boolean {
   pw.reset();
+  if (isPassthrough(kind)) return true;
   return kind === KIND_CHAT ? pw.chat(body.messages) : pw.completion(body.prompt);
 }
 

@@ -18,11 +18,13 @@ import type { Decision, Outcome, Scheduler } from '../scheduler/scheduler.js';
 import type { SchedRequest } from '../scheduler/types.js';
 import { Piscina } from 'piscina';
 import { MAX_JSON_DEPTH, parseRequestBody, renderPrompt } from './body.js';
-import { KIND_PATHS } from './kinds.js';
+import { KIND_PATHS, isPassthrough } from './kinds.js';
+import { SessionResolver } from '../sessions/resolve.js';
+import type { SessionTable } from '../sessions/table.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
 import { PromptWriter } from './prompt.js';
 
-export { KIND_CHAT, KIND_COMPLETION, KIND_PATHS } from './kinds.js';
+export { KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, isPassthrough } from './kinds.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
 const SSE_DATA = 'data: ';
@@ -92,6 +94,8 @@ export interface DirectorOptions {
   parseWorkers?: number;
   /** Deepest nesting of arrays/objects in a body (default 128). */
   maxJsonDepth?: number;
+  /** Session pins and turn records (default: the scheduler's table); its config names the session-key sources. */
+  sessions?: SessionTable;
 }
 
 /** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
@@ -112,6 +116,12 @@ export class Director {
   /** The gate reads usage at release (AdmissionGate.wantsUsage): answers are scanned for `"completion_tokens":`. */
   readonly wantsUsage: boolean;
   readonly #parseWorkers: number;
+  /** Session pins and turn records (shared with the scheduler's session-affinity filter). */
+  readonly sessions: SessionTable;
+  /** Derives a session key from the configured sources when the caller gave none. */
+  readonly resolver: SessionResolver;
+  /** The model a passthrough request without `model` goes to: the router's only model ('' when it serves several). */
+  readonly soleModel: string;
   #pool: Piscina<ParseTask, ParseReply> | null = null;
   /** Bodies parsed in a worker since start. */
   offloadedParses = 0;
@@ -127,6 +137,10 @@ export class Director {
     this.parseOffloadBytes = o.parseOffloadBytes ?? 256 * 1024;
     this.#parseWorkers = Math.max(1, o.parseWorkers ?? 2);
     this.maxJsonDepth = o.maxJsonDepth ?? MAX_JSON_DEPTH;
+    this.sessions = o.sessions ?? o.scheduler.sessions;
+    this.resolver = new SessionResolver(this.sessions.config.sources);
+    const models = o.scheduler.endpoints.models();
+    this.soleModel = models.length === 1 ? models[0]! : '';
   }
 
   /** Parses a large body in the worker pool (created on first use); the answer goes to flight.parsed(). */
@@ -163,7 +177,10 @@ export class Director {
    * Takes over a request whose body has arrived: `kind` KIND_CHAT or
    * KIND_COMPLETION, `headers` those named by the gate's headerNames,
    * `sessionKey` the conversation when the caller knows it (the Responses
-   * API: its chain). Never throws: every failure becomes an answer through `port`.
+   * API: its chain); else one is derived from `sessions.sources`, reading
+   * `sessionHeader` (the value of the `sessions.header` request header, ''
+   * when absent) and the body. Never throws: every failure becomes an answer
+   * through `port`.
    */
   begin(
     port: ClientPort,
@@ -173,9 +190,11 @@ export class Director {
     headers: Readonly<Record<string, string>>,
     body: Buffer,
     sessionKey = '',
+    sessionHeader = '',
   ): Flight {
     const f = new Flight(this, port, kind, requestId, authorization, headers);
     f.sessionKey = sessionKey;
+    f.sessionHeader = sessionHeader;
     try {
       f.start(body);
     } catch (err) {
@@ -208,6 +227,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   completionTokens = -1;
   responseBytes = 0;
   responseChunks = 0;
+  /** The session header's value ('' when absent): a source of the session key. */
+  sessionHeader = '';
 
   readonly director: Director;
   readonly port: ClientPort;
@@ -301,11 +322,51 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
 
   #admit(): void {
     const d = this.director;
-    const model = this.model;
+    let model = this.model;
+    if (model === '') {
+      // a passthrough body without `model` (the engine would default to its own)
+      if (d.soleModel === '') {
+        this.#reply(400, "missing required field 'model' (the router serves several models)", 'model', null);
+        return;
+      }
+      model = this.model = d.soleModel;
+    }
     if (!d.scheduler.hasModel(model)) {
       this.#reply(404, `The model \`${model}\` does not exist.`, 'model', null);
       return;
     }
+    if (isPassthrough(this.kind)) {
+      this.sessionKey = '';
+      this.#admitGate();
+      return;
+    }
+    if (this.sessionKey === '') this.sessionKey = d.resolver.resolve(this.sessionHeader, this.body);
+    const key = this.sessionKey;
+    if (key !== '') {
+      // the turn tracker: a continuation of an active conversation (turn priority); with a
+      // shared store (Redis) the session is read through first (the pick never waits for it)
+      const sessions = d.sessions;
+      const load = sessions.load(key, Date.now());
+      if (load !== null) {
+        this.#promptCopy ??= Uint8Array.prototype.slice.call(d.prompt.view());
+        load.then(() => {
+          if (this.aborted || this.#done) return;
+          try {
+            this.continuation = sessions.continues(key, Date.now());
+            this.#admitGate();
+          } catch (err) {
+            this.internalError(err);
+          }
+        });
+        return;
+      }
+      this.continuation = sessions.continues(key, Date.now());
+    }
+    this.#admitGate();
+  }
+
+  #admitGate(): void {
+    const d = this.director;
     const a = d.gate.admit(this, this);
     if (typeof (a as Promise<Admission>).then === 'function') {
       this.#promptCopy ??= Uint8Array.prototype.slice.call(d.prompt.view());
@@ -555,6 +616,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   #finish(outcome: Outcome, status: number): void {
     if (this.#done) return;
     this.#done = true;
+    if (this.sessionKey !== '' && this.#dispatchedAt !== 0) this.director.sessions.turnEnded(this.sessionKey, Date.now());
     // the body is no longer needed (no retry after this)
     this.#raw = null;
     this.#promptCopy = null;
@@ -588,6 +650,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     this.#call = null;
     if (!this.#done) {
       this.#done = true;
+      if (this.sessionKey !== '' && this.#dispatchedAt !== 0) this.director.sessions.turnEnded(this.sessionKey, Date.now());
       this.#release('aborted');
       if (this.#admitted) {
         this.#admitted = false;

@@ -3,6 +3,7 @@ import { PluginRegistry } from './registry.js';
 import { modelFilter } from './plugins/model-filter.js';
 import { healthyFilter } from './plugins/healthy-filter.js';
 import { roleFilter } from './plugins/role-filter.js';
+import { sessionAffinityFilter } from './plugins/session-affinity-filter.js';
 import { prefixCacheScorer } from './plugins/prefix-cache-scorer.js';
 import { queueScorer } from './plugins/queue-scorer.js';
 import { kvCacheScorer } from './plugins/kv-cache-scorer.js';
@@ -17,6 +18,7 @@ export function builtinRegistry(): PluginRegistry {
     .register(modelFilter)
     .register(healthyFilter)
     .register(roleFilter)
+    .register(sessionAffinityFilter)
     .register(prefixCacheScorer)
     .register(queueScorer)
     .register(kvCacheScorer)

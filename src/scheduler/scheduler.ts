@@ -12,6 +12,7 @@ import { NoEndpointError, UnknownModelError } from '../errors.js';
 import { registry as defaultRegistry } from './builtins.js';
 import type { PluginRegistry } from './registry.js';
 import { PrefixProducer } from './prefix-producer.js';
+import { SessionTable } from '../sessions/table.js';
 import type { CycleContext, Filter, Picker, Plugin, SchedRequest, Scorer } from './types.js';
 
 /** The outcome of one pick. Pass it back to `complete()` once (complete() zeroes `seq`; a second call is ignored). */
@@ -30,10 +31,14 @@ export type Outcome = 'ok' | 'failed' | 'aborted';
 export interface SchedulerOptions {
   random?: () => number;
   registry?: PluginRegistry;
+  /** Session pins shared with the director (the router's `sessions` config); default: a table with default settings. */
+  sessions?: SessionTable;
 }
 
 export class Scheduler {
   readonly endpoints: EndpointSet;
+  /** Session pins and turn records (read by the `session-affinity` filter, fed by the director). */
+  readonly sessions: SessionTable;
   readonly filters: readonly Filter[];
   readonly scorers: readonly Scorer[];
   readonly weights: Float64Array;
@@ -51,7 +56,8 @@ export class Scheduler {
 
   constructor(endpoints: EndpointSet, scheduling: SchedulingConfig, opts: SchedulerOptions = {}) {
     const reg = opts.registry ?? defaultRegistry;
-    const env = { endpoints, prefixBlockSize: scheduling.prefixBlockSize, random: opts.random ?? Math.random };
+    this.sessions = opts.sessions ?? new SessionTable(endpoints);
+    const env = { endpoints, prefixBlockSize: scheduling.prefixBlockSize, random: opts.random ?? Math.random, sessions: this.sessions };
     this.endpoints = endpoints;
     this.filters = scheduling.filters.map((f) => reg.create('filter', f.type, f.params, env));
     this.scorers = scheduling.scorers.map((s) => reg.create('scorer', s.type, s.params, env));

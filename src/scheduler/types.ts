@@ -2,6 +2,7 @@
 // scheduler picks an endpoint for a request description and is told when the
 // request completes.
 import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
+import type { SessionTable } from '../sessions/table.js';
 
 /** What the scheduler needs to know about a request. */
 export interface SchedRequest {
@@ -74,4 +75,6 @@ export interface PluginEnv {
   prefixBlockSize: number;
   /** Random source in [0, 1); tests may seed it. */
   random: () => number;
+  /** Session pins and turn records (the `session-affinity` filter); the scheduler makes a default table when none is given. */
+  sessions?: SessionTable;
 }

@@ -9,7 +9,10 @@ import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { hostIsIp, type LimitsConfig, type ProxyConfig, type RouterConfig } from '../config/schema.js';
 import { PassThroughGate, type AdmissionGate } from '../admission.js';
-import { Director, KIND_CHAT, KIND_COMPLETION } from '../director/director.js';
+import { Director, KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS } from '../director/director.js';
+import { SessionTable } from '../sessions/table.js';
+import { RedisSessions } from '../sessions/redis.js';
+import { registerSessionMetrics } from '../sessions/metrics.js';
 import { DataLayer } from '../endpoints/data-layer.js';
 import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
 import { UndiciUpstreamClient } from '../proxy/undici-client.js';
@@ -95,6 +98,7 @@ const KNOWN_PATHS: Record<string, string> = {
   '/readyz': 'GET',
   '/metrics': 'GET',
 };
+for (const path of KIND_PATHS) KNOWN_PATHS[path] = 'POST';
 
 /**
  * The requests still reading their body: an array with swap-remove through an
@@ -162,6 +166,8 @@ export class RouterCore {
   readonly upstream: UpstreamClient;
   readonly gate: AdmissionGate;
   readonly director: Director;
+  /** Session pins and turn records (the scheduler's session-affinity filter, the director's turn tracker). */
+  readonly sessions: SessionTable;
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
   /** Requests still reading their body (for the 408 sweep). */
@@ -171,6 +177,8 @@ export class RouterCore {
   #active = 0;
   #idPrefix = randomBytes(4).toString('hex');
   #idCounter = 0;
+  /** The session header's name as bytes, or null when the header is no session source. */
+  readonly #sessionHeader: Buffer | null;
   #debug: boolean;
   #app: TemplatedApp;
   #listenSocket: us_listen_socket | null = null;
@@ -197,7 +205,11 @@ export class RouterCore {
     this.#raiseFdLimit = opts.raiseFdLimit !== false;
     this.#debug = this.log.isLevelEnabled('debug');
     const set = (this.endpoints = new EndpointSet(cfg.pools, cfg.dataLayer));
-    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random });
+    const sessions = (this.sessions = new SessionTable(set, cfg.sessions));
+    if (cfg.sessions.store !== 'memory') sessions.shared = new RedisSessions(cfg.sessions.store, cfg.sessions.ttlMs, this.log);
+    sessions.start();
+    this.#sessionHeader = cfg.sessions.sources.includes('header') ? Buffer.from(cfg.sessions.header) : null;
+    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, sessions });
     this.upstream = opts.upstream ?? newUpstreamClient(cfg.proxy, set);
     const g = opts.gate;
     const gate: AdmissionGate = (this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g);
@@ -211,6 +223,7 @@ export class RouterCore {
     this.metrics = new RouterMetrics(set);
     // the gate's families (flow control) join the router's registry
     gate.registerMetrics?.(this.metrics.registry);
+    registerSessionMetrics(this.metrics.registry, sessions);
     this.limits = cfg.limits;
     this.director = new Director({
       scheduler: this.scheduler,
@@ -222,6 +235,7 @@ export class RouterCore {
       maxJsonDepth: cfg.limits.maxJsonDepth,
       parseOffloadBytes: cfg.limits.parseOffloadBytes,
       parseWorkers: cfg.limits.parseWorkers,
+      sessions,
     });
     const created = Math.floor(Date.now() / 1000);
     this.#modelsBody = JSON.stringify({
@@ -269,6 +283,8 @@ export class RouterCore {
   #routes(app: TemplatedApp): TemplatedApp {
     app.post('/v1/chat/completions', (res, req) => this.#inference(res, req, KIND_CHAT));
     app.post('/v1/completions', (res, req) => this.#inference(res, req, KIND_COMPLETION));
+    // passthrough routes (embeddings, vLLM's score/rerank/tokenize/detokenize): same path, same handling, load-aware routing
+    for (let kind = KIND_EMBEDDINGS; kind < KIND_PATHS.length; kind++) app.post(KIND_PATHS[kind]!, (res, req) => this.#inference(res, req, kind));
     app.get('/v1/models', (res, req) => {
       if (!this.#badlyFramed(res, req)) this.#json(res, 200, this.#modelsBody);
     });
@@ -415,6 +431,7 @@ export class RouterCore {
       for (let i = 0; i < names.length; i++) h[names[i]] = req.getHeader(names[i]);
       ctx.headers = h;
     }
+    if (this.#sessionHeader !== null && kind < KIND_EMBEDDINGS) ctx.sessionHeader = req.getHeader(this.#sessionHeader);
     this.#active++;
     // bound methods, not arrow closures: uWS calls onData once per request, and a
     // fresh closure pays V8's lazy-code install on its first call
@@ -593,6 +610,7 @@ export class RouterCore {
     await this.gate.close?.();
     await this.director.close();
     await this.scheduler.close();
+    await this.sessions.close();
     await this.dataLayer.close();
     await this.upstream.close();
   }

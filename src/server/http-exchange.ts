@@ -68,6 +68,8 @@ export class HttpExchange implements ClientPort {
   readonly contentLength: number;
   /** Headers the admission gate asked for (lower-case names; '' when absent). */
   headers: Readonly<Record<string, string>> = EMPTY;
+  /** The session header's value ('' when absent or not read). */
+  sessionHeader = '';
   readStart = 0;
   /** Position in core.reading while the body is being read; -1 otherwise. */
   readSlot = -1;
@@ -128,7 +130,7 @@ export class HttpExchange implements ClientPort {
     this.core.reading.delete(this);
     const raw = this.#raw === null ? Buffer.alloc(0) : this.#raw.length === this.#received ? this.#raw : this.#raw.subarray(0, this.#received);
     this.#raw = null;
-    this.flight = this.core.director.begin(this, this.kind, this.requestId, this.authorization, this.headers, raw);
+    this.flight = this.core.director.begin(this, this.kind, this.requestId, this.authorization, this.headers, raw, '', this.sessionHeader);
   }
 
   /** An error answer from the transport itself (413, 408), before the director took the request; closes the connection. */

@@ -38,6 +38,8 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   const core = new RouterCore({ config, logger, gate, upstream: opts.upstream, random: opts.random, raiseFdLimit: opts.raiseFdLimit });
   const ready = core.dataLayer.start();
   if (opts.waitForFirstScrape !== false) await ready;
+  // a shared session store (Redis): connected before the first request when it can be (bounded; without it, requests use the local view)
+  await core.sessions.shared?.ready();
   const host = opts.host ?? config.listen.host;
   let port: number;
   try {

@@ -8,6 +8,7 @@ import { SimMetrics } from './metrics.js';
 import { resolveSimOptions, type FailureKind, type ResolvedSimOptions, type SimOptions, SimOptionError } from './options.js';
 import { ReqState, Scheduler, SimRequest, type RequestSink, type SchedulerStats } from './scheduler.js';
 import { BYTES_PER_TOKEN, renderChat, type ChatMessage } from './tokenizer.js';
+import { PoolingError, detokenize, embeddings, rerank, score } from './pooling.js';
 import { mix32, rng, word, words } from './text.js';
 
 export interface SimEngineStats extends SchedulerStats {
@@ -84,7 +85,24 @@ const enum Kind {
   Completion = 0,
   Chat = 1,
   Tokenize = 2,
+  Detokenize = 3,
+  Embeddings = 4,
+  Score = 5,
+  Rerank = 6,
 }
+
+/** Routes that answer at once, without generating (the pooling and tokenizer routes). */
+const INSTANT_ROUTES: [string, Kind][] = [
+  ['/tokenize', Kind.Tokenize],
+  ['/detokenize', Kind.Detokenize],
+  ['/v1/embeddings', Kind.Embeddings],
+  ['/score', Kind.Score],
+  ['/v1/score', Kind.Score],
+  ['/rerank', Kind.Rerank],
+  ['/v1/rerank', Kind.Rerank],
+  ['/v2/rerank', Kind.Rerank],
+];
+const POST_PATHS = new Set(['/v1/completions', '/v1/chat/completions', ...INSTANT_ROUTES.map(([p]) => p)]);
 
 let idCounter = 0;
 const CHAT_MAX_KEYS = ['max_completion_tokens', 'max_tokens'] as const;
@@ -187,6 +205,10 @@ class Call implements RequestSink {
     const lora = e.loraSalt.has(model) ? model : null;
     if (this.kind === Kind.Tokenize) {
       this.tokenize(body);
+      return;
+    }
+    if (this.kind >= Kind.Detokenize) {
+      this.pooling(body);
       return;
     }
     // Stream flags.
@@ -343,6 +365,38 @@ class Call implements RequestSink {
       throw new BadRequest(400, "'prompt' (a string or token ids) or 'messages' is required", 'prompt');
     }
     const out = `{"count":${ids.length},"max_model_len":${this.engine.options.maxModelLen},"tokens":[${ids.join(',')}],"token_strs":null}`;
+    this.ended = true;
+    this.engine.calls.delete(this);
+    const res = this.res;
+    res.cork(() => {
+      this.writeHead(res, JSON_TYPE);
+      res.end(out);
+    });
+  }
+
+  /** Embeddings, score, rerank, detokenize: answered at once (pooling.ts). */
+  pooling(body: Record<string, unknown>): void {
+    const id = this.rid !== '' ? this.rid : this.engine.idPrefix + (++idCounter).toString(16);
+    const created = Math.floor(Date.now() / 1000);
+    let out: string;
+    try {
+      switch (this.kind) {
+        case Kind.Embeddings:
+          out = embeddings(body, this.modelJson, id, created);
+          break;
+        case Kind.Score:
+          out = score(body, this.modelJson, id, created);
+          break;
+        case Kind.Rerank:
+          out = rerank(body, this.modelJson, id);
+          break;
+        default:
+          out = detokenize(body);
+      }
+    } catch (err) {
+      if (err instanceof PoolingError) throw new BadRequest(400, err.message, err.param);
+      throw err;
+    }
     this.ended = true;
     this.engine.calls.delete(this);
     const res = this.res;
@@ -567,7 +621,7 @@ export class Engine implements SimEngine {
     this.#app = app;
     app.post('/v1/completions', (res, req) => this.#post(res, req, Kind.Completion));
     app.post('/v1/chat/completions', (res, req) => this.#post(res, req, Kind.Chat));
-    app.post('/tokenize', (res, req) => this.#post(res, req, Kind.Tokenize));
+    for (const [path, kind] of INSTANT_ROUTES) app.post(path, (res, req) => this.#post(res, req, kind));
     app.get('/health', (res, req) => {
       const rid = req.getHeader('x-request-id');
       res.writeStatus(this.healthy ? '200 OK' : '503 Service Unavailable');
@@ -601,8 +655,7 @@ export class Engine implements SimEngine {
     app.any('/*', (res, req) => {
       const method = req.getMethod();
       const url = req.getUrl();
-      const known =
-        url === '/v1/completions' || url === '/v1/chat/completions' || url === '/tokenize' || url === '/health' || url === '/metrics' || url === '/v1/models';
+      const known = POST_PATHS.has(url) || url === '/health' || url === '/metrics' || url === '/v1/models';
       const status = known ? 405 : 404;
       res.writeStatus(STATUS[status]!).writeHeader('Content-Type', JSON_TYPE);
       const msg = known ? `method ${method.toUpperCase()} not allowed on ${url}` : `no route for ${method.toUpperCase()} ${url}`;
