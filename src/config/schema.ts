@@ -8,6 +8,7 @@
 import { isIP } from 'node:net';
 import { ConfigError } from '../errors.js';
 import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
+import { responsesSchema, type ResponsesConfig } from './responses.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
 
 export const API_VERSION = 'switchyard/v1';
@@ -107,6 +108,8 @@ export interface RouterConfig {
   logging: { level: (typeof LOG_LEVELS)[number] };
   /** The validated, defaulted flowControl block; undefined when the config has none. */
   flowControl?: FlowControlConfig;
+  /** The Responses API and its store (docs/responses.md). */
+  responses: ResponsesConfig;
 }
 
 export const DEFAULT_SCORERS: ScorerSpec[] = [
@@ -364,6 +367,7 @@ export const routerConfigSchema = strict(
     ).prefault({}),
     logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
+    responses: responsesSchema.describe('the Responses API and its store (docs/responses.md)'),
   },
   'the config must be a YAML mapping',
   'unknown top-level field',
@@ -483,6 +487,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     proxy: v.proxy,
     limits: v.limits,
     logging: v.logging,
+    responses: v.responses,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   return cfg;
