@@ -1,8 +1,12 @@
-// The shared Responses store: one Redis hash per response (fields root,
-// parent, created, conv, ids, response) with a TTL, so any router replica
-// continues a conversation another one started. A turn costs one HGETALL and
-// one MULTI(HSET, PEXPIRE): one round trip each, whatever the chain's length,
-// because each record holds its conversation's rendered messages.
+// The shared Responses store: one Redis string per response, written with its
+// TTL in one `SET key value PX ttl`, so any router replica continues a
+// conversation another one started. A turn costs one GET and one SET: one
+// round trip each, whatever the chain's length, because each record holds its
+// conversation's rendered messages. The value is a small header (version,
+// root, parent, created, the lengths of ids and conv) and the three texts
+// back to back: one command and one reply each way, no per-field parsing (a
+// hash with HSET + PEXPIRE in MULTI and HGETALL cost ~3x the router CPU per
+// turn in bench/responses-state.ts's micro-measurement).
 //
 // Why ioredis (over node-redis): it fails fast when the server is away
 // (`enableOfflineQueue: false`: a command errors at once instead of waiting
@@ -83,29 +87,21 @@ export class RedisStore implements ResponseStore {
   }
 
   async get(id: string): Promise<StoredResponse | null> {
-    let h: Record<string, string>;
+    let v: string | null;
     try {
-      h = await this.client.hgetall(id);
+      v = await this.client.get(id);
     } catch (err) {
       throw this.#fail(err);
     }
-    if (h.response === undefined) return null;
-    return { id, root: h.root ?? id, parent: h.parent ?? '', createdAt: Number(h.created), conv: h.conv ?? '', ids: h.ids ?? '', response: h.response };
+    return v === null ? null : decode(id, v);
   }
 
   async put(r: StoredResponse): Promise<void> {
-    let res: [Error | null, unknown][] | null;
     try {
-      res = await this.client
-        .multi()
-        .hset(r.id, 'root', r.root, 'parent', r.parent, 'created', String(r.createdAt), 'conv', r.conv, 'ids', r.ids, 'response', r.response)
-        .pexpire(r.id, this.#ttlMs)
-        .exec();
+      await this.client.set(r.id, encode(r), 'PX', this.#ttlMs);
     } catch (err) {
       throw this.#fail(err);
     }
-    const failed = res?.find((x) => x[0] !== null);
-    if (res === null || failed !== undefined) throw this.#fail(failed?.[0] ?? new Error('transaction aborted'));
   }
 
   async delete(id: string): Promise<boolean> {
@@ -121,4 +117,35 @@ export class RedisStore implements ResponseStore {
     this.client.on('error', () => {});
     this.client.disconnect();
   }
+}
+
+const VERSION = 'r1';
+
+/** `r1\n<root>\n<parent>\n<createdAt>\n<ids length>\n<conv length>\n` + ids + conv + response. */
+export function encode(r: StoredResponse): string {
+  return `${VERSION}\n${r.root}\n${r.parent}\n${r.createdAt}\n${r.ids.length}\n${r.conv.length}\n${r.ids}${r.conv}${r.response}`;
+}
+
+/** The record of `encode`, or null for a value this version cannot read (treated as absent). */
+export function decode(id: string, v: string): StoredResponse | null {
+  const nl: number[] = [];
+  for (let at = -1, i = 0; i < 6; i++) {
+    at = v.indexOf('\n', at + 1);
+    if (at < 0) return null;
+    nl.push(at);
+  }
+  if (v.slice(0, nl[0]) !== VERSION) return null;
+  const idsLen = Number(v.slice(nl[3]! + 1, nl[4]));
+  const convLen = Number(v.slice(nl[4]! + 1, nl[5]));
+  const body = nl[5]! + 1;
+  if (!Number.isInteger(idsLen) || !Number.isInteger(convLen) || body + idsLen + convLen > v.length) return null;
+  return {
+    id,
+    root: v.slice(nl[0]! + 1, nl[1]),
+    parent: v.slice(nl[1]! + 1, nl[2]),
+    createdAt: Number(v.slice(nl[2]! + 1, nl[3])),
+    ids: v.slice(body, body + idsLen),
+    conv: v.slice(body + idsLen, body + idsLen + convLen),
+    response: v.slice(body + idsLen + convLen),
+  };
 }

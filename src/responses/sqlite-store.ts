@@ -109,8 +109,14 @@ export class SqliteStore implements ResponseStore {
     const bytes = recordBytes(r);
     if (bytes > this.#maxBytes) return;
     try {
-      this.#removeId(r.id);
-      this.#put.run(r.id, r.root, r.parent, r.createdAt, Date.now() + this.#ttlMs, bytes, r.conv, r.ids, r.response);
+      const args = [r.id, r.root, r.parent, r.createdAt, Date.now() + this.#ttlMs, bytes, r.conv, r.ids, r.response];
+      try {
+        this.#put.run(...args); // ids are unique: one statement per turn
+      } catch (err) {
+        if ((err as { code?: string }).code !== 'SQLITE_CONSTRAINT_UNIQUE') throw err;
+        this.#removeId(r.id);
+        this.#put.run(...args);
+      }
       this.#count++;
       this.#bytes += bytes;
       if (this.#count > this.#maxResponses || this.#bytes > this.#maxBytes) this.#evict();
