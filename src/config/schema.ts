@@ -9,6 +9,7 @@ import { isIP } from 'node:net';
 import { ConfigError } from '../errors.js';
 import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
 import { sessionsSchema, type SessionsConfig } from './sessions.js';
+import { responsesSchema, type ResponsesConfig } from './responses.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
 
 export const API_VERSION = 'switchyard/v1';
@@ -110,6 +111,8 @@ export interface RouterConfig {
   flowControl?: FlowControlConfig;
   /** Session identification, pins and turn tracking (docs/responses.md). */
   sessions: SessionsConfig;
+  /** The Responses API and its store (docs/responses.md). */
+  responses: ResponsesConfig;
 }
 
 export const DEFAULT_SCORERS: ScorerSpec[] = [
@@ -370,6 +373,7 @@ export const routerConfigSchema = strict(
     logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
     sessions: sessionsSchema.describe('conversations: identification, pins to endpoints, turn priority (docs/responses.md)'),
+    responses: responsesSchema.describe('the Responses API and its store (docs/responses.md)'),
   },
   'the config must be a YAML mapping',
   'unknown top-level field',
@@ -490,6 +494,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     limits: v.limits,
     logging: v.logging,
     sessions: v.sessions,
+    responses: v.responses,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   return cfg;

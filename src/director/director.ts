@@ -63,8 +63,8 @@ export interface ClientPort {
   end(chunk: Buffer | string): void;
   /** The engine failed after the head went out: `sseEvent` is an error event to end a stream with; null: cut the connection. */
   fail(sseEvent: string | null): void;
-  /** An error answer instead of the engine's: status, OpenAI error body, and for a gate's rejection its reason and Retry-After. */
-  error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null): void;
+  /** An error answer instead of the engine's: status, OpenAI error body, and for a gate's rejection its reason and Retry-After; `code` a string error code where the API defines one (else the status). */
+  error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null, code?: string): void;
   /** The request is over, whichever way (after the last write, or when the client left); `status` as counted. */
   done(status: number): void;
 }

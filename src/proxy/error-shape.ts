@@ -14,8 +14,9 @@ const TYPES: Record<number, string> = {
   503: 'ServiceUnavailableError',
 };
 
-export function errorBody(status: number, message: string, param: string | null = null): string {
-  return JSON.stringify({ error: { message, type: TYPES[status] ?? 'Error', param, code: status } });
+/** `code`: a string code where the API defines one (`previous_response_not_found`); else the status. */
+export function errorBody(status: number, message: string, param: string | null = null, code?: string): string {
+  return JSON.stringify({ error: { message, type: TYPES[status] ?? 'Error', param, code: code ?? status } });
 }
 
 /**

@@ -26,6 +26,8 @@ import { AcceptGuard } from './accept-guard.js';
 import { lowestFreeFd, raiseFdLimit } from '../../bindings/index.js';
 import { Counter, Gauge } from 'prom-client';
 import { RouterMetrics } from './metrics.js';
+import { ResponsesService } from '../responses/service.js';
+import { KIND_RESPONSES, mountResponseReads, ResponsesExchange } from './responses-http.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
 export interface RouterOptions {
@@ -93,6 +95,7 @@ export function framingProblem(req: HttpRequest): string {
 const KNOWN_PATHS: Record<string, string> = {
   '/v1/chat/completions': 'POST',
   '/v1/completions': 'POST',
+  '/v1/responses': 'POST',
   '/v1/models': 'GET',
   '/healthz': 'GET',
   '/readyz': 'GET',
@@ -168,6 +171,8 @@ export class RouterCore {
   readonly director: Director;
   /** Session pins and turn records (the scheduler's session-affinity filter, the director's turn tracker). */
   readonly sessions: SessionTable;
+  /** The Responses API (null when `responses.enabled` is false). */
+  readonly responses: ResponsesService | null;
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
   /** Requests still reading their body (for the 408 sweep). */
@@ -237,6 +242,9 @@ export class RouterCore {
       parseWorkers: cfg.limits.parseWorkers,
       sessions,
     });
+    this.responses = cfg.responses.enabled
+      ? new ResponsesService({ config: cfg.responses, director: this.director, log: this.log, countRequest: (m, e, s) => this.metrics.countRequest(m, e, s) })
+      : null;
     const created = Math.floor(Date.now() / 1000);
     this.#modelsBody = JSON.stringify({
       object: 'list',
@@ -285,6 +293,10 @@ export class RouterCore {
     app.post('/v1/completions', (res, req) => this.#inference(res, req, KIND_COMPLETION));
     // passthrough routes (embeddings, vLLM's score/rerank/tokenize/detokenize): same path, same handling, load-aware routing
     for (let kind = KIND_EMBEDDINGS; kind < KIND_PATHS.length; kind++) app.post(KIND_PATHS[kind]!, (res, req) => this.#inference(res, req, kind));
+    if (this.responses !== null) {
+      app.post('/v1/responses', (res, req) => this.#inference(res, req, KIND_RESPONSES));
+      mountResponseReads(app, this);
+    }
     app.get('/v1/models', (res, req) => {
       if (!this.#badlyFramed(res, req)) this.#json(res, 200, this.#modelsBody);
     });
@@ -323,7 +335,7 @@ export class RouterCore {
       if (this.#badlyFramed(res, req)) return;
       const url = req.getUrl();
       const method = req.getMethod().toUpperCase();
-      const allowed = KNOWN_PATHS[url];
+      const allowed = url === '/v1/responses' && this.responses === null ? undefined : KNOWN_PATHS[url];
       if (method === 'HEAD') {
         // a HEAD answer has headers only, or the keep-alive connection goes out of sync
         const status = allowed === 'GET' ? 200 : allowed !== undefined ? 405 : 404;
@@ -424,7 +436,8 @@ export class RouterCore {
     let idHeader: string | Buffer;
     if (id === '' || id.length > 256) idHeader = id = this.newRequestId();
     else idHeader = headerBytes(id);
-    const ctx = new HttpExchange(this, res, kind, id, idHeader, req.getHeader(H_AUTHORIZATION), contentLength);
+    const auth = req.getHeader(H_AUTHORIZATION);
+    const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this, res, kind, id, idHeader, auth, contentLength) : new HttpExchange(this, res, kind, id, idHeader, auth, contentLength);
     const names = this.gate.headerNames;
     if (names.length > 0) {
       const h: Record<string, string> = {};
@@ -609,6 +622,7 @@ export class RouterCore {
     (this.#app as unknown as { close(): void }).close();
     await this.gate.close?.();
     await this.director.close();
+    await this.responses?.close();
     await this.scheduler.close();
     await this.sessions.close();
     await this.dataLayer.close();

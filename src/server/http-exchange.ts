@@ -4,7 +4,7 @@
 // Writes made from upstream socket callbacks are corked through module-level
 // functions (no closure per write).
 import type { Rejected } from '../admission.js';
-import type { ClientPort, Flight } from '../director/director.js';
+import type { ClientPort } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { errorBody } from '../proxy/error-shape.js';
 import type { HttpResponse } from '../uws.js';
@@ -26,6 +26,16 @@ export interface ExchangeHost {
   headerBlock(ep: Endpoint, contentType: string): Buffer;
   /** Called once per request when it ends (any way). */
   requestEnded(x: HttpExchange, status: number): void;
+}
+
+/** What the exchange needs of the side that took its body over (the director's Flight, a Responses turn). */
+export interface ExchangeFlight {
+  readonly model: string;
+  readonly path: string;
+  readonly endpoint?: Endpoint;
+  clientAborted(): void;
+  pause(): void;
+  resume(): void;
 }
 
 /** uWS hands header values over one char per byte: echo non-ASCII ones as their original bytes. */
@@ -53,8 +63,9 @@ let curParam: string | null = null;
 let curEndpoint: Endpoint | undefined;
 let curRejection: Rejected | null = null;
 let curClose = false;
+let curCode: string | undefined;
 function corkedError(): void {
-  cur.errorCorked(curStatus, curMessage, curParam, curEndpoint, curRejection, curClose);
+  cur.errorCorked(curStatus, curMessage, curParam, curEndpoint, curRejection, curClose, curCode);
 }
 
 export class HttpExchange implements ClientPort {
@@ -73,8 +84,8 @@ export class HttpExchange implements ClientPort {
   readStart = 0;
   /** Position in core.reading while the body is being read; -1 otherwise. */
   readSlot = -1;
-  /** The director's side of this request, once the body has arrived. */
-  flight: Flight | null = null;
+  /** The director's side of this request (or a Responses turn's), once the body has arrived. */
+  flight: ExchangeFlight | null = null;
   #raw: Buffer | null = null;
   #received = 0;
   // the answer's head, written with its first bytes
@@ -130,7 +141,12 @@ export class HttpExchange implements ClientPort {
     this.core.reading.delete(this);
     const raw = this.#raw === null ? Buffer.alloc(0) : this.#raw.length === this.#received ? this.#raw : this.#raw.subarray(0, this.#received);
     this.#raw = null;
-    this.flight = this.core.director.begin(this, this.kind, this.requestId, this.authorization, this.headers, raw, '', this.sessionHeader);
+    this.flight = this.begin(raw);
+  }
+
+  /** Hands the complete body over: to the director (a subclass may hand it elsewhere). */
+  begin(raw: Buffer): ExchangeFlight {
+    return this.core.director.begin(this, this.kind, this.requestId, this.authorization, this.headers, raw, '', this.sessionHeader);
   }
 
   /** An error answer from the transport itself (413, 408), before the director took the request; closes the connection. */
@@ -188,9 +204,9 @@ export class HttpExchange implements ClientPort {
     curEvent = null;
   }
 
-  error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null): void {
+  error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null, code?: string): void {
     if (this.#aborted) return;
-    this.#error(status, message, param, endpoint, rejection, false);
+    this.#error(status, message, param, endpoint, rejection, false, code);
   }
 
   done(status: number): void {
@@ -201,8 +217,9 @@ export class HttpExchange implements ClientPort {
 
   // ---- writes (inside cork) ----------------------------------------------------------
 
-  #error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null, close: boolean): void {
+  #error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null, close: boolean, code?: string): void {
     cur = this;
+    curCode = code;
     curStatus = status;
     curMessage = message;
     curParam = param;
@@ -213,9 +230,10 @@ export class HttpExchange implements ClientPort {
     curMessage = '';
     curEndpoint = undefined;
     curRejection = null;
+    curCode = undefined;
   }
 
-  errorCorked(status: number, message: string, param: string | null, ep: Endpoint | undefined, rejection: Rejected | null, close: boolean): void {
+  errorCorked(status: number, message: string, param: string | null, ep: Endpoint | undefined, rejection: Rejected | null, close: boolean, code?: string): void {
     const res = this.res;
     res.writeStatus(statusLine(status));
     res.writeHeader('content-type', 'application/json');
@@ -226,7 +244,7 @@ export class HttpExchange implements ClientPort {
       const ra = rejection.retryAfterSeconds ?? 0;
       if (ra > 0) res.writeHeader('retry-after', String(Math.ceil(ra)));
     }
-    res.end(errorBody(status, message, param), close || this.core.draining);
+    res.end(errorBody(status, message, param, code), close || this.core.draining);
   }
 
   /** `streamed`: the body follows in write() calls (chunked), not in the one end(). */

@@ -36,6 +36,12 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   const logger = opts.logger ?? createLogger(config.logging.level);
   const gate = opts.gate ?? (await flowGateFactory(config));
   const core = new RouterCore({ config, logger, gate, upstream: opts.upstream, random: opts.random, raiseFdLimit: opts.raiseFdLimit });
+  try {
+    await core.responses?.open(); // a sqlite file that cannot be opened stops the start
+  } catch (err) {
+    await core.close(0);
+    throw err;
+  }
   const ready = core.dataLayer.start();
   if (opts.waitForFirstScrape !== false) await ready;
   // a shared session store (Redis): connected before the first request when it can be (bounded; without it, requests use the local view)

@@ -1,0 +1,68 @@
+// The Responses store: the seam between the Responses API and where turns are
+// kept. Three implementations: memory (bounded, LRU; the embedded default),
+// sqlite (a durable file) and redis (shared by router replicas). Each stored
+// response carries the whole conversation up to and including its own output
+// as rendered chat messages, so a turn reads ONE record (one Redis round trip)
+// and never re-parses or re-renders its chain; eviction of any record cannot
+// break another (docs/responses.md: the trade-off).
+import type { ResponsesConfig } from '../config/responses.js';
+
+export interface StoredResponse {
+  readonly id: string;
+  /** The first response of the conversation (its own id for a first turn): the session key. */
+  readonly root: string;
+  /** previous_response_id of the turn that made it ('' for a first turn). */
+  readonly parent: string;
+  /** Unix seconds. */
+  readonly createdAt: number;
+  /** The conversation's chat messages through this response's output, `instructions` excluded: a JSON fragment without brackets. */
+  readonly conv: string;
+  /** One item id per message of `conv`, comma-joined (input_items). */
+  readonly ids: string;
+  /** The Response object as JSON text (GET /v1/responses/{id}). */
+  readonly response: string;
+}
+
+/** The store cannot be reached or failed: the API answers 503 (chat completions are not affected). */
+export class StoreUnavailableError extends Error {}
+
+/** Approximate bytes a record holds (UTF-16 code units of its strings, plus a fixed overhead). */
+export function recordBytes(r: StoredResponse): number {
+  return r.conv.length + r.ids.length + r.response.length + r.id.length * 3 + 128;
+}
+
+/**
+ * What the Responses API needs of a store. Methods may answer synchronously
+ * (the memory store: no promise per turn) or with a promise; a failure throws
+ * (or rejects with) StoreUnavailableError.
+ */
+export interface ResponseStore {
+  readonly type: 'memory' | 'sqlite' | 'redis';
+  /** False while the backing service is known to be unreachable: new turns get 503 before an engine is spent. */
+  readonly available: boolean;
+  get(id: string): StoredResponse | null | Promise<StoredResponse | null>;
+  put(r: StoredResponse): void | Promise<void>;
+  /** True if it was there. */
+  delete(id: string): boolean | Promise<boolean>;
+  /** Responses held (memory, sqlite; -1 where the store cannot say cheaply). */
+  size(): number;
+  close(): Promise<void>;
+}
+
+/** The store `config.store.type` names. SQLite and Redis are loaded only when configured. */
+export async function openStore(cfg: ResponsesConfig): Promise<ResponseStore> {
+  switch (cfg.store.type) {
+    case 'memory': {
+      const { MemoryStore } = await import('./memory-store.js');
+      return new MemoryStore(cfg);
+    }
+    case 'sqlite': {
+      const { SqliteStore } = await import('./sqlite-store.js');
+      return new SqliteStore(cfg);
+    }
+    case 'redis': {
+      const { RedisStore } = await import('./redis-store.js');
+      return new RedisStore(cfg);
+    }
+  }
+}

@@ -1,0 +1,437 @@
+// One POST /v1/responses: check the body, fetch the previous response (one
+// store read), rebuild the conversation by concatenating stored rendered
+// messages with this turn's input, send it as a chat completion through the
+// director (session key: the chain's root), translate the engine's answer
+// (JSON or SSE) into a Response object or the Responses event stream, store
+// the turn, and answer. It is the director's ClientPort for the chat
+// completion and the transport's flight (abort, backpressure) for the client.
+import { StringDecoder } from 'node:string_decoder';
+import type { Rejected } from '../admission.js';
+import { KIND_CHAT, type ClientPort, type Flight } from '../director/director.js';
+import type { Endpoint } from '../endpoints/endpoint.js';
+import { newItemId, newResponseId } from './ids.js';
+import { assistantMessage, deltaEvent, messageItem, outputText, responseObject, sseEvent, usageOf, type ResponseHead, type ResponseStatus, type Usage } from './render.js';
+import { parseTurnRequest, ResponsesError, type TurnRequest } from './request.js';
+import type { ResponsesService } from './service.js';
+import { StoreUnavailableError, type StoredResponse } from './store.js';
+
+const MODE_NONE = 0;
+/** Buffering the engine's JSON answer (200). */
+const MODE_JSON = 1;
+/** Translating the engine's SSE stream (200) into Responses events. */
+const MODE_SSE = 2;
+/** Relaying the engine's error answer (status >= 400) as it is. */
+const MODE_ERROR = 3;
+
+const SSE_TYPE = 'text/event-stream';
+
+function isPromise<T>(v: T | Promise<T>): v is Promise<T> {
+  return typeof (v as Promise<T>)?.then === 'function';
+}
+
+export class ResponsesTurn implements ClientPort, ResponseHead {
+  // what the transport reads of its flight
+  model = '';
+  readonly path = '/v1/responses';
+  endpoint: Endpoint | undefined = undefined;
+  // ResponseHead
+  readonly id = newResponseId();
+  readonly createdAt = Math.floor(Date.now() / 1000);
+  req!: TurnRequest;
+  readonly msgId = newItemId();
+
+  readonly #svc: ResponsesService;
+  readonly #client: ClientPort;
+  readonly #requestId: string;
+  readonly #authorization: string;
+  readonly #headers: Readonly<Record<string, string>>;
+  #parent: StoredResponse | null = null;
+  #root = '';
+  #flight: Flight | null = null;
+  #aborted = false;
+  /** client.done() was called. */
+  #over = false;
+  /** The director's done() status while the turn is still storing (-1: not yet). */
+  #flightDone = -1;
+  #storing = false;
+  #mode = MODE_NONE;
+  #status = 0;
+  #contentType = '';
+  #chunks: Buffer[] | null = null;
+  // streaming
+  #decoder: StringDecoder | null = null;
+  #sseBuf = '';
+  #seq = 0;
+  #text = '';
+  #finishReason: string | null = null;
+  #usage: Usage | null = null;
+  /** The client's stream ended (completed or failed). */
+  #streamEnded = false;
+
+  constructor(svc: ResponsesService, client: ClientPort, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
+    this.#svc = svc;
+    this.#client = client;
+    this.#requestId = requestId;
+    this.#authorization = authorization;
+    this.#headers = headers;
+  }
+
+  // ---- start: parse, read the chain, hand the chat completion to the director ----
+
+  start(raw: Buffer): void {
+    const svc = this.#svc;
+    let req: TurnRequest;
+    try {
+      req = this.req = parseTurnRequest(raw, svc.maxJsonDepth);
+    } catch (err) {
+      this.#fail(err);
+      return;
+    }
+    this.model = req.model;
+    const store = svc.store;
+    if ((req.store || req.previousResponseId !== null) && (store === null || !store.available)) {
+      this.#fail(svc.unavailable());
+      return;
+    }
+    if (req.previousResponseId === null) {
+      this.#continue(null);
+      return;
+    }
+    let got: StoredResponse | null | Promise<StoredResponse | null>;
+    try {
+      got = store!.get(req.previousResponseId);
+    } catch (err) {
+      this.#fail(err);
+      return;
+    }
+    if (isPromise(got)) {
+      got.then(
+        (p) => this.#continue(p),
+        (err: unknown) => this.#fail(err),
+      );
+    } else this.#continue(got);
+  }
+
+  #continue(parent: StoredResponse | null): void {
+    if (this.#aborted || this.#over) return;
+    if (parent === null && this.req.previousResponseId !== null) {
+      const id = this.req.previousResponseId!;
+      this.#fail(
+        new ResponsesError(
+          404,
+          `Previous response with id '${id}' not found (it never existed, was deleted or expired, or was created with store: false).`,
+          'previous_response_id',
+          'previous_response_not_found',
+        ),
+      );
+      return;
+    }
+    try {
+      this.#send(parent);
+    } catch (err) {
+      this.#fail(err);
+    }
+  }
+
+  #send(parent: StoredResponse | null): void {
+    const req = this.req;
+    this.#parent = parent;
+    this.#root = parent === null ? this.id : parent.root;
+    // the conversation as chat messages: instructions (this request's only), the stored turns, this input
+    let messages = req.instructions !== null ? `{"role":"system","content":${JSON.stringify(req.instructions)}}` : '';
+    if (parent !== null && parent.conv !== '') messages = messages === '' ? parent.conv : `${messages},${parent.conv}`;
+    messages = messages === '' ? req.inputFragment : `${messages},${req.inputFragment}`;
+    if (messages.length > this.#svc.maxInputBytes) {
+      throw new ResponsesError(
+        413,
+        `the conversation (${messages.length} bytes with this input and the previous turns) exceeds responses.maxInputBytes (${this.#svc.maxInputBytes})`,
+        'input',
+      );
+    }
+    let body = `{"model":${JSON.stringify(req.model)},"messages":[${messages}]`;
+    if (req.stream) body += ',"stream":true,"stream_options":{"include_usage":true}';
+    if (req.maxOutputTokens !== null) body += `,"max_tokens":${req.maxOutputTokens}`;
+    if (req.temperature !== null) body += `,"temperature":${req.temperature}`;
+    if (req.topP !== null) body += `,"top_p":${req.topP}`;
+    if (req.user !== null) body += `,"user":${JSON.stringify(req.user)}`;
+    body += '}';
+    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#authorization, this.#headers, Buffer.from(body), this.#root);
+  }
+
+  /** An answer of the Responses layer itself (bad input, no previous response, store down). */
+  #fail(err: unknown): void {
+    if (this.#aborted || this.#over) return;
+    let status: number;
+    let message: string;
+    let param: string | null = null;
+    let code: string | undefined;
+    if (err instanceof ResponsesError) {
+      ({ status, param } = err);
+      message = err.message;
+      code = err.code;
+    } else if (err instanceof StoreUnavailableError) {
+      status = 503;
+      message = err.message;
+      code = 'store_unavailable';
+    } else {
+      this.#svc.log.error({ err, id: this.#requestId }, 'internal error in a Responses turn');
+      status = 500;
+      message = `internal error: ${(err as Error)?.message ?? String(err)}`;
+    }
+    this.#client.error(status, message, param, this.endpoint, null, code);
+    this.#svc.countRequest(this.model, status);
+    this.#end(status);
+  }
+
+  #end(status: number): void {
+    if (this.#over) return;
+    this.#over = true;
+    this.#client.done(status);
+  }
+
+  // ---- transport side: abort and backpressure -------------------------------------
+
+  clientAborted(): void {
+    if (this.#aborted) return;
+    this.#aborted = true;
+    const f = this.#flight;
+    if (f !== null) f.clientAborted(); // a running flight calls done(499)
+    if (!this.#over) {
+      if (f === null) this.#svc.countRequest(this.model, 499);
+      this.#end(499);
+    }
+  }
+
+  pause(): void {
+    this.#flight?.pause();
+  }
+
+  resume(): void {
+    this.#flight?.resume();
+  }
+
+  // ---- ClientPort: the engine's chat answer ------------------------------------------
+
+  head(status: number, contentType: string, endpoint: Endpoint): void {
+    this.endpoint = endpoint;
+    this.#status = status;
+    this.#contentType = contentType;
+    if (status >= 400 || status < 200) {
+      this.#mode = MODE_ERROR;
+      this.#chunks ??= [];
+      return;
+    }
+    if (this.req.stream && contentType.startsWith(SSE_TYPE)) {
+      if (this.#mode === MODE_SSE) return;
+      this.#mode = MODE_SSE;
+      this.#decoder = new StringDecoder('utf8');
+      this.#client.head(200, SSE_TYPE, endpoint, -1);
+      const item = messageItem(this.msgId, 'in_progress', null);
+      const snapshot = responseObject(this, 'in_progress', null, null, null);
+      this.#client.write(
+        sseEvent('response.created', this.#seq++, { response: snapshot }) +
+          sseEvent('response.in_progress', this.#seq++, { response: snapshot }) +
+          sseEvent('response.output_item.added', this.#seq++, { output_index: 0, item }) +
+          sseEvent('response.content_part.added', this.#seq++, { item_id: this.msgId, output_index: 0, content_index: 0, part: outputText('') }),
+      );
+      return;
+    }
+    this.#mode = MODE_JSON;
+    this.#chunks = [];
+  }
+
+  write(chunk: Buffer | string): void {
+    if (this.#mode === MODE_SSE) {
+      if (!this.#streamEnded) this.#onSse(typeof chunk === 'string' ? chunk : this.#decoder!.write(chunk));
+      return;
+    }
+    // a copy: the upstream client may reuse the chunk's memory
+    if (chunk.length > 0) this.#chunks?.push(typeof chunk === 'string' ? Buffer.from(chunk) : Buffer.from(chunk));
+  }
+
+  end(chunk: Buffer | string): void {
+    this.write(chunk);
+    try {
+      switch (this.#mode) {
+        case MODE_SSE:
+          if (!this.#streamEnded) this.#onSse(this.#decoder!.end() + '\n\n');
+          if (!this.#streamEnded) this.#completeStream();
+          return;
+        case MODE_JSON:
+          this.#completeJson();
+          return;
+        default:
+          this.#relayError();
+      }
+    } catch (err) {
+      this.#svc.log.error({ err, id: this.#requestId }, 'internal error translating a Responses answer');
+      if (this.#mode === MODE_SSE) this.#streamFailed('server_error', `internal error: ${(err as Error).message}`);
+      else this.#client.error(500, `internal error: ${(err as Error).message}`, null, this.endpoint, null);
+    }
+  }
+
+  fail(_sseEvent: string | null): void {
+    const msg = `upstream endpoint ${this.endpoint?.name ?? ''} failed mid-response`;
+    if (this.#mode === MODE_SSE) this.#streamFailed('server_error', msg);
+    else this.#client.error(502, msg, null, this.endpoint, null);
+  }
+
+  error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null, code?: string): void {
+    this.#client.error(status, message, param, endpoint, rejection, code);
+  }
+
+  done(status: number): void {
+    if (this.#storing) this.#flightDone = status;
+    else this.#end(status);
+  }
+
+  // ---- translation ------------------------------------------------------------------
+
+  #relayError(): void {
+    const chunks = this.#chunks ?? [];
+    const body = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks);
+    this.#client.head(this.#status, this.#contentType || 'application/json', this.endpoint!, body.length);
+    this.#client.end(body);
+  }
+
+  #completeJson(): void {
+    const chunks = this.#chunks!;
+    const raw = (chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks)).toString('utf8');
+    let o: { choices?: { message?: { content?: unknown }; finish_reason?: unknown }[]; usage?: unknown; error?: { message?: unknown } };
+    try {
+      o = JSON.parse(raw);
+    } catch {
+      this.#client.error(502, `endpoint ${this.endpoint?.name} answered with a body that is not JSON`, null, this.endpoint, null);
+      return;
+    }
+    const choice = o.choices?.[0];
+    if (choice === undefined) {
+      const m = typeof o.error?.message === 'string' ? o.error.message : 'no choices in the chat completion';
+      this.#client.error(502, `endpoint ${this.endpoint?.name} answered without a completion: ${m}`, null, this.endpoint, null);
+      return;
+    }
+    const text = typeof choice.message?.content === 'string' ? choice.message.content : '';
+    const status: ResponseStatus = choice.finish_reason === 'length' ? 'incomplete' : 'completed';
+    const body = JSON.stringify(responseObject(this, status, text, usageOf(o.usage), null));
+    this.#store(text, body, () => {
+      this.#client.head(200, 'application/json', this.endpoint!, Buffer.byteLength(body));
+      this.#client.end(body);
+    });
+  }
+
+  #onSse(text: string): void {
+    let buf = this.#sseBuf + text;
+    let out = '';
+    let at: number;
+    while ((at = buf.indexOf('\n\n')) >= 0) {
+      const block = buf.slice(0, at);
+      buf = buf.slice(at + 2);
+      // an event's data lines (the engines send one per event)
+      for (const line of block.split('\n')) {
+        if (!line.startsWith('data:')) continue;
+        const data = line.charCodeAt(5) === 32 ? line.slice(6) : line.slice(5);
+        if (data === '[DONE]') continue;
+        let o: { choices?: { delta?: { content?: unknown }; finish_reason?: unknown }[]; usage?: unknown; error?: { message?: unknown } };
+        try {
+          o = JSON.parse(data);
+        } catch {
+          continue;
+        }
+        if (o.error !== undefined && o.error !== null) {
+          if (out !== '') this.#client.write(out);
+          this.#sseBuf = '';
+          this.#streamFailed('server_error', typeof o.error.message === 'string' ? o.error.message : 'the engine failed mid-stream');
+          return;
+        }
+        const c = o.choices?.[0];
+        if (c !== undefined) {
+          const d = c.delta?.content;
+          if (typeof d === 'string' && d.length > 0) {
+            this.#text += d;
+            out += deltaEvent(this.#seq++, this.msgId, d);
+          }
+          if (typeof c.finish_reason === 'string') this.#finishReason = c.finish_reason;
+        }
+        if (o.usage !== undefined && o.usage !== null) this.#usage = usageOf(o.usage);
+      }
+    }
+    this.#sseBuf = buf;
+    if (out !== '') this.#client.write(out);
+  }
+
+  #completeStream(): void {
+    const text = this.#text;
+    const status: ResponseStatus = this.#finishReason === 'length' ? 'incomplete' : 'completed';
+    const part = outputText(text);
+    const id = this.msgId;
+    this.#client.write(
+      sseEvent('response.output_text.done', this.#seq++, { item_id: id, output_index: 0, content_index: 0, text, logprobs: [] }) +
+        sseEvent('response.content_part.done', this.#seq++, { item_id: id, output_index: 0, content_index: 0, part }) +
+        sseEvent('response.output_item.done', this.#seq++, { output_index: 0, item: messageItem(id, status === 'incomplete' ? 'incomplete' : 'completed', text) }),
+    );
+    const final = responseObject(this, status, text, this.#usage, null);
+    const body = JSON.stringify(final);
+    this.#store(text, body, () => {
+      this.#streamEnded = true;
+      this.#client.end(sseEvent(status === 'incomplete' ? 'response.incomplete' : 'response.completed', this.#seq++, { response: final }));
+    });
+  }
+
+  #streamFailed(code: string, message: string): void {
+    if (this.#streamEnded) return;
+    this.#streamEnded = true;
+    const r = responseObject(this, 'failed', null, this.#usage, { code, message });
+    this.#client.end(sseEvent('response.failed', this.#seq++, { response: r }));
+  }
+
+  /** Stores the turn (when `store`), then sends; a store failure answers 503 (or response.failed) instead. */
+  #store(text: string, responseJson: string, send: () => void): void {
+    const req = this.req;
+    if (!req.store) {
+      send();
+      return;
+    }
+    const p = this.#parent;
+    const turn = `${req.inputFragment},${assistantMessage(text)}`;
+    const rec: StoredResponse = {
+      id: this.id,
+      root: this.#root,
+      parent: p === null ? '' : p.id,
+      createdAt: this.createdAt,
+      conv: p === null || p.conv === '' ? turn : `${p.conv},${turn}`,
+      ids: p === null || p.ids === '' ? `${req.inputIds},${this.msgId}` : `${p.ids},${req.inputIds},${this.msgId}`,
+      response: responseJson,
+    };
+    const failed = (err: unknown) => {
+      const msg = `the response was generated but could not be stored (store: true), so it cannot be continued: ${(err as Error).message}`;
+      if (this.#mode === MODE_SSE) this.#streamFailed('store_unavailable', msg);
+      else this.#client.error(503, msg, null, this.endpoint, null, 'store_unavailable');
+    };
+    let r: void | Promise<void>;
+    try {
+      r = this.#svc.store!.put(rec);
+    } catch (err) {
+      failed(err);
+      return;
+    }
+    if (!isPromise(r)) {
+      send();
+      return;
+    }
+    this.#storing = true;
+    const after = () => {
+      this.#storing = false;
+      if (this.#flightDone >= 0) this.#end(this.#flightDone);
+    };
+    r.then(
+      () => {
+        if (!this.#aborted) send();
+        after();
+      },
+      (err: unknown) => {
+        if (!this.#aborted) failed(err);
+        after();
+      },
+    );
+  }
+}

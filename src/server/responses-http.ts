@@ -1,0 +1,66 @@
+// The Responses API on the uWS transport: POST /v1/responses reads its body
+// like any inference request (HttpExchange) and hands it to the Responses
+// service instead of the director; GET / DELETE /v1/responses/{id} and
+// GET /v1/responses/{id}/input_items answer from the store.
+import type { ResponsesService } from '../responses/service.js';
+import { ResponsesError } from '../responses/request.js';
+import { StoreUnavailableError } from '../responses/store.js';
+import type { HttpRequest, HttpResponse, TemplatedApp } from '../uws.js';
+import { errorBody, statusLine } from './http-errors.js';
+import { HttpExchange, type ExchangeFlight, type ExchangeHost } from './http-exchange.js';
+
+/** The exchange kind of POST /v1/responses: a transport kind, never a director kind. */
+export const KIND_RESPONSES = -1;
+
+export interface ResponsesHost extends ExchangeHost {
+  readonly responses: ResponsesService | null;
+  readonly draining: boolean;
+  readonly metrics: ExchangeHost['metrics'];
+}
+
+export class ResponsesExchange extends HttpExchange {
+  override begin(raw: Buffer): ExchangeFlight {
+    return (this.core as ResponsesHost).responses!.begin(this, this.requestId, this.authorization, this.headers, raw);
+  }
+}
+
+type Op = (svc: ResponsesService, id: string, query: string) => Promise<{ status: number; body: string }>;
+
+function answer(host: ResponsesHost, res: HttpResponse, req: HttpRequest, op: Op): void {
+  const svc = host.responses!;
+  const id = req.getParameter(0) ?? '';
+  const query = req.getQuery() ?? '';
+  let gone = false;
+  res.onAborted(() => {
+    gone = true;
+  });
+  const write = (status: number, body: string) => {
+    host.metrics.countRequest('', -1, status);
+    if (gone) return;
+    res.cork(() => {
+      res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(body, host.draining);
+    });
+  };
+  op(svc, id, query).then(
+    (a) => write(a.status, a.body),
+    (err: unknown) => {
+      if (err instanceof ResponsesError) write(err.status, errorBody(err.status, err.message, err.param, err.code));
+      else if (err instanceof StoreUnavailableError) write(503, errorBody(503, err.message, null, 'store_unavailable'));
+      else {
+        svc.log.error({ err }, 'internal error reading the Responses store');
+        write(500, errorBody(500, `internal error: ${(err as Error)?.message ?? String(err)}`));
+      }
+    },
+  );
+}
+
+const retrieve: Op = (svc, id) => svc.retrieve(id);
+const remove: Op = (svc, id) => svc.remove(id);
+const inputItems: Op = (svc, id, query) => svc.inputItems(id, query);
+
+/** GET / DELETE routes (POST is the router's inference route with KIND_RESPONSES). */
+export function mountResponseReads(app: TemplatedApp, host: ResponsesHost): void {
+  app.get('/v1/responses/:id', (res, req) => answer(host, res, req, retrieve));
+  app.del('/v1/responses/:id', (res, req) => answer(host, res, req, remove));
+  app.get('/v1/responses/:id/input_items', (res, req) => answer(host, res, req, inputItems));
+}
