@@ -21,7 +21,7 @@ const version = pythonSdk();
 t.test('the Python openai SDK: create, chain, branch, stream, retrieve, delete, errors', { skip: version === null ? 'python3 cannot import openai (pip install openai, or set PYTHONPATH)' : false }, async (t) => {
   const { url } = await startTestRouter(t, { n: 2, fleet: { timeScale: 0.01 } });
   const out = await new Promise<string>((resolve, reject) =>
-    execFile('python3', [script, url], { timeout: 60_000 }, (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout))),
+    execFile('python3', [script, url], { timeout: 150_000 }, (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout))),
   );
   const o = JSON.parse(out.trim().split('\n').pop()!);
   t.comment(`python openai ${o.sdk}`);
