@@ -9,6 +9,7 @@ import { isIP } from 'node:net';
 import { ConfigError } from '../errors.js';
 import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
+import { tracingSchema, type TracingConfig } from './tracing.js';
 
 export const API_VERSION = 'switchyard/v1';
 export const ENGINES = ['vllm', 'sglang'] as const;
@@ -105,6 +106,8 @@ export interface RouterConfig {
   proxy: ProxyConfig;
   limits: LimitsConfig;
   logging: { level: (typeof LOG_LEVELS)[number] };
+  /** OpenTelemetry spans over OTLP (docs/observability.md); off by default. */
+  tracing: TracingConfig;
   /** The validated, defaulted flowControl block; undefined when the config has none. */
   flowControl?: FlowControlConfig;
 }
@@ -363,6 +366,7 @@ export const routerConfigSchema = strict(
       'must be a mapping',
     ).prefault({}),
     logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
+    tracing: tracingSchema.describe('OpenTelemetry tracing over OTLP (docs/observability.md); off by default'),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
   },
   'the config must be a YAML mapping',
@@ -483,6 +487,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     proxy: v.proxy,
     limits: v.limits,
     logging: v.logging,
+    tracing: v.tracing,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   return cfg;

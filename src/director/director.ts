@@ -13,9 +13,11 @@ import type { AbortLike, Admission, AdmissionGate, Rejected, RequestInfo } from 
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { errorBody, normalizeErrorBody } from '../proxy/error-shape.js';
 import { SseErrorRewriter } from '../proxy/sse-errors.js';
+import { appendTraceHeaders } from '../proxy/trace-context.js';
 import type { UpstreamCall, UpstreamClient, UpstreamSink } from '../proxy/upstream.js';
 import type { Decision, Outcome, Scheduler } from '../scheduler/scheduler.js';
 import type { SchedRequest } from '../scheduler/types.js';
+import type { RequestTrace, RequestTracer } from '../telemetry/tracing.js';
 import { Piscina } from 'piscina';
 import { MAX_JSON_DEPTH, parseRequestBody, renderPrompt } from './body.js';
 import { KIND_PATHS } from './kinds.js';
@@ -76,6 +78,8 @@ export interface DirectorOptions {
   parseWorkers?: number;
   /** Deepest nesting of arrays/objects in a body (default 128). */
   maxJsonDepth?: number;
+  /** OpenTelemetry tracing (src/telemetry/tracing.ts); null or absent = off. */
+  tracer?: RequestTracer | null;
 }
 
 /** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
@@ -88,6 +92,7 @@ export class Director {
   readonly metrics: DirectorMetrics;
   readonly log: Logger;
   readonly maxRetries: number;
+  readonly tracer: RequestTracer | null;
   /** The prompt bytes of the request being scheduled: one buffer reused by every request (a pick is synchronous). */
   readonly prompt = new PromptWriter();
   readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
@@ -105,6 +110,7 @@ export class Director {
     this.metrics = o.metrics;
     this.log = o.log;
     this.maxRetries = o.maxRetries;
+    this.tracer = o.tracer ?? null;
     this.parseOffloadBytes = o.parseOffloadBytes ?? 256 * 1024;
     this.#parseWorkers = Math.max(1, o.parseWorkers ?? 2);
     this.maxJsonDepth = o.maxJsonDepth ?? MAX_JSON_DEPTH;
@@ -157,6 +163,8 @@ export class Director {
   ): Flight {
     const f = new Flight(this, port, kind, requestId, authorization, headers);
     f.sessionKey = sessionKey;
+    // head sampling: null (nothing allocated) unless this request is traced
+    if (this.tracer !== null) f.trace = this.tracer.start(headers, kind, requestId, performance.now());
     try {
       f.start(body);
     } catch (err) {
@@ -185,6 +193,8 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   promptBytes = 0;
   sessionKey = '';
   continuation = false;
+  /** This request's spans when tracing is on and it was sampled; null otherwise. */
+  trace: RequestTrace | null = null;
 
   readonly director: Director;
   readonly port: ClientPort;
@@ -281,6 +291,11 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
       this.#reply(404, `The model \`${model}\` does not exist.`, 'model', null);
       return;
     }
+    const tr = this.trace;
+    if (tr !== null) {
+      tr.parsed(model, this.body);
+      tr.admissionStart(performance.now());
+    }
     const a = d.gate.admit(this, this);
     if (typeof (a as Promise<Admission>).then === 'function') {
       this.#promptCopy ??= Uint8Array.prototype.slice.call(d.prompt.view());
@@ -304,6 +319,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   }
 
   #onAdmission(a: Admission): void {
+    if (this.trace !== null) this.trace.admissionEnd(performance.now(), a.admitted, a.admitted ? '' : a.reason);
     if (a.admitted) {
       if (this.aborted || this.#done) {
         this.director.gate.release(a.ticket, 'aborted');
@@ -344,6 +360,10 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     const t1 = performance.now();
     sreq.prompt = undefined;
     d.metrics.decision.observe((t1 - t0) / 1000);
+    if (this.trace !== null) {
+      const s = d.scheduler;
+      this.trace.scheduled(t0, t1, picked === null ? null : this.endpoint, s.lastCandidates, s.lastScore, this.promptBlocks, this.matchedBlocks);
+    }
     if (picked === null) {
       if (this.#tried !== null) this.#reply(502, `all endpoints tried for model \`${this.model}\` failed: ${this.#errorMessage}`, null, null);
       else this.#reply(503, `no ready endpoint for model \`${this.model}\``, null, null);
@@ -353,12 +373,29 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     d.metrics.promptBlocks += this.promptBlocks;
     d.metrics.matchedBlocks += this.matchedBlocks;
     this.#dispatchedAt = t1;
-    const headers = this.authorization
-      ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
-      : ['content-type', 'application/json', 'x-request-id', this.requestId];
+    const headers = this.traceLeg(
+      this.authorization
+        ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
+        : ['content-type', 'application/json', 'x-request-id', this.requestId],
+      this.endpoint,
+      t1,
+    );
     const call = d.upstream.send(this.endpoint, { method: 'POST', path: this.path, headers, body: this.#raw }, this);
     // a client may fail the call synchronously (a closed pool): the nested retry or end already took over
     if (this.#call === null && !this.#done) this.#call = call;
+  }
+
+  /**
+   * Appends the trace headers (traceparent, tracestate, baggage) one upstream
+   * leg to `endpoint` carries and returns `headers`. Every leg calls it: this
+   * dispatch, each retry, a prefill leg before the decode leg. When the
+   * request is traced it also starts the leg's span (ended by the next leg or
+   * the request's end) and the engine gets that span as parent.
+   */
+  traceLeg(headers: string[], endpoint: Endpoint, now: number): string[] {
+    const tr = this.trace;
+    if (tr !== null) return appendTraceHeaders(headers, this.headers, tr.legStart(now, endpoint));
+    return this.headers === EMPTY ? headers : appendTraceHeaders(headers, this.headers);
   }
 
   #canRetry(): boolean {
@@ -367,6 +404,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
 
   #retry(reason: string): void {
     this.#errorMessage = reason;
+    if (this.trace !== null) this.trace.legEnd(performance.now(), reason);
     // nothing of the failed attempt's answer (status, a buffered error body) carries over
     this.#status = 0;
     this.#errorBody = null;
@@ -411,7 +449,9 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
       this.#retry(`endpoint ${this.endpoint.name} answered HTTP ${status}`);
       return;
     }
-    this.director.metrics.ttft[this.endpoint.id].observe((performance.now() - this.#dispatchedAt) / 1000);
+    const now = performance.now();
+    this.director.metrics.ttft[this.endpoint.id].observe((now - this.#dispatchedAt) / 1000);
+    if (this.trace !== null) this.trace.legFirstByte(now, status);
     this.#status = status;
     this.#contentType = contentType === '' ? 'application/json' : contentType;
     this.#isSse = contentType.startsWith('text/event-stream');
@@ -524,6 +564,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
       d.gate.release(this.#ticket, outcome);
     }
     d.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, status);
+    if (this.trace !== null) this.trace.end(performance.now(), status, outcome === 'failed' ? this.#errorMessage || `HTTP ${status}` : '');
     this.port.done(status);
   }
 
@@ -553,6 +594,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
         this.director.gate.release(this.#ticket, 'aborted');
       }
       this.director.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, 499);
+      if (this.trace !== null) this.trace.end(performance.now(), 499, 'client closed the request');
       this.port.done(499);
     }
     const cb = this.onabort;

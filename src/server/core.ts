@@ -23,6 +23,7 @@ import { AcceptGuard } from './accept-guard.js';
 import { lowestFreeFd, raiseFdLimit } from '../../bindings/index.js';
 import { Counter, Gauge } from 'prom-client';
 import { RouterMetrics } from './metrics.js';
+import type { RequestTracer } from '../telemetry/tracing.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
 export interface RouterOptions {
@@ -36,6 +37,8 @@ export interface RouterOptions {
   random?: () => number;
   /** Raise the process's open-file soft limit to its hard limit when listening (default true). */
   raiseFdLimit?: boolean;
+  /** OpenTelemetry tracing (startRouter builds it when config.tracing.enabled); absent = off. */
+  tracer?: RequestTracer | null;
 }
 
 // Header names read on every inference request, as bytes: uWS converts a JS
@@ -60,8 +63,17 @@ const H_TRANSFER_ENCODING = Buffer.from('transfer-encoding');
 let scanLength: string | null = null;
 let scanCodings = 0;
 let scanProblem = '';
+// W3C trace context, read in the same walk (no getHeader call per request): repeated
+// lines joined with ',' (tracestate and baggage are lists; two traceparent lines make
+// an invalid value, which the director replaces)
+let scanTraceparent = '';
+let scanTracestate = '';
+let scanBaggage = '';
 function scanFramingHeader(key: string, value: string): void {
-  if (key.length === 14 && key === 'content-length') {
+  if (key.length === 11 && key === 'traceparent') scanTraceparent = scanTraceparent === '' ? value : `${scanTraceparent},${value}`;
+  else if (key.length === 10 && key === 'tracestate') scanTracestate = scanTracestate === '' ? value : `${scanTracestate},${value}`;
+  else if (key.length === 7 && key === 'baggage') scanBaggage = scanBaggage === '' ? value : `${scanBaggage},${value}`;
+  else if (key.length === 14 && key === 'content-length') {
     if (scanLength === null) scanLength = value;
     else if (value !== scanLength && scanProblem === '') scanProblem = `conflicting Content-Length headers (${JSON.stringify(scanLength)} and ${JSON.stringify(value)})`;
   } else if (key.length === 17 && key === 'transfer-encoding') {
@@ -83,6 +95,7 @@ export function framingProblem(req: HttpRequest): string {
   scanLength = null;
   scanCodings = 0;
   scanProblem = '';
+  scanTraceparent = scanTracestate = scanBaggage = '';
   req.forEach(scanFramingHeader);
   return scanProblem;
 }
@@ -222,7 +235,9 @@ export class RouterCore {
       maxJsonDepth: cfg.limits.maxJsonDepth,
       parseOffloadBytes: cfg.limits.parseOffloadBytes,
       parseWorkers: cfg.limits.parseWorkers,
+      tracer: opts.tracer ?? null,
     });
+    if (opts.tracer) this.metrics.registerTracing(opts.tracer.stats);
     const created = Math.floor(Date.now() / 1000);
     this.#modelsBody = JSON.stringify({
       object: 'list',
@@ -410,11 +425,19 @@ export class RouterCore {
     else idHeader = headerBytes(id);
     const ctx = new HttpExchange(this, res, kind, id, idHeader, req.getHeader(H_AUTHORIZATION), contentLength);
     const names = this.gate.headerNames;
+    let h: Record<string, string> | null = null;
     if (names.length > 0) {
-      const h: Record<string, string> = {};
+      h = {};
       for (let i = 0; i < names.length; i++) h[names[i]] = req.getHeader(names[i]);
-      ctx.headers = h;
     }
+    // the trace headers framingProblem() collected (#badlyFramed ran it): for every upstream leg
+    if (scanTraceparent !== '' || scanTracestate !== '' || scanBaggage !== '') {
+      h ??= {};
+      if (scanTraceparent !== '') h.traceparent = scanTraceparent;
+      if (scanTracestate !== '') h.tracestate = scanTracestate;
+      if (scanBaggage !== '') h.baggage = scanBaggage;
+    }
+    if (h !== null) ctx.headers = h;
     this.#active++;
     // bound methods, not arrow closures: uWS calls onData once per request, and a
     // fresh closure pays V8's lazy-code install on its first call
@@ -595,5 +618,6 @@ export class RouterCore {
     await this.scheduler.close();
     await this.dataLayer.close();
     await this.upstream.close();
+    await this.director.tracer?.close(); // the last spans go out (bounded by the export timeout)
   }
 }

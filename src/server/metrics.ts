@@ -45,6 +45,32 @@ export class RouterMetrics {
     byStatus.set(status, (byStatus.get(status) ?? 0) + 1);
   }
 
+  /** The tracing export counters (when tracing is on). */
+  registerTracing(stats: { exported: number; dropped: number; failed: number; readonly queued: number }): void {
+    const r = [this.registry];
+    const counter = (name: string, help: string, read: () => number) =>
+      new Counter({
+        name,
+        help,
+        registers: r,
+        collect() {
+          this.reset();
+          this.inc(read());
+        },
+      });
+    counter('switchyard_tracing_spans_exported_total', 'Spans the OTLP collector acknowledged.', () => stats.exported);
+    counter('switchyard_tracing_spans_dropped_total', 'Spans dropped because the export queue was full (collector slow or down).', () => stats.dropped);
+    counter('switchyard_tracing_spans_failed_total', 'Spans lost in exports that failed (collector down, timeout, refused).', () => stats.failed);
+    new Gauge({
+      name: 'switchyard_tracing_spans_queued',
+      help: 'Finished spans waiting for export.',
+      registers: r,
+      collect() {
+        this.set(stats.queued);
+      },
+    });
+  }
+
   /** The Prometheus text of the whole registry (what GET /metrics answers). */
   text(): Promise<string> {
     return this.registry.metrics();
