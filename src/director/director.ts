@@ -446,6 +446,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   onUpstreamHeaders(status: number, contentType: string, contentLength: number): void {
     if (this.aborted) return;
     if (status >= 500 && this.#canRetry()) {
+      if (this.trace !== null) this.trace.legFirstByte(performance.now(), status);
       this.#retry(`endpoint ${this.endpoint.name} answered HTTP ${status}`);
       return;
     }
