@@ -8,8 +8,12 @@
 // the requests completed; user time is also reported on its own.
 // `--base .` with `--extra '<yaml lines>'` compares one build under two configs
 // instead (the lines are appended to the second router's config only).
-//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml']
+// `--otlp-sink` starts an OTLP/HTTP trace sink in this process (answers 200,
+// counts the bytes) and replaces {OTLP} in --extra with its URL, so a tracing
+// config exports to a live collector.
+//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml'] [--otlp-sink]
 import { mkdtempSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CLI, ROOT, cpuSeconds, freePort, start, waitReady, type Proc, runMain, option } from './lib/proc.js';
@@ -23,7 +27,8 @@ const seconds = Number(arg('--seconds', '3'));
 const rounds = Number(arg('--rounds', '5'));
 const connections = arg('--connections', '16,64,256').split(',').map(Number);
 const client = arg('--client', 'native');
-const extra = arg('--extra', '');
+let extra = arg('--extra', '');
+const otlpSink = argv.includes('--otlp-sink');
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
 
 
@@ -42,6 +47,20 @@ async function main(): Promise<void> {
   const engineUrl = `http://127.0.0.1:${enginePort}`;
   const engine = start('engine', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0']);
   const dir = mkdtempSync(join(tmpdir(), 'swy-ab-'));
+  let sink: Server | null = null;
+  let sinkBytes = 0;
+  let sinkRequests = 0;
+  if (otlpSink) {
+    sink = createServer((req, res) => {
+      req.on('data', (c: Buffer) => (sinkBytes += c.length));
+      req.on('end', () => {
+        sinkRequests++;
+        res.writeHead(200, { 'content-type': 'application/x-protobuf' }).end();
+      });
+    });
+    await new Promise<void>((r) => sink!.listen(0, '127.0.0.1', r));
+    extra = extra.replaceAll('{OTLP}', `http://127.0.0.1:${(sink.address() as { port: number }).port}/v1/traces`);
+  }
   const builds = [
     { name: 'base', cli: join(base, 'bin', 'switchyard.js'), extra: '' },
     { name: 'this', cli: CLI, extra },
@@ -107,7 +126,9 @@ async function main(): Promise<void> {
         );
       }
     }
+    if (sink !== null) console.log(`OTLP sink: ${sinkRequests} export request(s), ${sinkBytes} bytes`);
   } finally {
+    sink?.close();
     for (const r of routers) await r.proc.stop();
     await engine.stop();
   }

@@ -57,6 +57,8 @@ export interface ClientPort {
 export interface DirectorMetrics {
   decision: { observe(seconds: number): void };
   ttft: { observe(seconds: number): void }[];
+  /** Per endpoint id: time between body chunks of a 200 SSE stream (one chunk is about one token event). Optional. */
+  itl?: { observe(seconds: number): void }[];
   rejected: Map<string, number>;
   retries: number;
   promptBlocks: number;
@@ -215,6 +217,8 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   /** The answer is an SSE stream with status 200: flat-shape error events in it are rewritten. */
   #sse: SseErrorRewriter | null = null;
   #isSse = false;
+  /** performance.now() of the stream's previous chunk (the inter-chunk histogram); 0 before the first. */
+  #lastChunkAt = 0;
   #upstreamLength = -1;
   /** Bytes (or the head) went to the client: no retry from here on. */
   #started = false;
@@ -457,6 +461,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     this.#contentType = contentType === '' ? 'application/json' : contentType;
     this.#isSse = contentType.startsWith('text/event-stream');
     if (this.#isSse && status === 200) (this.#sse ??= new SseErrorRewriter());
+    this.#lastChunkAt = 0;
     this.#upstreamLength = contentLength;
     this.#errorBytes = 0;
     this.#errorBody = status >= 400 && !this.#isSse && contentLength <= MAX_ERROR_BODY ? [] : null;
@@ -476,6 +481,12 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
       this.#errorBody = null;
       for (const held of eb) this.#write(held);
     } else if (this.#sse !== null) {
+      const itl = this.director.metrics.itl;
+      if (itl !== undefined) {
+        const now = performance.now();
+        if (this.#lastChunkAt > 0) itl[this.endpoint.id].observe((now - this.#lastChunkAt) / 1000);
+        this.#lastChunkAt = now;
+      }
       chunk = this.#sse.push(chunk);
       if (chunk.length === 0) return;
     }
