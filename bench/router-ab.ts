@@ -19,6 +19,7 @@ import { join } from 'node:path';
 import { CLI, ROOT, cpuSeconds, freePort, start, waitReady, type Proc, runMain, option } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
 import { median } from './lib/stats.js';
+import { progress } from '../src/progress.js';
 
 const argv = process.argv.slice(2);
 const arg = (name: string, def: string) => option(argv, name) ?? def;
@@ -82,9 +83,11 @@ async function main(): Promise<void> {
     for (const r of routers) await waitReady(`${r.url}/readyz`);
     for (const r of routers) await runWrk(`${r.url}/v1/completions`, BODY, { connections: 64, threads: 1, seconds: 1 }); // warm-up
     const runs = new Map<string, Run[]>();
+    const bar = progress('router A/B', rounds * connections.length * routers.length);
     for (let round = 0; round < rounds; round++) {
       for (const c of connections) {
         for (const r of round % 2 === 0 ? routers : [...routers].reverse()) {
+          bar.tick(`round ${round + 1}, ${c} connections, ${r.name}`);
           const pid = r.proc.child.pid;
           const c0 = cpuSeconds(pid);
           const u0 = cpuSeconds(pid, true);
@@ -102,6 +105,7 @@ async function main(): Promise<void> {
         }
       }
     }
+    bar.done();
     const f = (n: number) => Math.round(n).toLocaleString('en-US');
     console.log(`router A/B: base = ${base}, this = ${ROOT}${extra ? ` with ${JSON.stringify(extra)}` : ''}; proxy.client ${client}; ${rounds} interleaved round(s) of ${seconds} s (medians); wrk -t1; engine = switchyard sim --time-scale 0`);
     console.log('| connections | build | req/s | router CPU µs/req | of which user µs/req | p99 µs | errors | CPU/req vs base | user/req vs base | req/s vs base |');
