@@ -10,13 +10,18 @@
 // instead (the lines are appended to the second router's config only);
 // `--extra-all '<yaml lines>'` appends lines to both routers' configs (e.g. a
 // flowControl block, to compare the admission path of two builds).
-//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml'] [--extra-all 'yaml']
+// `--otlp-sink` starts an OTLP/HTTP trace sink in this process (answers 200,
+// counts the bytes) and replaces {OTLP} in --extra with its URL, so a tracing
+// config exports to a live collector.
+//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml'] [--extra-all 'yaml'] [--otlp-sink]
 import { mkdtempSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CLI, ROOT, cpuSeconds, freePort, start, waitReady, type Proc, runMain, option } from './lib/proc.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
 import { median } from './lib/stats.js';
+import { progress } from '../src/progress.js';
 
 const argv = process.argv.slice(2);
 const arg = (name: string, def: string) => option(argv, name) ?? def;
@@ -25,8 +30,9 @@ const seconds = Number(arg('--seconds', '3'));
 const rounds = Number(arg('--rounds', '5'));
 const connections = arg('--connections', '16,64,256').split(',').map(Number);
 const client = arg('--client', 'native');
-const extra = arg('--extra', '');
+let extra = arg('--extra', '');
 const extraAll = arg('--extra-all', '');
+const otlpSink = argv.includes('--otlp-sink');
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
 
 
@@ -45,6 +51,20 @@ async function main(): Promise<void> {
   const engineUrl = `http://127.0.0.1:${enginePort}`;
   const engine = start('engine', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0']);
   const dir = mkdtempSync(join(tmpdir(), 'swy-ab-'));
+  let sink: Server | null = null;
+  let sinkBytes = 0;
+  let sinkRequests = 0;
+  if (otlpSink) {
+    sink = createServer((req, res) => {
+      req.on('data', (c: Buffer) => (sinkBytes += c.length));
+      req.on('end', () => {
+        sinkRequests++;
+        res.writeHead(200, { 'content-type': 'application/x-protobuf' }).end();
+      });
+    });
+    await new Promise<void>((r) => sink!.listen(0, '127.0.0.1', r));
+    extra = extra.replaceAll('{OTLP}', `http://127.0.0.1:${(sink.address() as { port: number }).port}/v1/traces`);
+  }
   const builds = [
     { name: 'base', cli: join(base, 'bin', 'switchyard.js'), extra: extraAll },
     { name: 'this', cli: CLI, extra: [extraAll, extra].filter((x) => x !== '').join('\n') },
@@ -66,9 +86,11 @@ async function main(): Promise<void> {
     for (const r of routers) await waitReady(`${r.url}/readyz`);
     for (const r of routers) await runWrk(`${r.url}/v1/completions`, BODY, { connections: 64, threads: 1, seconds: 1 }); // warm-up
     const runs = new Map<string, Run[]>();
+    const bar = progress('router A/B', rounds * connections.length * routers.length);
     for (let round = 0; round < rounds; round++) {
       for (const c of connections) {
         for (const r of round % 2 === 0 ? routers : [...routers].reverse()) {
+          bar.tick(`round ${round + 1}, ${c} connections, ${r.name}`);
           const pid = r.proc.child.pid;
           const c0 = cpuSeconds(pid);
           const u0 = cpuSeconds(pid, true);
@@ -86,6 +108,7 @@ async function main(): Promise<void> {
         }
       }
     }
+    bar.done();
     const f = (n: number) => Math.round(n).toLocaleString('en-US');
     console.log(`router A/B: base = ${base}, this = ${ROOT}${extra ? ` with ${JSON.stringify(extra)}` : ''}${extraAll ? `; both with ${JSON.stringify(extraAll)}` : ''}; proxy.client ${client}; ${rounds} interleaved round(s) of ${seconds} s (medians); wrk -t1; engine = switchyard sim --time-scale 0`);
     console.log('| connections | build | req/s | router CPU µs/req | of which user µs/req | p99 µs | errors | CPU/req vs base | user/req vs base | req/s vs base |');
@@ -110,7 +133,9 @@ async function main(): Promise<void> {
         );
       }
     }
+    if (sink !== null) console.log(`OTLP sink: ${sinkRequests} export request(s), ${sinkBytes} bytes`);
   } finally {
+    sink?.close();
     for (const r of routers) await r.proc.stop();
     await engine.stop();
   }

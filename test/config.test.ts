@@ -93,12 +93,12 @@ t.test('switchyard serve: exit code 2 and every problem on stderr', async (t) =>
   const bin = fileURLToPath(new URL('../bin/switchyard.js', import.meta.url));
   const r = spawnSync(process.execPath, [bin, 'serve', '--config', fixture('router-invalid.yaml')], { encoding: 'utf8', timeout: 20000 });
   t.equal(r.status, 2, 'exit code 2');
-  t.match(r.stderr, /pools\[0\]\.endpoints\[1\]\.url: must be an http\(s\) URL/);
+  t.match(r.stderr, /^pools\[0\]\.endpoints\[1\]\.url: must be an http\(s\) URL/m);
   t.match(r.stderr, /loging: unknown top-level field/);
   const bad = spawnSync(process.execPath, [bin, 'serve', '--port', 'x', '--engine', 'foo'], { encoding: 'utf8', timeout: 20000 });
   t.equal(bad.status, 2, 'bad options: exit code 2');
-  t.match(bad.stderr, /--port must be an integer/);
-  t.match(bad.stderr, /--engine must be one of/);
+  t.match(bad.stderr, /^--port: must be an integer/m);
+  t.match(bad.stderr, /^--engine: must be one of/m);
   const flow = spawnSync(process.execPath, [bin, 'serve', '--config', fixture('router-flow-invalid.yaml'), '--port', '0'], { encoding: 'utf8', timeout: 20000 });
   t.equal(flow.status, 2, 'invalid flowControl block: exit code 2');
   t.match(flow.stderr, /flowControl\.flows\[0\]\.minShare/);

@@ -1,7 +1,7 @@
 // Loading a Router config from YAML text or a file, and building the configs
 // the CLI needs without a file (quick mode, embedded default).
 import { readFile } from 'node:fs/promises';
-import { parseDocument } from 'yaml';
+import { parseDocument, stringify } from 'yaml';
 import { ConfigError, type ConfigIssue } from '../errors.js';
 import { validateConfig, API_VERSION, type Engine, type PluginSpec, type RouterConfig } from './schema.js';
 
@@ -54,4 +54,36 @@ export function quickConfig(
     validatePlugin,
     '--upstream',
   );
+}
+
+/**
+ * A ConfigError as shell-friendly lines: one per problem, the field path
+ * first (`pools[0].endpoints[1].url: must be …`), so `grep` and `wc -l` work.
+ */
+export function issueLines(err: ConfigError): string[] {
+  return err.issues.map((i) => `${i.path || '(root)'}: ${i.message}`);
+}
+
+/**
+ * A resolved config as plain data that validates again as a config: a limit
+ * of Infinity ("no limit") becomes null, which is how a file says it.
+ */
+export function printableConfig(cfg: RouterConfig): unknown {
+  const out = JSON.parse(JSON.stringify(cfg)) as Record<string, unknown>;
+  const fc = out.flowControl as Record<string, unknown> | undefined;
+  if (fc !== undefined) {
+    // flowControl's durations are written `ttl` / `sweepInterval` (ms or "2s") and resolved to *Ms
+    for (const [resolved, written] of [['ttlMs', 'ttl'], ['sweepIntervalMs', 'sweepInterval']] as const) {
+      if (resolved in fc) {
+        fc[written] = fc[resolved];
+        delete fc[resolved];
+      }
+    }
+  }
+  return out;
+}
+
+/** A resolved config as YAML, every default filled in (what `switchyard check` and `serve --print-config` print). */
+export function configYaml(cfg: RouterConfig): string {
+  return stringify(printableConfig(cfg), { lineWidth: 0 });
 }

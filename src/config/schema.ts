@@ -11,6 +11,7 @@ import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
 import { sessionsSchema, type SessionsConfig } from './sessions.js';
 import { responsesSchema, type ResponsesConfig } from './responses.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
+import { tracingSchema, type TracingConfig } from './tracing.js';
 
 export const API_VERSION = 'switchyard/v1';
 export const ENGINES = ['vllm', 'sglang'] as const;
@@ -107,6 +108,8 @@ export interface RouterConfig {
   proxy: ProxyConfig;
   limits: LimitsConfig;
   logging: { level: (typeof LOG_LEVELS)[number] };
+  /** OpenTelemetry spans over OTLP (docs/observability.md); off by default. */
+  tracing: TracingConfig;
   /** The validated, defaulted flowControl block; undefined when the config has none. */
   flowControl?: FlowControlConfig;
   /** Session identification, pins and turn tracking (docs/responses.md). */
@@ -371,6 +374,7 @@ export const routerConfigSchema = strict(
       'must be a mapping',
     ).prefault({}),
     logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
+    tracing: tracingSchema.describe('OpenTelemetry tracing over OTLP (docs/observability.md); off by default'),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
     sessions: sessionsSchema.describe('conversations: identification, pins to endpoints, turn priority (docs/responses.md)'),
     responses: responsesSchema.describe('the Responses API and its store (docs/responses.md)'),
@@ -495,6 +499,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     logging: v.logging,
     sessions: v.sessions,
     responses: v.responses,
+    tracing: v.tracing,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   return cfg;

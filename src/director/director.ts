@@ -13,9 +13,11 @@ import type { AbortLike, Admission, AdmissionGate, FinishedRequest, Rejected } f
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { errorBody, normalizeErrorBody } from '../proxy/error-shape.js';
 import { SseErrorRewriter } from '../proxy/sse-errors.js';
+import { appendTraceHeaders } from '../proxy/trace-context.js';
 import type { UpstreamCall, UpstreamClient, UpstreamSink } from '../proxy/upstream.js';
 import type { Decision, Outcome, Scheduler } from '../scheduler/scheduler.js';
 import type { SchedRequest } from '../scheduler/types.js';
+import type { RequestTrace, RequestTracer } from '../telemetry/tracing.js';
 import { Piscina } from 'piscina';
 import { MAX_JSON_DEPTH, parseRequestBody, renderPrompt } from './body.js';
 import { KIND_PATHS, isPassthrough } from './kinds.js';
@@ -73,6 +75,8 @@ export interface ClientPort {
 export interface DirectorMetrics {
   decision: { observe(seconds: number): void };
   ttft: { observe(seconds: number): void }[];
+  /** Per endpoint id: time between body chunks of a 200 SSE stream (one chunk is about one token event). Optional. */
+  itl?: { observe(seconds: number): void }[];
   rejected: Map<string, number>;
   retries: number;
   promptBlocks: number;
@@ -96,6 +100,8 @@ export interface DirectorOptions {
   maxJsonDepth?: number;
   /** Session pins and turn records (default: the scheduler's table); its config names the session-key sources. */
   sessions?: SessionTable;
+  /** OpenTelemetry tracing (src/telemetry/tracing.ts); null or absent = off. */
+  tracer?: RequestTracer | null;
 }
 
 /** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
@@ -108,6 +114,7 @@ export class Director {
   readonly metrics: DirectorMetrics;
   readonly log: Logger;
   readonly maxRetries: number;
+  readonly tracer: RequestTracer | null;
   /** The prompt bytes of the request being scheduled: one buffer reused by every request (a pick is synchronous). */
   readonly prompt = new PromptWriter();
   readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
@@ -134,6 +141,7 @@ export class Director {
     this.metrics = o.metrics;
     this.log = o.log;
     this.maxRetries = o.maxRetries;
+    this.tracer = o.tracer ?? null;
     this.parseOffloadBytes = o.parseOffloadBytes ?? 256 * 1024;
     this.#parseWorkers = Math.max(1, o.parseWorkers ?? 2);
     this.maxJsonDepth = o.maxJsonDepth ?? MAX_JSON_DEPTH;
@@ -195,6 +203,8 @@ export class Director {
     const f = new Flight(this, port, kind, requestId, authorization, headers);
     f.sessionKey = sessionKey;
     f.sessionHeader = sessionHeader;
+    // head sampling: null (nothing allocated) unless this request is traced
+    if (this.tracer !== null) f.trace = this.tracer.start(headers, kind, requestId, performance.now());
     try {
       f.start(body);
     } catch (err) {
@@ -229,6 +239,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   responseChunks = 0;
   /** The session header's value ('' when absent): a source of the session key. */
   sessionHeader = '';
+  /** This request's spans when tracing is on and it was sampled; null otherwise. */
+  trace: RequestTrace | null = null;
 
   readonly director: Director;
   readonly port: ClientPort;
@@ -249,6 +261,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   /** The answer is an SSE stream with status 200: flat-shape error events in it are rewritten. */
   #sse: SseErrorRewriter | null = null;
   #isSse = false;
+  /** performance.now() of the stream's previous chunk (the inter-chunk histogram); 0 before the first. */
+  #lastChunkAt = 0;
   #upstreamLength = -1;
   /** Look for `"completion_tokens":` in the answer's chunks (the gate wants usage, and the answer carries it). */
   #scanUsage = false;
@@ -367,6 +381,11 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
 
   #admitGate(): void {
     const d = this.director;
+    const tr = this.trace;
+    if (tr !== null) {
+      tr.parsed(this.model, this.body);
+      tr.admissionStart(performance.now());
+    }
     const a = d.gate.admit(this, this);
     if (typeof (a as Promise<Admission>).then === 'function') {
       this.#promptCopy ??= Uint8Array.prototype.slice.call(d.prompt.view());
@@ -390,6 +409,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   }
 
   #onAdmission(a: Admission): void {
+    if (this.trace !== null) this.trace.admissionEnd(performance.now(), a.admitted, a.admitted ? '' : a.reason);
     if (a.admitted) {
       if (this.aborted || this.#done) {
         this.director.gate.release(a.ticket, 'aborted');
@@ -430,6 +450,10 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     const t1 = performance.now();
     sreq.prompt = undefined;
     d.metrics.decision.observe((t1 - t0) / 1000);
+    if (this.trace !== null) {
+      const s = d.scheduler;
+      this.trace.scheduled(t0, t1, picked === null ? null : this.endpoint, s.lastCandidates, s.lastScore, this.promptBlocks, this.matchedBlocks);
+    }
     if (picked === null) {
       if (this.#tried !== null) this.#reply(502, `all endpoints tried for model \`${this.model}\` failed: ${this.#errorMessage}`, null, null);
       else this.#reply(503, `no ready endpoint for model \`${this.model}\``, null, null);
@@ -439,12 +463,29 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     d.metrics.promptBlocks += this.promptBlocks;
     d.metrics.matchedBlocks += this.matchedBlocks;
     this.#dispatchedAt = t1;
-    const headers = this.authorization
-      ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
-      : ['content-type', 'application/json', 'x-request-id', this.requestId];
+    const headers = this.traceLeg(
+      this.authorization
+        ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
+        : ['content-type', 'application/json', 'x-request-id', this.requestId],
+      this.endpoint,
+      t1,
+    );
     const call = d.upstream.send(this.endpoint, { method: 'POST', path: this.path, headers, body: this.#raw }, this);
     // a client may fail the call synchronously (a closed pool): the nested retry or end already took over
     if (this.#call === null && !this.#done) this.#call = call;
+  }
+
+  /**
+   * Appends the trace headers (traceparent, tracestate, baggage) one upstream
+   * leg to `endpoint` carries and returns `headers`. Every leg calls it: this
+   * dispatch, each retry, a prefill leg before the decode leg. When the
+   * request is traced it also starts the leg's span (ended by the next leg or
+   * the request's end) and the engine gets that span as parent.
+   */
+  traceLeg(headers: string[], endpoint: Endpoint, now: number): string[] {
+    const tr = this.trace;
+    if (tr !== null) return appendTraceHeaders(headers, this.headers, tr.legStart(now, endpoint));
+    return this.headers === EMPTY ? headers : appendTraceHeaders(headers, this.headers);
   }
 
   #canRetry(): boolean {
@@ -453,6 +494,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
 
   #retry(reason: string): void {
     this.#errorMessage = reason;
+    if (this.trace !== null) this.trace.legEnd(performance.now(), reason);
     // nothing of the failed attempt's answer (status, a buffered error body) carries over
     this.#status = 0;
     this.#errorBody = null;
@@ -494,14 +536,18 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   onUpstreamHeaders(status: number, contentType: string, contentLength: number): void {
     if (this.aborted) return;
     if (status >= 500 && this.#canRetry()) {
+      if (this.trace !== null) this.trace.legFirstByte(performance.now(), status);
       this.#retry(`endpoint ${this.endpoint.name} answered HTTP ${status}`);
       return;
     }
-    this.director.metrics.ttft[this.endpoint.id].observe((performance.now() - this.#dispatchedAt) / 1000);
+    const now = performance.now();
+    this.director.metrics.ttft[this.endpoint.id].observe((now - this.#dispatchedAt) / 1000);
+    if (this.trace !== null) this.trace.legFirstByte(now, status);
     this.#status = status;
     this.#contentType = contentType === '' ? 'application/json' : contentType;
     this.#isSse = contentType.startsWith('text/event-stream');
     if (this.#isSse && status === 200) (this.#sse ??= new SseErrorRewriter());
+    this.#lastChunkAt = 0;
     this.#upstreamLength = contentLength;
     this.#scanUsage = this.director.wantsUsage && status === 200 && (!this.#isSse || this.#streamsUsage());
     this.#errorBytes = 0;
@@ -537,6 +583,12 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       this.#errorBody = null;
       for (const held of eb) this.#write(held);
     } else if (this.#sse !== null) {
+      const itl = this.director.metrics.itl;
+      if (itl !== undefined) {
+        const now = performance.now();
+        if (this.#lastChunkAt > 0) itl[this.endpoint.id].observe((now - this.#lastChunkAt) / 1000);
+        this.#lastChunkAt = now;
+      }
       chunk = this.#sse.push(chunk);
       if (chunk.length === 0) return;
     }
@@ -627,6 +679,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       d.gate.release(this.#ticket, outcome, this);
     }
     d.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, status);
+    if (this.trace !== null) this.trace.end(performance.now(), status, outcome === 'failed' ? this.#errorMessage || `HTTP ${status}` : '');
     this.port.done(status);
   }
 
@@ -657,6 +710,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
         this.director.gate.release(this.#ticket, 'aborted', this);
       }
       this.director.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, 499);
+      if (this.trace !== null) this.trace.end(performance.now(), 499, 'client closed the request');
       this.port.done(499);
     }
     const cb = this.onabort;

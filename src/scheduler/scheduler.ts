@@ -110,6 +110,10 @@ export class Scheduler {
     this.#dataLayer.onScrape(fn);
   }
 
+  /** Of the last successful pick (read by tracing right after it): candidates left by the filters, and the winner's weighted score. */
+  lastCandidates = 0;
+  lastScore = 0;
+
   /** True if some pool serves `model`. */
   hasModel(model: string): boolean {
     return this.endpoints.forModel(model) !== undefined;
@@ -160,6 +164,8 @@ export class Scheduler {
       idx = n > 1 ? this.picker.pick(ctx, eps, total) : 0;
     }
     const ep = eps[idx];
+    this.lastCandidates = n;
+    this.lastScore = n > 1 || this.scorers.length > 0 ? this.#total[idx] : 0;
     if (prefix !== null) prefix.record(ctx, ep, idx);
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onPicked?.(ctx, ep, idx);
     const seq = ep.onDispatch(ctx.now);

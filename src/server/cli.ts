@@ -2,7 +2,7 @@
 // (quick mode), or with no options in front of 4 simulated engines it starts
 // itself (the embedded default).
 import { parseArgs } from 'node:util';
-import { loadConfigFile, quickConfig } from '../config/load.js';
+import { configYaml, issueLines, loadConfigFile, quickConfig } from '../config/load.js';
 import { API_VERSION, ENGINES, validateConfig, type Engine, type RouterConfig } from '../config/schema.js';
 import { ConfigError } from '../errors.js';
 import { registry } from '../scheduler/builtins.js';
@@ -19,7 +19,18 @@ const USAGE = `usage: switchyard serve [options]
   --host HOST          listen address (overrides the config; default 127.0.0.1)
   --port PORT          listen port (overrides the config; default 8000)
   --log-level LEVEL    fatal|error|warn|info|debug|trace|silent (default info)
+  --print-config       print the resolved config (every default filled in,
+                       the options above applied) and exit without starting
   -h, --help           show this message
+
+examples:
+  switchyard serve                                  # 4 simulated engines, port 8000
+  switchyard serve --config router.yaml --port 9000
+  switchyard serve --upstream http://10.0.0.5:8000 --upstream http://10.0.0.6:8000 \
+                   --model llama-3-8b --engine vllm
+  switchyard serve --config router.yaml --print-config
+  curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \
+       -d '{"model":"open-model","messages":[{"role":"user","content":"hi"}]}'
 
 With neither --config nor --upstream, the router starts 4 simulated engines
 in-process (model open-model) and routes to them; Ctrl-C stops everything.
@@ -54,6 +65,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
         host: { type: 'string' },
         port: { type: 'string' },
         'log-level': { type: 'string' },
+        'print-config': { type: 'boolean' },
         help: { type: 'boolean', short: 'h' },
       },
       strict: true,
@@ -71,20 +83,20 @@ export async function runServeCli(argv: string[]): Promise<number> {
   let port: number | undefined;
   if (args.port !== undefined) {
     port = Number(args.port);
-    if (!/^\d+$/.test(args.port) || port > 65535) problems.push(`--port must be an integer in [0, 65535] (got ${args.port})`);
+    if (!/^\d+$/.test(args.port) || port > 65535) problems.push(`--port: must be an integer in [0, 65535] (got ${args.port})`);
   }
-  if (args.host !== undefined && args.host.length === 0) problems.push('--host must not be empty');
-  if (args.config !== undefined && args.upstream !== undefined) problems.push('--config and --upstream are mutually exclusive');
-  if (args.engine !== undefined && !ENGINES.includes(args.engine as Engine)) problems.push(`--engine must be one of: ${ENGINES.join(', ')} (got ${args.engine})`);
+  if (args.host !== undefined && args.host.length === 0) problems.push('--host: must not be empty');
+  if (args.config !== undefined && args.upstream !== undefined) problems.push('--config: cannot be combined with --upstream');
+  if (args.engine !== undefined && !ENGINES.includes(args.engine as Engine)) problems.push(`--engine: must be one of: ${ENGINES.join(', ')} (got ${args.engine})`);
   if ((args.model !== undefined || args.engine !== undefined) && args.upstream === undefined && args.config !== undefined) {
-    problems.push('--model and --engine apply to quick mode (--upstream) only');
+    problems.push(`${args.model !== undefined ? '--model' : '--engine'}: applies to quick mode (--upstream) only, not with --config`);
   }
   const level = args['log-level'];
   if (level !== undefined && !['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'].includes(level)) {
-    problems.push(`--log-level must be one of fatal, error, warn, info, debug, trace, silent (got ${level})`);
+    problems.push(`--log-level: must be one of fatal, error, warn, info, debug, trace, silent (got ${level})`);
   }
   if (problems.length > 0) {
-    console.error(`switchyard serve: ${problems.join('\n  ')}\n\nRun \`switchyard serve --help\` for the options.`);
+    for (const p of problems) console.error(p);
     return 2;
   }
 
@@ -95,9 +107,13 @@ export async function runServeCli(argv: string[]): Promise<number> {
     else if (args.upstream !== undefined) {
       config = quickConfig(args.upstream, args.model ?? 'open-model', (args.engine as Engine | undefined) ?? 'vllm', validatePlugin);
     } else {
-      const { startFleet } = await import('../sim/index.js');
       const models = [args.model ?? 'open-model'];
-      fleet = await startFleet(4, { models, engine: (args.engine as Engine | undefined) ?? 'vllm' });
+      if (!args['print-config']) {
+        const { startFleet } = await import('../sim/index.js');
+        fleet = await startFleet(4, { models, engine: (args.engine as Engine | undefined) ?? 'vllm' });
+      }
+      // --print-config starts nothing: the simulated engines' ports show as 0 (chosen at start)
+      const urls = fleet?.urls ?? ['http://127.0.0.1:0', 'http://127.0.0.1:0', 'http://127.0.0.1:0', 'http://127.0.0.1:0'];
       config = validateConfig(
         {
           apiVersion: API_VERSION,
@@ -107,7 +123,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
               name: 'sim',
               engine: args.engine ?? 'vllm',
               models,
-              endpoints: fleet.urls.map((url, i) => ({ name: `sim-${i}`, url })),
+              endpoints: urls.map((url, i) => ({ name: `sim-${i}`, url })),
             },
           ],
         },
@@ -117,7 +133,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
     }
   } catch (err) {
     if (err instanceof ConfigError) {
-      console.error(`switchyard serve: ${err.message}`);
+      for (const line of issueLines(err)) console.error(line);
       await fleet?.close();
       return 2;
     }
@@ -126,6 +142,12 @@ export async function runServeCli(argv: string[]): Promise<number> {
     return 1;
   }
   if (level !== undefined) config.logging.level = level as RouterConfig['logging']['level'];
+  if (args['print-config']) {
+    if (args.host !== undefined) config.listen.host = args.host;
+    if (port !== undefined) config.listen.port = port;
+    process.stdout.write(configYaml(config));
+    return 0;
+  }
   const log = createLogger(config.logging.level);
 
   let router;
@@ -133,7 +155,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
     router = await startRouter(config, { logger: log, host: args.host, port });
   } catch (err) {
     if (err instanceof ConfigError) {
-      console.error(`switchyard serve: ${err.message}`);
+      for (const line of issueLines(err)) console.error(line);
       await fleet?.close();
       return 2;
     }

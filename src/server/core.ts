@@ -28,6 +28,7 @@ import { Counter, Gauge } from 'prom-client';
 import { RouterMetrics } from './metrics.js';
 import { ResponsesService } from '../responses/service.js';
 import { KIND_RESPONSES, mountResponseReads, ResponsesExchange } from './responses-http.js';
+import type { RequestTracer } from '../telemetry/tracing.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
 export interface RouterOptions {
@@ -41,6 +42,8 @@ export interface RouterOptions {
   random?: () => number;
   /** Raise the process's open-file soft limit to its hard limit when listening (default true). */
   raiseFdLimit?: boolean;
+  /** OpenTelemetry tracing (startRouter builds it when config.tracing.enabled); absent = off. */
+  tracer?: RequestTracer | null;
 }
 
 // Header names read on every inference request, as bytes: uWS converts a JS
@@ -65,8 +68,17 @@ const H_TRANSFER_ENCODING = Buffer.from('transfer-encoding');
 let scanLength: string | null = null;
 let scanCodings = 0;
 let scanProblem = '';
+// W3C trace context, read in the same walk (no getHeader call per request): repeated
+// lines joined with ',' (tracestate and baggage are lists; two traceparent lines make
+// an invalid value, which the director replaces)
+let scanTraceparent = '';
+let scanTracestate = '';
+let scanBaggage = '';
 function scanFramingHeader(key: string, value: string): void {
-  if (key.length === 14 && key === 'content-length') {
+  if (key.length === 11 && key === 'traceparent') scanTraceparent = scanTraceparent === '' ? value : `${scanTraceparent},${value}`;
+  else if (key.length === 10 && key === 'tracestate') scanTracestate = scanTracestate === '' ? value : `${scanTracestate},${value}`;
+  else if (key.length === 7 && key === 'baggage') scanBaggage = scanBaggage === '' ? value : `${scanBaggage},${value}`;
+  else if (key.length === 14 && key === 'content-length') {
     if (scanLength === null) scanLength = value;
     else if (value !== scanLength && scanProblem === '') scanProblem = `conflicting Content-Length headers (${JSON.stringify(scanLength)} and ${JSON.stringify(value)})`;
   } else if (key.length === 17 && key === 'transfer-encoding') {
@@ -88,6 +100,7 @@ export function framingProblem(req: HttpRequest): string {
   scanLength = null;
   scanCodings = 0;
   scanProblem = '';
+  scanTraceparent = scanTracestate = scanBaggage = '';
   req.forEach(scanFramingHeader);
   return scanProblem;
 }
@@ -241,7 +254,9 @@ export class RouterCore {
       parseOffloadBytes: cfg.limits.parseOffloadBytes,
       parseWorkers: cfg.limits.parseWorkers,
       sessions,
+      tracer: opts.tracer ?? null,
     });
+    if (opts.tracer) this.metrics.registerTracing(opts.tracer.stats);
     this.responses = cfg.responses.enabled
       ? new ResponsesService({ config: cfg.responses, director: this.director, log: this.log, countRequest: (m, e, s) => this.metrics.countRequest(m, e, s) })
       : null;
@@ -439,12 +454,20 @@ export class RouterCore {
     const auth = req.getHeader(H_AUTHORIZATION);
     const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this, res, kind, id, idHeader, auth, contentLength) : new HttpExchange(this, res, kind, id, idHeader, auth, contentLength);
     const names = this.gate.headerNames;
+    let h: Record<string, string> | null = null;
     if (names.length > 0) {
-      const h: Record<string, string> = {};
+      h = {};
       for (let i = 0; i < names.length; i++) h[names[i]] = req.getHeader(names[i]);
-      ctx.headers = h;
     }
     if (this.#sessionHeader !== null && kind < KIND_EMBEDDINGS) ctx.sessionHeader = req.getHeader(this.#sessionHeader);
+    // the trace headers framingProblem() collected (#badlyFramed ran it): for every upstream leg
+    if (scanTraceparent !== '' || scanTracestate !== '' || scanBaggage !== '') {
+      h ??= {};
+      if (scanTraceparent !== '') h.traceparent = scanTraceparent;
+      if (scanTracestate !== '') h.tracestate = scanTracestate;
+      if (scanBaggage !== '') h.baggage = scanBaggage;
+    }
+    if (h !== null) ctx.headers = h;
     this.#active++;
     // bound methods, not arrow closures: uWS calls onData once per request, and a
     // fresh closure pays V8's lazy-code install on its first call
@@ -627,5 +650,6 @@ export class RouterCore {
     await this.sessions.close();
     await this.dataLayer.close();
     await this.upstream.close();
+    await this.director.tracer?.close(); // the last spans go out (bounded by the export timeout)
   }
 }

@@ -3,12 +3,14 @@
 // prom-client call per request); the prom-client metrics of `registry` copy
 // them in their collect() callbacks when /metrics is scraped.
 import { Counter, Gauge } from 'prom-client';
-import type { EndpointSet } from '../endpoints/endpoint.js';
+import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
+import { VERSION } from '../version.js';
 import { Histogram } from '../metrics/histogram.js';
 import { HistogramMetric, newRegistry, type Registry } from '../metrics/prom.js';
 
 const DECISION_BUCKETS = [5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01];
 const TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
+const ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1];
 
 export class RouterMetrics {
   /** This router's registry: the switchyard_* families below, the process and Node.js defaults, and whatever the gate registers. */
@@ -18,6 +20,7 @@ export class RouterMetrics {
   readonly #requests = new Map<string, Map<number, Map<number, number>>>();
   readonly decision = new Histogram(DECISION_BUCKETS);
   readonly ttft: Histogram[];
+  readonly itl: Histogram[];
   promptBlocks = 0;
   matchedBlocks = 0;
   retries = 0;
@@ -28,8 +31,10 @@ export class RouterMetrics {
   constructor(set: EndpointSet) {
     this.#set = set;
     this.ttft = set.all.map(() => new Histogram(TTFT_BUCKETS));
+    this.itl = set.all.map(() => new Histogram(ITL_BUCKETS));
     this.registry = newRegistry();
     this.#register(this.registry);
+    this.#registerGatewayNames(this.registry);
   }
 
   /** `model` is '' when unknown; `endpointId` -1 when no endpoint was used. */
@@ -43,6 +48,121 @@ export class RouterMetrics {
     let byStatus = byEp.get(endpointId + 1);
     if (!byStatus) byEp.set(endpointId + 1, (byStatus = new Map()));
     byStatus.set(status, (byStatus.get(status) ?? 0) + 1);
+  }
+
+  /**
+   * The same measurements under the names llm-d's gateway (the Gateway API
+   * Inference Extension's endpoint picker) exports, so dashboards built for it
+   * work against Switchyard; docs/observability.md has the mapping. Computed
+   * at scrape time from the state above: nothing on the request path.
+   */
+  #registerGatewayNames(registry: Registry): void {
+    const set = this.#set;
+    const m = this;
+    const requests = this.#requests;
+    const r = [registry];
+    new Counter({
+      name: 'inference_objective_request_total',
+      help: 'Requests per model (llm-d gateway name; switchyard_requests_total summed over endpoint and status).',
+      labelNames: ['model_name', 'target_model_name'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const [model, byEp] of requests) {
+          if (model === '') continue;
+          let n = 0;
+          for (const byStatus of byEp.values()) for (const c of byStatus.values()) n += c;
+          this.inc({ model_name: model, target_model_name: model }, n);
+        }
+      },
+    });
+    new Counter({
+      name: 'inference_objective_request_error_total',
+      help: 'Requests per model answered with an error status (llm-d gateway name; switchyard_requests_total with status >= 400).',
+      labelNames: ['model_name', 'target_model_name', 'error_code'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const [model, byEp] of requests) {
+          if (model === '') continue;
+          const byCode = new Map<number, number>();
+          for (const byStatus of byEp.values()) for (const [status, c] of byStatus) if (status >= 400) byCode.set(status, (byCode.get(status) ?? 0) + c);
+          for (const [status, c] of byCode) this.inc({ model_name: model, target_model_name: model, error_code: String(status) }, c);
+        }
+      },
+    });
+    new Gauge({
+      name: 'inference_objective_running_requests',
+      help: 'Requests in flight on the endpoints serving each model (llm-d gateway name).',
+      labelNames: ['model_name'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const model of set.models()) {
+          let n = 0;
+          for (const ep of set.forModel(model) ?? []) n += ep.inFlight;
+          this.set({ model_name: model }, n);
+        }
+      },
+    });
+    const perPool = (name: string, help: string, read: (eps: readonly Endpoint[], now: number) => number) =>
+      new Gauge({
+        name,
+        help,
+        labelNames: ['name'],
+        registers: r,
+        collect() {
+          this.reset();
+          const now = performance.now();
+          for (const pool of set.pools) {
+            const eps = set.all.filter((ep) => ep.pool === pool.name);
+            const v = read(eps, now);
+            if (Number.isFinite(v)) this.set({ name: pool.name }, v);
+          }
+        },
+      });
+    const avg = (xs: number[]) => (xs.length === 0 ? NaN : xs.reduce((a, x) => a + x, 0) / xs.length);
+    perPool('inference_pool_average_kv_cache_utilization', 'Mean KV-cache use (0-1) of the pool\'s endpoints with fresh metrics (llm-d gateway name).', (eps) =>
+      avg(eps.map((ep) => ep.metrics.kvUsage).filter((v) => Number.isFinite(v))),
+    );
+    perPool('inference_pool_average_queue_size', 'Mean engine waiting-queue length of the pool\'s endpoints (llm-d gateway name).', (eps) => avg(eps.map((ep) => ep.metrics.waiting)));
+    perPool('inference_pool_ready_pods', 'Ready endpoints in the pool (llm-d gateway name).', (eps, now) => {
+      const checks = set.dataLayer.healthIntervalMs > 0;
+      return eps.filter((ep) => ep.ready(now, checks)).length;
+    });
+    new HistogramMetric({
+      name: 'inference_extension_scheduler_e2e_duration_seconds',
+      help: 'Time to pick an endpoint (llm-d gateway name; the same histogram as switchyard_routing_decision_seconds).',
+      buckets: DECISION_BUCKETS,
+      registers: r,
+      series: (emit) => emit({}, m.decision),
+    });
+  }
+
+  /** The tracing export counters (when tracing is on). */
+  registerTracing(stats: { exported: number; dropped: number; failed: number; readonly queued: number }): void {
+    const r = [this.registry];
+    const counter = (name: string, help: string, read: () => number) =>
+      new Counter({
+        name,
+        help,
+        registers: r,
+        collect() {
+          this.reset();
+          this.inc(read());
+        },
+      });
+    counter('switchyard_tracing_spans_exported_total', 'Spans the OTLP collector acknowledged.', () => stats.exported);
+    counter('switchyard_tracing_spans_dropped_total', 'Spans dropped because the export queue was full (collector slow or down).', () => stats.dropped);
+    counter('switchyard_tracing_spans_failed_total', 'Spans lost in exports that failed (collector down, timeout, refused).', () => stats.failed);
+    new Gauge({
+      name: 'switchyard_tracing_spans_queued',
+      help: 'Finished spans waiting for export.',
+      registers: r,
+      collect() {
+        this.set(stats.queued);
+      },
+    });
   }
 
   /** The Prometheus text of the whole registry (what GET /metrics answers). */
@@ -88,6 +208,25 @@ export class RouterMetrics {
       registers: r,
       series: (emit) => {
         for (const ep of set.all) emit(epLabels[ep.id]!, m.ttft[ep.id]!);
+      },
+    });
+    new HistogramMetric({
+      name: 'switchyard_upstream_itl_seconds',
+      help: 'Time between body chunks of a streamed (SSE) answer from the endpoint: the inter-token latency as the router sees it.',
+      labelNames: ['endpoint'],
+      buckets: ITL_BUCKETS,
+      registers: r,
+      series: (emit) => {
+        for (const ep of set.all) emit(epLabels[ep.id]!, m.itl[ep.id]!);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_build_info',
+      help: 'Always 1; the running version in labels.',
+      labelNames: ['version', 'node'],
+      registers: r,
+      collect() {
+        this.set({ version: VERSION, node: process.version }, 1);
       },
     });
     new Gauge({

@@ -3,6 +3,7 @@ import { pino, type Logger } from 'pino';
 import type { RouterConfig } from '../config/schema.js';
 import { RouterCore, type RouterOptions } from './core.js';
 import { flowGateFactory } from './flow-gate.js';
+import { VERSION } from '../version.js';
 
 export interface RunningRouter {
   readonly host: string;
@@ -35,7 +36,9 @@ export function createLogger(level: string): Logger {
 export async function startRouter(config: RouterConfig, opts: StartRouterOptions = {}): Promise<RunningRouter> {
   const logger = opts.logger ?? createLogger(config.logging.level);
   const gate = opts.gate ?? (await flowGateFactory(config));
-  const core = new RouterCore({ config, logger, gate, upstream: opts.upstream, random: opts.random, raiseFdLimit: opts.raiseFdLimit });
+  // OpenTelemetry is loaded only when tracing is on
+  const tracer = opts.tracer ?? (config.tracing.enabled ? await (await import('../telemetry/tracing.js')).createTracer(config.tracing, VERSION) : null);
+  const core = new RouterCore({ config, logger, gate, upstream: opts.upstream, random: opts.random, raiseFdLimit: opts.raiseFdLimit, tracer });
   try {
     await core.responses?.open(); // a sqlite file that cannot be opened stops the start
   } catch (err) {

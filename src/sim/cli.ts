@@ -39,7 +39,15 @@ options (--name value or --name=value):
   --legacy                    mimic an older vLLM (gpu_cache_usage_perc, flat error bodies)
   --fleet N                   start N engines on consecutive ports (default 1)
   --base-port P               first port of the fleet (default: --port)
-  -h, --help                  show this message`;
+  -h, --help                  show this message
+
+examples:
+  switchyard sim                                        # one vLLM-like engine on 127.0.0.1:8000
+  switchyard sim --fleet 4 --base-port 8001 --model llama-3-8b
+  switchyard sim --engine sglang --port 30000 --time-scale 0      # answers at once
+  switchyard sim --failure-rate 0.05 --failure-kinds 500,reset-mid-stream
+
+Exit codes: 0 after SIGINT/SIGTERM, 1 when it cannot listen, 2 on bad options.`;
 
 type Parsed = FleetOptions & { fleet: number };
 type Setter = (o: Parsed, v: string, flag: string) => void;

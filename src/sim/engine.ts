@@ -29,6 +29,14 @@ export interface SimEngine {
   setFailures(rate: number, kinds?: FailureKind[]): void;
   /** Drops every idle cached KV block. */
   clearCache(): void;
+  /**
+   * Starts (names) or stops (null) recording the named request headers of
+   * every POST, for tests that check what a router forwards; the last 256 are
+   * kept, oldest first. Off by default (then no cost).
+   */
+  recordHeaders(names: readonly string[] | null): void;
+  /** The recorded requests: path and the named headers ('' when absent). */
+  recorded(): { path: string; headers: Record<string, string> }[];
   /** Renders /metrics text (what GET /metrics serves). */
   metricsText(): Promise<string>;
   /** Stops listening, drops open connections and frees everything. Idempotent. */
@@ -588,6 +596,8 @@ export class Engine implements SimEngine {
   #listen: us_listen_socket | null = null;
   #port = 0;
   #closed: Promise<void> | null = null;
+  #recordNames: readonly string[] | null = null;
+  #recorded: { path: string; headers: Record<string, string> }[] = [];
 
   /** `salt` separates the failure draws of the engines of a fleet (their text stays the same). */
   constructor(opts: ResolvedSimOptions, salt = 0) {
@@ -688,6 +698,13 @@ export class Engine implements SimEngine {
   }
 
   #post(res: HttpResponse, req: HttpRequest, kind: Kind): void {
+    const names = this.#recordNames;
+    if (names !== null) {
+      const headers: Record<string, string> = {};
+      for (const n of names) headers[n] = req.getHeader(n);
+      if (this.#recorded.length >= 256) this.#recorded.shift();
+      this.#recorded.push({ path: req.getUrl(), headers });
+    }
     const call = new Call(this, res, kind, req.getHeader('x-request-id'));
     this.calls.add(call);
     res.onAborted(() => call.onAborted());
@@ -710,6 +727,15 @@ export class Engine implements SimEngine {
 
   clearCache(): void {
     this.sched.clearCache();
+  }
+
+  recordHeaders(names: readonly string[] | null): void {
+    this.#recordNames = names === null ? null : names.map((n) => n.toLowerCase());
+    this.#recorded = [];
+  }
+
+  recorded(): { path: string; headers: Record<string, string> }[] {
+    return this.#recorded.map((r) => ({ path: r.path, headers: { ...r.headers } }));
   }
 
   metricsText(): Promise<string> {
