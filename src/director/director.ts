@@ -21,6 +21,7 @@ import { MAX_JSON_DEPTH, parseRequestBody, renderPrompt } from './body.js';
 import { KIND_PATHS } from './kinds.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
 import { PromptWriter } from './prompt.js';
+import type { TokenSource } from '../tokenize/source.js';
 
 export { KIND_CHAT, KIND_COMPLETION, KIND_PATHS } from './kinds.js';
 
@@ -76,6 +77,8 @@ export interface DirectorOptions {
   parseWorkers?: number;
   /** Deepest nesting of arrays/objects in a body (default 128). */
   maxJsonDepth?: number;
+  /** Precise prefix matching: the prompt's tokens, started with admission and awaited before the pick (src/tokenize/source.ts). */
+  tokens?: TokenSource | null;
 }
 
 /** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
@@ -93,6 +96,7 @@ export class Director {
   readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
   readonly parseOffloadBytes: number;
   readonly maxJsonDepth: number;
+  readonly tokens: TokenSource | null;
   readonly #parseWorkers: number;
   #pool: Piscina<ParseTask, ParseReply> | null = null;
   /** Bodies parsed in a worker since start. */
@@ -108,6 +112,7 @@ export class Director {
     this.parseOffloadBytes = o.parseOffloadBytes ?? 256 * 1024;
     this.#parseWorkers = Math.max(1, o.parseWorkers ?? 2);
     this.maxJsonDepth = o.maxJsonDepth ?? MAX_JSON_DEPTH;
+    this.tokens = o.tokens ?? null;
   }
 
   /** Parses a large body in the worker pool (created on first use); the answer goes to flight.parsed(). */
@@ -194,6 +199,9 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   /** Prompt bytes copied out of the shared writer when admission is asynchronous. */
   #promptCopy: Uint8Array | null = null;
   #ticket: unknown = null;
+  /** Precise mode: the prompt's tokens (null: none, score approximately), or their promise while tokenizing. */
+  #tokens: Uint8Array | null = null;
+  #tokensWait: Promise<Uint8Array | null> | null = null;
   #admitted = false;
   #picked = false;
   #tried: Endpoint[] | null = null;
@@ -281,6 +289,8 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
       this.#reply(404, `The model \`${model}\` does not exist.`, 'model', null);
       return;
     }
+    // tokenize while admission runs; the pick waits for it (never inside the pick)
+    if (d.tokens !== null && this.body !== null) this.#tokenize(d.tokens);
     const a = d.gate.admit(this, this);
     if (typeof (a as Promise<Admission>).then === 'function') {
       this.#promptCopy ??= Uint8Array.prototype.slice.call(d.prompt.view());
@@ -311,6 +321,20 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
       }
       this.#admitted = true;
       this.#ticket = a.ticket;
+      if (this.#tokensWait !== null) {
+        void this.#tokensWait.then(() => {
+          if (this.aborted || this.#done) {
+            this.director.gate.release(this.#ticket, 'aborted');
+            return;
+          }
+          try {
+            this.#dispatch();
+          } catch (err) {
+            this.internalError(err);
+          }
+        });
+        return;
+      }
       this.#dispatch();
       return;
     }
@@ -318,6 +342,19 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     const rejected = this.director.metrics.rejected;
     rejected.set(a.reason, (rejected.get(a.reason) ?? 0) + 1);
     this.#reply(a.status, a.message, null, a);
+  }
+
+  #tokenize(src: TokenSource): void {
+    const b = this.body as Record<string, unknown>;
+    if (!src.has(this.model)) return;
+    const r = src.tokens({ model: this.model, messages: b.messages, prompt: b.prompt }, this.#promptCopy ?? this.director.prompt.view());
+    if (r instanceof Promise) {
+      this.#tokensWait = r.then((v) => {
+        this.#tokens = v;
+        this.#tokensWait = null;
+        return v;
+      });
+    } else this.#tokens = r;
   }
 
   // ---- pick and dispatch ------------------------------------------------------------
@@ -328,6 +365,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     const sreq = d.schedRequest;
     sreq.model = this.model;
     sreq.sessionKey = this.sessionKey;
+    sreq.tokens = this.#tokens ?? undefined;
     if (this.#promptCopy !== null) sreq.prompt = this.#promptCopy;
     else {
       if (rerender) this.#renderPrompt();
@@ -343,6 +381,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     const picked = d.scheduler.pick(sreq, this.#tried, this, t0);
     const t1 = performance.now();
     sreq.prompt = undefined;
+    sreq.tokens = undefined;
     d.metrics.decision.observe((t1 - t0) / 1000);
     if (picked === null) {
       if (this.#tried !== null) this.#reply(502, `all endpoints tried for model \`${this.model}\` failed: ${this.#errorMessage}`, null, null);

@@ -11,7 +11,7 @@ import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
 import { NoEndpointError, UnknownModelError } from '../errors.js';
 import { registry as defaultRegistry } from './builtins.js';
 import type { PluginRegistry } from './registry.js';
-import { PrefixProducer } from './prefix-producer.js';
+import { PrefixProducer, type PreciseSource, type TierWeights } from './prefix-producer.js';
 import type { CycleContext, Filter, Picker, Plugin, SchedRequest, Scorer } from './types.js';
 
 /** The outcome of one pick. Pass it back to `complete()` once (complete() zeroes `seq`; a second call is ignored). */
@@ -30,6 +30,10 @@ export type Outcome = 'ok' | 'failed' | 'aborted';
 export interface SchedulerOptions {
   random?: () => number;
   registry?: PluginRegistry;
+  /** Precise prefix matching's event-fed index (src/server/precise.ts builds it from the config). */
+  precise?: PreciseSource;
+  /** What a matched block is worth by tier [GPU, host, disk] (default: scheduling.tierWeights). */
+  tierWeights?: TierWeights;
 }
 
 export class Scheduler {
@@ -67,6 +71,8 @@ export class Scheduler {
         blockSize: asked ?? scheduling.prefixBlockSize,
         capacityBlockSize: scheduling.prefixBlockSize,
         maxEndpoints: endpoints.all.length,
+        precise: opts.precise,
+        tierWeights: opts.tierWeights ?? (scheduling.tierWeights ? [scheduling.tierWeights.gpu, scheduling.tierWeights.cpu, scheduling.tierWeights.disk] : undefined),
       });
       for (const ep of endpoints.all) this.prefix.setCapacity(ep);
     }

@@ -23,6 +23,7 @@ import { AcceptGuard } from './accept-guard.js';
 import { lowestFreeFd, raiseFdLimit } from '../../bindings/index.js';
 import { Counter, Gauge } from 'prom-client';
 import { RouterMetrics } from './metrics.js';
+import { buildPrecise, type Precise } from './precise.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
 export interface RouterOptions {
@@ -159,6 +160,8 @@ export class RouterCore {
   /** Metrics scraping and health checks of every endpoint (started by startRouter). */
   readonly dataLayer: DataLayer;
   readonly scheduler: Scheduler;
+  /** Precise prefix matching (KV-event feed, token source); null when no pool is precise. */
+  readonly precise: Precise | null;
   readonly upstream: UpstreamClient;
   readonly gate: AdmissionGate;
   readonly director: Director;
@@ -197,7 +200,8 @@ export class RouterCore {
     this.#raiseFdLimit = opts.raiseFdLimit !== false;
     this.#debug = this.log.isLevelEnabled('debug');
     const set = (this.endpoints = new EndpointSet(cfg.pools, cfg.dataLayer));
-    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random });
+    const precise = (this.precise = buildPrecise(cfg, set));
+    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, precise: precise?.feed });
     this.upstream = opts.upstream ?? newUpstreamClient(cfg.proxy, set);
     const g = opts.gate;
     const gate: AdmissionGate = (this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g);
@@ -211,6 +215,7 @@ export class RouterCore {
     this.metrics = new RouterMetrics(set);
     // the gate's families (flow control) join the router's registry
     gate.registerMetrics?.(this.metrics.registry);
+    precise?.registerMetrics(this.metrics.registry, () => this.scheduler.prefix);
     this.limits = cfg.limits;
     this.director = new Director({
       scheduler: this.scheduler,
@@ -222,6 +227,7 @@ export class RouterCore {
       maxJsonDepth: cfg.limits.maxJsonDepth,
       parseOffloadBytes: cfg.limits.parseOffloadBytes,
       parseWorkers: cfg.limits.parseWorkers,
+      tokens: precise?.tokens ?? null,
     });
     const created = Math.floor(Date.now() / 1000);
     this.#modelsBody = JSON.stringify({
@@ -593,6 +599,7 @@ export class RouterCore {
     await this.gate.close?.();
     await this.director.close();
     await this.scheduler.close();
+    await this.precise?.close();
     await this.dataLayer.close();
     await this.upstream.close();
   }
