@@ -164,6 +164,11 @@ export class KvEventPublisher implements KvEventSink {
     await this.open();
   }
 
+  /** The payloads of the batches kept for replay, oldest first (benchmarks read them). */
+  buffered(): Buffer[] {
+    return this.#ring.map((r) => r.payload);
+  }
+
   close(): void {
     this.#closed = true;
     this.#closeSockets();
