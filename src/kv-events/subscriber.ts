@@ -119,8 +119,13 @@ export class KvEventStream {
       if (this.#problem === 'connecting' || this.#problem === 'disconnected') this.#problem = null;
     });
     sub.events.on('disconnect', () => {
-      // the engine went away: what it held is unknown until it comes back (then a restart or a gap says more)
-      if (!this.#closed) this.#setProblem('disconnected');
+      // the engine went away: whatever it sends while we are not connected is lost, and it may come back
+      // restarted with an empty cache; forget its entries, and on the next batch join again (replay from 0)
+      if (this.#closed) return;
+      this.#setProblem('disconnected');
+      this.counters.clears++;
+      this.#push('clear');
+      if (!this.#replaying) this.#expected = -1;
     });
     sub.connect(this.options.endpoint);
     sub.subscribe(this.options.topic);

@@ -142,7 +142,7 @@ export class PrefixProducer {
     ctx.prefixMatched = m.matched;
     this.#tokensPerBlock = this.store.blockSize / 4;
     if (this.precise !== null) this.#producePrecise(ctx, eps, m.matched, m.hashCount, m.tiers);
-    else if (m.tiers !== undefined) this.#weigh(ctx, n, m.matched, m.tiers, 1);
+    else if (m.tiers !== undefined) this.#weigh(ctx, n, m.tiers);
   }
 
   #producePrecise(ctx: CycleContext, eps: readonly Endpoint[], approx: Uint32Array, approxCount: number, approxTiers: Uint32Array | undefined): void {
@@ -152,7 +152,7 @@ export class PrefixProducer {
     const p = this.precise!;
     if (tokens === undefined || tokens.length < p.index.blockSize) {
       c.fallbackNoTokens += n;
-      if (approxTiers !== undefined) this.#weigh(ctx, n, approx, approxTiers, 1);
+      if (approxTiers !== undefined) this.#weigh(ctx, n, approxTiers);
       return;
     }
     const r = p.index.matchPrompt(tokens, this.#preciseSeed(ctx.request.model), this.#idViews[n], this.#pResult);
@@ -189,11 +189,11 @@ export class PrefixProducer {
     ctx.prefixMatched = out.subarray(0, n);
     this.#matched = ctx.prefixMatched;
     this.#tokensPerBlock = p.index.blockSize / 4;
-    this.#weigh(ctx, n, out, tiers, 1);
+    this.#weigh(ctx, n, tiers);
   }
 
   /** ctx.prefixWeighted[i] = Σ_t weight[t] × tiers[3i + t] (and remembers the tiers for cachedTokens()). */
-  #weigh(ctx: CycleContext, n: number, matched: Uint32Array, tiers: Uint32Array, _unit: number): void {
+  #weigh(ctx: CycleContext, n: number, tiers: Uint32Array): void {
     if (this.#weighted.length < n) this.#weighted = new Float64Array(n * 2);
     if (this.#tiers.length < 3 * n) this.#tiers = new Uint32Array(6 * n);
     const w = this.tierWeights;
@@ -207,7 +207,6 @@ export class PrefixProducer {
         keep[3 * i + 2] = d;
       }
       out[i] = g * w[0] + h * w[1] + d * w[2];
-      void matched;
     }
     this.#lastN = n;
     ctx.prefixWeighted = out.subarray(0, n);
