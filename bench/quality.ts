@@ -448,7 +448,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
             ? ['--kv-events-config', JSON.stringify({ enable_kv_cache_events: true, publisher: 'zmq', endpoint: `tcp://127.0.0.1:${evBase}`, replay_endpoint: `tcp://127.0.0.1:${rpBase}` })]
             : []),
         ]);
-        for (let i = 0; i < fleet.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`);
+        for (let i = 0; i < fleet.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`, 60_000);
         const port = await freePort();
         const cfg = join(dir, `${policy}.yaml`);
         const endpoints = Array.from(
@@ -468,7 +468,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
         );
         const router = start('router', process.execPath, [CLI, 'serve', '--config', cfg]);
         try {
-          await waitReady(`http://127.0.0.1:${port}/readyz`);
+          await waitReady(`http://127.0.0.1:${port}/readyz`, 60_000);
           const engineUrls = Array.from({ length: fleet.engines }, (_, i) => `http://127.0.0.1:${base + i}`);
           const r = await runLoad(`http://127.0.0.1:${port}`, workload, rate, n, 1234 + rate, engineUrls);
           const bound = hitBound(r.prompts, fleet.blockSize);

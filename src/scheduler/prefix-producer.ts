@@ -88,6 +88,9 @@ export class PrefixProducer {
   readonly #pResult = new MatchResult(256, 16);
   #combined = new Uint32Array(16);
   #weighted = new Float64Array(16);
+  /** subarray(0, n) views of #combined / #weighted, made once per size (no allocation per request). */
+  #combinedViews: Uint32Array[] = [];
+  #weightedViews: Float64Array[] = [];
   /** Per candidate of the last produce(): tiers[3i + t] of its matched blocks, and the tokens per block of the answer. */
   #tiers = new Uint32Array(48);
   #tokensPerBlock = 0;
@@ -159,7 +162,7 @@ export class PrefixProducer {
     const count = r.hashCount;
     if (this.#combined.length < n) {
       this.#combined = new Uint32Array(n * 2);
-      this.#weighted = new Float64Array(n * 2);
+      this.#combinedViews = [];
     }
     if (this.#tiers.length < 3 * n) this.#tiers = new Uint32Array(6 * n);
     const out = this.#combined;
@@ -186,7 +189,7 @@ export class PrefixProducer {
       }
     }
     ctx.promptBlocks = count;
-    ctx.prefixMatched = out.subarray(0, n);
+    ctx.prefixMatched = this.#combinedViews[n] ??= out.subarray(0, n);
     this.#matched = ctx.prefixMatched;
     this.#tokensPerBlock = p.index.blockSize / 4;
     this.#weigh(ctx, n, tiers);
@@ -194,7 +197,10 @@ export class PrefixProducer {
 
   /** ctx.prefixWeighted[i] = Σ_t weight[t] × tiers[3i + t] (and remembers the tiers for cachedTokens()). */
   #weigh(ctx: CycleContext, n: number, tiers: Uint32Array): void {
-    if (this.#weighted.length < n) this.#weighted = new Float64Array(n * 2);
+    if (this.#weighted.length < n) {
+      this.#weighted = new Float64Array(n * 2);
+      this.#weightedViews = [];
+    }
     if (this.#tiers.length < 3 * n) this.#tiers = new Uint32Array(6 * n);
     const w = this.tierWeights;
     const out = this.#weighted;
@@ -209,7 +215,7 @@ export class PrefixProducer {
       out[i] = g * w[0] + h * w[1] + d * w[2];
     }
     this.#lastN = n;
-    ctx.prefixWeighted = out.subarray(0, n);
+    ctx.prefixWeighted = this.#weightedViews[n] ??= out.subarray(0, n);
   }
 
   /**
