@@ -39,6 +39,8 @@ export const POLICIES: Record<string, string> = {
   'round-robin': 'scheduling:\n  scorers: []\n  picker: round-robin\n',
   'least-request': 'scheduling:\n  scorers: []\n  picker: least-request\n',
   switchyard: '', // the router's defaults: prefix-cache 3, queue 2, kv-cache-utilization 2, max-score
+  // the same defaults with prefix.mode precise: engines publish KV events, the router routes on them
+  precise: '',
 };
 
 export interface FleetShape {
@@ -420,6 +422,8 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
   const longFrom = Number(arg('--long-from') ?? (quick ? Infinity : 40));
   // --kv-cache-blocks N: the same fleet with another KV capacity per engine (e.g. a KV-bound fleet)
   const kvOverride = arg('--kv-cache-blocks');
+  // --cpu-offload-blocks N: a host-memory KV tier per engine (evicted blocks move there, reload at a per-block cost)
+  const cpuOffload = Number(arg('--cpu-offload-blocks') ?? 0);
   const fleet = { ...FLEET, kvCacheBlocks: kvOverride !== undefined ? Number(kvOverride) : quick ? 600 : FLEET.kvCacheBlocks };
   if (!Number.isInteger(fleet.kvCacheBlocks) || fleet.kvCacheBlocks < 1) throw new Error(`--kv-cache-blocks must be a positive integer (got ${kvOverride})`);
   const dir = mkdtempSync(join(tmpdir(), 'swy-quality-'));
@@ -431,25 +435,40 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
       for (const policy of policies) {
         if (!(policy in POLICIES)) throw new Error(`unknown policy ${policy}`);
         const base = await freePortRange(fleet.engines);
+        const precise = policy === 'precise';
+        const evBase = precise ? await freePortRange(fleet.engines) : 0;
+        const rpBase = precise ? await freePortRange(fleet.engines) : 0;
         const sim = start('sim', process.execPath, [
           CLI, 'sim', '--fleet', String(fleet.engines), '--base-port', String(base),
           '--max-num-seqs', String(fleet.maxNumSeqs), '--kv-cache-blocks', String(fleet.kvCacheBlocks),
           '--block-size', String(fleet.blockSize), '--prefill-us-per-token', String(fleet.prefillUsPerToken),
           '--prefill-overhead-ms', String(fleet.prefillOverheadMs), '--itl-ms', String(fleet.itlMs), '--default-max-tokens', '16',
+          ...(cpuOffload > 0 ? ['--cpu-offload-blocks', String(cpuOffload)] : []),
+          ...(precise
+            ? ['--kv-events-config', JSON.stringify({ enable_kv_cache_events: true, publisher: 'zmq', endpoint: `tcp://127.0.0.1:${evBase}`, replay_endpoint: `tcp://127.0.0.1:${rpBase}` })]
+            : []),
         ]);
-        for (let i = 0; i < fleet.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`);
+        for (let i = 0; i < fleet.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`, 60_000);
         const port = await freePort();
         const cfg = join(dir, `${policy}.yaml`);
-        const endpoints = Array.from({ length: fleet.engines }, (_, i) => `        - { name: e${i}, url: "http://127.0.0.1:${base + i}" }`).join('\n');
+        const endpoints = Array.from(
+          { length: fleet.engines },
+          (_, i) =>
+            `        - { name: e${i}, url: "http://127.0.0.1:${base + i}"` +
+            (precise ? `, kvEvents: { endpoint: "tcp://127.0.0.1:${evBase + i}", replayEndpoint: "tcp://127.0.0.1:${rpBase + i}" }` : '') +
+            ' }',
+        ).join('\n');
         writeFileSync(
           cfg,
           `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: ${port} }\n` +
-            `pools:\n  - name: sim\n    engine: vllm\n    models: [open-model]\n    endpoints:\n${endpoints}\n` +
+            `pools:\n  - name: sim\n    engine: vllm\n    models: [open-model]\n` +
+            (precise ? '    prefix: { mode: precise, blockTokens: ' + fleet.blockSize + ', tokenizer: { type: sim } }\n' : '') +
+            `    endpoints:\n${endpoints}\n` +
             POLICIES[policy],
         );
         const router = start('router', process.execPath, [CLI, 'serve', '--config', cfg]);
         try {
-          await waitReady(`http://127.0.0.1:${port}/readyz`);
+          await waitReady(`http://127.0.0.1:${port}/readyz`, 60_000);
           const engineUrls = Array.from({ length: fleet.engines }, (_, i) => `http://127.0.0.1:${base + i}`);
           const r = await runLoad(`http://127.0.0.1:${port}`, workload, rate, n, 1234 + rate, engineUrls);
           const bound = hitBound(r.prompts, fleet.blockSize);

@@ -192,6 +192,23 @@ export class PrefixIndex {
     this.#h.removeEndpoint(endpoint);
   }
 
+  /**
+   * Precise mode's ingest: applies a batch of KV events in one native call (native/kv_events.h).
+   * `ops` holds `nOps` records of 8 uint32 ([kind, endpoint, tier, blocks, flags, tokenOffset,
+   * wordOffset, 0]; kind 1 stored, 2 removed, 3 cleared), `words` the 64-bit values as (hi, lo) uint32
+   * pairs, `tokens` the stored blocks' token ids; `totals` (Float64Array(4)) gets [stored, removed,
+   * orphans, unknown] added. Needs a blockSize that is a multiple of 4 (tokens are hashed as
+   * little-endian uint32 bytes, as matchPrompt hashes a tokenized prompt).
+   */
+  applyEvents(ops: Uint32Array, nOps: number, words: Uint32Array, tokens: Uint32Array, totals: Float64Array): void {
+    this.#h.applyEvents(ops, nOps, words, tokens, totals);
+  }
+
+  /** Engine block hashes remembered for `endpoint` (precise mode's engine hash → key map). */
+  mappedBlocks(endpoint: number): number {
+    return this.#h.mappedBlocks(endpoint) as number;
+  }
+
   stats(): PrefixIndexStats {
     const o = this.#statsOut;
     this.#h.stats(o);

@@ -8,6 +8,7 @@
 
 #include "prefix_core.h"
 #include "prefix_hash.h"
+#include "kv_events.h"
 
 namespace switchyard {
 namespace {
@@ -86,6 +87,8 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
                            InstanceMethod<&PrefixIndexWrap::Clear>("clear"),
                            InstanceMethod<&PrefixIndexWrap::RemoveEndpoint>("removeEndpoint"),
                            InstanceMethod<&PrefixIndexWrap::Stats>("stats"),
+                           InstanceMethod<&PrefixIndexWrap::ApplyEvents>("applyEvents"),
+                           InstanceMethod<&PrefixIndexWrap::MappedBlocks>("mappedBlocks"),
                        });
   }
 
@@ -109,6 +112,7 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
     if (!GetCapacity(info, 2, cap)) return;
     block_size_ = block_size;
     index_ = std::make_unique<Index>(max_eps, cap);
+    events_ = std::make_unique<prefix::EventMap>(max_eps);
   }
 
  private:
@@ -244,6 +248,7 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
     uint32_t ep;
     if (!Ready(info) || !GetEndpoint(info, 0, &ep)) return;
     index_->Clear(ep);
+    events_->Clear(ep);
     ReportMemory(info.Env());
   }
 
@@ -251,7 +256,40 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
     uint32_t ep;
     if (!Ready(info) || !GetEndpoint(info, 0, &ep)) return;
     index_->RemoveEndpoint(ep);
+    events_->Clear(ep);
     ReportMemory(info.Env());
+  }
+
+  // applyEvents(ops: Uint32Array, nOps, words: Uint32Array, tokens: Uint32Array, totals: Float64Array(4)):
+  // a whole batch of KV events in one call (native/kv_events.h); totals are added to.
+  void ApplyEvents(const Napi::CallbackInfo& info) {
+    uint32_t *ops, *words, *tokens, n_ops;
+    size_t ops_len, words_len, tokens_len, out_len;
+    double* out;
+    if (!Ready(info) || !GetArray(info, 0, napi_uint32_array, "ops must be a Uint32Array", &ops, &ops_len) ||
+        !GetUint(info, 1, "nOps must be a number", "nOps must be an integer in [0, ops.length / 8]",
+                 static_cast<double>(ops_len / prefix::kOpWords), &n_ops) ||
+        !GetArray(info, 2, napi_uint32_array, "words must be a Uint32Array", &words, &words_len) ||
+        !GetArray(info, 3, napi_uint32_array, "tokens must be a Uint32Array", &tokens, &tokens_len) ||
+        !GetArray(info, 4, napi_float64_array, "totals must be a Float64Array", &out, &out_len))
+      return;
+    if (out_len < 4) return ThrowRange(info.Env(), "totals must hold 4 numbers");
+    if (block_size_ % 4 != 0) return ThrowRange(info.Env(), "applyEvents needs a blockSize that is a multiple of 4 bytes");
+    prefix::EventTotals t;
+    const char* err = events_->Apply(*index_, block_size_, ops, n_ops, words, words_len, tokens, tokens_len, t);
+    out[0] += t.stored;
+    out[1] += t.removed;
+    out[2] += t.orphans;
+    out[3] += t.unknown;
+    ReportMemory(info.Env());
+    if (err != nullptr) ThrowRange(info.Env(), err);
+  }
+
+  // mappedBlocks(ep) -> engine block hashes remembered for ep
+  Napi::Value MappedBlocks(const Napi::CallbackInfo& info) {
+    uint32_t ep;
+    if (!Ready(info) || !GetEndpoint(info, 0, &ep)) return info.Env().Undefined();
+    return Napi::Number::New(info.Env(), static_cast<double>(events_->Mapped_(ep)));
   }
 
   // stats(out: Float64Array(6)): [gpu, cpu, disk, blocks, bytes, endpoints]
@@ -289,6 +327,7 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
   size_t block_size_ = 64;
   int64_t reported_ = 0;
   std::unique_ptr<Index> index_;  // freed by the finalizer, also at environment teardown
+  std::unique_ptr<prefix::EventMap> events_;  // precise mode: engine hash -> key, per endpoint
 };
 
 // prefixSeed(bytes: Uint8Array, salt: bigint) -> bigint: a seed for the chain

@@ -10,6 +10,7 @@ import { ConfigError } from '../errors.js';
 import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
 import { sessionsSchema, type SessionsConfig } from './sessions.js';
 import { responsesSchema, type ResponsesConfig } from './responses.js';
+import { kvEventsEndpointSchema, poolPrefixSchema, tierWeightsSchema, type KvEventsEndpointConfig, type PoolPrefixConfig, type TierWeightsConfig } from './prefix-mode.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
 import { tracingSchema, type TracingConfig } from './tracing.js';
 
@@ -36,6 +37,8 @@ export interface EndpointConfig {
   role: Role;
   revision?: string;
   capacity?: CapacityConfig;
+  /** Where the engine publishes KV events (precise prefix mode, src/config/prefix-mode.ts). */
+  kvEvents?: KvEventsEndpointConfig;
 }
 
 export interface PoolConfig {
@@ -46,6 +49,8 @@ export interface PoolConfig {
   endpoints: EndpointConfig[];
   /** Requests each endpoint runs at once (vLLM --max-num-seqs), when the operator knows it; else learned from the engine's metrics. */
   batchLimit?: number;
+  /** Prefix matching of this pool: approximate (default) or precise from KV events (src/config/prefix-mode.ts). */
+  prefix?: PoolPrefixConfig;
 }
 
 export interface PluginSpec {
@@ -64,6 +69,8 @@ export interface SchedulingConfig {
   picker: PluginSpec;
   /** Bytes per block of the native prefix index. */
   prefixBlockSize: number;
+  /** What a matched block is worth by tier (default: src/config/prefix-mode.ts). */
+  tierWeights?: TierWeightsConfig;
 }
 
 export interface DataLayerConfig {
@@ -253,6 +260,7 @@ const endpointSchema = strict(
     )
       .optional()
       .describe('prefix-index blocks (of scheduling.prefixBlockSize bytes) per tier; default: learnt from the engine'),
+    kvEvents: kvEventsEndpointSchema.optional().describe("the engine's KV-event publisher (pools with prefix.mode precise)"),
   },
   'must be a mapping',
 ).transform((e): EndpointConfig => ({
@@ -261,6 +269,7 @@ const endpointSchema = strict(
   role: e.role,
   ...(e.revision ? { revision: e.revision } : {}),
   ...(e.capacity ? { capacity: e.capacity } : {}),
+  ...(e.kvEvents ? { kvEvents: e.kvEvents } : {}),
 }));
 
 const poolSchema = strict(
@@ -283,6 +292,7 @@ const poolSchema = strict(
     batchLimit: int(1, 65_536)
       .optional()
       .describe("requests each endpoint runs at once (vLLM --max-num-seqs, SGLang --max-running-requests); default: learned from the engine's running/waiting counts"),
+    prefix: poolPrefixSchema.describe('prefix matching of this pool (docs/prefix-index.md)'),
   },
   'must be a mapping',
 );
@@ -318,6 +328,7 @@ const schedulingSchema = strict(
       .describe('{type, weight, params}; [] = no scoring'),
     picker: filterSpec.default(() => ({ type: DEFAULTS.scheduling.picker, params: {} })),
     prefixBlockSize: int(1, 1 << 20).default(DEFAULTS.scheduling.prefixBlockSize).describe('bytes per prefix-index block'),
+    tierWeights: tierWeightsSchema,
   },
   'must be a mapping',
 ).prefault({});

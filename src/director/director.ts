@@ -25,6 +25,7 @@ import { SessionResolver } from '../sessions/resolve.js';
 import type { SessionTable } from '../sessions/table.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
 import { PromptWriter } from './prompt.js';
+import type { TokenSource } from '../tokenize/source.js';
 
 export { KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, isPassthrough } from './kinds.js';
 
@@ -102,6 +103,8 @@ export interface DirectorOptions {
   sessions?: SessionTable;
   /** OpenTelemetry tracing (src/telemetry/tracing.ts); null or absent = off. */
   tracer?: RequestTracer | null;
+  /** Precise prefix matching: the prompt's tokens, started with admission and awaited before the pick (src/tokenize/source.ts). */
+  tokens?: TokenSource | null;
 }
 
 /** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
@@ -122,6 +125,7 @@ export class Director {
   readonly maxJsonDepth: number;
   /** The gate reads usage at release (AdmissionGate.wantsUsage): answers are scanned for `"completion_tokens":`. */
   readonly wantsUsage: boolean;
+  readonly tokens: TokenSource | null;
   readonly #parseWorkers: number;
   /** Session pins and turn records (shared with the scheduler's session-affinity filter). */
   readonly sessions: SessionTable;
@@ -149,6 +153,7 @@ export class Director {
     this.resolver = new SessionResolver(this.sessions.config.sources);
     const models = o.scheduler.endpoints.models();
     this.soleModel = models.length === 1 ? models[0]! : '';
+    this.tokens = o.tokens ?? null;
   }
 
   /** Parses a large body in the worker pool (created on first use); the answer goes to flight.parsed(). */
@@ -250,6 +255,9 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   /** Prompt bytes copied out of the shared writer when admission is asynchronous. */
   #promptCopy: Uint8Array | null = null;
   #ticket: unknown = null;
+  /** Precise mode: the prompt's tokens (null: none, score approximately), or their promise while tokenizing. */
+  #tokens: Uint8Array | null = null;
+  #tokensWait: Promise<Uint8Array | null> | null = null;
   #admitted = false;
   #picked = false;
   #tried: Endpoint[] | null = null;
@@ -386,6 +394,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       tr.parsed(this.model, this.body);
       tr.admissionStart(performance.now());
     }
+    // tokenize while admission runs; the pick waits for it (never inside the pick)
+    if (d.tokens !== null && !isPassthrough(this.kind)) this.#tokenize(d.tokens);
     const a = d.gate.admit(this, this);
     if (typeof (a as Promise<Admission>).then === 'function') {
       this.#promptCopy ??= Uint8Array.prototype.slice.call(d.prompt.view());
@@ -417,6 +427,20 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       }
       this.#admitted = true;
       this.#ticket = a.ticket;
+      if (this.#tokensWait !== null) {
+        void this.#tokensWait.then(() => {
+          if (this.aborted || this.#done) {
+            this.director.gate.release(this.#ticket, 'aborted');
+            return;
+          }
+          try {
+            this.#dispatch();
+          } catch (err) {
+            this.internalError(err);
+          }
+        });
+        return;
+      }
       this.#dispatch();
       return;
     }
@@ -424,6 +448,19 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     const rejected = this.director.metrics.rejected;
     rejected.set(a.reason, (rejected.get(a.reason) ?? 0) + 1);
     this.#reply(a.status, a.message, null, a);
+  }
+
+  #tokenize(src: TokenSource): void {
+    const b = this.body as Record<string, unknown>;
+    if (!src.has(this.model)) return;
+    const r = src.tokens({ model: this.model, messages: b.messages, prompt: b.prompt }, this.#promptCopy ?? this.director.prompt.view());
+    if (r instanceof Promise) {
+      this.#tokensWait = r.then((v) => {
+        this.#tokens = v;
+        this.#tokensWait = null;
+        return v;
+      });
+    } else this.#tokens = r;
   }
 
   // ---- pick and dispatch ------------------------------------------------------------
@@ -434,6 +471,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     const sreq = d.schedRequest;
     sreq.model = this.model;
     sreq.sessionKey = this.sessionKey;
+    sreq.tokens = this.#tokens ?? undefined;
     if (this.#promptCopy !== null) sreq.prompt = this.#promptCopy;
     else {
       if (rerender) this.#renderPrompt();
@@ -449,6 +487,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     const picked = d.scheduler.pick(sreq, this.#tried, this, t0);
     const t1 = performance.now();
     sreq.prompt = undefined;
+    sreq.tokens = undefined;
     d.metrics.decision.observe((t1 - t0) / 1000);
     if (this.trace !== null) {
       const s = d.scheduler;

@@ -6,8 +6,15 @@
 // engine took the prompt, and applies each endpoint's capacity. Scorers only
 // read its result from the cycle context (ctx.promptBlocks, ctx.prefixMatched).
 //
-// This is the one place where event-fed (precise) matching plugs in: another
-// PrefixStore, fed from engines' KV events, behind the same calls.
+// Precise mode (docs/prefix-index.md): a second native index fed by engines'
+// KV events (src/kv-events/), keyed by the router's own chained hash of token
+// ids. When the request carries its tokens (req.tokens) and a candidate's event
+// stream is healthy, that candidate's match comes from the precise index; any
+// other candidate (an approximate pool, a stream that is down, a request whose
+// tokenization failed) keeps the approximate match, scaled to precise blocks.
+// The approximate index is always kept up to date, so it is a warm fallback.
+// Matched blocks are also weighed by the tier they sit in (ctx.prefixWeighted).
+import { MatchResult, PrefixIndex } from '../../bindings/index.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { indexBlocksFor } from '../endpoints/engine-metrics.js';
 import { NativePrefixStore, type PrefixStore } from './prefix-store.js';
@@ -26,6 +33,32 @@ function fnv1a64(s: string): bigint {
   return h;
 }
 
+/** The event-fed side of precise mode (src/kv-events/feed.ts implements it). */
+export interface PreciseSource {
+  /** The precise index: blockSize = engine tokens per block × 4 bytes. */
+  readonly index: PrefixIndex;
+  /** Whether endpoint `id`'s entries come from a healthy event stream. */
+  healthy(id: number): boolean;
+}
+
+/** Weights of a matched block by the tier it sits in: [GPU, host memory, disk]. */
+export type TierWeights = readonly [number, number, number];
+
+/**
+ * Defaults from the simulator's costs (bench/tier-weights.ts measures them): a GPU hit saves the whole
+ * recompute of a block (16 tokens × 50 µs = 800 µs); a host-memory hit saves it minus the reload
+ * (100 µs/block: 0.875); a disk hit minus a slower reload (400 µs/block: 0.5).
+ */
+export const DEFAULT_TIER_WEIGHTS: TierWeights = [1, 0.875, 0.5];
+
+/** Counters of precise mode (read by the router's metrics). */
+export class PreciseCounters {
+  /** Candidates scored from the precise index / by the approximate fallback (stream unhealthy or no tokens). */
+  precise = 0;
+  fallbackUnhealthy = 0;
+  fallbackNoTokens = 0;
+}
+
 export interface PrefixProducerOptions {
   /** Bytes per block of the index. */
   blockSize: number;
@@ -34,6 +67,9 @@ export interface PrefixProducerOptions {
   maxEndpoints: number;
   /** Where the blocks live; default: the native index of this process. */
   store?: PrefixStore;
+  /** Precise mode's event-fed index (absent: approximate only). */
+  precise?: PreciseSource;
+  tierWeights?: TierWeights;
 }
 
 export class PrefixProducer {
@@ -45,6 +81,20 @@ export class PrefixProducer {
   /** Blocks hashed by the last match (0: nothing to record). */
   #hashCount = 0;
   #matched: Uint32Array = NO_MATCH;
+  readonly precise: PreciseSource | null;
+  readonly preciseCounters = new PreciseCounters();
+  readonly tierWeights: TierWeights;
+  readonly #pSeeds = new Map<string, bigint>();
+  readonly #pResult = new MatchResult(256, 16);
+  #combined = new Uint32Array(16);
+  #weighted = new Float64Array(16);
+  /** subarray(0, n) views of #combined / #weighted, made once per size (no allocation per request). */
+  #combinedViews: Uint32Array[] = [];
+  #weightedViews: Float64Array[] = [];
+  /** Per candidate of the last produce(): tiers[3i + t] of its matched blocks, and the tokens per block of the answer. */
+  #tiers = new Uint32Array(48);
+  #tokensPerBlock = 0;
+  #lastN = 0;
 
   constructor(o: PrefixProducerOptions) {
     const max = Math.max(1, o.maxEndpoints);
@@ -52,6 +102,14 @@ export class PrefixProducer {
     this.#capacityBlockSize = o.capacityBlockSize;
     this.#ids = new Int32Array(max);
     for (let n = 0; n <= max; n++) this.#idViews.push(this.#ids.subarray(0, n));
+    this.precise = o.precise ?? null;
+    this.tierWeights = o.tierWeights ?? DEFAULT_TIER_WEIGHTS;
+  }
+
+  #preciseSeed(model: string): bigint {
+    let s = this.#pSeeds.get(model);
+    if (s === undefined) this.#pSeeds.set(model, (s = PrefixIndex.seedFor(model)));
+    return s;
   }
 
   get blockSize(): number {
@@ -67,10 +125,12 @@ export class PrefixProducer {
     return s;
   }
 
-  /** Hashes and matches the cycle's prompt against `eps`; fills ctx.promptBlocks and ctx.prefixMatched. */
+  /** Hashes and matches the cycle's prompt against `eps`; fills ctx.promptBlocks, ctx.prefixMatched and ctx.prefixWeighted. */
   produce(ctx: CycleContext, eps: readonly Endpoint[]): void {
     const prompt = ctx.request.prompt;
     this.#hashCount = 0;
+    this.#lastN = 0;
+    ctx.prefixWeighted = undefined;
     if (!prompt || prompt.length < this.store.blockSize) {
       ctx.promptBlocks = 0;
       ctx.prefixMatched = NO_MATCH;
@@ -83,6 +143,100 @@ export class PrefixProducer {
     this.#matched = m.matched;
     ctx.promptBlocks = m.hashCount;
     ctx.prefixMatched = m.matched;
+    this.#tokensPerBlock = this.store.blockSize / 4;
+    if (this.precise !== null) this.#producePrecise(ctx, eps, m.matched, m.hashCount, m.tiers);
+    else if (m.tiers !== undefined) this.#weigh(ctx, n, m.tiers);
+  }
+
+  #producePrecise(ctx: CycleContext, eps: readonly Endpoint[], approx: Uint32Array, approxCount: number, approxTiers: Uint32Array | undefined): void {
+    const n = eps.length;
+    const c = this.preciseCounters;
+    const tokens = ctx.request.tokens;
+    const p = this.precise!;
+    if (tokens === undefined || tokens.length < p.index.blockSize) {
+      c.fallbackNoTokens += n;
+      if (approxTiers !== undefined) this.#weigh(ctx, n, approxTiers);
+      return;
+    }
+    const r = p.index.matchPrompt(tokens, this.#preciseSeed(ctx.request.model), this.#idViews[n], this.#pResult);
+    const count = r.hashCount;
+    if (this.#combined.length < n) {
+      this.#combined = new Uint32Array(n * 2);
+      this.#combinedViews = [];
+    }
+    if (this.#tiers.length < 3 * n) this.#tiers = new Uint32Array(6 * n);
+    const out = this.#combined;
+    const tiers = this.#tiers;
+    // approximate blocks in precise units (the same prompt cut in two block sizes)
+    const scale = approxCount > 0 ? count / approxCount : 0;
+    for (let i = 0; i < n; i++) {
+      if (p.healthy(eps[i].id)) {
+        c.precise++;
+        out[i] = r.matched[i]!;
+        tiers[3 * i] = r.tiers[3 * i]!;
+        tiers[3 * i + 1] = r.tiers[3 * i + 1]!;
+        tiers[3 * i + 2] = r.tiers[3 * i + 2]!;
+      } else {
+        c.fallbackUnhealthy++;
+        const v = Math.min(count, Math.floor(approx[i]! * scale));
+        out[i] = v;
+        const m = approx[i]!;
+        // the approximate index's own tier split, scaled
+        const f = m > 0 && approxTiers !== undefined ? v / m : 0;
+        tiers[3 * i] = approxTiers !== undefined ? Math.round(approxTiers[3 * i]! * f) : v;
+        tiers[3 * i + 1] = approxTiers !== undefined ? Math.round(approxTiers[3 * i + 1]! * f) : 0;
+        tiers[3 * i + 2] = approxTiers !== undefined ? Math.round(approxTiers[3 * i + 2]! * f) : 0;
+      }
+    }
+    ctx.promptBlocks = count;
+    ctx.prefixMatched = this.#combinedViews[n] ??= out.subarray(0, n);
+    this.#matched = ctx.prefixMatched;
+    this.#tokensPerBlock = p.index.blockSize / 4;
+    this.#weigh(ctx, n, tiers);
+  }
+
+  /** ctx.prefixWeighted[i] = Σ_t weight[t] × tiers[3i + t] (and remembers the tiers for cachedTokens()). */
+  #weigh(ctx: CycleContext, n: number, tiers: Uint32Array): void {
+    if (this.#weighted.length < n) {
+      this.#weighted = new Float64Array(n * 2);
+      this.#weightedViews = [];
+    }
+    if (this.#tiers.length < 3 * n) this.#tiers = new Uint32Array(6 * n);
+    const w = this.tierWeights;
+    const out = this.#weighted;
+    const keep = this.#tiers;
+    for (let i = 0; i < n; i++) {
+      const g = tiers[3 * i]!, h = tiers[3 * i + 1]!, d = tiers[3 * i + 2]!;
+      if (keep !== tiers) {
+        keep[3 * i] = g;
+        keep[3 * i + 1] = h;
+        keep[3 * i + 2] = d;
+      }
+      out[i] = g * w[0] + h * w[1] + d * w[2];
+    }
+    this.#lastN = n;
+    ctx.prefixWeighted = this.#weightedViews[n] ??= out.subarray(0, n);
+  }
+
+  /**
+   * The tier-weighted cached-token count of candidate `index` in the last produce() (the P/D decider
+   * reads it: a prompt mostly cached on the decode endpoint needs no remote prefill). `out`, if given,
+   * receives the unweighted tokens per tier [GPU, host, disk]. 0 when nothing was matched.
+   */
+  cachedTokens(index: number, out?: Float64Array): number {
+    if (index < 0 || index >= this.#lastN) {
+      if (out) out.fill(0, 0, 3);
+      return 0;
+    }
+    const t = this.#tiers;
+    const tpb = this.#tokensPerBlock;
+    const w = this.tierWeights;
+    if (out) {
+      out[0] = t[3 * index]! * tpb;
+      out[1] = t[3 * index + 1]! * tpb;
+      out[2] = t[3 * index + 2]! * tpb;
+    }
+    return (t[3 * index]! * w[0] + t[3 * index + 1]! * w[1] + t[3 * index + 2]! * w[2]) * tpb;
   }
 
   /** The picker chose eps[index]: its matched blocks go to the decision, the prompt's blocks to the index. */

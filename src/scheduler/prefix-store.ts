@@ -9,6 +9,8 @@ export interface PrefixMatch {
   hashCount: number;
   /** Per candidate (same order as the ids passed): leading blocks that endpoint holds. */
   matched: Uint32Array;
+  /** Per candidate, how many of those sit in each tier: tiers[3i + t] (absent: the store does not know). */
+  tiers?: Uint32Array;
 }
 
 export interface PrefixStore {
@@ -39,6 +41,7 @@ export class NativePrefixStore implements PrefixStore {
     const r = this.#idx.matchPrompt(prompt, seed, ids, this.#result);
     this.#view.hashCount = r.hashCount;
     this.#view.matched = r.matched;
+    this.#view.tiers = r.tiers;
     return this.#view;
   }
 

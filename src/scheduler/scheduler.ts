@@ -11,7 +11,7 @@ import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
 import { NoEndpointError, UnknownModelError } from '../errors.js';
 import { registry as defaultRegistry } from './builtins.js';
 import type { PluginRegistry } from './registry.js';
-import { PrefixProducer } from './prefix-producer.js';
+import { PrefixProducer, type PreciseSource, type TierWeights } from './prefix-producer.js';
 import { SessionTable } from '../sessions/table.js';
 import type { CycleContext, Filter, Picker, Plugin, SchedRequest, Scorer } from './types.js';
 
@@ -33,6 +33,10 @@ export interface SchedulerOptions {
   registry?: PluginRegistry;
   /** Session pins shared with the director (the router's `sessions` config); default: a table with default settings. */
   sessions?: SessionTable;
+  /** Precise prefix matching's event-fed index (src/server/precise.ts builds it from the config). */
+  precise?: PreciseSource;
+  /** What a matched block is worth by tier [GPU, host, disk] (default: scheduling.tierWeights). */
+  tierWeights?: TierWeights;
 }
 
 export class Scheduler {
@@ -73,6 +77,8 @@ export class Scheduler {
         blockSize: asked ?? scheduling.prefixBlockSize,
         capacityBlockSize: scheduling.prefixBlockSize,
         maxEndpoints: endpoints.all.length,
+        precise: opts.precise,
+        tierWeights: opts.tierWeights ?? (scheduling.tierWeights ? [scheduling.tierWeights.gpu, scheduling.tierWeights.cpu, scheduling.tierWeights.disk] : undefined),
       });
       for (const ep of endpoints.all) this.prefix.setCapacity(ep);
     }

@@ -12,6 +12,8 @@ export interface SchedRequest {
   prompt?: Uint8Array;
   /** The conversation the request belongs to ('' or absent: none); session-aware plugins pin on it. */
   sessionKey?: string;
+  /** The prompt as the engine tokenizes it (token ids as little-endian uint32 bytes): precise prefix matching's input; absent = approximate only. */
+  tokens?: Uint8Array;
 }
 
 /** Prefix blocks of one pick: hashed from the prompt, and of those, held by the picked endpoint. */
@@ -29,6 +31,8 @@ export interface CycleContext {
   promptBlocks: number;
   /** ...and per candidate (the scorers' `eps` order) the leading blocks that endpoint is believed to hold. */
   prefixMatched: Uint32Array;
+  /** Per candidate, those blocks weighted by the KV tier they sit in (GPU > host > disk); absent: unweighted. */
+  prefixWeighted?: Float64Array;
   /** Set once the picker chose: the matched blocks of the picked endpoint. */
   matchedBlocks: number;
 }

@@ -29,6 +29,7 @@ import { RouterMetrics } from './metrics.js';
 import { ResponsesService } from '../responses/service.js';
 import { KIND_RESPONSES, mountResponseReads, ResponsesExchange } from './responses-http.js';
 import type { RequestTracer } from '../telemetry/tracing.js';
+import { buildPrecise, type Precise } from './precise.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
 export interface RouterOptions {
@@ -179,6 +180,8 @@ export class RouterCore {
   /** Metrics scraping and health checks of every endpoint (started by startRouter). */
   readonly dataLayer: DataLayer;
   readonly scheduler: Scheduler;
+  /** Precise prefix matching (KV-event feed, token source); null when no pool is precise. */
+  readonly precise: Precise | null;
   readonly upstream: UpstreamClient;
   readonly gate: AdmissionGate;
   readonly director: Director;
@@ -227,7 +230,8 @@ export class RouterCore {
     if (cfg.sessions.store !== 'memory') sessions.shared = new RedisSessions(cfg.sessions.store, cfg.sessions.ttlMs, this.log);
     sessions.start();
     this.#sessionHeader = cfg.sessions.sources.includes('header') ? Buffer.from(cfg.sessions.header) : null;
-    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, sessions });
+    const precise = (this.precise = buildPrecise(cfg, set));
+    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, sessions, precise: precise?.feed });
     this.upstream = opts.upstream ?? newUpstreamClient(cfg.proxy, set);
     const g = opts.gate;
     const gate: AdmissionGate = (this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g);
@@ -242,6 +246,7 @@ export class RouterCore {
     // the gate's families (flow control) join the router's registry
     gate.registerMetrics?.(this.metrics.registry);
     registerSessionMetrics(this.metrics.registry, sessions);
+    precise?.registerMetrics(this.metrics.registry, () => this.scheduler.prefix);
     this.limits = cfg.limits;
     this.director = new Director({
       scheduler: this.scheduler,
@@ -255,6 +260,7 @@ export class RouterCore {
       parseWorkers: cfg.limits.parseWorkers,
       sessions,
       tracer: opts.tracer ?? null,
+      tokens: precise?.tokens ?? null,
     });
     if (opts.tracer) this.metrics.registerTracing(opts.tracer.stats);
     this.responses = cfg.responses.enabled
@@ -648,6 +654,7 @@ export class RouterCore {
     await this.responses?.close();
     await this.scheduler.close();
     await this.sessions.close();
+    await this.precise?.close();
     await this.dataLayer.close();
     await this.upstream.close();
     await this.director.tracer?.close(); // the last spans go out (bounded by the export timeout)

@@ -2,6 +2,7 @@
 
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { startFleet, type FleetOptions } from './index.js';
+import { kvEventsConfigProblem, type KvEventsConfig } from './kv-events.js';
 import { FAILURE_KINDS, SIM_DEFAULTS, SimOptionError, resolveSimOptions, type FailureKind } from './options.js';
 
 const D = SIM_DEFAULTS;
@@ -36,6 +37,11 @@ options (--name value or --name=value):
   --max-body-bytes N          largest request body (default ${D.maxBodyBytes})
   --lora NAME                 serve a LoRA adapter named NAME on the base model; repeatable
   --max-loras N               distinct adapters in the running batch (default ${D.maxLoras})
+  --cpu-offload-blocks N      host-memory KV tier in blocks: GPU evictions move there (default ${D.cpuOffloadBlocks})
+  --cpu-reload-us-per-block F cost of loading a block back from host memory, microseconds (default ${D.cpuReloadUsPerBlock})
+  --kv-events-config JSON     publish KV events like vLLM, e.g. '{"enable_kv_cache_events":true,"publisher":"zmq",
+                              "endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv"}';
+                              also "layout":"array"|"map", "block_hash_format":"int"|"bytes" (docs/kv-events.md)
   --legacy                    mimic an older vLLM (gpu_cache_usage_perc, flat error bodies)
   --fleet N                   start N engines on consecutive ports (default 1)
   --base-port P               first port of the fleet (default: --port)
@@ -137,6 +143,22 @@ const FLAGS: Record<string, { type: 'string' | 'boolean'; set: Setter }> = {
     },
   },
   'base-port': { type: 'string', set: (o, v, f) => (o.basePort = integer(f, v)) },
+  'cpu-offload-blocks': { type: 'string', set: (o, v, f) => (o.cpuOffloadBlocks = integer(f, v)) },
+  'cpu-reload-us-per-block': { type: 'string', set: (o, v, f) => (o.cpuReloadUsPerBlock = number(f, v)) },
+  'kv-events-config': {
+    type: 'string',
+    set: (o, v, f) => {
+      let c: unknown;
+      try {
+        c = JSON.parse(v);
+      } catch (err) {
+        throw new FlagError(`${f} expects a JSON object, got '${v}' (${(err as Error).message})`);
+      }
+      const problem = kvEventsConfigProblem(c);
+      if (problem !== null) throw new FlagError(`${f}: ${problem}`);
+      o.kvEventsConfig = c as KvEventsConfig;
+    },
+  },
 };
 
 const PARSE_OPTIONS = {
@@ -206,6 +228,10 @@ export async function runSimCli(argv: string[]): Promise<number> {
       `switchyard sim: ${o.engine} engine serving ${o.models.join(', ')} on ${e.url} ` +
         `(max-num-seqs ${o.maxNumSeqs}, kv-cache-blocks ${o.kvCacheBlocks}, time-scale ${o.timeScale})`,
     );
+    if (e.kvEvents !== null) {
+      const replay = e.kvEvents.replayEndpoint;
+      console.log(`switchyard sim: KV events on ${e.kvEvents.endpoint}${replay !== null ? `, replay on ${replay}` : ''}`);
+    }
   }
   return new Promise<number>((resolve) => {
     const stop = (sig: NodeJS.Signals) => {

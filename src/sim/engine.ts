@@ -5,6 +5,7 @@ import { jsonNestsDeeper } from '../json-depth.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
 import { SimMetrics } from './metrics.js';
+import { KvEventPublisher, resolveKvEventsConfig } from './kv-events.js';
 import { resolveSimOptions, type FailureKind, type ResolvedSimOptions, type SimOptions, SimOptionError } from './options.js';
 import { ReqState, Scheduler, SimRequest, type RequestSink, type SchedulerStats } from './scheduler.js';
 import { BYTES_PER_TOKEN, renderChat, type ChatMessage } from './tokenizer.js';
@@ -37,6 +38,8 @@ export interface SimEngine {
   recordHeaders(names: readonly string[] | null): void;
   /** The recorded requests: path and the named headers ('' when absent). */
   recorded(): { path: string; headers: Record<string, string> }[];
+  /** The KV-event publisher (null unless kvEventsConfig enables it): its bound addresses, restart (seq 0). */
+  readonly kvEvents: KvEventPublisher | null;
   /** Renders /metrics text (what GET /metrics serves). */
   metricsText(): Promise<string>;
   /** Stops listening, drops open connections and frees everything. Idempotent. */
@@ -239,6 +242,7 @@ class Call implements RequestSink {
     const hashes = hashScratch;
     let promptTokens: number;
     let nBlocks: number;
+    let metaTokens: Uint32Array | null = null;
     let seed = o.seed;
     if (this.kind === Kind.Chat) {
       const messages = body.messages;
@@ -249,6 +253,7 @@ class Call implements RequestSink {
       promptTokens = Math.ceil(len / BYTES_PER_TOKEN);
       nBlocks = hashByteBlocks(scratch, len, o.blockSize * BYTES_PER_TOKEN, hashes);
       seed ^= tailHash(scratch, nBlocks * o.blockSize * BYTES_PER_TOKEN, len);
+      if (e.kvEvents !== null) metaTokens = byteBlockTokens(nBlocks * o.blockSize);
     } else {
       let prompt = body.prompt;
       if (Array.isArray(prompt) && prompt.length === 1 && (typeof prompt[0] === 'string' || Array.isArray(prompt[0]))) prompt = prompt[0];
@@ -257,9 +262,11 @@ class Call implements RequestSink {
         promptTokens = Math.ceil(len / BYTES_PER_TOKEN);
         nBlocks = hashByteBlocks(scratch, len, o.blockSize * BYTES_PER_TOKEN, hashes);
         seed ^= tailHash(scratch, nBlocks * o.blockSize * BYTES_PER_TOKEN, len);
+        if (e.kvEvents !== null) metaTokens = byteBlockTokens(nBlocks * o.blockSize);
       } else if (Array.isArray(prompt) && prompt.length > 0 && prompt.every((t) => Number.isInteger(t) && t >= 0)) {
         promptTokens = prompt.length;
         nBlocks = hashTokenBlocks(prompt as number[], o.blockSize, hashes);
+        if (e.kvEvents !== null) metaTokens = Uint32Array.from((prompt as number[]).slice(0, nBlocks * o.blockSize));
         let h = prompt.length;
         for (let i = nBlocks * o.blockSize; i < prompt.length; i++) h = Math.imul(h ^ (prompt[i] as number), 0x01000193);
         seed ^= h;
@@ -339,6 +346,7 @@ class Call implements RequestSink {
     const privateBlocks = needBlocks - nBlocks;
     const req = new SimRequest(hashes.slice(0, nBlocks), nBlocks, promptTokens, outTokens, privateBlocks, finishReason, remotePrefill, this);
     req.lora = lora;
+    if (metaTokens !== null) req.meta = { tokens: metaTokens, loraId: lora === null ? null : e.loraId.get(lora)!, loraName: lora };
     this.req = req;
     if (this.kvParams !== null) this.kvParams = this.kvTransferParams(req);
     if (this.stream) {
@@ -562,6 +570,16 @@ function byteTokenIds(text: string): number[] {
   return ids;
 }
 
+/** The token ids of the scratch prompt's first `tokens` tokens (full blocks: 4 bytes each, little-endian). */
+function byteBlockTokens(tokens: number): Uint32Array {
+  const bytes = new Uint8Array(tokens * BYTES_PER_TOKEN);
+  bytes.set(scratch.subarray(0, bytes.length));
+  const out = new Uint32Array(tokens);
+  const dv = new DataView(bytes.buffer);
+  for (let i = 0; i < tokens; i++) out[i] = dv.getUint32(i * 4, true);
+  return out;
+}
+
 /** FNV-1a of bytes [from, to) mixed with the length: the part of the prompt the block hashes do not cover. */
 function tailHash(bytes: Uint8Array, from: number, to: number): number {
   let h = 0x811c9dc5 ^ to;
@@ -586,6 +604,9 @@ export class Engine implements SimEngine {
   readonly modelJson = new Map<string, string>();
   /** LoRA adapter name → hash salt. */
   readonly loraSalt = new Map<string, number>();
+  /** LoRA adapter name → its integer id in KV events (vLLM's lora_int_id: 1, 2, ...). */
+  readonly loraId = new Map<string, number>();
+  readonly kvEvents: KvEventPublisher | null;
   readonly engineId: string;
   readonly idPrefix: string;
   readonly rand: () => number;
@@ -608,7 +629,11 @@ export class Engine implements SimEngine {
     opts.loras.forEach((m, i) => {
       this.modelJson.set(m, JSON.stringify(m));
       this.loraSalt.set(m, mix32(0x10a + i) + 1);
+      this.loraId.set(m, i + 1);
     });
+    const kv = resolveKvEventsConfig(opts.kvEventsConfig);
+    this.kvEvents = kv === null ? null : new KvEventPublisher(kv, salt);
+    if (this.kvEvents !== null) this.sched.cache.setEvents(this.kvEvents);
     this.rand = rng(mix32(opts.seed ^ 0x5eed) ^ mix32(salt + 1));
     this.failureRate = opts.failureRate;
     this.failureKinds = [...opts.failureKinds];
@@ -625,7 +650,17 @@ export class Engine implements SimEngine {
     return `http://${host}:${this.#port}`;
   }
 
-  listen(): Promise<void> {
+  async listen(): Promise<void> {
+    if (this.kvEvents !== null) await this.kvEvents.open();
+    try {
+      await this.#listenHttp();
+    } catch (err) {
+      this.kvEvents?.close();
+      throw err;
+    }
+  }
+
+  #listenHttp(): Promise<void> {
     const o = this.options;
     const app = uws.App();
     this.#app = app;
@@ -751,6 +786,7 @@ export class Engine implements SimEngine {
         if (call.req !== null) this.sched.abort(call.req);
       }
       this.calls.clear();
+      this.kvEvents?.close();
       if (this.#listen !== null) uws.us_listen_socket_close(this.#listen);
       this.#listen = null;
       // Closes every remaining connection too (keep-alive sockets).

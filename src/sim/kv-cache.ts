@@ -11,6 +11,12 @@
 // running request is never preempted). Usage reported to metrics counts only
 // blocks held by running requests, like vLLM (cached idle blocks are free).
 
+// With a host-memory tier (--cpu-offload-blocks, kv-offload.ts) an evicted
+// block moves there instead of vanishing, and a later prompt that needs it
+// loads it back (a hit, at a per-block reload cost instead of recompute). With
+// KV events on (kv-events.ts) every store, removal and offload is reported.
+import type { KvEventSink } from './kv-events.js';
+import { HostTier } from './kv-offload.js';
 import { BYTES_PER_TOKEN } from './tokenizer.js';
 
 export interface KvBlock {
@@ -18,6 +24,11 @@ export interface KvBlock {
   refs: number;
   prev: KvBlock | null;
   next: KvBlock | null;
+  /** With events or a host tier: the parent block's hash and this block's token ids. */
+  parent: number | null;
+  tokens: Uint32Array | null;
+  loraId: number | null;
+  loraName: string | null;
 }
 
 /** What a request holds while it runs. */
@@ -25,6 +36,15 @@ export interface KvLease {
   blocks: KvBlock[];
   privateBlocks: number;
   cachedTokens: number;
+  /** Of the hit blocks, how many were loaded back from the host tier. */
+  hostBlocks: number;
+}
+
+/** Per-request facts the events need: the prompt's token ids (blockSize per block) and its LoRA adapter. */
+export interface KvBlockMeta {
+  tokens: Uint32Array;
+  loraId: number | null;
+  loraName: string | null;
 }
 
 const HASH_SCALE = 2 ** 21;
@@ -79,10 +99,22 @@ export class KvCache {
   #private = 0;
   #pinned = 0;
   evictions = 0;
+  readonly host: HostTier | null;
+  #events: KvEventSink | null;
+  /** GPU blocks evicted during the current operation (reported once it ends). */
+  readonly #evicted: number[] = [];
 
-  constructor(capacity: number, blockSize: number) {
+  constructor(capacity: number, blockSize: number, hostBlocks = 0, events: KvEventSink | null = null) {
     this.capacity = capacity;
     this.blockSize = blockSize;
+    this.#events = events;
+    this.host = hostBlocks > 0 ? new HostTier(hostBlocks, events) : null;
+  }
+
+  /** Where KV events go (null: nowhere). */
+  setEvents(events: KvEventSink | null): void {
+    this.#events = events;
+    this.host?.setEvents(events);
   }
 
   /** Blocks held by running requests (pinned cached + private). */
@@ -111,7 +143,8 @@ export class KvCache {
    */
   matchPrefix(hashes: readonly number[], n: number): number {
     let k = 0;
-    while (k < n && this.#map.has(hashes[k]!)) k++;
+    const host = this.host;
+    while (k < n && (this.#map.has(hashes[k]!) || (host !== null && host.has(hashes[k]!)))) k++;
     return k;
   }
 
@@ -134,33 +167,78 @@ export class KvCache {
    * checks canAdmit first. `maxHitBlocks` caps the reported hit (the engine
    * always computes at least the prompt's last token).
    */
-  acquire(hashes: readonly number[], n: number, privateBlocks: number, maxHitBlocks: number): KvLease {
+  acquire(hashes: readonly number[], n: number, privateBlocks: number, maxHitBlocks: number, meta: KvBlockMeta | null = null): KvLease {
     const blocks = new Array<KvBlock>(n);
     let hit = 0;
+    let hostHit = 0;
     let contiguous = true;
+    const host = this.host;
     // Pin the cached ones first so eviction below cannot take them.
     for (let i = 0; i < n; i++) {
       const b = this.#map.get(hashes[i]!);
       if (b === undefined) {
-        contiguous = false;
+        if (contiguous && host !== null && host.has(hashes[i]!)) {
+          hit++;
+          hostHit++;
+        } else contiguous = false;
         continue;
       }
       if (contiguous) hit++;
       this.#pin(b);
       blocks[i] = b;
     }
+    const events = this.#events;
+    let runStart = -1;
     for (let i = 0; i < n; i++) {
-      if (blocks[i] !== undefined) continue;
+      if (blocks[i] !== undefined) {
+        if (runStart >= 0) this.#storedRun(blocks, runStart, i);
+        runStart = -1;
+        continue;
+      }
       this.#makeRoom(1);
-      const b: KvBlock = { hash: hashes[i]!, refs: 1, prev: null, next: null };
+      const b: KvBlock = { hash: hashes[i]!, refs: 1, prev: null, next: null, parent: null, tokens: null, loraId: null, loraName: null };
+      if (meta !== null) {
+        b.parent = i > 0 ? hashes[i - 1]! : null;
+        b.tokens = meta.tokens.subarray(i * this.blockSize, (i + 1) * this.blockSize);
+        b.loraId = meta.loraId;
+        b.loraName = meta.loraName;
+      }
       this.#map.set(b.hash, b);
       this.#pinned++;
       blocks[i] = b;
+      if (runStart < 0) runStart = i;
     }
+    if (runStart >= 0) this.#storedRun(blocks, runStart, n);
     this.#makeRoom(privateBlocks);
     this.#private += privateBlocks;
-    if (hit > maxHitBlocks) hit = maxHitBlocks;
-    return { blocks, privateBlocks, cachedTokens: hit * this.blockSize };
+    if (events !== null) this.#flushEvicted();
+    if (hit > maxHitBlocks) {
+      hostHit = Math.max(0, hostHit - (hit - maxHitBlocks));
+      hit = maxHitBlocks;
+    }
+    return { blocks, privateBlocks, cachedTokens: hit * this.blockSize, hostBlocks: hostHit };
+  }
+
+  /** BlockStored (GPU) for the newly allocated blocks [from, to) of a prompt: one event per run. */
+  #storedRun(blocks: KvBlock[], from: number, to: number): void {
+    const events = this.#events;
+    const first = blocks[from]!;
+    if (events === null || first.tokens === null) return;
+    const hashes = new Array<number>(to - from);
+    for (let i = from; i < to; i++) hashes[i - from] = blocks[i]!.hash;
+    const bs = this.blockSize;
+    const base = first.tokens;
+    // the run's tokens are contiguous in the prompt's token array
+    const tokens = new Uint32Array(base.buffer, base.byteOffset, (to - from) * bs);
+    events.stored(hashes, first.parent, tokens, first.loraId, first.loraName, 'GPU');
+  }
+
+  #flushEvicted(): void {
+    this.host?.flush();
+    if (this.#evicted.length > 0) {
+      this.#events!.removed(this.#evicted, 'GPU');
+      this.#evicted.length = 0;
+    }
   }
 
   /** Unpins a request's blocks; the last block goes idle first so chains lose their tails first. */
@@ -180,7 +258,18 @@ export class KvCache {
 
   /** Drops every idle cached block (pinned ones stay). */
   clear(): void {
-    while (this.#head !== null) this.#evictHead();
+    const host = this.host;
+    // a cleared cache keeps nothing in host memory either
+    while (this.#head !== null) this.#drop(this.#head);
+    host?.clear();
+    if (this.#events !== null) this.#flushEvicted();
+  }
+
+  #drop(b: KvBlock): void {
+    this.#unlinkIdle(b);
+    this.#map.delete(b.hash);
+    this.evictions++;
+    if (this.#events !== null) this.#evicted.push(b.hash);
   }
 
   #pin(b: KvBlock): void {
@@ -196,9 +285,9 @@ export class KvCache {
 
   #evictHead(): void {
     const b = this.#head!;
-    this.#unlinkIdle(b);
-    this.#map.delete(b.hash);
-    this.evictions++;
+    this.#drop(b);
+    // offload: the block's KV is copied to host memory before its GPU block is reused
+    if (this.host !== null) this.host.put(b);
   }
 
   #pushIdle(b: KvBlock): void {

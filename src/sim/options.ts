@@ -1,5 +1,6 @@
 // Options of a simulated engine: the type, the defaults and their validation.
 import { ALWAYS, z } from '../config/schema-kit.js';
+import { kvEventsConfigProblem, type KvEventsConfig } from './kv-events.js';
 
 export type FailureKind = '500' | '429' | '503' | 'reset-mid-stream' | 'slow-first-byte' | 'error-mid-stream';
 export const FAILURE_KINDS: readonly FailureKind[] = ['500', '429', '503', 'reset-mid-stream', 'slow-first-byte', 'error-mid-stream'];
@@ -50,6 +51,12 @@ export interface SimOptions {
   maxLoras?: number;
   /** Mimic an older vLLM: vllm:gpu_cache_usage_perc, no engine label, flat error bodies. */
   legacy?: boolean;
+  /** Host-memory KV tier in blocks (0: none): GPU evictions move there (kv-offload.ts). */
+  cpuOffloadBlocks?: number;
+  /** Cost of loading one block back from the host tier, model microseconds. */
+  cpuReloadUsPerBlock?: number;
+  /** KV-cache events, shaped like vLLM's --kv-events-config (kv-events.ts); null: off. */
+  kvEventsConfig?: KvEventsConfig | null;
 }
 
 export type ResolvedSimOptions = Required<SimOptions>;
@@ -80,6 +87,9 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   loras: [],
   maxLoras: 1,
   legacy: false,
+  cpuOffloadBlocks: 0,
+  cpuReloadUsPerBlock: 100,
+  kvEventsConfig: null,
 }) as ResolvedSimOptions;
 
 /** Thrown for an invalid option; `option` names it. */
@@ -144,6 +154,13 @@ export const simOptionsSchema = z
       .default(() => []),
     maxLoras: int(1).default(SIM_DEFAULTS.maxLoras),
     legacy: bool().default(SIM_DEFAULTS.legacy),
+    cpuOffloadBlocks: int(0).default(SIM_DEFAULTS.cpuOffloadBlocks),
+    cpuReloadUsPerBlock: num(0).default(SIM_DEFAULTS.cpuReloadUsPerBlock),
+    kvEventsConfig: z
+      .custom<KvEventsConfig | null>((v) => v === null || kvEventsConfigProblem(v) === null, {
+        error: (i) => `expected vLLM's kv-events config object: ${kvEventsConfigProblem(i.input) ?? 'invalid'}`,
+      })
+      .default(null),
   })
   .superRefine((o, ctx) => {
     if (Array.isArray(o.loras) && Array.isArray(o.models) && o.loras.some((m) => o.models.includes(m))) {

@@ -26,7 +26,7 @@
 // the simulated rate down.
 
 import { performance } from 'node:perf_hooks';
-import { KvCache, type KvLease } from './kv-cache.js';
+import { KvCache, type KvBlockMeta, type KvLease } from './kv-cache.js';
 import { Histogram } from '../metrics/histogram.js';
 import { ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS } from './buckets.js';
 import type { ResolvedSimOptions } from './options.js';
@@ -68,6 +68,8 @@ export class SimRequest {
   next: SimRequest | null = null;
   /** LoRA adapter name, or null for the base model. */
   lora: string | null = null;
+  /** With KV events on: the prompt's token ids and LoRA id for BlockStored (kv-events.ts). */
+  meta: KvBlockMeta | null = null;
 
   constructor(
     readonly hashes: number[],
@@ -92,6 +94,8 @@ export interface SchedulerStats {
   kvCapacityBlocks: number;
   prefixQueryTokens: number;
   prefixHitTokens: number;
+  hostHitTokens: number;
+  hostCachedBlocks: number;
   promptTokens: number;
   generationTokens: number;
   finished: number;
@@ -109,6 +113,8 @@ export class Scheduler {
   waiting = 0;
   prefixQueryTokens = 0;
   prefixHitTokens = 0;
+  /** Of prefixHitTokens, those loaded back from the host tier. */
+  hostHitTokens = 0;
   promptTokensTotal = 0;
   generationTokensTotal = 0;
   finishedLength = 0;
@@ -128,7 +134,7 @@ export class Scheduler {
 
   constructor(opts: ResolvedSimOptions) {
     this.#o = opts;
-    this.cache = new KvCache(opts.kvCacheBlocks, opts.blockSize);
+    this.cache = new KvCache(opts.kvCacheBlocks, opts.blockSize, opts.cpuOffloadBlocks);
     this.#tick = (req) => this.#step(req);
   }
 
@@ -194,6 +200,8 @@ export class Scheduler {
       kvCapacityBlocks: c.capacity,
       prefixQueryTokens: this.prefixQueryTokens,
       prefixHitTokens: this.prefixHitTokens,
+      hostHitTokens: this.hostHitTokens,
+      hostCachedBlocks: c.host?.size ?? 0,
       promptTokens: this.promptTokensTotal,
       generationTokens: this.generationTokensTotal,
       finished: this.finishedLength + this.finishedStop,
@@ -232,14 +240,16 @@ export class Scheduler {
     if (req.lora !== null) bump(this.runningLoras, req.lora, 1);
     // The engine always computes the prompt's last token, so a full hit is capped one token short.
     const maxHitBlocks = Math.floor((req.promptTokens - 1) / o.blockSize);
-    const lease = this.cache.acquire(req.hashes, req.nBlocks, req.privateBlocks, maxHitBlocks);
+    const lease = this.cache.acquire(req.hashes, req.nBlocks, req.privateBlocks, maxHitBlocks, req.meta);
     req.lease = lease;
     req.cachedTokens = lease.cachedTokens;
     this.prefixQueryTokens += req.promptTokens;
     this.prefixHitTokens += lease.cachedTokens;
+    this.hostHitTokens += lease.hostBlocks * o.blockSize;
     this.promptTokensTotal += req.promptTokens;
     const uncached = req.remotePrefill ? 0 : req.promptTokens - lease.cachedTokens;
-    req.prefillMs = o.prefillOverheadMs + (uncached * o.prefillUsPerToken) / 1000;
+    // blocks loaded back from host memory cost their transfer, not their recompute
+    req.prefillMs = o.prefillOverheadMs + (uncached * o.prefillUsPerToken + lease.hostBlocks * o.cpuReloadUsPerBlock) / 1000;
     req.queueMs = o.timeScale > 0 ? (now - req.arrival) / o.timeScale : 0;
     req.ttftMs = req.queueMs + req.prefillMs;
     req.e2eMs = req.ttftMs;

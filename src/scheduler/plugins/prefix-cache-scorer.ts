@@ -5,7 +5,9 @@
 // saturated endpoint (a queue `saturatedQueue` or more requests longer than
 // the shortest candidate's, by the endpoint's own queue estimate), which
 // scores 0 so a hot prefix spills over to replicas with room instead of
-// piling up.
+// piling up. When the producer weighs matched blocks by KV tier
+// (ctx.prefixWeighted: a block in host memory or on disk is worth less than one
+// on the GPU), the weighted count is used.
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { intParam, numberParam, pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Scorer } from '../types.js';
@@ -35,7 +37,7 @@ export class PrefixCacheScorer implements Scorer {
       for (let i = 0; i < n; i++) out[i] = 0;
       return out;
     }
-    const matched = ctx.prefixMatched;
+    const matched = ctx.prefixWeighted ?? ctx.prefixMatched;
     const sat = this.#saturatedQueue;
     const queues = (this.#queues = ensure(this.#queues, n));
     let shortest = Infinity;

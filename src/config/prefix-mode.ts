@@ -1,0 +1,114 @@
+// Precise prefix matching's config: a pool's `prefix` block (approximate or
+// precise, engine block size, tokenizer), an endpoint's `kvEvents` block (where
+// its engine publishes KV events) and `scheduling.tierWeights`. The router
+// config (schema.ts) embeds these schemas; docs/config.md documents each field
+// and docs/kv-events.md the feed.
+import { strict, z } from './schema-kit.js';
+
+export const PREFIX_MODES = ['approximate', 'precise'] as const;
+export type PrefixMode = (typeof PREFIX_MODES)[number];
+export const TOKENIZER_TYPES = ['sim', 'engine', 'huggingface'] as const;
+export type TokenizerType = (typeof TOKENIZER_TYPES)[number];
+
+export interface TokenizerConfig {
+  /** sim: the simulator's tokenizer (in process); engine: the engine's POST /tokenize; huggingface: tokenizer.json in `path`. */
+  type: TokenizerType;
+  /** Directory with tokenizer.json (and tokenizer_config.json with the chat template) for `huggingface`. */
+  path?: string;
+  /** A tokenization slower than this falls back to approximate scoring for that request, ms. */
+  timeoutMs: number;
+  /** Prompts whose tokens are cached (keyed by the prompt's chained block hashes). */
+  cacheEntries: number;
+}
+
+export interface PoolPrefixConfig {
+  mode: PrefixMode;
+  /** Tokens per engine KV block (vLLM --block-size); the engine's events must use the same. */
+  blockTokens: number;
+  tokenizer: TokenizerConfig;
+}
+
+export interface KvEventsEndpointConfig {
+  /** The engine's ZMQ PUB address, e.g. tcp://10.0.0.5:5557. */
+  endpoint: string;
+  /** Its replay ROUTER address; absent: a gap clears the endpoint's entries. */
+  replayEndpoint?: string;
+  /** Topic prefix to subscribe to; "" = all. */
+  topic: string;
+}
+
+export interface TierWeightsConfig {
+  gpu: number;
+  cpu: number;
+  disk: number;
+}
+
+export const DEFAULT_POOL_PREFIX: PoolPrefixConfig = {
+  mode: 'approximate',
+  blockTokens: 16,
+  tokenizer: { type: 'sim', timeoutMs: 50, cacheEntries: 4096 },
+};
+
+/** Defaults from the simulator's costs: see DEFAULT_TIER_WEIGHTS in src/scheduler/prefix-producer.ts. */
+export const DEFAULT_TIER_WEIGHTS_CONFIG: TierWeightsConfig = { gpu: 1, cpu: 0.875, disk: 0.5 };
+
+const got = (v: unknown) => JSON.stringify(v);
+const int = (min: number, max: number) => {
+  const error = (i: { input?: unknown }) => `must be an integer in [${min}, ${max}] (got ${got(i.input)})`;
+  return z.int({ error }).gte(min, { error }).lte(max, { error });
+};
+const weight = () => {
+  const error = (i: { input?: unknown }) => `must be a number in [0, 1] (got ${got(i.input)})`;
+  return z.number({ error }).gte(0, { error }).lte(1, { error });
+};
+const ZMQ_ADDR = /^(tcp:\/\/[^\s]+:\d+|ipc:\/\/\S+)$/;
+const zmqAddress = () =>
+  z
+    .string({ error: 'must be a ZMQ address such as tcp://10.0.0.5:5557' })
+    .regex(ZMQ_ADDR, { error: (i) => `must be a ZMQ address such as tcp://10.0.0.5:5557 (got ${got(i.input)})` });
+function oneOf<const T extends readonly [string, ...string[]]>(allowed: T) {
+  return z.enum(allowed, { error: (i) => `must be one of: ${allowed.join(', ')} (got ${got(i.input)})` });
+}
+
+const tokenizerSchema = strict(
+  {
+    type: oneOf(TOKENIZER_TYPES).default(DEFAULT_POOL_PREFIX.tokenizer.type),
+    path: z.string({ error: 'must be a directory path' }).min(1, { error: 'must be a directory path' }).optional(),
+    timeoutMs: int(1, 60_000).default(DEFAULT_POOL_PREFIX.tokenizer.timeoutMs),
+    cacheEntries: int(0, 1 << 20).default(DEFAULT_POOL_PREFIX.tokenizer.cacheEntries),
+  },
+  'must be a mapping {type, path, timeoutMs, cacheEntries}',
+)
+  .superRefine((t, ctx) => {
+    if (t.type === 'huggingface' && !t.path) ctx.addIssue({ code: 'custom', path: ['path'], message: 'is required for a huggingface tokenizer (a directory with tokenizer.json)' });
+  })
+  .prefault({});
+
+export const poolPrefixSchema = strict(
+  {
+    mode: oneOf(PREFIX_MODES).default(DEFAULT_POOL_PREFIX.mode).describe('precise: score from the engines\' KV events (endpoints need kvEvents); approximate: the router\'s own record'),
+    blockTokens: int(1, 4096).default(DEFAULT_POOL_PREFIX.blockTokens).describe('tokens per engine KV block (vLLM --block-size)'),
+    tokenizer: tokenizerSchema,
+  },
+  'must be a mapping {mode, blockTokens, tokenizer}',
+).prefault({});
+
+export const kvEventsEndpointSchema = strict(
+  {
+    endpoint: zmqAddress().describe("the engine's KV-event PUB address (vLLM --kv-events-config endpoint)"),
+    replayEndpoint: zmqAddress().optional().describe('its replay ROUTER address (replay_endpoint)'),
+    topic: z.string({ error: 'must be a string' }).default(''),
+  },
+  'must be a mapping {endpoint, replayEndpoint, topic}',
+);
+
+export const tierWeightsSchema = strict(
+  {
+    gpu: weight().default(DEFAULT_TIER_WEIGHTS_CONFIG.gpu),
+    cpu: weight().default(DEFAULT_TIER_WEIGHTS_CONFIG.cpu),
+    disk: weight().default(DEFAULT_TIER_WEIGHTS_CONFIG.disk),
+  },
+  'must be a mapping {gpu, cpu, disk}',
+)
+  .prefault({})
+  .describe('what a matched prefix block is worth by the KV tier it sits in');

@@ -1,0 +1,345 @@
+// One engine's KV-event stream: a ZMQ SUB socket on the engine's publisher,
+// the sequence bookkeeping (gaps → replay, else clear; a publisher that
+// restarts at seq 0 → clear), a bounded queue of received batches, and the
+// stream's health. Batches are decoded and applied by the KvEventFeed that
+// owns this stream, in bulk (one native call per drain); this file only moves
+// bytes and decides what they mean for the sequence. See docs/kv-events.md.
+import { Dealer, Subscriber } from 'zeromq';
+
+export interface KvStreamOptions {
+  /** The engine's PUB address, e.g. tcp://10.0.0.5:5557. */
+  endpoint: string;
+  /** The engine's replay ROUTER address (null: no replay, a gap clears the endpoint). */
+  replayEndpoint: string | null;
+  /** Topic prefix to subscribe to ("" = all). */
+  topic: string;
+  /** Batches held between drains before the oldest are dropped. */
+  maxQueued: number;
+  /** How long a replay may take before the gap is treated as unrecoverable, ms. */
+  replayTimeoutMs: number;
+}
+
+/** Why a stream is not trusted right now. */
+export type StreamProblem = 'connecting' | 'disconnected' | 'decode-errors' | 'gaps' | 'overflow' | null;
+
+/** Counters of one stream (read by the router's metrics at scrape time). */
+export class KvStreamCounters {
+  batches = 0;
+  gaps = 0;
+  replays = 0;
+  replayFailures = 0;
+  duplicates = 0;
+  restarts = 0;
+  dropped = 0;
+  decodeErrors = 0;
+  clears = 0;
+}
+
+export interface QueuedBatch {
+  seq: number;
+  payload: Buffer;
+  /** performance.now() when it was received (the event-to-index lag starts here). */
+  at: number;
+}
+
+const END_SEQ_HI = 0xffffffff;
+
+function readSeq(b: Buffer): number {
+  if (b.length !== 8) return -1;
+  const hi = b.readUInt32BE(0);
+  if (hi === END_SEQ_HI && b.readUInt32BE(4) === 0xffffffff) return -2;
+  // beyond 2^53 cannot happen in practice (+1 per batch); treat as malformed
+  if (hi > 0x1fffff) return -1;
+  return hi * 0x100000000 + b.readUInt32BE(4);
+}
+
+/** Whether replayed batches run without a hole from `from` (-1: anywhere) up to just before `live`. */
+function covers(got: QueuedBatch[], from: number, live: number): boolean {
+  if (live === 0) return true;
+  let next = from;
+  for (const b of got) {
+    if (b.seq >= live) break;
+    if (next !== -1 && b.seq !== next) return false;
+    next = b.seq + 1;
+  }
+  return next === live || (from === -1 && next === -1);
+}
+
+function seqBytes(seq: number): Buffer {
+  const b = Buffer.allocUnsafe(8);
+  b.writeUInt32BE(Math.floor(seq / 0x100000000), 0);
+  b.writeUInt32BE(seq >>> 0, 4);
+  return b;
+}
+
+/**
+ * The stream. `onReady` is called (once per turn at most) when batches are
+ * queued; the owner then calls take() and applies what it gets, in order.
+ * A `clear` marker in take()'s output means: forget what this engine was
+ * believed to hold before the batches that follow.
+ */
+export class KvEventStream {
+  readonly options: KvStreamOptions;
+  readonly counters = new KvStreamCounters();
+  #sub: Subscriber | null = null;
+  #closed = false;
+  /** Next sequence number expected (-1: nothing received yet). */
+  #expected = -1;
+  #queue: (QueuedBatch | 'clear')[] = [];
+  #queued = 0;
+  #replaying = false;
+  /** Live batches received while a replay is under way. */
+  #held: QueuedBatch[] = [];
+  #problem: StreamProblem = 'connecting';
+  #decodeErrorsInRow = 0;
+  #recentGaps: number[] = [];
+  readonly #onReady: () => void;
+  #notified = false;
+
+  constructor(options: KvStreamOptions, onReady: () => void) {
+    this.options = options;
+    this.#onReady = onReady;
+  }
+
+  /** Whether the index's entries for this engine can be trusted (else: score it by the approximate mode). */
+  get healthy(): boolean {
+    return this.#problem === null;
+  }
+  get problem(): StreamProblem {
+    return this.#problem;
+  }
+  get queued(): number {
+    return this.#queued;
+  }
+
+  start(): void {
+    const sub = new Subscriber({ linger: 0, receiveHighWaterMark: 100000 });
+    this.#sub = sub;
+    sub.events.on('connect', () => {
+      if (this.#problem === 'connecting' || this.#problem === 'disconnected') this.#problem = null;
+    });
+    sub.events.on('disconnect', () => {
+      // the engine went away: whatever it sends while we are not connected is lost, and it may come back
+      // restarted with an empty cache; forget its entries, and on the next batch join again (replay from 0)
+      if (this.#closed) return;
+      this.#setProblem('disconnected');
+      this.counters.clears++;
+      this.#push('clear');
+      if (!this.#replaying) this.#expected = -1;
+    });
+    sub.connect(this.options.endpoint);
+    sub.subscribe(this.options.topic);
+    void this.#receive(sub);
+  }
+
+  close(): void {
+    this.#closed = true;
+    this.#sub?.close();
+    this.#sub = null;
+  }
+
+  /** Up to `limit` batches (and the clear markers among them) queued since the last take, in order. */
+  take(limit: number): (QueuedBatch | 'clear')[] {
+    this.#notified = false;
+    const q = this.#queue;
+    if (this.#queued <= limit) {
+      this.#queue = [];
+      this.#queued = 0;
+      return q;
+    }
+    let n = 0;
+    let i = 0;
+    for (; i < q.length && n < limit; i++) if (q[i] !== 'clear') n++;
+    this.#queued -= n;
+    return q.splice(0, i);
+  }
+
+  /** The owner could not decode a batch of this stream. */
+  decodeFailed(): void {
+    this.counters.decodeErrors++;
+    // a lost batch leaves the index unsure of this engine: forget it, and distrust after a few in a row
+    this.counters.clears++;
+    this.#push('clear');
+    if (++this.#decodeErrorsInRow >= 3) this.#setProblem('decode-errors');
+  }
+
+  /** The owner decoded a batch of this stream. */
+  decoded(): void {
+    this.#decodeErrorsInRow = 0;
+    if (this.#problem === 'decode-errors') this.#problem = null;
+  }
+
+  async #receive(sub: Subscriber): Promise<void> {
+    try {
+      for await (const frames of sub) {
+        if (frames.length !== 3) {
+          this.decodeFailed();
+          continue;
+        }
+        const seq = readSeq(frames[1]!);
+        if (seq < 0) {
+          this.decodeFailed();
+          continue;
+        }
+        this.#live({ seq, payload: frames[2]!, at: performance.now() });
+      }
+    } catch {
+      // closed
+    }
+  }
+
+  #live(b: QueuedBatch): void {
+    this.counters.batches++;
+    if (this.#problem === 'connecting' || this.#problem === 'disconnected') this.#problem = null;
+    if (this.#replaying) {
+      this.#held.push(b);
+      return;
+    }
+    const exp = this.#expected;
+    if (exp === -1 || b.seq === exp) {
+      if (exp === -1 && b.seq > 0 && this.options.replayEndpoint !== null) {
+        // joined a running engine: fetch what its replay buffer still holds
+        this.#startReplay(0, b);
+        return;
+      }
+      this.#accept(b);
+      return;
+    }
+    if (b.seq > exp) {
+      this.counters.gaps++;
+      this.#noteGap();
+      if (this.options.replayEndpoint !== null) this.#startReplay(exp, b);
+      else this.#clearThen(b);
+      return;
+    }
+    if (b.seq === 0) {
+      // the publisher restarted (engine restart): its cache restarted too
+      this.counters.restarts++;
+      this.#clearThen(b);
+      return;
+    }
+    this.counters.duplicates++;
+  }
+
+  #accept(b: QueuedBatch): void {
+    this.#expected = b.seq + 1;
+    this.#push(b);
+  }
+
+  #clearThen(b: QueuedBatch): void {
+    this.counters.clears++;
+    this.#push('clear');
+    this.#accept(b);
+  }
+
+  #push(item: QueuedBatch | 'clear'): void {
+    const max = this.options.maxQueued;
+    if (item !== 'clear' && this.#queued >= max) {
+      // flood: drop the oldest batches; what they said is lost, so the engine's entries are cleared first
+      let dropped = 0;
+      while (this.#queued >= max) {
+        const x = this.#queue.shift();
+        if (x === undefined) break;
+        if (x !== 'clear') {
+          this.#queued--;
+          dropped++;
+        }
+      }
+      this.counters.dropped += dropped;
+      this.counters.clears++;
+      this.#queue.unshift('clear');
+      this.#setProblem('overflow');
+    }
+    this.#queue.push(item);
+    if (item !== 'clear') this.#queued++;
+    if (!this.#notified) {
+      this.#notified = true;
+      this.#onReady();
+    }
+  }
+
+  /** Called by the owner after a drain emptied the queue: an overflow is over once the backlog is gone. */
+  drained(): void {
+    if (this.#problem === 'overflow' && this.#queued === 0) this.#problem = null;
+    if (this.#problem === 'gaps' && this.#recentGaps.length < 3) this.#problem = null;
+  }
+
+  #noteGap(): void {
+    const now = Date.now();
+    const g = this.#recentGaps;
+    g.push(now);
+    while (g.length > 0 && now - g[0]! > 10_000) g.shift();
+    if (g.length >= 3) this.#setProblem('gaps');
+  }
+
+  #setProblem(p: StreamProblem): void {
+    if (this.#problem === p) return;
+    this.#problem = p;
+  }
+
+  #startReplay(from: number, live: QueuedBatch): void {
+    this.#replaying = true;
+    this.#held = [live];
+    this.counters.replays++;
+    const joining = this.#expected === -1;
+    void this.#replay(from).then((got) => {
+      this.#replaying = false;
+      if (got !== null && !covers(got, joining ? -1 : from, live.seq)) got = null;
+      if (got === null && joining) {
+        // joining: whatever the buffer no longer holds was never known here; start from the live batch
+        const held = this.#held;
+        this.#held = [];
+        for (const b of held) this.#afterClear(b);
+        return;
+      }
+      const held = this.#held;
+      this.#held = [];
+      if (got === null) {
+        this.counters.replayFailures++;
+        // what the gap held is lost: a wrong "cached" is worse than a miss
+        this.counters.clears++;
+        this.#push('clear');
+        this.#expected = -1;
+        for (const b of held) this.#afterClear(b);
+        return;
+      }
+      for (const b of got) {
+        if (this.#expected !== -1 && b.seq < this.#expected) continue;
+        this.#accept(b);
+      }
+      for (const b of held) this.#live(b);
+    });
+  }
+
+  /** After a failed replay: take held live batches from the first one on, without asking again. */
+  #afterClear(b: QueuedBatch): void {
+    if (this.#expected === -1 || b.seq >= this.#expected) this.#accept(b);
+  }
+
+  /** Asks the replay socket for batches from `from` on; null when it fails or times out. */
+  async #replay(from: number): Promise<QueuedBatch[] | null> {
+    if (this.#closed || this.options.replayEndpoint === null) return null;
+    const d = new Dealer({ linger: 0, receiveTimeout: this.options.replayTimeoutMs, sendTimeout: this.options.replayTimeoutMs });
+    const out: QueuedBatch[] = [];
+    try {
+      d.connect(this.options.replayEndpoint);
+      await d.send([Buffer.alloc(0), seqBytes(from)]);
+      const deadline = Date.now() + this.options.replayTimeoutMs;
+      for (;;) {
+        if (Date.now() > deadline) return null;
+        const frames = await d.receive();
+        const f = frames[0]!.length === 0 ? frames.slice(1) : frames;
+        if (f.length < 2) return null;
+        const seq = readSeq(f[0]!);
+        if (seq === -2) break;
+        if (seq < 0) return null;
+        out.push({ seq, payload: f[1]!, at: performance.now() });
+      }
+      return out;
+    } catch {
+      return null;
+    } finally {
+      d.close();
+    }
+  }
+}

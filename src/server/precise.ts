@@ -1,0 +1,151 @@
+// Builds precise prefix matching for a router from its config: the event-fed
+// index and its KV-event feed (one stream per endpoint of a `prefix.mode:
+// precise` pool with `kvEvents`), the token source the director awaits before
+// the pick, and their Prometheus families. Nothing is built (and nothing
+// costs) when no pool is precise.
+import { Counter, Gauge } from 'prom-client';
+import { PrefixIndex } from '../../bindings/index.js';
+import type { RouterConfig } from '../config/schema.js';
+import { DEFAULT_TIER_WEIGHTS_CONFIG } from '../config/prefix-mode.js';
+import type { EndpointSet } from '../endpoints/endpoint.js';
+import { ConfigError } from '../errors.js';
+import { KvEventFeed, LAG_BUCKETS } from '../kv-events/feed.js';
+import { HistogramMetric, type Registry } from '../metrics/prom.js';
+import type { PrefixProducer, TierWeights } from '../scheduler/prefix-producer.js';
+import { TokenSource, type ModelTokenizer } from '../tokenize/source.js';
+import { EngineTokenizer, SimTokenizer, type Tokenizer } from '../tokenize/tokenizer.js';
+import { HfTokenizer } from '../tokenize/hf-tokenizer.js';
+
+export interface Precise {
+  feed: KvEventFeed;
+  tokens: TokenSource;
+  close(): Promise<void>;
+  registerMetrics(registry: Registry, producer: () => PrefixProducer | null): void;
+}
+
+export function tierWeightsOf(cfg: RouterConfig): TierWeights {
+  const w = cfg.scheduling.tierWeights ?? DEFAULT_TIER_WEIGHTS_CONFIG;
+  return [w.gpu, w.cpu, w.disk];
+}
+
+export function buildPrecise(cfg: RouterConfig, set: EndpointSet): Precise | null {
+  const pools = cfg.pools.map((p, i) => ({ p, i })).filter(({ p }) => p.prefix?.mode === 'precise');
+  if (pools.length === 0) return null;
+  const blockTokens = pools[0]!.p.prefix!.blockTokens;
+  for (const { p, i } of pools) {
+    if (p.prefix!.blockTokens !== blockTokens) {
+      throw new ConfigError([{ path: `pools[${i}].prefix.blockTokens`, message: `must equal the other precise pools' (${blockTokens}): they share one index` }]);
+    }
+  }
+  const index = new PrefixIndex({ blockSize: blockTokens * 4, maxEndpoints: Math.max(1, set.all.length), defaultCapacity: [0xffffffff, 0xffffffff, 0xffffffff] });
+  const feed = new KvEventFeed(index, { blockTokens });
+  const byModel = new Map<string, ModelTokenizer>();
+  const hf = new Map<string, Tokenizer>();
+  for (const { p } of pools) {
+    const t = p.prefix!.tokenizer;
+    let tok: Tokenizer;
+    if (t.type === 'sim') tok = new SimTokenizer();
+    else if (t.type === 'engine') {
+      const eps = p.endpoints.map((e) => set.byName(e.name)!);
+      tok = new EngineTokenizer(() => {
+        const now = performance.now();
+        const ep = eps.find((e) => e.routable(now)) ?? eps[0];
+        return ep ? ep.url : null;
+      });
+    } else {
+      const dir = t.path!;
+      tok = hf.get(dir) ?? new HfTokenizer(dir);
+      hf.set(dir, tok);
+    }
+    for (const m of p.models) byModel.set(m, { tokenizer: tok, timeoutMs: t.timeoutMs, cacheEntries: t.cacheEntries });
+    for (const ec of p.endpoints) {
+      if (!ec.kvEvents) continue;
+      const ep = set.byName(ec.name)!;
+      feed.add({ id: ep.id, name: ep.name, endpoint: ec.kvEvents.endpoint, replayEndpoint: ec.kvEvents.replayEndpoint ?? null, topic: ec.kvEvents.topic, model: p.models[0]! });
+    }
+  }
+  const tokens = new TokenSource(byModel);
+  return {
+    feed,
+    tokens,
+    async close() {
+      feed.close();
+      await tokens.close();
+    },
+    registerMetrics(registry, producer) {
+      registerPreciseMetrics(registry, feed, tokens, producer);
+    },
+  };
+}
+
+function registerPreciseMetrics(registry: Registry, feed: KvEventFeed, tokens: TokenSource, producer: () => PrefixProducer | null): void {
+  const r = [registry];
+  const streams = () => feed.streams;
+  new Gauge({
+    name: 'switchyard_kv_events_stream_healthy',
+    help: 'Whether an endpoint\'s KV-event stream is trusted (1) or the endpoint is scored by the approximate mode (0).',
+    labelNames: ['endpoint', 'problem'],
+    registers: r,
+    collect() {
+      this.reset();
+      for (const { name, stream } of streams()) this.set({ endpoint: name, problem: stream.problem ?? '' }, stream.healthy ? 1 : 0);
+    },
+  });
+  const perStream: [string, string, keyof import('../kv-events/subscriber.js').KvStreamCounters][] = [
+    ['switchyard_kv_events_batches_total', 'Event batches received.', 'batches'],
+    ['switchyard_kv_events_gaps_total', 'Sequence gaps detected.', 'gaps'],
+    ['switchyard_kv_events_replays_total', 'Replay requests sent for a gap.', 'replays'],
+    ['switchyard_kv_events_replay_failures_total', 'Replays that failed or timed out (the endpoint was cleared).', 'replayFailures'],
+    ['switchyard_kv_events_duplicates_total', 'Batches with a repeated or out-of-order sequence number (dropped).', 'duplicates'],
+    ['switchyard_kv_events_restarts_total', 'Publishers that restarted at sequence 0 (the endpoint was cleared).', 'restarts'],
+    ['switchyard_kv_events_dropped_total', 'Batches dropped because the queue was full (oldest first).', 'dropped'],
+    ['switchyard_kv_events_decode_errors_total', 'Batches that were not valid msgpack event batches.', 'decodeErrors'],
+    ['switchyard_kv_events_clears_total', "Times an endpoint's precise entries were cleared (gap, restart, flood, decode error).", 'clears'],
+  ];
+  for (const [name, help, key] of perStream) {
+    new Counter({
+      name,
+      help,
+      labelNames: ['endpoint'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const { name: ep, stream } of streams()) this.inc({ endpoint: ep }, stream.counters[key]);
+      },
+    });
+  }
+  const global: [string, string, () => number][] = [
+    ['switchyard_kv_events_blocks_stored_total', 'Blocks applied from BlockStored events.', () => feed.totals[0]!],
+    ['switchyard_kv_events_blocks_removed_total', 'Blocks applied from BlockRemoved events.', () => feed.totals[1]!],
+    ['switchyard_kv_events_orphan_blocks_total', 'Stored blocks whose parent the endpoint did not hold (skipped).', () => feed.totals[2]!],
+    ['switchyard_kv_events_unknown_removals_total', 'Removed blocks that were never stored (ignored).', () => feed.totals[3]!],
+    ['switchyard_kv_events_unknown_events_total', 'Events of an unknown type (skipped).', () => feed.unknownEvents],
+    ['switchyard_kv_events_bad_events_total', 'Events with a missing or mistyped field or a hash of the wrong width (skipped).', () => feed.badEvents],
+    ['switchyard_kv_events_block_size_mismatch_total', "BlockStored events whose block_size is not the pool's prefix.blockTokens (skipped).", () => feed.blockSizeMismatch],
+    ['switchyard_kv_events_dropped_rank_total', 'Batches from a data-parallel rank with no holder (dropped).', () => feed.droppedRanks],
+    ['switchyard_prefix_precise_candidates_total', 'Candidates scored from the precise (event-fed) index.', () => producer()?.preciseCounters.precise ?? 0],
+    ['switchyard_prefix_fallback_unhealthy_total', 'Candidates scored by the approximate mode because their event stream was unhealthy.', () => producer()?.preciseCounters.fallbackUnhealthy ?? 0],
+    ['switchyard_prefix_fallback_no_tokens_total', 'Candidates scored by the approximate mode because the request had no tokens.', () => producer()?.preciseCounters.fallbackNoTokens ?? 0],
+    ['switchyard_tokenize_cache_hits_total', 'Prompts whose tokens came from the cache.', () => tokens.counters.cacheHits],
+    ['switchyard_tokenize_timeouts_total', 'Tokenizations that timed out (approximate scoring for that request).', () => tokens.counters.timeouts],
+    ['switchyard_tokenize_failures_total', 'Tokenizations that failed (approximate scoring for that request).', () => tokens.counters.failures],
+  ];
+  for (const [name, help, get] of global) {
+    new Counter({
+      name,
+      help,
+      registers: r,
+      collect() {
+        this.reset();
+        this.inc(get());
+      },
+    });
+  }
+  new HistogramMetric({
+    name: 'switchyard_kv_events_lag_seconds',
+    help: 'From a KV-event batch arriving to its blocks being in the index.',
+    buckets: LAG_BUCKETS,
+    registers: r,
+    series: (emit) => emit({}, feed.lag),
+  });
+}
