@@ -107,6 +107,19 @@ export interface RouterConfig {
   logging: { level: (typeof LOG_LEVELS)[number] };
   /** The validated, defaulted flowControl block; undefined when the config has none. */
   flowControl?: FlowControlConfig;
+  /** The admin API (docs/operations.md); undefined when the config has none (no admin listener). */
+  admin?: AdminConfig;
+}
+
+export interface AdminConfig {
+  host: string;
+  port: number;
+  /** Bearer token the admin API requires (required when host is not a loopback address). */
+  token?: string;
+  /** Environment variable holding the token (instead of `token`). */
+  tokenEnv?: string;
+  /** How long a drain (admin API, reload) lets in-flight requests finish before the endpoint is removed anyway. */
+  drainGraceMs: number;
 }
 
 export const DEFAULT_SCORERS: ScorerSpec[] = [
@@ -147,7 +160,14 @@ export const DEFAULTS = {
     parseWorkers: 2,
   } satisfies LimitsConfig,
   logging: { level: 'info' as const },
+  admin: { host: '127.0.0.1', port: 8001, drainGraceMs: 30_000 },
 };
+
+/** True for a loopback listen address (127.0.0.0/8, ::1, localhost). */
+export function isLoopback(host: string): boolean {
+  const h = host.replace(/^\[|\]$/g, '').toLowerCase();
+  return h === 'localhost' || h === '::1' || /^127\.\d+\.\d+\.\d+$/.test(h) || h === '::ffff:127.0.0.1';
+}
 
 /** True when an http URL's host is an IP address literal (what `proxy.client: auto` hands to the native client). */
 export function hostIsIp(url: string): boolean {
@@ -216,7 +236,7 @@ function num(min: number, max: number) {
 
 const urlMessage = (s: unknown) => `must be an http(s) URL with no path, query, fragment or credentials, e.g. http://10.0.0.5:8000 (got ${got(s)})`;
 
-const endpointSchema = strict(
+export const endpointConfigSchema = strict(
   {
     name: nonEmpty()
       .refine((s) => !CONTROL_CHARS.test(s), {
@@ -268,7 +288,7 @@ const poolSchema = strict(
           seen.add(m);
         });
       }, ALWAYS),
-    endpoints: z.array(endpointSchema, { error: listError }).min(1, { error: 'must list at least one endpoint' }),
+    endpoints: z.array(endpointConfigSchema, { error: listError }).min(1, { error: 'must list at least one endpoint' }),
     batchLimit: int(1, 65_536)
       .optional()
       .describe("requests each endpoint runs at once (vLLM --max-num-seqs, SGLang --max-running-requests); default: learned from the engine's running/waiting counts"),
@@ -364,6 +384,18 @@ export const routerConfigSchema = strict(
     ).prefault({}),
     logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
+    admin: strict(
+      {
+        host: nonEmpty().default(DEFAULTS.admin.host).describe('listen address of the admin API (loopback by default)'),
+        port: int(0, 65535).default(DEFAULTS.admin.port),
+        token: nonEmpty().optional().describe('bearer token the admin API requires; required when host is not loopback'),
+        tokenEnv: nonEmpty().optional().describe('name of an environment variable holding the token'),
+        drainGraceMs: int(0, 86_400_000).default(DEFAULTS.admin.drainGraceMs).describe('how long a drain lets in-flight requests finish'),
+      },
+      'must be a mapping',
+    )
+      .optional()
+      .describe('the admin API on its own listener (docs/operations.md); absent = none'),
   },
   'the config must be a YAML mapping',
   'unknown top-level field',
@@ -430,6 +462,30 @@ function crossFieldRules(validatePlugin?: PluginCheck) {
       }
     }
 
+    // a revision of a pool that prefills must also decode (a prefill leg pairs only within its revision)
+    pools.forEach((pool, i) => {
+      if (!isMapping(pool) || !Array.isArray(pool.endpoints)) return;
+      const roles = new Map<string, { prefill: number; decode: boolean }>();
+      pool.endpoints.forEach((e, j) => {
+        if (!isMapping(e)) return;
+        const rev = typeof e.revision === 'string' ? e.revision : '';
+        const r = roles.get(rev) ?? { prefill: -1, decode: false };
+        if (e.role === 'prefill' && r.prefill < 0) r.prefill = j;
+        if (e.role === 'decode' || e.role === 'both') r.decode = true;
+        roles.set(rev, r);
+      });
+      for (const [rev, r] of roles) {
+        if (r.prefill >= 0 && !r.decode)
+          add(
+            ['pools', i, 'endpoints', r.prefill, 'role'],
+            `a disaggregated pool needs decode endpoints: this pool has prefill endpoints${rev ? ` of revision "${rev}"` : ''} but no endpoint of role decode (or both)${rev ? ' in that revision' : ''}`,
+          );
+      }
+    });
+
+    if (isMapping(v.admin) && typeof v.admin.host === 'string' && !isLoopback(v.admin.host) && v.admin.token === undefined && v.admin.tokenEnv === undefined)
+      add(['admin', 'token'], `required when admin.host is not a loopback address (${v.admin.host}): set token or tokenEnv`);
+
     const client = isMapping(v.proxy) ? v.proxy.client : undefined;
     if (client === 'h1' || client === 'native') {
       pools.forEach((pool, i) => {
@@ -485,6 +541,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     logging: v.logging,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
+  if (v.admin !== undefined) cfg.admin = v.admin;
   return cfg;
 }
 

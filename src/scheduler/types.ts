@@ -49,6 +49,8 @@ export interface Plugin {
   onComplete?(ep: Endpoint, failed: boolean, blocks?: PickBlocks, req?: SchedRequest): void;
   /** Called when an endpoint's KV-cache geometry (from cache_config_info) is learnt or changes. */
   onCapacity?(ep: Endpoint): void;
+  /** Called when an endpoint left the set (drained and removed at runtime): drop what the plugin keeps for it. */
+  onRemoved?(ep: Endpoint): void;
   close?(): void;
 }
 

@@ -12,6 +12,7 @@ import { PassThroughGate, type AdmissionGate } from '../admission.js';
 import { Director, KIND_CHAT, KIND_COMPLETION } from '../director/director.js';
 import { DataLayer } from '../endpoints/data-layer.js';
 import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
+import { LiveEndpoints } from '../endpoints/live.js';
 import { UndiciUpstreamClient } from '../proxy/undici-client.js';
 import { H1UpstreamClient } from '../proxy/h1-client.js';
 import { NativeUpstreamClient } from '../proxy/native-client.js';
@@ -158,6 +159,8 @@ export class RouterCore {
   readonly endpoints: EndpointSet;
   /** Metrics scraping and health checks of every endpoint (started by startRouter). */
   readonly dataLayer: DataLayer;
+  /** Runtime endpoint changes (reload, admin API, other endpoint sources). */
+  readonly live: LiveEndpoints;
   readonly scheduler: Scheduler;
   readonly upstream: UpstreamClient;
   readonly gate: AdmissionGate;
@@ -209,6 +212,11 @@ export class RouterCore {
       });
     }
     this.metrics = new RouterMetrics(set);
+    this.live = new LiveEndpoints(set, { graceMs: cfg.admin?.drainGraceMs });
+    this.metrics.live = this.live.counters;
+    set.onRemoved((ep) => {
+      if (ep.inFlight === 0) this.upstream.forget?.(ep);
+    });
     // the gate's families (flow control) join the router's registry
     gate.registerMetrics?.(this.metrics.registry);
     this.limits = cfg.limits;
@@ -224,9 +232,14 @@ export class RouterCore {
       parseWorkers: cfg.limits.parseWorkers,
     });
     const created = Math.floor(Date.now() / 1000);
-    this.#modelsBody = JSON.stringify({
-      object: 'list',
-      data: set.models().map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
+    const modelsBody = () =>
+      JSON.stringify({
+        object: 'list',
+        data: set.models().map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
+      });
+    this.#modelsBody = modelsBody();
+    set.onChange(() => {
+      this.#modelsBody = modelsBody();
     });
     const sweepEvery = (this.#sweepEvery = Math.max(10, Math.min(1000, Math.floor(cfg.limits.requestBodyTimeoutMs / 4))));
     this.#sweep = setInterval(() => this.#sweepSlowBodies(), sweepEvery);
@@ -589,6 +602,7 @@ export class RouterCore {
       });
     }
     clearInterval(this.#sweep);
+    this.live.close();
     (this.#app as unknown as { close(): void }).close();
     await this.gate.close?.();
     await this.director.close();
