@@ -109,6 +109,23 @@ export interface RouterConfig {
   flowControl?: FlowControlConfig;
   /** The admin API (docs/operations.md); undefined when the config has none (no admin listener). */
   admin?: AdminConfig;
+  /** Prefill/decode disaggregation (docs/disaggregation.md); undefined: every request goes to one endpoint. */
+  disaggregation?: DisaggregationConfig;
+}
+
+export const PD_MODES = ['auto', 'nixl', 'sglang'] as const;
+
+export interface DisaggregationConfig {
+  /** nixl: prefill then decode (vLLM); sglang: both at once with bootstrap fields; auto: by the pool's engine. */
+  mode: (typeof PD_MODES)[number];
+  /** Disaggregate when the prompt's uncached tokens on the chosen decode endpoint reach this. */
+  thresholdTokens: number;
+  /** A prefill leg that has not answered by then is abandoned: the decode endpoint prefills itself. */
+  prefillTimeoutMs: number;
+  /** SGLang bootstrap port of the prefill engines. */
+  bootstrapPort: number;
+  /** The prefill profile (the decode leg uses `scheduling`). */
+  prefill: { filters: PluginSpec[]; scorers: ScorerSpec[]; picker: PluginSpec };
 }
 
 export interface AdminConfig {
@@ -161,7 +178,18 @@ export const DEFAULTS = {
   } satisfies LimitsConfig,
   logging: { level: 'info' as const },
   admin: { host: '127.0.0.1', port: 8001, drainGraceMs: 30_000 },
+  disaggregation: { thresholdTokens: 256, prefillTimeoutMs: 30_000, bootstrapPort: 8998 },
 };
+
+export const DEFAULT_PREFILL_FILTERS: PluginSpec[] = [
+  { type: 'model', params: {} },
+  { type: 'healthy', params: {} },
+  { type: 'role', params: { roles: ['prefill'], preferBoth: false } },
+];
+export const DEFAULT_PREFILL_SCORERS: ScorerSpec[] = [
+  { type: 'prefix-cache', weight: 3, params: {} },
+  { type: 'queue', weight: 2, params: {} },
+];
 
 /** True for a loopback listen address (127.0.0.0/8, ::1, localhost). */
 export function isLoopback(host: string): boolean {
@@ -384,6 +412,33 @@ export const routerConfigSchema = strict(
     ).prefault({}),
     logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
+    disaggregation: strict(
+      {
+        mode: oneOf(PD_MODES).default('auto').describe('nixl (vLLM, sequential), sglang (bootstrap, both legs at once), auto (by pool engine)'),
+        thresholdTokens: int(0, 10_000_000)
+          .default(DEFAULTS.disaggregation.thresholdTokens)
+          .describe("disaggregate when the prompt's uncached tokens on the chosen decode endpoint reach this"),
+        prefillTimeoutMs: int(1, 3_600_000).default(DEFAULTS.disaggregation.prefillTimeoutMs),
+        bootstrapPort: int(1, 65535).default(DEFAULTS.disaggregation.bootstrapPort),
+        prefill: strict(
+          {
+            filters: z
+              .array(filterSpec, { error: listError })
+              .default(() => DEFAULT_PREFILL_FILTERS.map((s) => ({ ...s, params: { ...s.params } }))),
+            scorers: z
+              .array(scorerSpec, { error: listError })
+              .default(() => DEFAULT_PREFILL_SCORERS.map((s) => ({ ...s, params: { ...s.params } }))),
+            picker: filterSpec.default(() => ({ type: DEFAULTS.scheduling.picker, params: {} })),
+          },
+          'must be a mapping',
+        )
+          .prefault({})
+          .describe('the prefill profile: filters, scorers, picker (the decode leg uses scheduling)'),
+      },
+      'must be a mapping',
+    )
+      .optional()
+      .describe('prefill/decode disaggregation (docs/disaggregation.md); absent = off'),
     admin: strict(
       {
         host: nonEmpty().default(DEFAULTS.admin.host).describe('listen address of the admin API (loopback by default)'),
@@ -460,6 +515,17 @@ function crossFieldRules(validatePlugin?: PluginCheck) {
         scorers.forEach((x, i) => check('scorer', x, ['scheduling', 'scorers', i]));
         check('picker', s.picker, ['scheduling', 'picker']);
       }
+    }
+    const pdp = isMapping(v.disaggregation) && isMapping(v.disaggregation.prefill) ? v.disaggregation.prefill : undefined;
+    if (pdp && validatePlugin) {
+      const check = (kind: 'filter' | 'scorer' | 'picker', x: unknown, path: PropertyKey[]) => {
+        const spec = specOf(x);
+        if (spec) for (const m of validatePlugin(kind, spec)) add(path, m);
+      };
+      const base = ['disaggregation', 'prefill'];
+      if (Array.isArray(pdp.filters)) pdp.filters.forEach((x, i) => check('filter', x, [...base, 'filters', i]));
+      if (Array.isArray(pdp.scorers)) pdp.scorers.forEach((x, i) => check('scorer', x, [...base, 'scorers', i]));
+      check('picker', pdp.picker, [...base, 'picker']);
     }
 
     // a revision of a pool that prefills must also decode (a prefill leg pairs only within its revision)
@@ -542,6 +608,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   if (v.admin !== undefined) cfg.admin = v.admin;
+  if (v.disaggregation !== undefined) cfg.disaggregation = v.disaggregation;
   return cfg;
 }
 

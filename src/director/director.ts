@@ -21,10 +21,12 @@ import { MAX_JSON_DEPTH, parseRequestBody, renderPrompt } from './body.js';
 import { KIND_PATHS } from './kinds.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
 import { PromptWriter } from './prompt.js';
+import type { Disaggregator, PdFlight, PrefillLeg } from './pd.js';
 
 export { KIND_CHAT, KIND_COMPLETION, KIND_PATHS } from './kinds.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
+const EMPTY_BODY = Buffer.alloc(0);
 const SSE_DATA = 'data: ';
 const SSE_DONE = '\n\ndata: [DONE]\n\n';
 /** Largest upstream error body the router buffers to rewrite into the current shape. */
@@ -76,6 +78,8 @@ export interface DirectorOptions {
   parseWorkers?: number;
   /** Deepest nesting of arrays/objects in a body (default 128). */
   maxJsonDepth?: number;
+  /** Prefill/decode disaggregation (config.disaggregation); absent: off, and it costs nothing. */
+  pd?: Disaggregator | null;
 }
 
 /** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
@@ -88,6 +92,8 @@ export class Director {
   readonly metrics: DirectorMetrics;
   readonly log: Logger;
   readonly maxRetries: number;
+  /** The prefill leg's collaborator, or null (no disaggregation configured). */
+  readonly pd: Disaggregator | null;
   /** The prompt bytes of the request being scheduled: one buffer reused by every request (a pick is synchronous). */
   readonly prompt = new PromptWriter();
   readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
@@ -105,6 +111,7 @@ export class Director {
     this.metrics = o.metrics;
     this.log = o.log;
     this.maxRetries = o.maxRetries;
+    this.pd = o.pd ?? null;
     this.parseOffloadBytes = o.parseOffloadBytes ?? 256 * 1024;
     this.#parseWorkers = Math.max(1, o.parseWorkers ?? 2);
     this.maxJsonDepth = o.maxJsonDepth ?? MAX_JSON_DEPTH;
@@ -166,7 +173,7 @@ export class Director {
   }
 }
 
-export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
+export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike, PdFlight {
   // Decision
   endpoint!: Endpoint;
   seq = 0;
@@ -185,12 +192,17 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   promptBytes = 0;
   sessionKey = '';
   continuation = false;
+  /** P/D: the endpoint whose prefill this request's decode uses (x-switchyard-prefill-endpoint); null when none. */
+  prefillEndpoint: Endpoint | null = null;
 
   readonly director: Director;
   readonly port: ClientPort;
   readonly kind: number;
   readonly authorization: string;
   #raw: Buffer | null = null;
+  /** P/D: what a decode retry sends (the body with the prefill's transfer parameters, or the raw body); null: the raw body. */
+  #retryBody: Buffer | null = null;
+  #leg: PrefillLeg | null = null;
   /** Prompt bytes copied out of the shared writer when admission is asynchronous. */
   #promptCopy: Uint8Array | null = null;
   #ticket: unknown = null;
@@ -328,6 +340,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     const sreq = d.schedRequest;
     sreq.model = this.model;
     sreq.sessionKey = this.sessionKey;
+    sreq.pair = this.prefillEndpoint; // a decode retry stays in the prefill's revision
     if (this.#promptCopy !== null) sreq.prompt = this.#promptCopy;
     else {
       if (rerender) this.#renderPrompt();
@@ -342,9 +355,9 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     const t0 = performance.now();
     const picked = d.scheduler.pick(sreq, this.#tried, this, t0);
     const t1 = performance.now();
-    sreq.prompt = undefined;
     d.metrics.decision.observe((t1 - t0) / 1000);
     if (picked === null) {
+      sreq.prompt = undefined;
       if (this.#tried !== null) this.#reply(502, `all endpoints tried for model \`${this.model}\` failed: ${this.#errorMessage}`, null, null);
       else this.#reply(503, `no ready endpoint for model \`${this.model}\``, null, null);
       return;
@@ -353,12 +366,81 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     d.metrics.promptBlocks += this.promptBlocks;
     d.metrics.matchedBlocks += this.matchedBlocks;
     this.#dispatchedAt = t1;
-    const headers = this.authorization
-      ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
-      : ['content-type', 'application/json', 'x-request-id', this.requestId];
-    const call = d.upstream.send(this.endpoint, { method: 'POST', path: this.path, headers, body: this.#raw }, this);
+    const pd = d.pd;
+    if (pd !== null && this.#attempts === 0 && pd.begin(this, sreq)) {
+      sreq.prompt = undefined; // a prefill leg runs first (or both legs are out): the collaborator calls sendDecode
+      return;
+    }
+    sreq.prompt = undefined;
+    this.#send(this.#retryBody ?? this.#raw);
+  }
+
+  #send(body: Buffer | null): void {
+    const call = this.director.upstream.send(this.endpoint, { method: 'POST', path: this.path, headers: this.legHeaders(), body }, this);
     // a client may fail the call synchronously (a closed pool): the nested retry or end already took over
     if (this.#call === null && !this.#done) this.#call = call;
+  }
+
+  /** The headers of an upstream request: every leg of a request gets the same ones (one x-request-id). */
+  legHeaders(): string[] {
+    return this.authorization
+      ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
+      : ['content-type', 'application/json', 'x-request-id', this.requestId];
+  }
+
+  // ---- P/D legs (src/director/pd.ts calls these) ---------------------------------------
+
+  get rawBody(): Buffer {
+    return this.#raw ?? EMPTY_BODY;
+  }
+
+  get started(): boolean {
+    return this.#started;
+  }
+
+  setLeg(leg: PrefillLeg | null): void {
+    this.#leg = leg;
+  }
+
+  /** The decode leg, after the prefill leg (or at once, SGLang); `retryBody` is what a retry elsewhere sends. */
+  sendDecode(body: Buffer, retryBody: Buffer): void {
+    if (this.aborted || this.#done) return;
+    this.#retryBody = retryBody;
+    this.#dispatchedAt = performance.now();
+    try {
+      this.#send(body);
+    } catch (err) {
+      this.internalError(err);
+    }
+  }
+
+  /** The prefill leg answered 4xx: that is the client's answer. */
+  prefillRejected(status: number, message: string): void {
+    if (this.#picked) {
+      // the decode endpoint never saw the prompt: its slot is released (no breaker outcome) and the blocks its pick recorded go
+      this.#picked = false;
+      const scheduler = this.director.scheduler;
+      scheduler.complete(this, 'aborted');
+      if (scheduler.prefix !== null && this.promptBlocks > this.matchedBlocks) {
+        const sreq = this.#schedRequest(true);
+        try {
+          scheduler.prefix.forget(this.endpoint, this, sreq);
+        } finally {
+          sreq.prompt = undefined;
+        }
+      }
+    }
+    this.#reply(status, message, null, null);
+  }
+
+  /** SGLang: the prefill side failed before decode answered: decode alone, on the same endpoint. */
+  redoDecodeAlone(): void {
+    if (this.aborted || this.#done || this.#started) return;
+    this.#call?.abort();
+    this.#call = null;
+    this.#status = 0;
+    this.#errorBody = null;
+    this.sendDecode(this.rawBody, this.rawBody);
   }
 
   #canRetry(): boolean {
@@ -514,6 +596,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   #finish(outcome: Outcome, status: number): void {
     if (this.#done) return;
     this.#done = true;
+    this.#leg?.abort();
     // the body is no longer needed (no retry after this)
     this.#raw = null;
     this.#promptCopy = null;
@@ -545,6 +628,7 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     this.aborted = true;
     this.#call?.abort();
     this.#call = null;
+    this.#leg?.abort();
     if (!this.#done) {
       this.#done = true;
       this.#release('aborted');

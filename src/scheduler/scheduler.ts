@@ -131,10 +131,16 @@ export class Scheduler {
     const base = this.endpoints.forModel(req.model);
     if (base === undefined) return null;
     let eps: readonly Endpoint[] = base;
-    if (exclude && exclude.length > 0) {
+    const pair = req.pair;
+    if ((exclude && exclude.length > 0) || (pair !== undefined && pair !== null)) {
       const c = this.#cands;
       c.length = 0;
-      for (let i = 0; i < base.length; i++) if (!exclude.includes(base[i])) c.push(base[i]);
+      for (let i = 0; i < base.length; i++) {
+        const ep = base[i];
+        if (exclude && exclude.includes(ep)) continue;
+        if (pair && (ep.pool !== pair.pool || ep.revision !== pair.revision)) continue;
+        c.push(ep);
+      }
       eps = c;
     }
     const ctx = this.#ctx;

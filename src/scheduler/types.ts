@@ -11,6 +11,12 @@ export interface SchedRequest {
   prompt?: Uint8Array;
   /** The conversation the request belongs to ('' or absent: none); session-aware plugins pin on it. */
   sessionKey?: string;
+  /**
+   * P/D pairing: only endpoints of this endpoint's pool and revision are
+   * candidates (a prefill leg and its decode leg never mix revisions). Null
+   * or absent: no constraint.
+   */
+  pair?: Endpoint | null;
 }
 
 /** Prefix blocks of one pick: hashed from the prompt, and of those, held by the picked endpoint. */

@@ -18,6 +18,7 @@ import { H1UpstreamClient } from '../proxy/h1-client.js';
 import { NativeUpstreamClient } from '../proxy/native-client.js';
 import type { UpstreamClient } from '../proxy/upstream.js';
 import { Scheduler } from '../scheduler/scheduler.js';
+import { Disaggregator } from '../director/pd.js';
 import { errorBody, statusLine } from './http-errors.js';
 import { headerBytes, HttpExchange } from './http-exchange.js';
 import { AcceptGuard } from './accept-guard.js';
@@ -165,6 +166,8 @@ export class RouterCore {
   readonly upstream: UpstreamClient;
   readonly gate: AdmissionGate;
   readonly director: Director;
+  /** P/D disaggregation (config.disaggregation), or null. */
+  readonly pd: Disaggregator | null;
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
   /** Requests still reading their body (for the 408 sweep). */
@@ -206,12 +209,20 @@ export class RouterCore {
     const gate: AdmissionGate = (this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g);
     const dl = (this.dataLayer = new DataLayer(set));
     dl.onCapacity((ep) => this.scheduler.onCapacity(ep));
+    const pdc = cfg.disaggregation;
+    if (pdc !== undefined) {
+      // the prefill profile: its own filters, scorers and picker (and its own prefix index) over the same endpoints
+      const prefill = new Scheduler(set, { ...pdc.prefill, prefixBlockSize: cfg.scheduling.prefixBlockSize }, { random: opts.random });
+      dl.onCapacity((ep) => prefill.onCapacity(ep));
+      this.pd = new Disaggregator(pdc, set, prefill, this.upstream, this.scheduler.prefix?.blockSize ?? 0);
+    } else this.pd = null;
     if (gate.onCapacity) {
       dl.onScrape((ep) => {
         for (const m of ep.models) gate.onCapacity!(m);
       });
     }
     this.metrics = new RouterMetrics(set);
+    this.pd?.metrics.register(this.metrics.registry);
     this.live = new LiveEndpoints(set, { graceMs: cfg.admin?.drainGraceMs });
     this.metrics.live = this.live.counters;
     set.onRemoved((ep) => {
@@ -230,6 +241,7 @@ export class RouterCore {
       maxJsonDepth: cfg.limits.maxJsonDepth,
       parseOffloadBytes: cfg.limits.parseOffloadBytes,
       parseWorkers: cfg.limits.parseWorkers,
+      pd: this.pd,
     });
     const created = Math.floor(Date.now() / 1000);
     const modelsBody = () =>
@@ -607,6 +619,7 @@ export class RouterCore {
     await this.gate.close?.();
     await this.director.close();
     await this.scheduler.close();
+    await this.pd?.prefill.close();
     await this.dataLayer.close();
     await this.upstream.close();
   }

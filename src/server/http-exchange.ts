@@ -219,6 +219,8 @@ export class HttpExchange implements ClientPort {
     res.writeHeader('content-type', 'application/json');
     res.writeHeader('x-request-id', this.requestIdHeader);
     if (ep) res.writeHeader('x-switchyard-endpoint', ep.name);
+    const pf = this.flight?.prefillEndpoint;
+    if (pf) res.writeHeader('x-switchyard-prefill-endpoint', pf.name);
     if (rejection !== null) {
       if (rejection.reason) res.writeHeader('x-switchyard-dropped-reason', rejection.reason);
       const ra = rejection.retryAfterSeconds ?? 0;
@@ -235,6 +237,8 @@ export class HttpExchange implements ClientPort {
     // first two lines and the third's name are one cached block (uWS writes a
     // header's name and value verbatim, so the bytes are those of three calls)
     res.writeHeader(this.core.headerBlock(this.#endpoint!, this.#contentType), this.requestIdHeader);
+    const pf = this.flight?.prefillEndpoint;
+    if (pf) res.writeHeader('x-switchyard-prefill-endpoint', pf.name);
     // draining: a stream says it closes its connection (a whole answer's end() does that itself)
     if (streamed && this.core.draining) res.writeHeader('connection', 'close');
     this.#started = true;
