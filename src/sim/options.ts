@@ -34,6 +34,10 @@ export interface SimOptions {
   seed?: number;
   revision?: string;
   role?: 'both' | 'prefill' | 'decode';
+  /** Real milliseconds after start during which the engine is "loading": /health and requests answer 503. */
+  loadingMs?: number;
+  /** How long a prefill engine holds a transfer for its decode side, real milliseconds (vLLM frees unread blocks after 480 s). */
+  kvTransferTtlMs?: number;
   /** Probability in [0,1] that a request fails with one of failureKinds. */
   failureRate?: number;
   failureKinds?: FailureKind[];
@@ -71,6 +75,8 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   seed: 0,
   revision: 'r1',
   role: 'both',
+  loadingMs: 0,
+  kvTransferTtlMs: 480_000,
   failureRate: 0,
   failureKinds: [...DEFAULT_FAILURE_KINDS],
   slowFirstByteMs: 1000,
@@ -130,6 +136,8 @@ export const simOptionsSchema = z
     seed: int(0, 0xffffffff).default(SIM_DEFAULTS.seed),
     revision: z.string({ error: 'expected a string' }).default(SIM_DEFAULTS.revision),
     role: z.enum(['both', 'prefill', 'decode'], { error: (i) => `expected both, prefill or decode, got ${JSON.stringify(i.input)}` }).default(SIM_DEFAULTS.role),
+    loadingMs: num(0).default(SIM_DEFAULTS.loadingMs),
+    kvTransferTtlMs: num(0).default(SIM_DEFAULTS.kvTransferTtlMs),
     failureRate: num(0, 1).default(SIM_DEFAULTS.failureRate),
     failureKinds: z
       .array(z.enum(FAILURE_KINDS as [FailureKind, ...FailureKind[]]), { error: `expected a non-empty list of ${FAILURE_KINDS.join(', ')}` })
