@@ -5,6 +5,7 @@ commands:
   serve    run the router (no options: the embedded default, a router on
            127.0.0.1:8000 in front of 4 simulated engines)
   sim      run a simulated vLLM/SGLang engine (or a fleet of them)
+  rollout  move a pool to another revision through a router's admin API
   help     show this message
 
 Run \`switchyard <command> --help\` for a command's options.`;
@@ -19,6 +20,10 @@ export async function main(argv: string[]): Promise<number> {
     case 'sim': {
       const { runSimCli } = await import('./sim/cli.js');
       return runSimCli(rest);
+    }
+    case 'rollout': {
+      const { runRolloutCli } = await import('./server/rollout.js');
+      return runRolloutCli(rest);
     }
     case undefined:
     case 'help':

@@ -233,6 +233,8 @@ export class EndpointSet {
   readonly #removed: EndpointListener[] = [];
   readonly #changed: (() => void)[] = [];
   #nextId = 0;
+  /** The constructor's endpoints are in: later ones are runtime additions. */
+  #started = false;
 
   constructor(pools: readonly PoolConfig[], dataLayer: DataLayerConfig = DEFAULTS.dataLayer) {
     this.pools = pools;
@@ -241,6 +243,7 @@ export class EndpointSet {
       for (const m of pool.models) if (!this.#byModel.has(m)) this.#byModel.set(m, []);
       for (const ec of pool.endpoints) this.add(pool, ec, 'config');
     }
+    this.#started = true;
   }
 
   /** Ids handed out so far (ids are below this). */
@@ -265,8 +268,9 @@ export class EndpointSet {
 
   /**
    * Adds an endpoint of `pool` (throws EndpointError when the name is taken by
-   * an active endpoint or the ids are used up). It is routable at once, as
-   * configured endpoints are before their first health check.
+   * an active endpoint or the ids are used up). Added at runtime with health
+   * checks on, it is routable once its first health check (made at once) says
+   * up; the config's endpoints at start are routable before theirs.
    */
   add(pool: PoolConfig, ec: EndpointConfig, origin: EndpointOrigin = 'config'): Endpoint {
     if (this.#byName.has(ec.name)) throw new EndpointError(`an endpoint named "${ec.name}" exists already`, 'SWY_ERR_ENDPOINT_EXISTS');
@@ -274,6 +278,8 @@ export class EndpointSet {
       throw new EndpointError(`this router has added ${MAX_ENDPOINT_IDS} endpoints since it started (ids are not reused); restart it to add more`, 'SWY_ERR_ENDPOINT_IDS');
     const ep = new Endpoint(this.#nextId++, pool, ec, this.dataLayer.staleAfterMs);
     ep.origin = origin;
+    // added at runtime: routable only after its first health check says up (it may still be loading)
+    if (this.#started && this.dataLayer.healthIntervalMs > 0) ep.health = 'down';
     this.all.push(ep);
     this.#byId[ep.id] = ep;
     this.#names[ep.id] = ep.name;
