@@ -29,6 +29,8 @@ export interface SimOptions {
   decodeSlowdown?: number;
   /** Prefills share one compute resource and stall running decodes (see scheduler.ts); false = independent. */
   serialPrefill?: boolean;
+  /** With serialPrefill: a prefill runs in chunks of this many tokens, each slowing every running decode's next token by the chunk's compute (0: the whole prefill delays one token). */
+  prefillChunkTokens?: number;
   /** Multiplies every simulated time; 0 answers at once (no timers). */
   timeScale?: number;
   seed?: number;
@@ -71,6 +73,7 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   itlMs: 10,
   decodeSlowdown: 0.01,
   serialPrefill: true,
+  prefillChunkTokens: 0,
   timeScale: 1,
   seed: 0,
   revision: 'r1',
@@ -132,6 +135,7 @@ export const simOptionsSchema = z
     itlMs: num(0).default(SIM_DEFAULTS.itlMs),
     decodeSlowdown: num(0).default(SIM_DEFAULTS.decodeSlowdown),
     serialPrefill: bool().default(SIM_DEFAULTS.serialPrefill),
+    prefillChunkTokens: int(0).default(SIM_DEFAULTS.prefillChunkTokens),
     timeScale: num(0).default(SIM_DEFAULTS.timeScale),
     seed: int(0, 0xffffffff).default(SIM_DEFAULTS.seed),
     revision: z.string({ error: 'expected a string' }).default(SIM_DEFAULTS.revision),
