@@ -84,9 +84,15 @@ function stream(url: string, body: string): Promise<Sample> {
         if (res.statusCode !== 200 || tokens === 0) failures.set(`${res.statusCode} ${buf.slice(0, 160)}`, (failures.get(`${res.statusCode} ${buf.slice(0, 160)}`) ?? 0) + 1);
         resolve({ ok: res.statusCode === 200, ttftMs: ttft, gaps, tokens });
       });
-      res.on('error', () => resolve({ ok: false, ttftMs: ttft, gaps, tokens }));
+      res.on('error', (e) => {
+        failures.set(`response error ${e.message}`, (failures.get(`response error ${e.message}`) ?? 0) + 1);
+        resolve({ ok: false, ttftMs: ttft, gaps, tokens });
+      });
     });
-    req.on('error', () => resolve({ ok: false, ttftMs: -1, gaps, tokens }));
+    req.on('error', (e) => {
+      failures.set(`request error ${e.message} after ${tokens} tokens`, (failures.get(`request error ${e.message} after ${tokens} tokens`) ?? 0) + 1);
+      resolve({ ok: false, ttftMs: -1, gaps, tokens });
+    });
     req.end(body);
   });
 }
