@@ -197,7 +197,7 @@ t.test('revisions: prefill and decode always pair within one revision; a decode 
     { name: 'da1', url: da1!.url, role: 'decode', revision: 'a' },
     { name: 'pb', url: pb!.url, role: 'prefill', revision: 'b' },
     { name: 'db', url: db!.url, role: 'decode', revision: 'b' },
-  ], { extra: { dataLayer: { healthIntervalMs: 0, breakerFailures: 1000 } } });
+  ], { extra: { dataLayer: { healthIntervalMs: 0, breakerFailures: 1000 }, scheduling: { picker: 'round-robin' } } }); // round-robin: da0 surely gets picks
   const rev = (n: string) => (n.startsWith('pa') || n.startsWith('da') ? 'a' : 'b');
   const seen = new Set<string>();
   for (let i = 0; i < 12; i++) {
