@@ -10,6 +10,7 @@ commands:
   sim      run a simulated vLLM/SGLang engine (or a fleet of them)
   check    validate a router config and print it with every default filled in
   version  print the version (also --version, -V)
+  rollout  move a pool to another revision through a router's admin API
   help     show this message
 
 examples:
@@ -42,6 +43,10 @@ export async function main(argv: string[]): Promise<number> {
     case '-V':
       console.log(`switchyard ${VERSION} (node ${process.version})`);
       return 0;
+    case 'rollout': {
+      const { runRolloutCli } = await import('./server/rollout.js');
+      return runRolloutCli(rest);
+    }
     case undefined:
     case 'help':
     case '--help':

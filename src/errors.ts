@@ -8,6 +8,7 @@
 // | PluginError        | SWY_ERR_PLUGIN            | unknown plugin type or bad plugin parameters    |
 // | NoEndpointError    | SWY_ERR_NO_ENDPOINT       | Scheduler.pickOrThrow: every candidate filtered |
 // | UnknownModelError  | SWY_ERR_UNKNOWN_MODEL     | Scheduler.pickOrThrow: no pool serves the model |
+// | EndpointError      | SWY_ERR_ENDPOINT_EXISTS, SWY_ERR_ENDPOINT_UNKNOWN, SWY_ERR_ENDPOINT_LAST, SWY_ERR_ENDPOINT_IDS, SWY_ERR_POOL_UNKNOWN | a runtime endpoint change (admin API, reload, an endpoint source) cannot be made; `status` is the HTTP status the admin API answers |
 
 export class SwitchyardError extends Error {
   readonly code: string = 'SWY_ERR_GENERIC';
@@ -43,4 +44,16 @@ export class NoEndpointError extends SwitchyardError {
 
 export class UnknownModelError extends SwitchyardError {
   override readonly code = 'SWY_ERR_UNKNOWN_MODEL';
+}
+
+/** A runtime endpoint change that cannot be made (see the codes in the table above). */
+export class EndpointError extends SwitchyardError {
+  override readonly code: string;
+  /** The HTTP status the admin API answers with. */
+  readonly status: number;
+  constructor(message: string, code: string) {
+    super(message);
+    this.code = code;
+    this.status = code === 'SWY_ERR_ENDPOINT_UNKNOWN' || code === 'SWY_ERR_POOL_UNKNOWN' ? 404 : code === 'SWY_ERR_ENDPOINT_IDS' ? 507 : 409;
+  }
 }

@@ -123,6 +123,36 @@ export interface RouterConfig {
   sessions: SessionsConfig;
   /** The Responses API and its store (docs/responses.md). */
   responses: ResponsesConfig;
+  /** The admin API (docs/operations.md); undefined when the config has none (no admin listener). */
+  admin?: AdminConfig;
+  /** Prefill/decode disaggregation (docs/disaggregation.md); undefined: every request goes to one endpoint. */
+  disaggregation?: DisaggregationConfig;
+}
+
+export const PD_MODES = ['auto', 'nixl', 'sglang'] as const;
+
+export interface DisaggregationConfig {
+  /** nixl: prefill then decode (vLLM); sglang: both at once with bootstrap fields; auto: by the pool's engine. */
+  mode: (typeof PD_MODES)[number];
+  /** Disaggregate when the prompt's uncached tokens on the chosen decode endpoint reach this. */
+  thresholdTokens: number;
+  /** A prefill leg that has not answered by then is abandoned: the decode endpoint prefills itself. */
+  prefillTimeoutMs: number;
+  /** SGLang bootstrap port of the prefill engines. */
+  bootstrapPort: number;
+  /** The prefill profile (the decode leg uses `scheduling`). */
+  prefill: { filters: PluginSpec[]; scorers: ScorerSpec[]; picker: PluginSpec };
+}
+
+export interface AdminConfig {
+  host: string;
+  port: number;
+  /** Bearer token the admin API requires (required when host is not a loopback address). */
+  token?: string;
+  /** Environment variable holding the token (instead of `token`). */
+  tokenEnv?: string;
+  /** How long a drain (admin API, reload) lets in-flight requests finish before the endpoint is removed anyway. */
+  drainGraceMs: number;
 }
 
 export const DEFAULT_SCORERS: ScorerSpec[] = [
@@ -165,7 +195,25 @@ export const DEFAULTS = {
     parseWorkers: 2,
   } satisfies LimitsConfig,
   logging: { level: 'info' as const },
+  admin: { host: '127.0.0.1', port: 8001, drainGraceMs: 30_000 },
+  disaggregation: { thresholdTokens: 256, prefillTimeoutMs: 30_000, bootstrapPort: 8998 },
 };
+
+export const DEFAULT_PREFILL_FILTERS: PluginSpec[] = [
+  { type: 'model', params: {} },
+  { type: 'healthy', params: {} },
+  { type: 'role', params: { roles: ['prefill'], preferBoth: false } },
+];
+export const DEFAULT_PREFILL_SCORERS: ScorerSpec[] = [
+  { type: 'prefix-cache', weight: 3, params: {} },
+  { type: 'queue', weight: 2, params: {} },
+];
+
+/** True for a loopback listen address (127.0.0.0/8, ::1, localhost). */
+export function isLoopback(host: string): boolean {
+  const h = host.replace(/^\[|\]$/g, '').toLowerCase();
+  return h === 'localhost' || h === '::1' || /^127\.\d+\.\d+\.\d+$/.test(h) || h === '::ffff:127.0.0.1';
+}
 
 /** True when an http URL's host is an IP address literal (what `proxy.client: auto` hands to the native client). */
 export function hostIsIp(url: string): boolean {
@@ -234,7 +282,7 @@ function num(min: number, max: number) {
 
 const urlMessage = (s: unknown) => `must be an http(s) URL with no path, query, fragment or credentials, e.g. http://10.0.0.5:8000 (got ${got(s)})`;
 
-const endpointSchema = strict(
+export const endpointConfigSchema = strict(
   {
     name: nonEmpty()
       .refine((s) => !CONTROL_CHARS.test(s), {
@@ -288,7 +336,7 @@ const poolSchema = strict(
           seen.add(m);
         });
       }, ALWAYS),
-    endpoints: z.array(endpointSchema, { error: listError }).min(1, { error: 'must list at least one endpoint' }),
+    endpoints: z.array(endpointConfigSchema, { error: listError }).min(1, { error: 'must list at least one endpoint' }),
     batchLimit: int(1, 65_536)
       .optional()
       .describe("requests each endpoint runs at once (vLLM --max-num-seqs, SGLang --max-running-requests); default: learned from the engine's running/waiting counts"),
@@ -389,6 +437,45 @@ export const routerConfigSchema = strict(
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
     sessions: sessionsSchema.describe('conversations: identification, pins to endpoints, turn priority (docs/responses.md)'),
     responses: responsesSchema.describe('the Responses API and its store (docs/responses.md)'),
+    disaggregation: strict(
+      {
+        mode: oneOf(PD_MODES).default('auto').describe('nixl (vLLM, sequential), sglang (bootstrap, both legs at once), auto (by pool engine)'),
+        thresholdTokens: int(0, 10_000_000)
+          .default(DEFAULTS.disaggregation.thresholdTokens)
+          .describe("disaggregate when the prompt's uncached tokens on the chosen decode endpoint reach this"),
+        prefillTimeoutMs: int(1, 3_600_000).default(DEFAULTS.disaggregation.prefillTimeoutMs),
+        bootstrapPort: int(1, 65535).default(DEFAULTS.disaggregation.bootstrapPort),
+        prefill: strict(
+          {
+            filters: z
+              .array(filterSpec, { error: listError })
+              .default(() => DEFAULT_PREFILL_FILTERS.map((s) => ({ ...s, params: { ...s.params } }))),
+            scorers: z
+              .array(scorerSpec, { error: listError })
+              .default(() => DEFAULT_PREFILL_SCORERS.map((s) => ({ ...s, params: { ...s.params } }))),
+            picker: filterSpec.default(() => ({ type: DEFAULTS.scheduling.picker, params: {} })),
+          },
+          'must be a mapping',
+        )
+          .prefault({})
+          .describe('the prefill profile: filters, scorers, picker (the decode leg uses scheduling)'),
+      },
+      'must be a mapping',
+    )
+      .optional()
+      .describe('prefill/decode disaggregation (docs/disaggregation.md); absent = off'),
+    admin: strict(
+      {
+        host: nonEmpty().default(DEFAULTS.admin.host).describe('listen address of the admin API (loopback by default)'),
+        port: int(0, 65535).default(DEFAULTS.admin.port),
+        token: nonEmpty().optional().describe('bearer token the admin API requires; required when host is not loopback'),
+        tokenEnv: nonEmpty().optional().describe('name of an environment variable holding the token'),
+        drainGraceMs: int(0, 86_400_000).default(DEFAULTS.admin.drainGraceMs).describe('how long a drain lets in-flight requests finish'),
+      },
+      'must be a mapping',
+    )
+      .optional()
+      .describe('the admin API on its own listener (docs/operations.md); absent = none'),
   },
   'the config must be a YAML mapping',
   'unknown top-level field',
@@ -454,6 +541,41 @@ function crossFieldRules(validatePlugin?: PluginCheck) {
         check('picker', s.picker, ['scheduling', 'picker']);
       }
     }
+    const pdp = isMapping(v.disaggregation) && isMapping(v.disaggregation.prefill) ? v.disaggregation.prefill : undefined;
+    if (pdp && validatePlugin) {
+      const check = (kind: 'filter' | 'scorer' | 'picker', x: unknown, path: PropertyKey[]) => {
+        const spec = specOf(x);
+        if (spec) for (const m of validatePlugin(kind, spec)) add(path, m);
+      };
+      const base = ['disaggregation', 'prefill'];
+      if (Array.isArray(pdp.filters)) pdp.filters.forEach((x, i) => check('filter', x, [...base, 'filters', i]));
+      if (Array.isArray(pdp.scorers)) pdp.scorers.forEach((x, i) => check('scorer', x, [...base, 'scorers', i]));
+      check('picker', pdp.picker, [...base, 'picker']);
+    }
+
+    // a revision of a pool that prefills must also decode (a prefill leg pairs only within its revision)
+    pools.forEach((pool, i) => {
+      if (!isMapping(pool) || !Array.isArray(pool.endpoints)) return;
+      const roles = new Map<string, { prefill: number; decode: boolean }>();
+      pool.endpoints.forEach((e, j) => {
+        if (!isMapping(e)) return;
+        const rev = typeof e.revision === 'string' ? e.revision : '';
+        const r = roles.get(rev) ?? { prefill: -1, decode: false };
+        if (e.role === 'prefill' && r.prefill < 0) r.prefill = j;
+        if (e.role === 'decode' || e.role === 'both') r.decode = true;
+        roles.set(rev, r);
+      });
+      for (const [rev, r] of roles) {
+        if (r.prefill >= 0 && !r.decode)
+          add(
+            ['pools', i, 'endpoints', r.prefill, 'role'],
+            `a disaggregated pool needs decode endpoints: this pool has prefill endpoints${rev ? ` of revision "${rev}"` : ''} but no endpoint of role decode (or both)${rev ? ' in that revision' : ''}`,
+          );
+      }
+    });
+
+    if (isMapping(v.admin) && typeof v.admin.host === 'string' && !isLoopback(v.admin.host) && v.admin.token === undefined && v.admin.tokenEnv === undefined)
+      add(['admin', 'token'], `required when admin.host is not a loopback address (${v.admin.host}): set token or tokenEnv`);
 
     const client = isMapping(v.proxy) ? v.proxy.client : undefined;
     if (client === 'h1' || client === 'native') {
@@ -513,6 +635,8 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     tracing: v.tracing,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
+  if (v.admin !== undefined) cfg.admin = v.admin;
+  if (v.disaggregation !== undefined) cfg.disaggregation = v.disaggregation;
   return cfg;
 }
 

@@ -26,10 +26,12 @@ import type { SessionTable } from '../sessions/table.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
 import { PromptWriter } from './prompt.js';
 import type { TokenSource } from '../tokenize/source.js';
+import type { Disaggregator, PdFlight, PrefillLeg } from './pd.js';
 
 export { KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, isPassthrough } from './kinds.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
+const EMPTY_BODY = Buffer.alloc(0);
 const SSE_DATA = 'data: ';
 const SSE_DONE = '\n\ndata: [DONE]\n\n';
 /** Largest upstream error body the router buffers to rewrite into the current shape. */
@@ -105,6 +107,8 @@ export interface DirectorOptions {
   tracer?: RequestTracer | null;
   /** Precise prefix matching: the prompt's tokens, started with admission and awaited before the pick (src/tokenize/source.ts). */
   tokens?: TokenSource | null;
+  /** Prefill/decode disaggregation (config.disaggregation); absent: off, and it costs nothing. */
+  pd?: Disaggregator | null;
 }
 
 /** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
@@ -118,6 +122,8 @@ export class Director {
   readonly log: Logger;
   readonly maxRetries: number;
   readonly tracer: RequestTracer | null;
+  /** The prefill leg's collaborator, or null (no disaggregation configured). */
+  readonly pd: Disaggregator | null;
   /** The prompt bytes of the request being scheduled: one buffer reused by every request (a pick is synchronous). */
   readonly prompt = new PromptWriter();
   readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
@@ -146,6 +152,7 @@ export class Director {
     this.log = o.log;
     this.maxRetries = o.maxRetries;
     this.tracer = o.tracer ?? null;
+    this.pd = o.pd ?? null;
     this.parseOffloadBytes = o.parseOffloadBytes ?? 256 * 1024;
     this.#parseWorkers = Math.max(1, o.parseWorkers ?? 2);
     this.maxJsonDepth = o.maxJsonDepth ?? MAX_JSON_DEPTH;
@@ -219,7 +226,7 @@ export class Director {
   }
 }
 
-export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLike {
+export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLike, PdFlight {
   // Decision
   endpoint!: Endpoint;
   seq = 0;
@@ -246,12 +253,17 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   sessionHeader = '';
   /** This request's spans when tracing is on and it was sampled; null otherwise. */
   trace: RequestTrace | null = null;
+  /** P/D: the endpoint whose prefill this request's decode uses (x-switchyard-prefill-endpoint); null when none. */
+  prefillEndpoint: Endpoint | null = null;
 
   readonly director: Director;
   readonly port: ClientPort;
   readonly kind: number;
   readonly authorization: string;
   #raw: Buffer | null = null;
+  /** P/D: what a decode retry sends (the body with the prefill's transfer parameters, or the raw body); null: the raw body. */
+  #retryBody: Buffer | null = null;
+  #leg: PrefillLeg | null = null;
   /** Prompt bytes copied out of the shared writer when admission is asynchronous. */
   #promptCopy: Uint8Array | null = null;
   #ticket: unknown = null;
@@ -472,6 +484,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     sreq.model = this.model;
     sreq.sessionKey = this.sessionKey;
     sreq.tokens = this.#tokens ?? undefined;
+    sreq.pair = this.prefillEndpoint; // a decode retry stays in the prefill's revision
     if (this.#promptCopy !== null) sreq.prompt = this.#promptCopy;
     else {
       if (rerender) this.#renderPrompt();
@@ -486,14 +499,14 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     const t0 = performance.now();
     const picked = d.scheduler.pick(sreq, this.#tried, this, t0);
     const t1 = performance.now();
-    sreq.prompt = undefined;
-    sreq.tokens = undefined;
     d.metrics.decision.observe((t1 - t0) / 1000);
     if (this.trace !== null) {
       const s = d.scheduler;
       this.trace.scheduled(t0, t1, picked === null ? null : this.endpoint, s.lastCandidates, s.lastScore, this.promptBlocks, this.matchedBlocks);
     }
     if (picked === null) {
+      sreq.prompt = undefined;
+      sreq.tokens = undefined;
       if (this.#tried !== null) this.#reply(502, `all endpoints tried for model \`${this.model}\` failed: ${this.#errorMessage}`, null, null);
       else this.#reply(503, `no ready endpoint for model \`${this.model}\``, null, null);
       return;
@@ -502,14 +515,19 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     d.metrics.promptBlocks += this.promptBlocks;
     d.metrics.matchedBlocks += this.matchedBlocks;
     this.#dispatchedAt = t1;
-    const headers = this.traceLeg(
-      this.authorization
-        ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
-        : ['content-type', 'application/json', 'x-request-id', this.requestId],
-      this.endpoint,
-      t1,
-    );
-    const call = d.upstream.send(this.endpoint, { method: 'POST', path: this.path, headers, body: this.#raw }, this);
+    const pd = d.pd;
+    if (pd !== null && this.#attempts === 0 && pd.begin(this, sreq)) {
+      sreq.prompt = undefined;
+      sreq.tokens = undefined; // a prefill leg runs first (or both legs are out): the collaborator calls sendDecode
+      return;
+    }
+    sreq.prompt = undefined;
+    sreq.tokens = undefined;
+    this.#send(this.#retryBody ?? this.#raw);
+  }
+
+  #send(body: Buffer | null): void {
+    const call = this.director.upstream.send(this.endpoint, { method: 'POST', path: this.path, headers: this.legHeaders(this.endpoint), body }, this);
     // a client may fail the call synchronously (a closed pool): the nested retry or end already took over
     if (this.#call === null && !this.#done) this.#call = call;
   }
@@ -525,6 +543,76 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     const tr = this.trace;
     if (tr !== null) return appendTraceHeaders(headers, this.headers, tr.legStart(now, endpoint));
     return this.headers === EMPTY ? headers : appendTraceHeaders(headers, this.headers);
+  }
+
+  /**
+   * The headers of an upstream request to `endpoint`: every leg of a request
+   * (dispatch, retry, a P/D prefill leg) gets the same ones (one x-request-id)
+   * plus its trace headers (traceLeg).
+   */
+  legHeaders(endpoint: Endpoint): string[] {
+    return this.traceLeg(
+      this.authorization
+        ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
+        : ['content-type', 'application/json', 'x-request-id', this.requestId],
+      endpoint,
+      this.trace !== null ? performance.now() : 0,
+    );
+  }
+
+  // ---- P/D legs (src/director/pd.ts calls these) ---------------------------------------
+
+  get rawBody(): Buffer {
+    return this.#raw ?? EMPTY_BODY;
+  }
+
+  get started(): boolean {
+    return this.#started;
+  }
+
+  setLeg(leg: PrefillLeg | null): void {
+    this.#leg = leg;
+  }
+
+  /** The decode leg, after the prefill leg (or at once, SGLang); `retryBody` is what a retry elsewhere sends. */
+  sendDecode(body: Buffer, retryBody: Buffer): void {
+    if (this.aborted || this.#done) return;
+    this.#retryBody = retryBody;
+    this.#dispatchedAt = performance.now();
+    try {
+      this.#send(body);
+    } catch (err) {
+      this.internalError(err);
+    }
+  }
+
+  /** The prefill leg answered 4xx: that is the client's answer. */
+  prefillRejected(status: number, message: string): void {
+    if (this.#picked) {
+      // the decode endpoint never saw the prompt: its slot is released (no breaker outcome) and the blocks its pick recorded go
+      this.#picked = false;
+      const scheduler = this.director.scheduler;
+      scheduler.complete(this, 'aborted');
+      if (scheduler.prefix !== null && this.promptBlocks > this.matchedBlocks) {
+        const sreq = this.#schedRequest(true);
+        try {
+          scheduler.prefix.forget(this.endpoint, this, sreq);
+        } finally {
+          sreq.prompt = undefined;
+        }
+      }
+    }
+    this.#reply(status, message, null, null);
+  }
+
+  /** SGLang: the prefill side failed before decode answered: decode alone, on the same endpoint. */
+  redoDecodeAlone(): void {
+    if (this.aborted || this.#done || this.#started) return;
+    this.#call?.abort();
+    this.#call = null;
+    this.#status = 0;
+    this.#errorBody = null;
+    this.sendDecode(this.rawBody, this.rawBody);
   }
 
   #canRetry(): boolean {
@@ -708,6 +796,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     if (this.#done) return;
     this.#done = true;
     if (this.sessionKey !== '' && this.#dispatchedAt !== 0) this.director.sessions.turnEnded(this.sessionKey, Date.now());
+    this.#leg?.abort();
     // the body is no longer needed (no retry after this)
     this.#raw = null;
     this.#promptCopy = null;
@@ -740,6 +829,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     this.aborted = true;
     this.#call?.abort();
     this.#call = null;
+    this.#leg?.abort();
     if (!this.#done) {
       this.#done = true;
       if (this.sessionKey !== '' && this.#dispatchedAt !== 0) this.director.sessions.turnEnded(this.sessionKey, Date.now());

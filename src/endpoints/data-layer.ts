@@ -15,21 +15,36 @@ export const MAX_METRICS_BYTES = 16 * 1024 * 1024;
 export class DataLayer {
   readonly #set: EndpointSet;
   /** Separate connections for /metrics and /health: a slow scrape must not hold up a health check. */
-  readonly #scrapeClients: Client[];
-  readonly #healthClients: Client[];
-  readonly #scraping: boolean[];
-  readonly #checking: boolean[];
+  readonly #scrapeClients: (Client | undefined)[] = [];
+  readonly #healthClients: (Client | undefined)[] = [];
+  readonly #scraping: boolean[] = [];
+  readonly #checking: boolean[] = [];
   #scrapeTimer: NodeJS.Timeout | undefined;
   #healthTimer: NodeJS.Timeout | undefined;
   #capacityListeners: CapacityListener[] = [];
   #scrapeListeners: CapacityListener[] = [];
+  #started = false;
   #closed = false;
   #warned = false;
 
   constructor(set: EndpointSet) {
     this.#set = set;
-    const cfg = set.dataLayer;
-    const client = (ep: Endpoint) =>
+    for (const ep of set.all) this.#open(ep);
+    // endpoints added at runtime are checked and scraped at once; removed ones lose their connections
+    set.onAdded((ep) => {
+      if (this.#closed) return;
+      this.#open(ep);
+      if (!this.#started) return;
+      const cfg = set.dataLayer;
+      if (cfg.healthIntervalMs > 0) void this.#check(ep);
+      if (cfg.scrapeIntervalMs > 0) void this.#scrape(ep);
+    });
+    set.onRemoved((ep) => this.#shut(ep));
+  }
+
+  #open(ep: Endpoint): void {
+    const cfg = this.#set.dataLayer;
+    const client = () =>
       new Client(ep.url, {
         pipelining: 1,
         keepAliveTimeout: 30_000,
@@ -37,10 +52,19 @@ export class DataLayer {
         headersTimeout: cfg.healthTimeoutMs,
         bodyTimeout: cfg.healthTimeoutMs,
       });
-    this.#scrapeClients = set.all.map(client);
-    this.#healthClients = set.all.map(client);
-    this.#scraping = set.all.map(() => false);
-    this.#checking = set.all.map(() => false);
+    this.#scrapeClients[ep.id] = client();
+    this.#healthClients[ep.id] = client();
+    this.#scraping[ep.id] = false;
+    this.#checking[ep.id] = false;
+  }
+
+  #shut(ep: Endpoint): void {
+    const a = this.#scrapeClients[ep.id];
+    const b = this.#healthClients[ep.id];
+    this.#scrapeClients[ep.id] = undefined;
+    this.#healthClients[ep.id] = undefined;
+    void a?.destroy().catch(() => {});
+    void b?.destroy().catch(() => {});
   }
 
   /** Called when an endpoint's KV-cache geometry is first learnt or changes. */
@@ -56,6 +80,7 @@ export class DataLayer {
   /** Starts both loops; resolves after one round of health checks and scrapes. */
   async start(): Promise<void> {
     const cfg = this.#set.dataLayer;
+    this.#started = true;
     const first: Promise<void>[] = [];
     for (const ep of this.#set.all) {
       if (cfg.healthIntervalMs > 0) first.push(this.#check(ep));
@@ -78,12 +103,14 @@ export class DataLayer {
   }
 
   async #scrape(ep: Endpoint): Promise<void> {
+    const client = this.#scrapeClients[ep.id];
+    if (client === undefined) return;
     this.#scraping[ep.id] = true;
     const dispatchedBefore = ep.dispatched;
     // healthTimeoutMs bounds the whole scrape, not only the gaps between body chunks
     const signal = AbortSignal.timeout(this.#set.dataLayer.healthTimeoutMs);
     try {
-      const res = await this.#scrapeClients[ep.id].request({ path: '/metrics', method: 'GET', signal });
+      const res = await client.request({ path: '/metrics', method: 'GET', signal });
       if (res.statusCode !== 200) {
         await res.body.dump();
         return;
@@ -131,13 +158,17 @@ export class DataLayer {
   }
 
   async #check(ep: Endpoint): Promise<void> {
+    const client = this.#healthClients[ep.id];
+    if (client === undefined) return;
     this.#checking[ep.id] = true;
     try {
       const signal = AbortSignal.timeout(this.#set.dataLayer.healthTimeoutMs);
-      const res = await this.#healthClients[ep.id].request({ path: '/health', method: 'GET', signal });
+      const res = await client.request({ path: '/health', method: 'GET', signal });
       await res.body.dump();
       ep.health = res.statusCode === 200 ? 'up' : 'down';
     } catch {
+      // a removed endpoint's connection was closed under the check: not a health verdict
+      if (ep.removed) return;
       ep.health = 'down';
     } finally {
       ep.healthAt = performance.now();
@@ -149,6 +180,7 @@ export class DataLayer {
     this.#closed = true;
     clearInterval(this.#scrapeTimer);
     clearInterval(this.#healthTimer);
-    await Promise.all([...this.#scrapeClients, ...this.#healthClients].map((c) => c.destroy().catch(() => {})));
+    const clients = [...this.#scrapeClients, ...this.#healthClients].filter((c): c is Client => c !== undefined);
+    await Promise.all(clients.map((c) => c.destroy().catch(() => {})));
   }
 }

@@ -2,10 +2,11 @@
 // endpoint's live state: the router's own in-flight count, the engine's last
 // scraped metrics, health from /health, and a circuit breaker fed by request
 // outcomes.
-import type { Accelerator, CapacityConfig, DataLayerConfig, Engine, PoolConfig, Role } from '../config/schema.js';
+import type { Accelerator, CapacityConfig, DataLayerConfig, Engine, EndpointConfig, PoolConfig, Role } from '../config/schema.js';
 import { DEFAULTS } from '../config/schema.js';
 import type { EngineMetrics } from './engine-metrics.js';
 import { BatchLimit } from './batch-limit.js';
+import { EndpointError } from '../errors.js';
 
 export type Health = 'unknown' | 'up' | 'down';
 
@@ -24,6 +25,15 @@ export class Endpoint {
   readonly configuredCapacity: CapacityConfig | undefined;
   /** Metrics older than this are stale (the data layer's `staleAfterMs`). */
   readonly staleAfterMs: number;
+  /** The pool's configured batch limit (pools[].batchLimit), if any. */
+  readonly configuredBatchLimit: number | undefined;
+
+  /** Who added it: 'config' (the file and its reloads), 'admin', or another endpoint source's name. */
+  origin: EndpointOrigin = 'config';
+  /** 'draining': takes no new request (see EndpointSet.startDrain). */
+  state: EndpointState = 'active';
+  /** True once it left its EndpointSet. */
+  removed = false;
 
   /** Requests the router has dispatched here and not yet completed. Always fresh. */
   inFlight = 0;
@@ -74,6 +84,7 @@ export class Endpoint {
     this.revision = ep.revision;
     this.configuredCapacity = ep.capacity;
     this.staleAfterMs = staleAfterMs;
+    this.configuredBatchLimit = pool.batchLimit;
     this.batch = new BatchLimit(pool.batchLimit);
   }
 
@@ -183,36 +194,178 @@ export class Endpoint {
   }
 }
 
-/** All endpoints of all pools, with lookups by name and by model. */
+/** Where an endpoint came from: the config file (and its reloads), the admin API, or another source's name. */
+export type EndpointOrigin = string;
+
+/** An endpoint's place in its lifecycle: taking requests, or draining (no new ones) until it leaves the set. */
+export type EndpointState = 'active' | 'draining';
+
+export type EndpointListener = (ep: Endpoint) => void;
+
+/**
+ * Endpoint ids are never reused (upstream connection pools and metrics are
+ * keyed by id), so a router can add this many endpoints over its life; the
+ * prefix index is sized for it.
+ */
+export const MAX_ENDPOINT_IDS = 4096;
+
+/**
+ * All endpoints of all pools, with lookups by name and by model. The set
+ * changes at runtime (config reload, admin API, other endpoint sources, see
+ * live.ts): `add` and `startDrain`/`delete`, with listeners (data layer,
+ * scheduler, metrics) told of each addition and removal. A draining endpoint
+ * leaves the per-model lists at once (the scheduler never sees it again) but
+ * stays in `all` (scraped, listed) until `delete`.
+ */
 export class EndpointSet {
+  /** Live endpoints (active and draining), in the order they were added. */
   readonly all: Endpoint[] = [];
-  readonly pools: readonly PoolConfig[];
+  /** Pool definitions by name: the template of an endpoint added at runtime. */
+  pools: readonly PoolConfig[];
   readonly dataLayer: DataLayerConfig;
+  /** Active endpoints by name (a draining one may share its name with the active one replacing it). */
   readonly #byName = new Map<string, Endpoint>();
   readonly #byModel = new Map<string, Endpoint[]>();
+  readonly #byId: (Endpoint | undefined)[] = [];
+  /** Names by id, kept after removal (request counters of a removed endpoint keep their label). */
+  readonly #names: string[] = [];
+  readonly #added: EndpointListener[] = [];
+  readonly #removed: EndpointListener[] = [];
+  readonly #changed: (() => void)[] = [];
+  #nextId = 0;
+  /** The constructor's endpoints are in: later ones are runtime additions. */
+  #started = false;
 
   constructor(pools: readonly PoolConfig[], dataLayer: DataLayerConfig = DEFAULTS.dataLayer) {
     this.pools = pools;
     this.dataLayer = dataLayer;
     for (const pool of pools) {
-      for (const ec of pool.endpoints) {
-        const ep = new Endpoint(this.all.length, pool, ec, dataLayer.staleAfterMs);
-        this.all.push(ep);
-        this.#byName.set(ep.name, ep);
-        for (const m of pool.models) {
-          let list = this.#byModel.get(m);
-          if (!list) this.#byModel.set(m, (list = []));
-          list.push(ep);
-        }
-      }
+      for (const m of pool.models) if (!this.#byModel.has(m)) this.#byModel.set(m, []);
+      for (const ec of pool.endpoints) this.add(pool, ec, 'config');
+    }
+    this.#started = true;
+  }
+
+  /** Ids handed out so far (ids are below this). */
+  get idsUsed(): number {
+    return this.#nextId;
+  }
+
+  /** Called after an endpoint joined the set (runtime additions; not for those of the constructor). */
+  onAdded(fn: EndpointListener): void {
+    this.#added.push(fn);
+  }
+
+  /** Called after an endpoint left the set (its requests are over, or its grace period is). */
+  onRemoved(fn: EndpointListener): void {
+    this.#removed.push(fn);
+  }
+
+  /** Called after any change of the routable endpoints or models (added, draining, removed, pools replaced). */
+  onChange(fn: () => void): void {
+    this.#changed.push(fn);
+  }
+
+  /**
+   * Adds an endpoint of `pool` (throws EndpointError when the name is taken by
+   * an active endpoint or the ids are used up). Added at runtime with health
+   * checks on, it is routable once its first health check (made at once) says
+   * up; the config's endpoints at start are routable before theirs.
+   */
+  add(pool: PoolConfig, ec: EndpointConfig, origin: EndpointOrigin = 'config'): Endpoint {
+    if (this.#byName.has(ec.name)) throw new EndpointError(`an endpoint named "${ec.name}" exists already`, 'SWY_ERR_ENDPOINT_EXISTS');
+    if (this.#nextId >= MAX_ENDPOINT_IDS)
+      throw new EndpointError(`this router has added ${MAX_ENDPOINT_IDS} endpoints since it started (ids are not reused); restart it to add more`, 'SWY_ERR_ENDPOINT_IDS');
+    const ep = new Endpoint(this.#nextId++, pool, ec, this.dataLayer.staleAfterMs);
+    ep.origin = origin;
+    // added at runtime: routable only after its first health check says up (it may still be loading)
+    if (this.#started && this.dataLayer.healthIntervalMs > 0) ep.health = 'down';
+    this.all.push(ep);
+    this.#byId[ep.id] = ep;
+    this.#names[ep.id] = ep.name;
+    this.#byName.set(ep.name, ep);
+    for (const m of pool.models) {
+      // copy on write: a list handed out by forModel() is never changed under its reader
+      const list = this.#byModel.get(m);
+      this.#byModel.set(m, list ? [...list, ep] : [ep]);
+    }
+    for (const fn of this.#added) fn(ep);
+    for (const fn of this.#changed) fn();
+    return ep;
+  }
+
+  /** Takes `ep` out of routing: no new request goes to it; it stays listed (and scraped) until delete(). */
+  startDrain(ep: Endpoint): void {
+    if (ep.state === 'draining' || this.#byId[ep.id] !== ep) return;
+    ep.state = 'draining';
+    if (this.#byName.get(ep.name) === ep) this.#byName.delete(ep.name);
+    for (const m of ep.models) {
+      const list = this.#byModel.get(m);
+      if (list) this.#byModel.set(m, list.filter((e) => e !== ep));
+    }
+    for (const fn of this.#changed) fn();
+  }
+
+  /** Removes `ep` from the set (drained first if it was not); listeners drop its state (scrapes, prefix index, metrics). */
+  delete(ep: Endpoint): void {
+    if (this.#byId[ep.id] !== ep) return;
+    this.startDrain(ep);
+    this.#byId[ep.id] = undefined;
+    const i = this.all.indexOf(ep);
+    if (i >= 0) this.all.splice(i, 1);
+    ep.state = 'draining';
+    ep.removed = true;
+    this.#pruneModels();
+    for (const fn of this.#removed) fn(ep);
+    for (const fn of this.#changed) fn();
+  }
+
+  /** Replaces the pool definitions (a config reload); models no pool declares and no endpoint serves are forgotten. */
+  setPools(pools: readonly PoolConfig[]): void {
+    this.pools = pools;
+    for (const pool of pools) for (const m of pool.models) if (!this.#byModel.has(m)) this.#byModel.set(m, []);
+    this.#pruneModels();
+    for (const fn of this.#changed) fn();
+  }
+
+  #pruneModels(): void {
+    for (const [m, list] of this.#byModel) {
+      if (list.length > 0) continue;
+      if (this.pools.some((p) => p.models.includes(m))) continue;
+      if (this.all.some((e) => e.models.includes(m))) continue;
+      this.#byModel.delete(m);
     }
   }
 
+  pool(name: string): PoolConfig | undefined {
+    return this.pools.find((p) => p.name === name);
+  }
+
+  /** The active endpoint of that name. */
   byName(name: string): Endpoint | undefined {
     return this.#byName.get(name);
   }
 
-  /** Endpoints serving `model` (shared array: do not mutate), or undefined for an unknown model. */
+  /** The active endpoint of that name, else a draining one. */
+  find(name: string): Endpoint | undefined {
+    return this.#byName.get(name) ?? this.all.find((e) => e.name === name);
+  }
+
+  /** A live endpoint by id. */
+  byId(id: number): Endpoint | undefined {
+    return this.#byId[id];
+  }
+
+  /** The name an id had (also after its endpoint left), '' for an id never given. */
+  nameOf(id: number): string {
+    return this.#names[id] ?? '';
+  }
+
+  /**
+   * Active endpoints serving `model` (shared array: do not mutate; a change
+   * replaces it, so a reader's array stays as it was), or undefined for an
+   * unknown model. A model whose endpoints are all draining has an empty list.
+   */
   forModel(model: string): readonly Endpoint[] | undefined {
     return this.#byModel.get(model);
   }

@@ -447,4 +447,10 @@ export class H1UpstreamClient implements UpstreamClient {
   async close(): Promise<void> {
     for (const p of this.#pools) p?.close();
   }
+
+  forget(ep: Endpoint): void {
+    const p = this.#pools[ep.id];
+    this.#pools[ep.id] = undefined;
+    p?.close();
+  }
 }

@@ -215,6 +215,12 @@ export class UndiciUpstreamClient implements UpstreamClient {
     return p;
   }
 
+  forget(ep: Endpoint): void {
+    const p = this.#pools[ep.id];
+    this.#pools[ep.id] = undefined;
+    void p?.close().catch(() => {});
+  }
+
   send(ep: Endpoint, req: UpstreamRequest, sink: UpstreamSink): UpstreamCall {
     const limit = this.#cfg.headersTimeoutMs;
     if (limit > 0 && this.#sweep === undefined) {

@@ -31,4 +31,6 @@ export interface UpstreamRequest {
 export interface UpstreamClient {
   send(ep: Endpoint, req: UpstreamRequest, sink: UpstreamSink): UpstreamCall;
   close(): Promise<void>;
+  /** Optional: the endpoint left the set with nothing in flight; close its idle connections (its id is never used again). */
+  forget?(ep: Endpoint): void;
 }

@@ -101,7 +101,6 @@ export class PrefixProducer {
     this.store = o.store ?? new NativePrefixStore(o.blockSize, max);
     this.#capacityBlockSize = o.capacityBlockSize;
     this.#ids = new Int32Array(max);
-    for (let n = 0; n <= max; n++) this.#idViews.push(this.#ids.subarray(0, n));
     this.precise = o.precise ?? null;
     this.tierWeights = o.tierWeights ?? DEFAULT_TIER_WEIGHTS;
   }
@@ -125,6 +124,13 @@ export class PrefixProducer {
     return s;
   }
 
+  /** The view of the first n ids, made once per candidate count (room is kept for every id the set may use). */
+  #idView(n: number): Int32Array {
+    const v = this.#ids.subarray(0, n);
+    this.#idViews[n] = v;
+    return v;
+  }
+
   /** Hashes and matches the cycle's prompt against `eps`; fills ctx.promptBlocks, ctx.prefixMatched and ctx.prefixWeighted. */
   produce(ctx: CycleContext, eps: readonly Endpoint[]): void {
     const prompt = ctx.request.prompt;
@@ -138,7 +144,7 @@ export class PrefixProducer {
     }
     const n = eps.length;
     for (let i = 0; i < n; i++) this.#ids[i] = eps[i].id;
-    const m = this.store.match(prompt, this.#seed(ctx.request.model), this.#idViews[n]);
+    const m = this.store.match(prompt, this.#seed(ctx.request.model), this.#idViews[n] ?? this.#idView(n));
     this.#hashCount = m.hashCount;
     this.#matched = m.matched;
     ctx.promptBlocks = m.hashCount;
@@ -158,7 +164,7 @@ export class PrefixProducer {
       if (approxTiers !== undefined) this.#weigh(ctx, n, approxTiers);
       return;
     }
-    const r = p.index.matchPrompt(tokens, this.#preciseSeed(ctx.request.model), this.#idViews[n], this.#pResult);
+    const r = p.index.matchPrompt(tokens, this.#preciseSeed(ctx.request.model), this.#idViews[n] ?? this.#idView(n), this.#pResult);
     const count = r.hashCount;
     if (this.#combined.length < n) {
       this.#combined = new Uint32Array(n * 2);

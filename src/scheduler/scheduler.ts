@@ -7,7 +7,7 @@
 import { performance } from 'node:perf_hooks';
 import { validateConfig, API_VERSION, type RouterConfig, type SchedulingConfig } from '../config/schema.js';
 import { DataLayer } from '../endpoints/data-layer.js';
-import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
+import { EndpointSet, MAX_ENDPOINT_IDS, type Endpoint } from '../endpoints/endpoint.js';
 import { NoEndpointError, UnknownModelError } from '../errors.js';
 import { registry as defaultRegistry } from './builtins.js';
 import type { PluginRegistry } from './registry.js';
@@ -76,12 +76,22 @@ export class Scheduler {
       this.prefix = new PrefixProducer({
         blockSize: asked ?? scheduling.prefixBlockSize,
         capacityBlockSize: scheduling.prefixBlockSize,
-        maxEndpoints: endpoints.all.length,
+        // ids are never reused: room for every endpoint the set may add at runtime
+        maxEndpoints: MAX_ENDPOINT_IDS,
         precise: opts.precise,
         tierWeights: opts.tierWeights ?? (scheduling.tierWeights ? [scheduling.tierWeights.gpu, scheduling.tierWeights.cpu, scheduling.tierWeights.disk] : undefined),
       });
       for (const ep of endpoints.all) this.prefix.setCapacity(ep);
     }
+    // live endpoints (reload, admin API, other sources): a new one gets its capacity, a removed one leaves the index
+    endpoints.onAdded((ep) => {
+      if (this.#total.length < endpoints.all.length) this.#total = new Float64Array(endpoints.all.length * 2);
+      this.onCapacity(ep);
+    });
+    endpoints.onRemoved((ep) => {
+      this.prefix?.clear(ep);
+      for (const p of this.#plugins) p.onRemoved?.(ep);
+    });
     this.#ctx = {
       request: { model: '' },
       now: 0,
@@ -137,10 +147,16 @@ export class Scheduler {
     const base = this.endpoints.forModel(req.model);
     if (base === undefined) return null;
     let eps: readonly Endpoint[] = base;
-    if (exclude && exclude.length > 0) {
+    const pair = req.pair;
+    if ((exclude && exclude.length > 0) || (pair !== undefined && pair !== null)) {
       const c = this.#cands;
       c.length = 0;
-      for (let i = 0; i < base.length; i++) if (!exclude.includes(base[i])) c.push(base[i]);
+      for (let i = 0; i < base.length; i++) {
+        const ep = base[i];
+        if (exclude && exclude.includes(ep)) continue;
+        if (pair && (ep.pool !== pair.pool || ep.revision !== pair.revision)) continue;
+        c.push(ep);
+      }
       eps = c;
     }
     const ctx = this.#ctx;

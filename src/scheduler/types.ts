@@ -14,6 +14,12 @@ export interface SchedRequest {
   sessionKey?: string;
   /** The prompt as the engine tokenizes it (token ids as little-endian uint32 bytes): precise prefix matching's input; absent = approximate only. */
   tokens?: Uint8Array;
+  /**
+   * P/D pairing: only endpoints of this endpoint's pool and revision are
+   * candidates (a prefill leg and its decode leg never mix revisions). Null
+   * or absent: no constraint.
+   */
+  pair?: Endpoint | null;
 }
 
 /** Prefix blocks of one pick: hashed from the prompt, and of those, held by the picked endpoint. */
@@ -54,6 +60,8 @@ export interface Plugin {
   onComplete?(ep: Endpoint, failed: boolean, blocks?: PickBlocks, req?: SchedRequest): void;
   /** Called when an endpoint's KV-cache geometry (from cache_config_info) is learnt or changes. */
   onCapacity?(ep: Endpoint): void;
+  /** Called when an endpoint left the set (drained and removed at runtime): drop what the plugin keeps for it. */
+  onRemoved?(ep: Endpoint): void;
   close?(): void;
 }
 

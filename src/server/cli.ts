@@ -35,6 +35,10 @@ examples:
 With neither --config nor --upstream, the router starts 4 simulated engines
 in-process (model open-model) and routes to them; Ctrl-C stops everything.
 
+SIGHUP: re-read the config file; an invalid one is refused (field paths in
+the log) and the running config keeps serving. Endpoints added, removed or
+changed in the file join, drain and leave without a restart (docs/operations.md).
+
 SIGINT or SIGTERM: stop accepting connections, /readyz answers 503, in-flight
 requests get up to 10 s to finish (answers meanwhile close their connection),
 then exit 0. A second signal within 1 s is ignored (npm passes on a Ctrl-C
@@ -152,7 +156,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
 
   let router;
   try {
-    router = await startRouter(config, { logger: log, host: args.host, port });
+    router = await startRouter(config, { logger: log, host: args.host, port, configFile: args.config, validatePlugin });
   } catch (err) {
     if (err instanceof ConfigError) {
       for (const line of issueLines(err)) console.error(line);
@@ -193,8 +197,20 @@ export async function runServeCli(argv: string[]): Promise<number> {
   };
   const onInt = () => stop('SIGINT');
   const onTerm = () => stop('SIGTERM');
+  // SIGHUP: re-read the config file (validated first; a bad one is refused and logged, the old one keeps serving)
+  const reload = router.reload;
+  const onHup = () => {
+    if (reload === null) {
+      log.warn('SIGHUP: no config file to reload (started without --config)');
+      return;
+    }
+    log.info({ file: args.config }, 'SIGHUP: reloading the config');
+    reload().catch((err: unknown) => log.error({ err }, 'config reload failed'));
+  };
   process.on('SIGINT', onInt);
   process.on('SIGTERM', onTerm);
+  process.on('SIGHUP', onHup);
+  if (router.admin) log.info({ url: router.admin.url }, `admin API listening on ${router.admin.url}`);
   try {
     await new Promise<void>((resolve) => (onStop = resolve));
     await router.close(GRACE_MS);
@@ -202,6 +218,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
   } finally {
     process.off('SIGINT', onInt);
     process.off('SIGTERM', onTerm);
+    process.off('SIGHUP', onHup);
   }
   return 0;
 }

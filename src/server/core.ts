@@ -15,11 +15,13 @@ import { RedisSessions } from '../sessions/redis.js';
 import { registerSessionMetrics } from '../sessions/metrics.js';
 import { DataLayer } from '../endpoints/data-layer.js';
 import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
+import { LiveEndpoints } from '../endpoints/live.js';
 import { UndiciUpstreamClient } from '../proxy/undici-client.js';
 import { H1UpstreamClient } from '../proxy/h1-client.js';
 import { NativeUpstreamClient } from '../proxy/native-client.js';
 import type { UpstreamClient } from '../proxy/upstream.js';
 import { Scheduler } from '../scheduler/scheduler.js';
+import { Disaggregator } from '../director/pd.js';
 import { errorBody, statusLine } from './http-errors.js';
 import { headerBytes, HttpExchange } from './http-exchange.js';
 import { AcceptGuard } from './accept-guard.js';
@@ -179,6 +181,8 @@ export class RouterCore {
   readonly endpoints: EndpointSet;
   /** Metrics scraping and health checks of every endpoint (started by startRouter). */
   readonly dataLayer: DataLayer;
+  /** Runtime endpoint changes (reload, admin API, other endpoint sources). */
+  readonly live: LiveEndpoints;
   readonly scheduler: Scheduler;
   /** Precise prefix matching (KV-event feed, token source); null when no pool is precise. */
   readonly precise: Precise | null;
@@ -189,6 +193,8 @@ export class RouterCore {
   readonly sessions: SessionTable;
   /** The Responses API (null when `responses.enabled` is false). */
   readonly responses: ResponsesService | null;
+  /** P/D disaggregation (config.disaggregation), or null. */
+  readonly pd: Disaggregator | null;
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
   /** Requests still reading their body (for the 408 sweep). */
@@ -237,12 +243,25 @@ export class RouterCore {
     const gate: AdmissionGate = (this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g);
     const dl = (this.dataLayer = new DataLayer(set));
     dl.onCapacity((ep) => this.scheduler.onCapacity(ep));
+    const pdc = cfg.disaggregation;
+    if (pdc !== undefined) {
+      // the prefill profile: its own filters, scorers and picker (and its own prefix index) over the same endpoints
+      const prefill = new Scheduler(set, { ...pdc.prefill, prefixBlockSize: cfg.scheduling.prefixBlockSize }, { random: opts.random });
+      dl.onCapacity((ep) => prefill.onCapacity(ep));
+      this.pd = new Disaggregator(pdc, set, prefill, this.upstream, this.scheduler.prefix?.blockSize ?? 0);
+    } else this.pd = null;
     if (gate.onCapacity) {
       dl.onScrape((ep) => {
         for (const m of ep.models) gate.onCapacity!(m);
       });
     }
     this.metrics = new RouterMetrics(set);
+    this.pd?.metrics.register(this.metrics.registry);
+    this.live = new LiveEndpoints(set, { graceMs: cfg.admin?.drainGraceMs });
+    this.metrics.live = this.live.counters;
+    set.onRemoved((ep) => {
+      if (ep.inFlight === 0) this.upstream.forget?.(ep);
+    });
     // the gate's families (flow control) join the router's registry
     gate.registerMetrics?.(this.metrics.registry);
     registerSessionMetrics(this.metrics.registry, sessions);
@@ -261,15 +280,21 @@ export class RouterCore {
       sessions,
       tracer: opts.tracer ?? null,
       tokens: precise?.tokens ?? null,
+      pd: this.pd,
     });
     if (opts.tracer) this.metrics.registerTracing(opts.tracer.stats);
     this.responses = cfg.responses.enabled
       ? new ResponsesService({ config: cfg.responses, director: this.director, log: this.log, countRequest: (m, e, s) => this.metrics.countRequest(m, e, s) })
       : null;
     const created = Math.floor(Date.now() / 1000);
-    this.#modelsBody = JSON.stringify({
-      object: 'list',
-      data: set.models().map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
+    const modelsBody = () =>
+      JSON.stringify({
+        object: 'list',
+        data: set.models().map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
+      });
+    this.#modelsBody = modelsBody();
+    set.onChange(() => {
+      this.#modelsBody = modelsBody();
     });
     const sweepEvery = (this.#sweepEvery = Math.max(10, Math.min(1000, Math.floor(cfg.limits.requestBodyTimeoutMs / 4))));
     this.#sweep = setInterval(() => this.#sweepSlowBodies(), sweepEvery);
@@ -648,6 +673,7 @@ export class RouterCore {
       });
     }
     clearInterval(this.#sweep);
+    this.live.close();
     (this.#app as unknown as { close(): void }).close();
     await this.gate.close?.();
     await this.director.close();
@@ -655,6 +681,7 @@ export class RouterCore {
     await this.scheduler.close();
     await this.sessions.close();
     await this.precise?.close();
+    await this.pd?.prefill.close();
     await this.dataLayer.close();
     await this.upstream.close();
     await this.director.tracer?.close(); // the last spans go out (bounded by the export timeout)

@@ -33,6 +33,8 @@ export interface ExchangeFlight {
   readonly model: string;
   readonly path: string;
   readonly endpoint?: Endpoint;
+  /** P/D: the endpoint whose prefill the decode leg used (x-switchyard-prefill-endpoint); null when none. */
+  readonly prefillEndpoint?: Endpoint | null;
   clientAborted(): void;
   pause(): void;
   resume(): void;
@@ -239,6 +241,8 @@ export class HttpExchange implements ClientPort {
     res.writeHeader('content-type', 'application/json');
     res.writeHeader('x-request-id', this.requestIdHeader);
     if (ep) res.writeHeader('x-switchyard-endpoint', ep.name);
+    const pf = this.flight?.prefillEndpoint;
+    if (pf) res.writeHeader('x-switchyard-prefill-endpoint', pf.name);
     if (rejection !== null) {
       if (rejection.reason) res.writeHeader('x-switchyard-dropped-reason', rejection.reason);
       const ra = rejection.retryAfterSeconds ?? 0;
@@ -255,6 +259,8 @@ export class HttpExchange implements ClientPort {
     // first two lines and the third's name are one cached block (uWS writes a
     // header's name and value verbatim, so the bytes are those of three calls)
     res.writeHeader(this.core.headerBlock(this.#endpoint!, this.#contentType), this.requestIdHeader);
+    const pf = this.flight?.prefillEndpoint;
+    if (pf) res.writeHeader('x-switchyard-prefill-endpoint', pf.name);
     // draining: a stream says it closes its connection (a whole answer's end() does that itself)
     if (streamed && this.core.draining) res.writeHeader('connection', 'close');
     this.#started = true;

@@ -27,11 +27,24 @@ export class RouterMetrics {
   /** Times a slow client made the relay pause reading from the engine. */
   pauses = 0;
   readonly rejected = new Map<string, number>();
+  /** Config reloads by result ('ok', 'invalid'). */
+  readonly reloads = new Map<string, number>();
+  /** Runtime endpoint changes (the live-endpoint manager's counters), when there is one. */
+  live: { added: number; drained: number; removed: number; graceExpired: number } | null = null;
 
   constructor(set: EndpointSet) {
     this.#set = set;
-    this.ttft = set.all.map(() => new Histogram(TTFT_BUCKETS));
-    this.itl = set.all.map(() => new Histogram(ITL_BUCKETS));
+    this.ttft = [];
+    this.itl = [];
+    for (const ep of set.all) {
+      this.ttft[ep.id] = new Histogram(TTFT_BUCKETS);
+      this.itl[ep.id] = new Histogram(ITL_BUCKETS);
+    }
+    // an endpoint added at runtime gets its histograms before its first request
+    set.onAdded((ep) => {
+      this.ttft[ep.id] = new Histogram(TTFT_BUCKETS);
+      this.itl[ep.id] = new Histogram(ITL_BUCKETS);
+    });
     this.registry = newRegistry();
     this.#register(this.registry);
     this.#registerGatewayNames(this.registry);
@@ -175,8 +188,8 @@ export class RouterMetrics {
     const m = this;
     const requests = this.#requests;
     // one label object per endpoint id, made once (prom-client keeps a reference, never mutates it)
-    const epLabels: { endpoint: string }[] = [];
-    for (const ep of set.all) epLabels[ep.id] = { endpoint: ep.name };
+    const epLabelsById: { endpoint: string }[] = [];
+    const epLabels = (id: number) => (epLabelsById[id] ??= { endpoint: set.nameOf(id) });
     const r = [registry];
     new Counter({
       name: 'switchyard_requests_total',
@@ -187,7 +200,7 @@ export class RouterMetrics {
         this.reset();
         for (const [model, byEp] of requests) {
           for (const [epPlus1, byStatus] of byEp) {
-            const endpoint = epPlus1 === 0 ? '' : set.all[epPlus1 - 1]!.name;
+            const endpoint = epPlus1 === 0 ? '' : set.nameOf(epPlus1 - 1);
             for (const [status, n] of byStatus) this.inc({ model, endpoint, status: String(status) }, n);
           }
         }
@@ -207,7 +220,7 @@ export class RouterMetrics {
       buckets: TTFT_BUCKETS,
       registers: r,
       series: (emit) => {
-        for (const ep of set.all) emit(epLabels[ep.id]!, m.ttft[ep.id]!);
+        for (const ep of set.all) emit(epLabels(ep.id), m.ttft[ep.id]!);
       },
     });
     new HistogramMetric({
@@ -217,7 +230,7 @@ export class RouterMetrics {
       buckets: ITL_BUCKETS,
       registers: r,
       series: (emit) => {
-        for (const ep of set.all) emit(epLabels[ep.id]!, m.itl[ep.id]!);
+        for (const ep of set.all) emit(epLabels(ep.id), m.itl[ep.id]!);
       },
     });
     new Gauge({
@@ -235,7 +248,8 @@ export class RouterMetrics {
       labelNames: ['endpoint'],
       registers: r,
       collect() {
-        for (const ep of set.all) this.set(epLabels[ep.id]!, ep.inFlight);
+        this.reset(); // a removed endpoint's series goes
+        for (const ep of set.all) this.set(epLabels(ep.id), ep.inFlight);
       },
     });
     new Gauge({
@@ -246,7 +260,53 @@ export class RouterMetrics {
       collect() {
         const now = performance.now();
         const checks = set.dataLayer.healthIntervalMs > 0;
-        for (const ep of set.all) this.set(epLabels[ep.id]!, ep.ready(now, checks) ? 1 : 0);
+        this.reset();
+        for (const ep of set.all) this.set(epLabels(ep.id), ep.ready(now, checks) ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_endpoint_draining',
+      help: '1 while the endpoint drains (takes no new request; removed once its requests end or its grace period does).',
+      labelNames: ['endpoint'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const ep of set.all) this.set(epLabels(ep.id), ep.state === 'draining' ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_endpoint_info',
+      help: "1 per live endpoint, with its pool, role, revision ('' when none) and state.",
+      labelNames: ['endpoint', 'pool', 'role', 'revision', 'state'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const ep of set.all) this.set({ endpoint: ep.name, pool: ep.pool, role: ep.role, revision: ep.revision ?? '', state: ep.state }, 1);
+      },
+    });
+    new Counter({
+      name: 'switchyard_config_reloads_total',
+      help: "Config reloads (SIGHUP or the admin API) by result: ok, or invalid (refused; the old config keeps serving).",
+      labelNames: ['result'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const [result, n] of m.reloads) this.inc({ result }, n);
+      },
+    });
+    new Counter({
+      name: 'switchyard_endpoint_changes_total',
+      help: 'Runtime endpoint changes: added, drained (drains begun), removed, grace_expired (removed with requests still in flight).',
+      labelNames: ['change'],
+      registers: r,
+      collect() {
+        this.reset();
+        const l = m.live;
+        if (l === null) return;
+        this.inc({ change: 'added' }, l.added);
+        this.inc({ change: 'drained' }, l.drained);
+        this.inc({ change: 'removed' }, l.removed);
+        this.inc({ change: 'grace_expired' }, l.graceExpired);
       },
     });
     const counter = (name: string, help: string, read: () => number) =>

@@ -7,7 +7,7 @@ import { Counter, Gauge } from 'prom-client';
 import { PrefixIndex } from '../../bindings/index.js';
 import type { RouterConfig } from '../config/schema.js';
 import { DEFAULT_TIER_WEIGHTS_CONFIG } from '../config/prefix-mode.js';
-import type { EndpointSet } from '../endpoints/endpoint.js';
+import { MAX_ENDPOINT_IDS, type EndpointSet } from '../endpoints/endpoint.js';
 import { ConfigError } from '../errors.js';
 import { KvEventFeed, LAG_BUCKETS } from '../kv-events/feed.js';
 import { HistogramMetric, type Registry } from '../metrics/prom.js';
@@ -37,7 +37,7 @@ export function buildPrecise(cfg: RouterConfig, set: EndpointSet): Precise | nul
       throw new ConfigError([{ path: `pools[${i}].prefix.blockTokens`, message: `must equal the other precise pools' (${blockTokens}): they share one index` }]);
     }
   }
-  const index = new PrefixIndex({ blockSize: blockTokens * 4, maxEndpoints: Math.max(1, set.all.length), defaultCapacity: [0xffffffff, 0xffffffff, 0xffffffff] });
+  const index = new PrefixIndex({ blockSize: blockTokens * 4, maxEndpoints: MAX_ENDPOINT_IDS, defaultCapacity: [0xffffffff, 0xffffffff, 0xffffffff] });
   const feed = new KvEventFeed(index, { blockTokens });
   const byModel = new Map<string, ModelTokenizer>();
   const hf = new Map<string, Tokenizer>();

@@ -4,12 +4,19 @@ import type { RouterConfig } from '../config/schema.js';
 import { RouterCore, type RouterOptions } from './core.js';
 import { flowGateFactory } from './flow-gate.js';
 import { VERSION } from '../version.js';
+import { startAdmin, type AdminServer } from './admin.js';
+import { ConfigReloader, type ReloadResult } from './reload.js';
+import type { PluginValidator } from '../config/load.js';
 
 export interface RunningRouter {
   readonly host: string;
   readonly port: number;
   readonly url: string;
   readonly core: RouterCore;
+  /** The admin API's listener (config.admin), or null. */
+  readonly admin: AdminServer | null;
+  /** Re-reads the config file (SIGHUP does this): refused when invalid, the old config keeps serving. Null without a config file. */
+  readonly reload: (() => Promise<ReloadResult>) | null;
   /** Graceful: stop accepting, wait for in-flight requests (up to graceMs), close pools and loops. */
   close(graceMs?: number): Promise<void>;
 }
@@ -20,6 +27,12 @@ export interface StartRouterOptions extends Partial<Omit<RouterOptions, 'config'
   port?: number;
   /** Wait for the first round of health checks and scrapes before listening (default true). */
   waitForFirstScrape?: boolean;
+  /** The config file the config came from: reload() re-reads it (SIGHUP, POST /admin/reload). */
+  configFile?: string;
+  /** Checks plugin specs of a reloaded config (the CLI passes the registry's). */
+  validatePlugin?: PluginValidator;
+  /** Overrides config.admin.port (tests: 0). */
+  adminPort?: number;
 }
 
 export function createLogger(level: string): Logger {
@@ -58,5 +71,26 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
     throw err;
   }
   const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
-  return { host, port, url, core, close: (graceMs?: number) => core.close(graceMs) };
+  const reloader = opts.configFile !== undefined ? new ConfigReloader(core, opts.configFile, opts.validatePlugin) : null;
+  let admin: AdminServer | null = null;
+  if (config.admin !== undefined) {
+    try {
+      admin = await startAdmin(core, { ...config.admin, port: opts.adminPort ?? config.admin.port }, reloader);
+    } catch (err) {
+      await core.close(0);
+      throw new Error(`cannot start the admin API on ${config.admin.host}:${opts.adminPort ?? config.admin.port}: ${(err as Error).message}`);
+    }
+  }
+  return {
+    host,
+    port,
+    url,
+    core,
+    admin,
+    reload: reloader ? () => reloader.reload() : null,
+    close: async (graceMs?: number) => {
+      await admin?.close();
+      await core.close(graceMs);
+    },
+  };
 }

@@ -27,7 +27,14 @@ options (--name value or --name=value):
   --time-scale F              multiplies every simulated time; 0 = answer at once (default ${D.timeScale})
   --seed N                    seed of generated text and failure draws (default ${D.seed})
   --revision R                revision label reported in /metrics and /version (default ${D.revision})
-  --role both|prefill|decode  role label reported in /metrics and /version (default ${D.role})
+  --role both|prefill|decode  what the engine accepts, as vLLM's kv_role / SGLang's disaggregation
+                              mode: a vLLM prefill engine refuses do_remote_prefill, a decode engine
+                              do_remote_decode; an SGLang prefill engine needs bootstrap_room (default ${D.role})
+  --prefill-chunk-tokens N    with serial prefill: prefills run in chunks of N tokens, each slowing every
+                              running decode's next token by the chunk's compute (default 0: one token
+                              waits for the whole prefill)
+  --loading-ms MS             "loading" for MS real ms after start: /health and requests answer 503 (default 0)
+  --kv-transfer-ttl-ms MS     a prefill engine holds a transfer for its decode side this long (default 480000)
   --failure-rate P            probability in [0,1] that a request fails (default ${D.failureRate})
   --failure-kinds K,K         kinds drawn from: ${FAILURE_KINDS.join(', ')}
                               (default ${D.failureKinds.join(',')})
@@ -109,8 +116,11 @@ const FLAGS: Record<string, { type: 'string' | 'boolean'; set: Setter }> = {
   'decode-slowdown': { type: 'string', set: (o, v, f) => (o.decodeSlowdown = number(f, v)) },
   'time-scale': { type: 'string', set: (o, v, f) => (o.timeScale = number(f, v)) },
   'serial-prefill': { type: 'string', set: (o, v, f) => (o.serialPrefill = trueFalse(f, v)) },
+  'prefill-chunk-tokens': { type: 'string', set: (o, v, f) => (o.prefillChunkTokens = integer(f, v)) },
   seed: { type: 'string', set: (o, v, f) => (o.seed = integer(f, v)) },
   revision: { type: 'string', set: (o, v) => (o.revision = v) },
+  'loading-ms': { type: 'string', set: (o, v, f) => (o.loadingMs = number(f, v)) },
+  'kv-transfer-ttl-ms': { type: 'string', set: (o, v, f) => (o.kvTransferTtlMs = number(f, v)) },
   role: {
     type: 'string',
     set: (o, v, f) => {
@@ -237,8 +247,8 @@ export async function runSimCli(argv: string[]): Promise<number> {
     const stop = (sig: NodeJS.Signals) => {
       process.off('SIGINT', stop);
       process.off('SIGTERM', stop);
-      console.log(`switchyard sim: ${sig}, shutting down`);
-      void fleet.close().then(() => resolve(0));
+      console.log(`switchyard sim: ${sig}, shutting down (requests in flight finish, up to 30 s)`);
+      void Promise.all(fleet.engines.map((e) => e.drain(30_000))).then(() => resolve(0));
     };
     process.on('SIGINT', stop);
     process.on('SIGTERM', stop);

@@ -1,6 +1,7 @@
 // One simulated engine: an OpenAI-compatible HTTP server on uWebSockets.js in
 // front of a Scheduler. Several engines can share one process and event loop.
 
+import { checkRole, pull, pullTarget, PdRuleError, PULL_PATH, TransferTable, type PullTarget } from './pd.js';
 import { jsonNestsDeeper } from '../json-depth.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
@@ -28,6 +29,8 @@ export interface SimEngine {
   setHealthy(healthy: boolean): void;
   /** Changes failure injection at run time. */
   setFailures(rate: number, kinds?: FailureKind[]): void;
+  /** Graceful shutdown: new requests 503, in-flight ones finish (up to graceMs), then close. */
+  drain(graceMs?: number): Promise<void>;
   /** Drops every idle cached KV block. */
   clearCache(): void;
   /**
@@ -136,6 +139,8 @@ class Call implements RequestSink {
   id = '';
   created = 0;
   kvParams: string | null = null;
+  /** A decode leg's transfer to read from its prefill engine before it runs (P/D, src/sim/pd.ts). */
+  pullFrom: PullTarget | null = null;
   delay: NodeJS.Timeout | null = null;
 
   constructor(
@@ -324,6 +329,13 @@ class Call implements RequestSink {
       if (k.do_remote_prefill === true) remotePrefill = true;
       else if (k.do_remote_decode === true) this.kvParams = '';
     }
+    try {
+      checkRole(o.engine, o.role, body);
+      if (remotePrefill) this.pullFrom = pullTarget(kv as Record<string, unknown>);
+    } catch (err) {
+      if (err instanceof PdRuleError) throw new BadRequest(err.status, err.message, err.param);
+      throw err;
+    }
     // Identity.
     const prefix = this.kind === Kind.Chat ? 'chatcmpl-' : 'cmpl-';
     this.id = JSON.stringify(prefix + (this.rid !== '' ? this.rid : e.idPrefix + (++idCounter).toString(16)));
@@ -348,7 +360,10 @@ class Call implements RequestSink {
     req.lora = lora;
     if (metaTokens !== null) req.meta = { tokens: metaTokens, loraId: lora === null ? null : e.loraId.get(lora)!, loraName: lora };
     this.req = req;
-    if (this.kvParams !== null) this.kvParams = this.kvTransferParams(req);
+    if (this.kvParams !== null) {
+      this.kvParams = this.kvTransferParams(req);
+      e.transfers.add(JSON.parse(this.id) as string); // held for the decode side until read or expired
+    }
     if (this.stream) {
       this.head =
         this.kind === Kind.Chat
@@ -360,6 +375,16 @@ class Call implements RequestSink {
         this.delay = null;
         if (!this.aborted) e.sched.submit(req);
       }, o.slowFirstByteMs);
+      return;
+    }
+    const from = this.pullFrom;
+    if (from !== null) {
+      // the decode side reads the prefill's KV first: a transfer its engine does not hold fails the request
+      void pull(from).then((problem) => {
+        if (this.aborted || this.ended) return;
+        if (problem !== null) this.sendError(500, `KV transfer from ${from.engineId} (request ${from.requestId}) failed: ${problem}`, 'kv_transfer_params');
+        else e.sched.submit(req);
+      });
       return;
     }
     e.sched.submit(req);
@@ -613,6 +638,12 @@ export class Engine implements SimEngine {
   failureRate: number;
   failureKinds: FailureKind[];
   healthy = true;
+  /** Transfers this engine holds for decode engines (a prefill with do_remote_decode). */
+  readonly transfers: TransferTable;
+  /** Date.now() until which the engine is "loading" (health 503, requests 503). */
+  loadingUntil = 0;
+  /** drain() began: health 503, no new requests. */
+  draining = false;
   #app: TemplatedApp | null = null;
   #listen: us_listen_socket | null = null;
   #port = 0;
@@ -638,6 +669,8 @@ export class Engine implements SimEngine {
     this.failureRate = opts.failureRate;
     this.failureKinds = [...opts.failureKinds];
     this.engineId = `sim-${process.pid}-${(Math.random() * 0xffffffff) >>> 0}`;
+    this.transfers = new TransferTable(opts.kvTransferTtlMs);
+    this.loadingUntil = opts.loadingMs > 0 ? Date.now() + opts.loadingMs : 0;
     this.idPrefix = ((Math.random() * 0xffffff) >>> 0).toString(16) + '-';
   }
 
@@ -667,9 +700,10 @@ export class Engine implements SimEngine {
     app.post('/v1/completions', (res, req) => this.#post(res, req, Kind.Completion));
     app.post('/v1/chat/completions', (res, req) => this.#post(res, req, Kind.Chat));
     for (const [path, kind] of INSTANT_ROUTES) app.post(path, (res, req) => this.#post(res, req, kind));
+    app.post(PULL_PATH, (res) => this.#pull(res));
     app.get('/health', (res, req) => {
       const rid = req.getHeader('x-request-id');
-      res.writeStatus(this.healthy ? '200 OK' : '503 Service Unavailable');
+      res.writeStatus(this.healthy && !this.draining && !this.loading() ? '200 OK' : '503 Service Unavailable');
       if (rid !== '') res.writeHeader('x-request-id', echoId(rid));
       res.end();
     });
@@ -732,6 +766,39 @@ export class Engine implements SimEngine {
     return JSON.stringify({ object: 'list', data: [...base, ...loras] });
   }
 
+  loading(): boolean {
+    if (this.loadingUntil === 0) return false;
+    if (Date.now() < this.loadingUntil) return true;
+    this.loadingUntil = 0;
+    return false;
+  }
+
+  /** A decode engine reads a transfer this engine holds (the simulator's stand-in for the NIXL read). */
+  #pull(res: HttpResponse): void {
+    let text = '';
+    let gone = false;
+    res.onAborted(() => (gone = true));
+    res.onData((chunk, isLast) => {
+      text += Buffer.from(chunk).toString('utf8');
+      if (!isLast || gone) return;
+      let id: unknown;
+      try {
+        id = (JSON.parse(text) as Record<string, unknown>).remote_request_id;
+      } catch {
+        id = undefined;
+      }
+      const ok = typeof id === 'string' && this.transfers.take(id);
+      res.cork(() => {
+        if (ok) res.writeHeader('Content-Type', JSON_TYPE).end('{"ok":true}');
+        else
+          res
+            .writeStatus(STATUS[404] ?? '404 Not Found')
+            .writeHeader('Content-Type', JSON_TYPE)
+            .end(errorBody(404, `no KV transfer ${JSON.stringify(id)} held by engine ${this.engineId} (unknown, expired or already read)`, null, false));
+      });
+    });
+  }
+
   #post(res: HttpResponse, req: HttpRequest, kind: Kind): void {
     const names = this.#recordNames;
     if (names !== null) {
@@ -739,6 +806,11 @@ export class Engine implements SimEngine {
       for (const n of names) headers[n] = req.getHeader(n);
       if (this.#recorded.length >= 256) this.#recorded.shift();
       this.#recorded.push({ path: req.getUrl(), headers });
+    }
+    if (this.draining || this.loading()) {
+      res.writeStatus('503 Service Unavailable').writeHeader('Content-Type', JSON_TYPE);
+      res.end(errorBody(503, this.draining ? 'the engine is shutting down' : 'the model is loading', null, this.options.legacy));
+      return;
     }
     const call = new Call(this, res, kind, req.getHeader('x-request-id'));
     this.calls.add(call);
@@ -775,6 +847,17 @@ export class Engine implements SimEngine {
 
   metricsText(): Promise<string> {
     return this.#metrics.text();
+  }
+
+  /**
+   * Graceful shutdown: health 503 and new requests 503 at once (a router
+   * stops sending), requests in flight run to their end (up to graceMs), then close().
+   */
+  async drain(graceMs = 30_000): Promise<void> {
+    this.draining = true;
+    const t0 = Date.now();
+    while (this.calls.size > 0 && Date.now() - t0 < graceMs) await new Promise((r) => setTimeout(r, 10));
+    await this.close();
   }
 
   close(): Promise<void> {

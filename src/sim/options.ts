@@ -30,11 +30,17 @@ export interface SimOptions {
   decodeSlowdown?: number;
   /** Prefills share one compute resource and stall running decodes (see scheduler.ts); false = independent. */
   serialPrefill?: boolean;
+  /** With serialPrefill: a prefill runs in chunks of this many tokens, each slowing every running decode's next token by the chunk's compute (0: the whole prefill delays one token). */
+  prefillChunkTokens?: number;
   /** Multiplies every simulated time; 0 answers at once (no timers). */
   timeScale?: number;
   seed?: number;
   revision?: string;
   role?: 'both' | 'prefill' | 'decode';
+  /** Real milliseconds after start during which the engine is "loading": /health and requests answer 503. */
+  loadingMs?: number;
+  /** How long a prefill engine holds a transfer for its decode side, real milliseconds (vLLM frees unread blocks after 480 s). */
+  kvTransferTtlMs?: number;
   /** Probability in [0,1] that a request fails with one of failureKinds. */
   failureRate?: number;
   failureKinds?: FailureKind[];
@@ -74,10 +80,13 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   itlMs: 10,
   decodeSlowdown: 0.01,
   serialPrefill: true,
+  prefillChunkTokens: 0,
   timeScale: 1,
   seed: 0,
   revision: 'r1',
   role: 'both',
+  loadingMs: 0,
+  kvTransferTtlMs: 480_000,
   failureRate: 0,
   failureKinds: [...DEFAULT_FAILURE_KINDS],
   slowFirstByteMs: 1000,
@@ -136,10 +145,13 @@ export const simOptionsSchema = z
     itlMs: num(0).default(SIM_DEFAULTS.itlMs),
     decodeSlowdown: num(0).default(SIM_DEFAULTS.decodeSlowdown),
     serialPrefill: bool().default(SIM_DEFAULTS.serialPrefill),
+    prefillChunkTokens: int(0).default(SIM_DEFAULTS.prefillChunkTokens),
     timeScale: num(0).default(SIM_DEFAULTS.timeScale),
     seed: int(0, 0xffffffff).default(SIM_DEFAULTS.seed),
     revision: z.string({ error: 'expected a string' }).default(SIM_DEFAULTS.revision),
     role: z.enum(['both', 'prefill', 'decode'], { error: (i) => `expected both, prefill or decode, got ${JSON.stringify(i.input)}` }).default(SIM_DEFAULTS.role),
+    loadingMs: num(0).default(SIM_DEFAULTS.loadingMs),
+    kvTransferTtlMs: num(0).default(SIM_DEFAULTS.kvTransferTtlMs),
     failureRate: num(0, 1).default(SIM_DEFAULTS.failureRate),
     failureKinds: z
       .array(z.enum(FAILURE_KINDS as [FailureKind, ...FailureKind[]]), { error: `expected a non-empty list of ${FAILURE_KINDS.join(', ')}` })

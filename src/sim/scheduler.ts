@@ -57,6 +57,8 @@ export class SimRequest {
   cachedTokens = 0;
   /** Model ms by which other requests' prefills delayed this request's next token (added to its ITL). */
   stallMs = 0;
+  /** Chunked prefill (prefillChunkTokens): model ms of other requests' prefills still to slow this request's coming tokens, one chunk per token. */
+  stallDebt = 0;
   /** Model milliseconds of the prefill, waiting time, time to first token, end to end. */
   prefillMs = 0;
   queueMs = 0;
@@ -266,8 +268,13 @@ export class Scheduler {
       if (this.#computeFreeAt > start) start = this.#computeFreeAt;
       this.#computeFreeAt = start + computeMs * scale;
       if (computeMs > 0) {
+        const chunked = o.prefillChunkTokens > 0;
         for (let r = req.next; r !== null; r = r.next) {
           if (r.out === 0) continue;
+          if (chunked) {
+            r.stallDebt += computeMs; // spread over its next tokens (stallChunk)
+            continue;
+          }
           r.nextAt += computeMs * scale;
           r.stallMs += computeMs;
         }
@@ -277,6 +284,20 @@ export class Scheduler {
     }
     req.nextAt = start + req.prefillMs * scale;
     req.timer = setTimeout(this.#tick, req.nextAt - now, req);
+  }
+
+  /**
+   * Chunked prefill: a prefill runs in chunks of prefillChunkTokens batched
+   * with the running decodes (vLLM's chunked prefill, SGLang's
+   * chunked_prefill_size), so each decode step during it is slower by one
+   * chunk's compute rather than one token waiting for the whole prefill.
+   */
+  #stallChunk(req: SimRequest): number {
+    const o = this.#o;
+    const chunkMs = (o.prefillChunkTokens * o.prefillUsPerToken) / 1000;
+    const extra = req.stallDebt < chunkMs ? req.stallDebt : chunkMs;
+    req.stallDebt -= extra;
+    return extra;
   }
 
   #itlMs(): number {
@@ -315,7 +336,7 @@ export class Scheduler {
       req.nextAt += this.#itlMs() * o.timeScale;
     }
     while (req.out < req.maxTokens && req.nextAt <= now + 0.5) {
-      const itl = this.#itlMs();
+      const itl = this.#itlMs() + (req.stallDebt > 0 ? this.#stallChunk(req) : 0);
       req.out++;
       const observed = itl + req.stallMs;
       req.stallMs = 0;

@@ -1,0 +1,220 @@
+// P/D vs aggregated on the simulator, same number of engines, through the
+// router: long prompts (~8k tokens), ~200 output tokens, Poisson arrivals at
+// several rates, streamed chat. Aggregated: 4 engines of role both. P/D: 3
+// prefill + 1 decode engines (--prefill N) behind `disaggregation` (vLLM NIXL mode).
+// In the simulator's model prefills run in chunks batched with the running
+// decodes (--prefill-chunk-tokens), each chunk slowing every running decode's
+// next token, as in engines with chunked prefill; a decode engine that gets
+// its KV from a prefill engine does no prefill and stalls nobody.
+//
+// Reported per rate and fleet: decode ITL p90 from the engines' own
+// vllm:inter_token_latency_seconds histograms (model time, so the shared
+// machine's load does not blur it; linear within a bucket), TTFT p90 (client), output
+// tokens/s (model time), completed/offered. (The client's own ITL is not
+// reported: engines and router share this process, so stream chunks arrive
+// coalesced and their gaps say more about the event loop than the engines.)
+//
+//   npm run build:ts && node dist/bench/pd-vs-agg.js [--rates 4,8,12] [--seconds 10] [--time-scale 0.5]
+import { performance } from 'node:perf_hooks';
+import { parseArgs } from 'node:util';
+import { startEngine, type SimEngine } from '../src/sim/index.js';
+import { validateConfig, API_VERSION } from '../src/config/schema.js';
+import { startRouter } from '../src/server/router.js';
+import { registry } from '../src/scheduler/builtins.js';
+import { expGap, quantile, rng } from './lib/stats.js';
+import http from 'node:http';
+
+const { values: a } = parseArgs({
+  options: {
+    rates: { type: 'string', default: '4,8,12' },
+    seconds: { type: 'string', default: '10' },
+    'time-scale': { type: 'string', default: '0.5' },
+    'prompt-tokens': { type: 'string', default: '8000' },
+    'output-tokens': { type: 'string', default: '200' },
+    prefill: { type: 'string', default: '3' },
+  },
+});
+const rates = a.rates!.split(',').map(Number);
+const seconds = Number(a.seconds);
+const scale = Number(a['time-scale']);
+const promptTokens = Number(a['prompt-tokens']);
+const outTokens = Number(a['output-tokens']);
+/** Of the 4 engines, how many prefill in the P/D fleet (the rest decode). */
+const nPrefill = Number(a.prefill);
+
+const SIM = { timeScale: scale, prefillOverheadMs: 2, prefillUsPerToken: 25, prefillChunkTokens: 2048, itlMs: 15, decodeSlowdown: 0.01, maxNumSeqs: 128, kvCacheBlocks: 65536, maxModelLen: 65536 };
+const ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0];
+
+/** Failed answers by status and the start of their body (printed after the table). */
+const failures = new Map<string, number>();
+const agent = new http.Agent({ keepAlive: true, maxSockets: 512 });
+
+interface Sample {
+  ok: boolean;
+  ttftMs: number;
+  gaps: number[];
+  tokens: number;
+}
+
+function stream(url: string, body: string): Promise<Sample> {
+  return new Promise((resolve) => {
+    const t0 = performance.now();
+    let last = 0;
+    let ttft = -1;
+    const gaps: number[] = [];
+    let tokens = 0;
+    const req = http.request(url + '/v1/chat/completions', { method: 'POST', agent, headers: { 'content-type': 'application/json' } }, (res) => {
+      res.setEncoding('utf8');
+      let buf = '';
+      res.on('data', (c: string) => {
+        const now = performance.now();
+        buf += c;
+        let i;
+        while ((i = buf.indexOf('\n\n')) >= 0) {
+          const ev = buf.slice(0, i);
+          buf = buf.slice(i + 2);
+          if (!ev.startsWith('data: {') || !ev.includes('"delta":{"content"')) continue;
+          if (ttft < 0) ttft = now - t0;
+          else gaps.push(now - last);
+          last = now;
+          tokens++;
+        }
+      });
+      res.on('end', () => {
+        if (res.statusCode !== 200 || tokens === 0) failures.set(`${res.statusCode} ${buf.slice(0, 160)}`, (failures.get(`${res.statusCode} ${buf.slice(0, 160)}`) ?? 0) + 1);
+        resolve({ ok: res.statusCode === 200, ttftMs: ttft, gaps, tokens });
+      });
+      res.on('error', (e) => {
+        failures.set(`response error ${e.message}`, (failures.get(`response error ${e.message}`) ?? 0) + 1);
+        resolve({ ok: false, ttftMs: ttft, gaps, tokens });
+      });
+    });
+    req.on('error', (e) => {
+      failures.set(`request error ${e.message} after ${tokens} tokens`, (failures.get(`request error ${e.message} after ${tokens} tokens`) ?? 0) + 1);
+      resolve({ ok: false, ttftMs: -1, gaps, tokens });
+    });
+    req.end(body);
+  });
+}
+
+/** p-quantile of the engines' ITL histograms (cumulative bucket counts summed), linear within a bucket. */
+async function engineItl(engines: SimEngine[], q: number, before: Map<SimEngine, number[]>): Promise<number> {
+  const counts = ITL_BUCKETS.map(() => 0);
+  let total = 0;
+  for (const e of engines) {
+    const now = bucketCounts(await e.metricsText());
+    const prev = before.get(e)!;
+    now.forEach((c, i) => (counts[i]! += c - prev[i]!));
+    total += now.at(-1)! - prev.at(-1)!;
+  }
+  const target = q * total;
+  let lo = 0;
+  let prevCount = 0;
+  for (let i = 0; i < ITL_BUCKETS.length; i++) {
+    if (counts[i]! >= target) {
+      const span = counts[i]! - prevCount;
+      const f = span > 0 ? (target - prevCount) / span : 0;
+      return lo + f * (ITL_BUCKETS[i]! - lo);
+    }
+    lo = ITL_BUCKETS[i]!;
+    prevCount = counts[i]!;
+  }
+  return Infinity;
+}
+
+function bucketCounts(text: string): number[] {
+  const out = ITL_BUCKETS.map(() => 0);
+  let inf = 0;
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('vllm:inter_token_latency_seconds_bucket')) continue;
+    const le = /le="([^"]+)"/.exec(line)![1]!;
+    const v = Number(line.slice(line.lastIndexOf(' ') + 1));
+    if (le === '+Inf') inf += v;
+    else {
+      const i = ITL_BUCKETS.indexOf(Number(le));
+      if (i >= 0) out[i]! += v;
+    }
+  }
+  return [...out, inf];
+}
+
+async function fleet(mode: 'agg' | 'pd') {
+  const roles: ('both' | 'prefill' | 'decode')[] = mode === 'agg' ? ['both', 'both', 'both', 'both'] : [0, 1, 2, 3].map((i) => (i < nPrefill ? 'prefill' : 'decode'));
+  const engines = await Promise.all(roles.map((role) => startEngine({ ...SIM, role })));
+  const cfg = validateConfig(
+    {
+      apiVersion: API_VERSION,
+      kind: 'Router',
+      pools: [{ name: 'p', models: ['open-model'], endpoints: engines.map((e, i) => ({ name: `${roles[i]}-${i}`, url: e.url, role: roles[i]! })) }],
+      logging: { level: 'silent' },
+      // engines and router share this process: a health check starved by the load would take
+      // endpoints out (the engines never fail here); the breaker still watches real failures
+      dataLayer: { healthIntervalMs: 0 },
+      ...(mode === 'pd' ? { disaggregation: { thresholdTokens: 256 } } : {}),
+    },
+    (kind, s) => registry.validate(kind, s.type, s.params),
+  );
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  const decoders = engines.filter((_, i) => roles[i] !== 'prefill');
+  return { engines, decoders, router, close: async () => (await router.close(1000), await Promise.all(engines.map((e) => e.close()))) };
+}
+
+async function run(mode: 'agg' | 'pd', rate: number) {
+  const f = await fleet(mode);
+  const before = new Map<SimEngine, number[]>();
+  for (const e of f.decoders) before.set(e, bucketCounts(await e.metricsText()));
+  const rand = rng(42);
+  const filler = 'lorem ipsum dolor sit amet '.repeat(Math.ceil((promptTokens * 4) / 27)).slice(0, promptTokens * 4);
+  const pending: Promise<Sample>[] = [];
+  const t0 = performance.now();
+  const endAt = t0 + seconds * 1000 * scale;
+  let n = 0;
+  for (let at = t0; at < endAt; at += expGap(rand, rate / scale) * 1000) {
+    const wait = at - performance.now();
+    if (wait > 1) await new Promise((r) => setTimeout(r, wait));
+    const body = JSON.stringify({ model: 'open-model', messages: [{ role: 'user', content: `request ${n++} ${filler}` }], max_tokens: outTokens, min_tokens: outTokens, stream: true });
+    pending.push(stream(f.router.url, body));
+  }
+  const samples = await Promise.all(pending);
+  const wall = (performance.now() - t0) / 1000;
+  const ok = samples.filter((s) => s.ok && s.tokens > 0);
+  const tokens = ok.reduce((x, s) => x + s.tokens, 0);
+  const r = {
+    mode,
+    rate,
+    offered: samples.length,
+    completed: ok.length,
+    itlP90Engine: (await engineItl(f.decoders, 0.9, before)) * 1000,
+    ttftP90: quantile(ok.map((s) => s.ttftMs / scale), 0.9),
+    tokPerSec: tokens / (wall / scale),
+  };
+  await f.close();
+  return r;
+}
+
+async function main() {
+  console.log(`P/D vs aggregated: 4 engines each; prompts ≈${promptTokens} tokens, ${outTokens} output tokens; ${seconds} model-s of Poisson arrivals per point; time-scale ${scale}`);
+  console.log('| rate (req/s) | fleet | completed/offered | ITL p90 (ms, engines) | TTFT p90 (ms, client) | output tok/s | ITL p90 agg ÷ P/D | tok/s P/D ÷ agg |');
+  console.log('|---:|---|---:|---:|---:|---:|---:|---:|');
+  for (const rate of rates) {
+    const agg = await run('agg', rate);
+    const pd = await run('pd', rate);
+    for (const r of [agg, pd]) {
+      const extra = r === pd ? `${(agg.itlP90Engine / pd.itlP90Engine).toFixed(2)}× | ${(pd.tokPerSec / agg.tokPerSec).toFixed(2)}×` : ' | ';
+      console.log(
+        `| ${rate} | ${r.mode === 'agg' ? 'aggregated (4 both)' : `P/D (${nPrefill} prefill + ${4 - nPrefill} decode)`} | ${r.completed}/${r.offered} | ${r.itlP90Engine.toFixed(1)} | ${r.ttftP90.toFixed(0)} | ${r.tokPerSec.toFixed(0)} | ${extra} |`,
+      );
+    }
+  }
+}
+
+main().then(
+  () => {
+    for (const [k, n] of failures) console.log(`failed ×${n}: ${k}`);
+    process.exit(0);
+  },
+  (err) => {
+    console.error(err);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,209 @@
+// The admin API: its own HTTP listener (node:http; never on the request
+// path), loopback by default, a bearer token when configured (required by the
+// config when it listens elsewhere). It lists the endpoints with role,
+// revision, health and load, adds, drains and removes them, and reloads the
+// config file. An endpoint source in its own right (origin 'admin').
+//
+//   GET    /admin/endpoints                       list (and per-revision readiness)
+//   POST   /admin/endpoints                       add {pool, name, url, role?, revision?, capacity?}
+//   POST   /admin/endpoints/{name}/drain          no new requests; ?wait=1 answers once drained
+//   DELETE /admin/endpoints/{name}                drain then remove; ?force=1 for a model's last endpoint
+//   POST   /admin/reload                          re-read the config file (as SIGHUP)
+//
+// Errors use the OpenAI error shape; 401 without the token, 404 for an unknown
+// endpoint or pool, 409 for a taken name or a model's last endpoint.
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { timingSafeEqual } from 'node:crypto';
+import type { AddressInfo } from 'node:net';
+import { endpointConfigSchema, type AdminConfig } from '../config/schema.js';
+import { toConfigIssues } from '../config/schema-kit.js';
+import type { EndpointSpec, EndpointTarget } from '../endpoints/live.js';
+import { EndpointError } from '../errors.js';
+import { errorBody } from './http-errors.js';
+import type { RouterCore } from './core.js';
+import type { ConfigReloader } from './reload.js';
+import { revisionStatus } from '../endpoints/revisions.js';
+
+const MAX_BODY = 64 * 1024;
+
+export interface AdminServer {
+  readonly url: string;
+  readonly port: number;
+  close(): Promise<void>;
+}
+
+/** The token the admin API requires ('' = none), from the config or its environment variable. */
+export function adminToken(cfg: AdminConfig, env: NodeJS.ProcessEnv = process.env): string {
+  if (cfg.token !== undefined) return cfg.token;
+  if (cfg.tokenEnv !== undefined) return env[cfg.tokenEnv] ?? '';
+  return '';
+}
+
+class HttpError extends Error {
+  readonly status: number;
+  readonly param: string | null;
+  constructor(status: number, message: string, param: string | null = null) {
+    super(message);
+    this.status = status;
+    this.param = param;
+  }
+}
+
+function send(res: ServerResponse, status: number, body: unknown): void {
+  const text = typeof body === 'string' ? body : JSON.stringify(body);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+  res.end(text);
+}
+
+function readBody(req: IncomingMessage): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on('data', (c: Buffer) => {
+      size += c.length;
+      if (size > MAX_BODY) {
+        reject(new HttpError(413, `admin request body exceeds ${MAX_BODY} bytes`));
+        req.destroy();
+        return;
+      }
+      chunks.push(c);
+    });
+    req.on('end', () => {
+      if (size === 0) return resolve({});
+      try {
+        resolve(JSON.parse(Buffer.concat(chunks).toString('utf8')));
+      } catch (err) {
+        reject(new HttpError(400, `the body is not valid JSON: ${(err as Error).message}`));
+      }
+    });
+    req.on('error', reject);
+  });
+}
+
+function flag(u: URL, name: string): boolean {
+  const v = u.searchParams.get(name);
+  return v !== null && v !== '0' && v !== 'false';
+}
+
+function graceParam(u: URL, body: unknown): number | undefined {
+  const raw = u.searchParams.get('graceMs') ?? (typeof body === 'object' && body !== null ? (body as Record<string, unknown>).graceMs : undefined);
+  if (raw === undefined || raw === null) return undefined;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < 0 || n > 86_400_000) throw new HttpError(400, `graceMs must be an integer in [0, 86400000] (got ${JSON.stringify(raw)})`, 'graceMs');
+  return n;
+}
+
+/** Validates an endpoint to add: the same rules as a config file's endpoint, plus its pool. */
+function endpointSpec(body: unknown): EndpointSpec {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new HttpError(400, 'the body must be a JSON object {pool, name, url, role?, revision?}');
+  const { pool, ...rest } = body as Record<string, unknown>;
+  if (typeof pool !== 'string' || pool === '') throw new HttpError(400, 'pool: must be the name of a configured pool', 'pool');
+  const r = endpointConfigSchema.safeParse(rest);
+  if (!r.success) {
+    const issues = toConfigIssues(r.error.issues);
+    throw new HttpError(400, issues.map((i) => `${i.path || '(body)'}: ${i.message}`).join('; '), issues[0]?.path || null);
+  }
+  return { pool, ...r.data };
+}
+
+/** Starts the admin listener of `core` (and of `reloader`, when the router has a config file). */
+export function startAdmin(core: RouterCore, cfg: AdminConfig, reloader: ConfigReloader | null, target: EndpointTarget = core.live): Promise<AdminServer> {
+  const token = adminToken(cfg);
+  const expected = Buffer.from(`Bearer ${token}`);
+  const log = core.log;
+
+  const authorized = (req: IncomingMessage): boolean => {
+    if (token === '') return true;
+    const got = Buffer.from(req.headers.authorization ?? '');
+    return got.length === expected.length && timingSafeEqual(got, expected);
+  };
+
+  const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+    if (!authorized(req)) {
+      res.setHeader('www-authenticate', 'Bearer');
+      throw new HttpError(401, 'the admin API needs "Authorization: Bearer <token>"');
+    }
+    const u = new URL(req.url ?? '/', 'http://admin');
+    const parts = u.pathname.split('/').filter((p) => p !== '').map(decodeURIComponent);
+    const method = req.method ?? 'GET';
+    if (parts[0] !== 'admin') throw new HttpError(404, `no admin route ${method} ${u.pathname}`);
+    if (parts[1] === 'endpoints' && parts.length === 2) {
+      if (method === 'GET') return send(res, 200, { endpoints: target.list(), revisions: revisionStatus(core.endpoints) });
+      if (method === 'POST') {
+        const spec = endpointSpec(await readBody(req));
+        const ep = target.add(spec, 'admin');
+        log.info({ endpoint: ep.name, pool: ep.pool, url: ep.url, role: ep.role, revision: ep.revision }, 'admin: endpoint added');
+        return send(res, 201, { endpoint: target.list().find((v) => v.name === ep.name) });
+      }
+      throw new HttpError(405, `method ${method} is not allowed on /admin/endpoints (GET, POST)`);
+    }
+    if (parts[1] === 'endpoints' && parts.length >= 3) {
+      const name = parts[2]!;
+      const body = method === 'GET' ? {} : await readBody(req);
+      const graceMs = graceParam(u, body);
+      const wait = flag(u, 'wait');
+      if (parts.length === 4 && parts[3] === 'drain' && method === 'POST') {
+        const p = target.drain(name, { graceMs });
+        if (wait) return send(res, 200, { drained: await p });
+        // not waiting: a rejection (unknown endpoint) still answers now
+        await Promise.race([p, Promise.resolve()]);
+        p.catch(() => {});
+        log.info({ endpoint: name, graceMs }, 'admin: endpoint draining');
+        return send(res, 202, { endpoint: name, state: 'draining' });
+      }
+      if (parts.length === 3 && method === 'DELETE') {
+        const force = flag(u, 'force') || (typeof body === 'object' && body !== null && (body as Record<string, unknown>).force === true);
+        const p = target.remove(name, { graceMs, force });
+        if (wait) return send(res, 200, { removed: await p });
+        await Promise.race([p, Promise.resolve()]);
+        p.catch((err: Error) => log.warn({ err, endpoint: name }, 'admin: removal failed'));
+        log.info({ endpoint: name, graceMs, force }, 'admin: endpoint removing (draining first)');
+        return send(res, 202, { endpoint: name, state: 'draining' });
+      }
+      if (parts.length === 3 && method === 'GET') {
+        const v = target.list().find((e) => e.name === name);
+        if (v === undefined) throw new HttpError(404, `no endpoint named "${name}"`);
+        return send(res, 200, { endpoint: v });
+      }
+      throw new HttpError(405, `method ${method} is not allowed on ${u.pathname}`);
+    }
+    if (parts[1] === 'reload' && parts.length === 2) {
+      if (method !== 'POST') throw new HttpError(405, 'use POST /admin/reload');
+      if (reloader === null) throw new HttpError(409, 'this router was not started from a config file: nothing to reload');
+      const r = await reloader.reload();
+      return send(res, r.ok ? 200 : 422, r);
+    }
+    throw new HttpError(404, `no admin route ${method} ${u.pathname}`);
+  };
+
+  const server: Server = createServer((req, res) => {
+    handle(req, res).catch((err: unknown) => {
+      const status = err instanceof HttpError ? err.status : err instanceof EndpointError ? err.status : 500;
+      const param = err instanceof HttpError ? err.param : null;
+      if (status === 500) log.error({ err }, 'admin API: internal error');
+      if (res.headersSent) return res.destroy();
+      const body = JSON.parse(errorBody(status, (err as Error).message)) as { error: Record<string, unknown> };
+      body.error.param = param;
+      if (err instanceof EndpointError) body.error.code = err.code;
+      send(res, status, body);
+    });
+  });
+  server.requestTimeout = 10 * 60_000; // ?wait=1 on a long drain
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(cfg.port, cfg.host, () => {
+      server.off('error', reject);
+      const port = (server.address() as AddressInfo).port;
+      const host = cfg.host.includes(':') ? `[${cfg.host}]` : cfg.host;
+      resolve({
+        url: `http://${host}:${port}`,
+        port,
+        close: () =>
+          new Promise<void>((r) => {
+            server.close(() => r());
+            server.closeAllConnections();
+          }),
+      });
+    });
+  });
+}
