@@ -8,6 +8,7 @@
 // | PluginError        | SWY_ERR_PLUGIN            | unknown plugin type or bad plugin parameters    |
 // | NoEndpointError    | SWY_ERR_NO_ENDPOINT       | Scheduler.pickOrThrow: every candidate filtered |
 // | UnknownModelError  | SWY_ERR_UNKNOWN_MODEL     | Scheduler.pickOrThrow: no pool serves the model |
+// | HaStartError       | SWY_ERR_HA_START          | ha: Redis unreachable at start, onRedisDown: refuse |
 
 export class SwitchyardError extends Error {
   readonly code: string = 'SWY_ERR_GENERIC';
@@ -43,4 +44,8 @@ export class NoEndpointError extends SwitchyardError {
 
 export class UnknownModelError extends SwitchyardError {
   override readonly code = 'SWY_ERR_UNKNOWN_MODEL';
+}
+
+export class HaStartError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_HA_START';
 }

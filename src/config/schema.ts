@@ -8,6 +8,7 @@
 import { isIP } from 'node:net';
 import { ConfigError } from '../errors.js';
 import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
+import { extProcSchema, haSchema, type ExtProcConfig, type HaConfig } from './ha.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
 
 export const API_VERSION = 'switchyard/v1';
@@ -107,6 +108,10 @@ export interface RouterConfig {
   logging: { level: (typeof LOG_LEVELS)[number] };
   /** The validated, defaulted flowControl block; undefined when the config has none. */
   flowControl?: FlowControlConfig;
+  /** Hot standby over a Redis lease (src/ha/); undefined: a single router. */
+  ha?: HaConfig;
+  /** The Envoy ext_proc gRPC listener (src/extproc/); undefined: none. */
+  extProc?: ExtProcConfig;
 }
 
 export const DEFAULT_SCORERS: ScorerSpec[] = [
@@ -364,6 +369,8 @@ export const routerConfigSchema = strict(
     ).prefault({}),
     logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
+    ha: haSchema.optional().describe('hot standby over a Redis lease (docs/operations.md); absent = a single router'),
+    extProc: extProcSchema.optional().describe('Envoy ext_proc endpoint-picker listener (docs/operations.md); absent = none'),
   },
   'the config must be a YAML mapping',
   'unknown top-level field',
@@ -485,6 +492,8 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     logging: v.logging,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
+  if (v.ha !== undefined) cfg.ha = v.ha;
+  if (v.extProc !== undefined) cfg.extProc = v.extProc;
   return cfg;
 }
 

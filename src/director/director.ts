@@ -51,6 +51,18 @@ export interface ClientPort {
   done(status: number): void;
 }
 
+/**
+ * A transport that takes the decision rather than the bytes (the Envoy
+ * ext_proc server, src/extproc/): the director parses, admits and picks as for
+ * any request, then calls picked() instead of dispatching; the proxy sends the
+ * request itself, and the transport reports how it went through
+ * flight.served(). head/write/end/fail are never called; error() carries a
+ * rejection (no endpoint, shed, bad body), done() the end.
+ */
+export interface DecisionPort extends ClientPort {
+  picked(flight: Flight): void;
+}
+
 /** The counters the director keeps (the router's metrics, read at scrape time). */
 export interface DirectorMetrics {
   decision: { observe(seconds: number): void };
@@ -157,6 +169,30 @@ export class Director {
   ): Flight {
     const f = new Flight(this, port, kind, requestId, authorization, headers);
     f.sessionKey = sessionKey;
+    return this.#start(f, body);
+  }
+
+  /**
+   * Like begin(), for a proxy that dispatches itself (Envoy ext_proc): the
+   * same parse, admission, flow control and pick; the pick goes to
+   * port.picked() and the flight waits for flight.served().
+   */
+  decide(
+    port: DecisionPort,
+    kind: number,
+    requestId: string,
+    authorization: string,
+    headers: Readonly<Record<string, string>>,
+    body: Buffer,
+    sessionKey = '',
+  ): Flight {
+    const f = new Flight(this, port, kind, requestId, authorization, headers);
+    f.sessionKey = sessionKey;
+    f.decideOnly = true;
+    return this.#start(f, body);
+  }
+
+  #start(f: Flight, body: Buffer): Flight {
     try {
       f.start(body);
     } catch (err) {
@@ -185,6 +221,8 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
   promptBytes = 0;
   sessionKey = '';
   continuation = false;
+  /** Director.decide(): the pick goes to the port, the proxy dispatches, served() completes. */
+  decideOnly = false;
 
   readonly director: Director;
   readonly port: ClientPort;
@@ -353,6 +391,12 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     d.metrics.promptBlocks += this.promptBlocks;
     d.metrics.matchedBlocks += this.matchedBlocks;
     this.#dispatchedAt = t1;
+    if (this.decideOnly) {
+      // the proxy dispatches (and retries down its own fallback list): nothing to retry here
+      this.#started = true;
+      (this.port as DecisionPort).picked(this);
+      return;
+    }
     const headers = this.authorization
       ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
       : ['content-type', 'application/json', 'x-request-id', this.requestId];
@@ -537,6 +581,24 @@ export class Flight implements Decision, UpstreamSink, RequestInfo, AbortLike {
     this.#clientEnded = true;
     this.port.error(status, message, param, this.endpoint, rejection);
     this.#finish(failed ? 'failed' : 'ok', status);
+  }
+
+  /**
+   * Decide mode: the proxy's answer is over with `status` (0: no answer).
+   * `servedBy`: the endpoint that served it when the proxy says so; another
+   * than the pick (a fallback after the pick failed) counts the pick as
+   * failed, which forgets the prefix blocks its pick recorded.
+   */
+  served(status: number, servedBy?: Endpoint | null): void {
+    if (!this.decideOnly || this.#done || this.aborted || !this.#picked) return;
+    const failed = status === 0 || status >= 500;
+    this.#status = failed ? (status === 0 ? 502 : status) : status;
+    if (servedBy != null && servedBy !== this.endpoint && !failed) {
+      this.#status = 502; // the pick itself failed
+      this.#release('failed');
+      this.#status = status;
+    }
+    this.#finish(failed ? 'failed' : 'ok', status === 0 ? 502 : status);
   }
 
   /** The client went away (the transport saw it): abort upstream, release all accounting. */

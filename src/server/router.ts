@@ -3,12 +3,18 @@ import { pino, type Logger } from 'pino';
 import type { RouterConfig } from '../config/schema.js';
 import { RouterCore, type RouterOptions } from './core.js';
 import { flowGateFactory } from './flow-gate.js';
+import { HighAvailability } from '../ha/standby.js';
+import { ExtProcServer } from '../extproc/server.js';
 
 export interface RunningRouter {
   readonly host: string;
   readonly port: number;
   readonly url: string;
   readonly core: RouterCore;
+  /** The hot-standby pair's coordinator (config.ha), or null. */
+  readonly ha: HighAvailability | null;
+  /** The Envoy ext_proc listener (config.extProc), or null. */
+  readonly extProc: ExtProcServer | null;
   /** Graceful: stop accepting, wait for in-flight requests (up to graceMs), close pools and loops. */
   close(graceMs?: number): Promise<void>;
 }
@@ -40,12 +46,27 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   if (opts.waitForFirstScrape !== false) await ready;
   const host = opts.host ?? config.listen.host;
   let port: number;
+  let ha: HighAvailability | null = null;
+  let extProc: ExtProcServer | null = null;
   try {
+    if (config.ha) {
+      ha = await HighAvailability.start(config.ha, { endpoints: core.endpoints, store: core.scheduler.prefix?.store ?? null, log: logger });
+      ha.registerMetrics(core.metrics.registry);
+      core.leadership = ha;
+    }
     port = await core.listen(host, opts.port ?? config.listen.port);
+    if (config.extProc) extProc = await ExtProcServer.start(core, config.extProc);
   } catch (err) {
+    await extProc?.close();
+    await ha?.close();
     await core.close(0);
     throw err;
   }
   const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
-  return { host, port, url, core, close: (graceMs?: number) => core.close(graceMs) };
+  const close = async (graceMs?: number) => {
+    // the lease goes first: the standby takes over while this one drains
+    await ha?.close();
+    await Promise.all([extProc?.close(graceMs), core.close(graceMs)]);
+  };
+  return { host, port, url, core, ha, extProc, close };
 }
