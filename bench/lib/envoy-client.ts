@@ -5,14 +5,17 @@
 // headers with the served endpoint in the envoy.lb metadata) and reads the
 // answers.
 import * as grpc from '@grpc/grpc-js';
-import { DESTINATION_HEADER, SERVED_KEY, extProcProtos } from '../../src/extproc/server.js';
+import { DESTINATION_HEADER, SERVED_KEY, extProcServices } from '../../src/extproc/server.js';
 
 type Ctor = grpc.ServiceClientConstructor;
 
-function ctor(path: string): Ctor {
-  let o: unknown = extProcProtos();
-  for (const part of path.split('.')) o = (o as Record<string, unknown>)[part];
-  return o as Ctor;
+let ctors: { extProc: Ctor; health: Ctor } | null = null;
+function ctor(which: 'extProc' | 'health'): Ctor {
+  if (ctors === null) {
+    const d = extProcServices(false);
+    ctors = { extProc: grpc.makeGenericClientConstructor(d.extProc as grpc.ServiceDefinition<grpc.UntypedServiceImplementation>, 'ExternalProcessor'), health: grpc.makeGenericClientConstructor(d.health as grpc.ServiceDefinition<grpc.UntypedServiceImplementation>, 'Health') };
+  }
+  return ctors[which];
 }
 
 export interface Answer {
@@ -135,12 +138,12 @@ export async function respond(s: EnvoyStream, status: number, served: string | n
 }
 
 export function extProcClient(address: string): grpc.Client {
-  const C = ctor('envoy.service.ext_proc.v3.ExternalProcessor');
+  const C = ctor('extProc');
   return new C(address, grpc.credentials.createInsecure());
 }
 
 export function healthCheck(address: string, service: string): Promise<number> {
-  const C = ctor('grpc.health.v1.Health');
+  const C = ctor('health');
   const c = new C(address, grpc.credentials.createInsecure()) as unknown as {
     Check(req: unknown, cb: (err: grpc.ServiceError | null, r: { status?: number }) => void): void;
     close(): void;

@@ -21,7 +21,8 @@
 import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import * as grpc from '@grpc/grpc-js';
-import * as protoLoader from '@grpc/proto-loader';
+import { join } from 'node:path';
+import protobuf from 'protobufjs';
 import type { Rejected } from '../admission.js';
 import type { ExtProcConfig } from '../config/ha.js';
 import { KIND_CHAT, KIND_COMPLETION, type DecisionPort, type Director, type Flight } from '../director/director.js';
@@ -54,25 +55,67 @@ function protoDir(): string {
   throw new Error('the ext_proc .proto files (proto/ at the package root) are missing');
 }
 
-let loaded: grpc.GrpcObject | null = null;
-/** The ext_proc and health services, loaded from the repo's proto/ (once). */
-export function extProcProtos(): grpc.GrpcObject {
-  if (loaded !== null) return loaded;
-  const def = protoLoader.loadSync(['envoy/service/ext_proc/v3/external_processor.proto', 'grpc/health/v1/health.proto'], {
-    includeDirs: [protoDir()],
-    keepCase: true,
-    longs: String,
-    enums: Number,
-    defaults: false,
-    oneofs: true,
-  });
-  return (loaded = grpc.loadPackageDefinition(def));
+/** The ext_proc and health message types, parsed from the repo's proto/ with protobufjs (once). */
+export interface ExtProcCodec {
+  request: protobuf.Type;
+  response: protobuf.Type;
+  healthRequest: protobuf.Type;
+  healthResponse: protobuf.Type;
 }
 
-function service(pkg: grpc.GrpcObject, path: string): grpc.ServiceClientConstructor {
-  let o: unknown = pkg;
-  for (const part of path.split('.')) o = (o as Record<string, unknown>)[part];
-  return o as grpc.ServiceClientConstructor;
+let codec: ExtProcCodec | null = null;
+export function extProcCodec(): ExtProcCodec {
+  if (codec !== null) return codec;
+  const dir = protoDir();
+  const root = new protobuf.Root();
+  // google/protobuf/* are protobufjs's bundled well-known types
+  root.resolvePath = (_origin, target) => (target.startsWith('google/protobuf/') ? target : join(dir, target));
+  root.loadSync(['envoy/service/ext_proc/v3/external_processor.proto', 'grpc/health/v1/health.proto'], { keepCase: true });
+  root.resolveAll();
+  return (codec = {
+    request: root.lookupType('envoy.service.ext_proc.v3.ProcessingRequest'),
+    response: root.lookupType('envoy.service.ext_proc.v3.ProcessingResponse'),
+    healthRequest: root.lookupType('grpc.health.v1.HealthCheckRequest'),
+    healthResponse: root.lookupType('grpc.health.v1.HealthCheckResponse'),
+  });
+}
+
+const encoder = (t: protobuf.Type) => (v: unknown) => (Buffer.isBuffer(v) ? v : Buffer.from(t.encode(t.fromObject(v as Record<string, unknown>)).finish()));
+const TO_OBJECT = { oneofs: true, longs: String, enums: Number } as const;
+
+/**
+ * The two services' gRPC definitions. The server side (`server: true`)
+ * decodes requests into protobufjs messages (fields read in place, no
+ * toObject copy) and passes pre-encoded Buffers through as answers; a client
+ * (the tests, the benchmark) gets plain objects.
+ */
+export function extProcServices(server: boolean): { extProc: grpc.ServiceDefinition; health: grpc.ServiceDefinition } {
+  const c = extProcCodec();
+  const plain = (t: protobuf.Type) => (b: Buffer) => t.toObject(t.decode(b), TO_OBJECT);
+  return {
+    extProc: {
+      Process: {
+        path: '/envoy.service.ext_proc.v3.ExternalProcessor/Process',
+        requestStream: true,
+        responseStream: true,
+        requestSerialize: encoder(c.request),
+        requestDeserialize: server ? (b: Buffer) => c.request.decode(b) : plain(c.request),
+        responseSerialize: encoder(c.response),
+        responseDeserialize: plain(c.response),
+      },
+    },
+    health: {
+      Check: {
+        path: '/grpc.health.v1.Health/Check',
+        requestStream: false,
+        responseStream: false,
+        requestSerialize: encoder(c.healthRequest),
+        requestDeserialize: plain(c.healthRequest),
+        responseSerialize: encoder(c.healthResponse),
+        responseDeserialize: plain(c.healthResponse),
+      },
+    },
+  };
 }
 
 // ---- message shapes (as proto-loader decodes them: keepCase, oneofs) ----------------------
@@ -98,12 +141,24 @@ export interface ProcessingRequest {
   protocol_config?: { request_body_mode?: number; response_body_mode?: number };
 }
 
-const CONTINUE_REQUEST_HEADERS = Object.freeze({ request_headers: { response: {} } });
-const CONTINUE_RESPONSE_HEADERS = Object.freeze({ response_headers: { response: {} } });
-const CONTINUE_REQUEST_BODY = Object.freeze({ request_body: { response: {} } });
-const CONTINUE_RESPONSE_BODY = Object.freeze({ response_body: { response: {} } });
-const CONTINUE_REQUEST_TRAILERS = Object.freeze({ request_trailers: {} });
-const CONTINUE_RESPONSE_TRAILERS = Object.freeze({ response_trailers: {} });
+// the constant answers, encoded once (ExtProcServer's constructor fills them)
+let CONTINUE_REQUEST_HEADERS: Buffer;
+let CONTINUE_RESPONSE_HEADERS: Buffer;
+let CONTINUE_REQUEST_BODY: Buffer;
+let CONTINUE_RESPONSE_BODY: Buffer;
+let CONTINUE_REQUEST_TRAILERS: Buffer;
+let CONTINUE_RESPONSE_TRAILERS: Buffer;
+
+function encodeConstants(): void {
+  if (CONTINUE_REQUEST_HEADERS !== undefined) return;
+  const enc = encoder(extProcCodec().response);
+  CONTINUE_REQUEST_HEADERS = enc({ request_headers: { response: {} } });
+  CONTINUE_RESPONSE_HEADERS = enc({ response_headers: { response: {} } });
+  CONTINUE_REQUEST_BODY = enc({ request_body: { response: {} } });
+  CONTINUE_RESPONSE_BODY = enc({ response_body: { response: {} } });
+  CONTINUE_REQUEST_TRAILERS = enc({ request_trailers: {} });
+  CONTINUE_RESPONSE_TRAILERS = enc({ response_trailers: {} });
+}
 
 function headerText(h: HeaderValue): string {
   const raw = h.raw_value;
@@ -120,10 +175,10 @@ export function hostPort(url: string): string {
   return u.port !== '' ? u.host : `${u.host}:${u.protocol === 'https:' ? 443 : 80}`;
 }
 
-/** One endpoint's answer parts, built once: the header mutation and the dynamic metadata. */
+/** One endpoint's decision, encoded once: as the body answer (BUFFERED) and as the headers answer (FULL_DUPLEX_STREAMED). */
 interface Destination {
-  mutation: { set_headers: ReturnType<typeof setHeader>[] };
-  metadata: StructValue;
+  body: Buffer;
+  headers: Buffer;
 }
 
 export class ExtProcServer {
@@ -142,20 +197,21 @@ export class ExtProcServer {
     this.#core = core;
     this.host = cfg.host;
     this.#ns = cfg.metadataNamespace;
+    encodeConstants();
+    const enc = encoder(extProcCodec().response);
     for (const ep of core.endpoints.all) {
       const addr = hostPort(ep.url);
       this.#byAddress.set(addr, ep);
-      this.#dest[ep.id] = {
-        mutation: { set_headers: [setHeader(DESTINATION_HEADER, addr)] },
-        metadata: { fields: { [this.#ns]: { structValue: { fields: { [DESTINATION_HEADER]: { stringValue: addr } } } } } },
-      };
+      const response = { header_mutation: { set_headers: [setHeader(DESTINATION_HEADER, addr)] }, clear_route_cache: true };
+      const dynamic_metadata = { fields: { [this.#ns]: { structValue: { fields: { [DESTINATION_HEADER]: { stringValue: addr } } } } } };
+      this.#dest[ep.id] = { body: enc({ request_body: { response }, dynamic_metadata }), headers: enc({ request_headers: { response }, dynamic_metadata }) };
     }
-    const pkg = extProcProtos();
+    const defs = extProcServices(true);
     this.server = new grpc.Server({ 'grpc.max_receive_message_length': core.limits.maxBodyBytes + 65536 });
-    this.server.addService(service(pkg, 'envoy.service.ext_proc.v3.ExternalProcessor').service, {
+    this.server.addService(defs.extProc, {
       Process: (call: grpc.ServerDuplexStream<ProcessingRequest, unknown>) => this.#process(call),
     });
-    this.server.addService(service(pkg, 'grpc.health.v1.Health').service, {
+    this.server.addService(defs.health, {
       Check: (call: grpc.ServerUnaryCall<{ service?: string }, unknown>, cb: grpc.sendUnaryData<unknown>) => this.#check(call, cb),
     });
   }
@@ -388,12 +444,12 @@ class ExtProcStream implements DecisionPort {
     if (this.#duplex) {
       // the headers answer carries the decision; then the body goes back unchanged, whole
       this.#headersOwed = false;
-      this.#send({ request_headers: { response: { header_mutation: d.mutation, clear_route_cache: true } }, dynamic_metadata: d.metadata });
+      this.#send(d.headers);
       const body = this.#echo ?? Buffer.alloc(0);
       this.#echo = null;
       this.#send({ request_body: { response: { body_mutation: { streamed_response: { body, end_of_stream: true } } } } });
     } else {
-      this.#send({ request_body: { response: { header_mutation: d.mutation, clear_route_cache: true } }, dynamic_metadata: d.metadata });
+      this.#send(d.body);
     }
   }
 
