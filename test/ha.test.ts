@@ -99,7 +99,7 @@ t.test('Redis down at start: serve-alone serves and says so; refuse refuses', as
   const redis = await startRedis(t);
   await redis.kill();
   const endpoints = new EndpointSet([{ name: 'p', models: ['m'], endpoints: [{ name: 'e', url: 'http://127.0.0.1:9', role: 'both' }] }] as never);
-  const cfg = { redis: redis.url, key: 'swy-start', leaseTtlMs: TTL, renewIntervalMs: RENEW, deltaFlushMs: 50, streamMaxLen: 1000 };
+  const cfg = { redis: redis.url, key: 'swy-start', leaseTtlMs: TTL, renewIntervalMs: RENEW, deltaFlushMs: 50, streamMaxLen: 1000, warmStandby: true };
   await t.rejects(HighAvailability.start({ ...cfg, onRedisDown: 'refuse' }, { endpoints, store: null, log }), HaStartError);
   const lines: string[] = [];
   const capture = pino({ level: 'info' }, { write: (s: string) => void lines.push(s) });
@@ -117,7 +117,7 @@ t.test('serving alone, then Redis returns with another active holding the lease:
   await redis.kill();
   const endpoints = new EndpointSet([{ name: 'p', models: ['m'], endpoints: [{ name: 'e', url: 'http://127.0.0.1:9', role: 'both' }] }] as never);
   const ha = await HighAvailability.start(
-    { redis: redis.url, key: 'swy-alone', leaseTtlMs: TTL, renewIntervalMs: 2000, onRedisDown: 'serve-alone', deltaFlushMs: 50, streamMaxLen: 1000 },
+    { redis: redis.url, key: 'swy-alone', leaseTtlMs: TTL, renewIntervalMs: 2000, onRedisDown: 'serve-alone', deltaFlushMs: 50, streamMaxLen: 1000, warmStandby: true },
     { endpoints, store: null, log },
   );
   t.teardown(() => ha.close());

@@ -123,6 +123,7 @@ export class HighAvailability {
       this.#publish();
     } else if (s === 'standby') {
       this.#stopPublishing();
+      if (!this.#cfg.warmStandby) return;
       void this.follower.fromEnd().then(() => {
         if (!this.#closed && this.lease.state === 'standby') this.follower.start();
       });
@@ -130,11 +131,13 @@ export class HighAvailability {
   }
 
   #follow(from: string): void {
+    if (!this.#cfg.warmStandby) return;
     this.follower.lastId = from;
     this.follower.start();
   }
 
   #publish(): void {
+    if (!this.#cfg.warmStandby) return;
     this.#parts.store?.observe?.(this.buffer);
     if (this.#flush !== null) return;
     this.#flush = setInterval(() => void this.flush(), this.#cfg.deltaFlushMs);
