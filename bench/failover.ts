@@ -24,7 +24,7 @@
 // connection refused by the dead one is retried on the other (`option
 // redispatch`, `retry-on conn-failure`), and the standby serves it.
 //
-//   node dist/bench/failover.js [--window 30] [--concurrency 8] [--lease-ttl 3000] [--renew 1000]
+//   node dist/bench/failover.js [--warmup 15] [--window 30] [--concurrency 8] [--lease-ttl 3000] [--renew 1000]
 import { spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir, loadavg } from 'node:os';
@@ -104,7 +104,10 @@ frontend fe
   bind 127.0.0.1:${port}
   default_backend be
 backend be
-  option httpchk GET /readyz
+  # HTTP/1.1: the router's uWS front end does not answer HTTP/1.0 (docs/uws-framing.md)
+  option httpchk
+  http-check send meth GET uri /readyz ver HTTP/1.1 hdr host localhost
+  option allbackups
   default-server inter 200ms fall 1 rise 1
 ${routers.map((p, i) => `  server r${i} 127.0.0.1:${p} check`).join('\n')}
 ${routers.map((p, i) => `  server r${i}b 127.0.0.1:${p} backup`).join('\n')}
@@ -141,7 +144,7 @@ interface RunResult {
   errors: string[];
 }
 
-async function run(warm: boolean, windowS: number, conc: number, ttl: number, renew: number): Promise<RunResult> {
+async function run(warm: boolean, warmupS: number, windowS: number, conc: number, ttl: number, renew: number): Promise<RunResult> {
   const redis = await startRedis();
   const engines: Proc[] = [];
   const engineUrls: string[] = [];
@@ -167,10 +170,10 @@ async function run(warm: boolean, windowS: number, conc: number, ttl: number, re
         ha: { redis: redis.url, key: 'bench', leaseTtlMs: ttl, renewIntervalMs: renew, warmStandby: warm },
       }),
     );
-    routers.push(start(`router${i}`, process.execPath, [CLI, 'serve', '--config', file]));
-    await waitReady(`http://127.0.0.1:${rports[i]}/healthz`);
+    routers.push(start(`router${i}`, process.execPath, [CLI, 'serve', '--config', file], { verbose: process.env.BENCH_VERBOSE === '1' }));
+    await waitReady(`http://127.0.0.1:${rports[i]}/healthz`, 90_000); // a loaded machine starts node slowly
   }
-  await waitReady(`http://127.0.0.1:${rports[0]}/readyz`);
+  await waitReady(`http://127.0.0.1:${rports[0]}/readyz`, 30_000);
   const hport = await freePort();
   writeFileSync(join(dir, 'haproxy.cfg'), haproxyConf(hport, rports));
   const haproxy = start('haproxy', which('haproxy')!, ['-db', '-f', join(dir, 'haproxy.cfg')]);
@@ -189,7 +192,8 @@ async function run(warm: boolean, windowS: number, conc: number, ttl: number, re
       recs.push(await one(url, dispatcher, g, q++));
     }
   });
-  await new Promise((r) => setTimeout(r, windowS * 1000));
+  // warm-up (the engines' caches and the index fill), then the window before the kill
+  await new Promise((r) => setTimeout(r, (warmupS + windowS) * 1000));
   const killAt = performance.now();
   routers[0].child.kill('SIGKILL');
   let takeoverAt = 0;
@@ -242,14 +246,15 @@ async function run(warm: boolean, windowS: number, conc: number, ttl: number, re
 async function main(): Promise<void> {
   const argv = process.argv.slice(2);
   const windowS = Number(option(argv, '--window') ?? 30);
+  const warmupS = Number(option(argv, '--warmup') ?? 15);
   const conc = Number(option(argv, '--concurrency') ?? 8);
   const ttl = Number(option(argv, '--lease-ttl') ?? 3000);
   const renew = Number(option(argv, '--renew') ?? 1000);
   if (!which('haproxy')) throw new Error('haproxy not found (apt-get install haproxy)');
   const load0 = loadavg()[0];
   const results: RunResult[] = [];
-  for (const warm of [true, false]) results.push(await run(warm, windowS, conc, ttl, renew));
-  console.log(`failover under load: HAProxy → 2 routers (ha, lease ${ttl} ms, renewal ${renew} ms) → 4 sim engines (--time-scale 0.02, 1200 KV blocks each); ${conc} streamed clients, ${GROUPS} prefix groups; SIGKILL the active after ${windowS} s, ${windowS} s after; load average ${load0.toFixed(1)} → ${loadavg()[0].toFixed(1)}`);
+  for (const warm of [true, false]) results.push(await run(warm, warmupS, windowS, conc, ttl, renew));
+  console.log(`failover under load: HAProxy → 2 routers (ha, lease ${ttl} ms, renewal ${renew} ms) → 4 sim engines (--time-scale 0.02, 1200 KV blocks each); ${conc} streamed clients, ${GROUPS} prefix groups; ${warmupS} s warm-up, ${windowS} s before the SIGKILL of the active, ${windowS} s after; load average ${load0.toFixed(1)} → ${loadavg()[0].toFixed(1)}`);
   console.log('| standby | requests | failed | in flight at kill | failed not in flight | takeover (kill → /readyz 200) | gap (kill → first success) | hit rate before | hit rate after | after / before |');
   console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of results) {
