@@ -34,7 +34,7 @@ import { CLI, freePort, option, runMain, start, waitReady, type Proc } from './l
 import { which } from './lib/proxies.js';
 import { rng } from './lib/stats.js';
 
-const GROUPS = 48;
+const GROUPS = 96;
 function systemPrompt(g: number): string {
   let s = `You are assistant ${g} of the fleet. `;
   for (let i = 0; s.length < 2400; i++) s += `Policy ${i} of team ${g}: answer precisely, cite, and keep it short. `;
@@ -141,6 +141,8 @@ interface RunResult {
   gapMs: number;
   hitBefore: number;
   hitAfter: number;
+  /** Hit rate of requests started in the first 5 s after the kill (where a cold index shows). */
+  hitFirst5: number;
   errors: string[];
 }
 
@@ -233,6 +235,7 @@ async function run(warm: boolean, warmupS: number, windowS: number, conc: number
     gapMs: firstOk - killAt,
     hitBefore: rate(recs.filter((r) => r.end < killAt && r.end >= killAt - windowS * 1000)),
     hitAfter: rate(recs.filter((r) => r.start >= killAt && r.start < killAt + windowS * 1000)),
+    hitFirst5: rate(recs.filter((r) => r.start >= killAt && r.start < killAt + 5000)),
     errors: [...new Set(failed.map((r) => r.err))].slice(0, 5),
   };
   await dispatcher.close();
@@ -255,11 +258,11 @@ async function main(): Promise<void> {
   const results: RunResult[] = [];
   for (const warm of [true, false]) results.push(await run(warm, warmupS, windowS, conc, ttl, renew));
   console.log(`failover under load: HAProxy → 2 routers (ha, lease ${ttl} ms, renewal ${renew} ms) → 4 sim engines (--time-scale 0.02, 1200 KV blocks each); ${conc} streamed clients, ${GROUPS} prefix groups; ${warmupS} s warm-up, ${windowS} s before the SIGKILL of the active, ${windowS} s after; load average ${load0.toFixed(1)} → ${loadavg()[0].toFixed(1)}`);
-  console.log('| standby | requests | failed | in flight at kill | failed not in flight | takeover (kill → /readyz 200) | gap (kill → first success) | hit rate before | hit rate after | after / before |');
-  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
+  console.log('| standby | requests | failed | in flight at kill | failed not in flight | takeover (kill → /readyz 200) | gap (kill → first success) | hit rate before | hit rate after | after / before | hit rate, first 5 s after |');
+  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of results) {
     console.log(
-      `| ${r.warm ? 'warm' : 'cold (baseline)'} | ${r.requests} | ${r.failed} | ${r.inFlightAtKill} | ${r.failedNotInFlight} | ${r.takeoverMs.toFixed(0)} ms | ${r.gapMs.toFixed(0)} ms | ${(r.hitBefore * 100).toFixed(1)} % | ${(r.hitAfter * 100).toFixed(1)} % | ${((r.hitAfter / r.hitBefore) * 100).toFixed(0)} % |`,
+      `| ${r.warm ? 'warm' : 'cold (baseline)'} | ${r.requests} | ${r.failed} | ${r.inFlightAtKill} | ${r.failedNotInFlight} | ${r.takeoverMs.toFixed(0)} ms | ${r.gapMs.toFixed(0)} ms | ${(r.hitBefore * 100).toFixed(1)} % | ${(r.hitAfter * 100).toFixed(1)} % | ${((r.hitAfter / r.hitBefore) * 100).toFixed(0)} % | ${(r.hitFirst5 * 100).toFixed(1)} % |`,
     );
   }
   for (const r of results) if (r.errors.length > 0) console.log(`${r.warm ? 'warm' : 'cold'} errors: ${r.errors.join('; ')}`);
