@@ -199,9 +199,9 @@ t.test('real processes: SIGKILL the active, the standby takes over; the old one 
     }),
   );
   const ready = async (url: string) => (await fetch(`${url}/readyz`).catch(() => null))?.status ?? 0;
-  const p1 = await spawnServe(t, ['--config', file, '--port', '0']);
+  const p1 = await spawnServe(t, ['--config', file, '--port', '0'], 60_000);
   t.ok((await until(async () => (await ready(p1.url)) === 200, 5000)) >= 0, 'the first process is active');
-  const p2 = await spawnServe(t, ['--config', file, '--port', '0']);
+  const p2 = await spawnServe(t, ['--config', file, '--port', '0'], 60_000);
   t.equal(await ready(p2.url), 503, 'the second one is standby');
   t.equal((await fetch(`${p2.url}/healthz`)).status, 200);
   // requests on the active succeed
@@ -214,7 +214,7 @@ t.test('real processes: SIGKILL the active, the standby takes over; the old one 
   const elapsed = performance.now() - killedAt;
   t.comment(`failover took ${elapsed.toFixed(0)} ms (lease ${TTL} ms + renewal ${RENEW} ms)`);
   t.ok(await ask(p2.url, 1, 1), 'and serves');
-  const p3 = await spawnServe(t, ['--config', file, '--port', '0']);
+  const p3 = await spawnServe(t, ['--config', file, '--port', '0'], 60_000);
   await sleep(RENEW * 3);
   t.equal(await ready(p3.url), 503, 'the restarted one is the standby now');
   t.equal(await ready(p2.url), 200);

@@ -3,8 +3,9 @@ import { pino, type Logger } from 'pino';
 import type { RouterConfig } from '../config/schema.js';
 import { RouterCore, type RouterOptions } from './core.js';
 import { flowGateFactory } from './flow-gate.js';
-import { HighAvailability } from '../ha/standby.js';
-import { ExtProcServer } from '../extproc/server.js';
+// loaded only when configured: a feature that is off costs no import (ioredis, grpc-js)
+import type { HighAvailability } from '../ha/standby.js';
+import type { ExtProcServer } from '../extproc/server.js';
 
 export interface RunningRouter {
   readonly host: string;
@@ -50,12 +51,16 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   let extProc: ExtProcServer | null = null;
   try {
     if (config.ha) {
+      const { HighAvailability } = await import('../ha/standby.js');
       ha = await HighAvailability.start(config.ha, { endpoints: core.endpoints, store: core.scheduler.prefix?.store ?? null, log: logger });
       ha.registerMetrics(core.metrics.registry);
       core.leadership = ha;
     }
     port = await core.listen(host, opts.port ?? config.listen.port);
-    if (config.extProc) extProc = await ExtProcServer.start(core, config.extProc);
+    if (config.extProc) {
+      const { ExtProcServer } = await import('../extproc/server.js');
+      extProc = await ExtProcServer.start(core, config.extProc);
+    }
   } catch (err) {
     await extProc?.close();
     await ha?.close();
