@@ -7,7 +7,7 @@
 import t from 'tap';
 import * as grpc from '@grpc/grpc-js';
 import { startTestRouter } from './router-util.js';
-import { decide, extProcClient, healthCheck, respond, EnvoyStream, headerMap } from '../bench/lib/envoy-client.js';
+import { decide, extProcClient, healthCheck, respond, EnvoyStream, headerMap, metadataDestination } from '../bench/lib/envoy-client.js';
 import { hostPort } from '../src/extproc/server.js';
 
 const EXT = { extProc: { host: '127.0.0.1', port: 0 } };
@@ -126,6 +126,20 @@ t.test('Envoy goes away between decision and response: the decision is released'
   d.stream.call.cancel();
   for (let i = 0; i < 100 && inFlight(router) !== 0; i++) await new Promise((r) => setTimeout(r, 10));
   t.equal(inFlight(router), 0);
+});
+
+t.test('a body ended by request trailers: the trailers answer carries the envoy.lb metadata', async (t) => {
+  const { client, fleet } = await setup(t);
+  const s = new EnvoyStream(client);
+  s.send({ request_headers: { headers: headerMap({ ':method': 'POST', ':path': '/v1/chat/completions' }) }, protocol_config: { request_body_mode: 2 } });
+  t.equal((await s.next()).response, 'request_headers');
+  s.send({ request_body: { body: Buffer.from(chat('with trailers')), end_of_stream: false } });
+  t.equal((await s.next()).response, 'request_body', 'the body is answered CONTINUE (trailers follow)');
+  s.send({ request_trailers: { trailers: headerMap({ 'x-checksum': 'abc' }) } });
+  const a = await s.next();
+  t.equal(a.response, 'request_trailers');
+  t.ok(fleet.urls.map(hostPort).includes(metadataDestination(a)!), 'the decision is in the metadata');
+  await respond(s, 200, metadataDestination(a)!);
 });
 
 t.test('non-inference requests pass through untouched', async (t) => {

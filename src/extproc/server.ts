@@ -179,6 +179,8 @@ export function hostPort(url: string): string {
 interface Destination {
   body: Buffer;
   headers: Buffer;
+  /** The answer to request trailers that ended the body (the metadata only: a trailers answer cannot set request headers). */
+  trailers: Buffer;
 }
 
 export class ExtProcServer {
@@ -204,7 +206,11 @@ export class ExtProcServer {
       this.#byAddress.set(addr, ep);
       const response = { header_mutation: { set_headers: [setHeader(DESTINATION_HEADER, addr)] }, clear_route_cache: true };
       const dynamic_metadata = { fields: { [this.#ns]: { structValue: { fields: { [DESTINATION_HEADER]: { stringValue: addr } } } } } };
-      this.#dest[ep.id] = { body: enc({ request_body: { response }, dynamic_metadata }), headers: enc({ request_headers: { response }, dynamic_metadata }) };
+      this.#dest[ep.id] = {
+        body: enc({ request_body: { response }, dynamic_metadata }),
+        headers: enc({ request_headers: { response }, dynamic_metadata }),
+        trailers: enc({ request_trailers: {}, dynamic_metadata }),
+      };
     }
     const defs = extProcServices(true);
     this.server = new grpc.Server({ 'grpc.max_receive_message_length': core.limits.maxBodyBytes + 65536 });
@@ -313,6 +319,8 @@ class ExtProcStream implements DecisionPort {
   #headersOwed = false;
   #deciding = false;
   #decided = false;
+  /** The body ended with request trailers (their answer carries the decision's metadata). */
+  #byTrailers = false;
   #status = 0;
   #servedBy: Endpoint | null = null;
   #ended = false;
@@ -351,7 +359,11 @@ class ExtProcStream implements DecisionPort {
         return this.#requestBody(m);
       case 'request_trailers':
         if (this.#kind < 0 || this.#decided) this.#send(CONTINUE_REQUEST_TRAILERS);
-        else this.#endOfRequest(); // trailers end the body; their answer follows the decision
+        else {
+          // trailers end the body; their answer follows the decision
+          this.#byTrailers = true;
+          this.#endOfRequest();
+        }
         return;
       case 'response_headers':
         return this.#responseHeaders(m);
@@ -447,10 +459,9 @@ class ExtProcStream implements DecisionPort {
       this.#send(d.headers);
       const body = this.#echo ?? Buffer.alloc(0);
       this.#echo = null;
-      this.#send({ request_body: { response: { body_mutation: { streamed_response: { body, end_of_stream: true } } } } });
-    } else {
-      this.#send(d.body);
-    }
+      this.#send({ request_body: { response: { body_mutation: { streamed_response: { body, end_of_stream: !this.#byTrailers } } } } });
+      if (this.#byTrailers) this.#send(CONTINUE_REQUEST_TRAILERS);
+    } else this.#send(this.#byTrailers ? d.trailers : d.body);
   }
 
   /** Duplex mode: the request body, sent back with the decision. */
