@@ -33,7 +33,7 @@ export interface ExtProcConfig {
   metadataNamespace: string;
 }
 
-export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, streamMaxLen: 100_000, warmStandby: true };
+export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, streamMaxLen: 1000, warmStandby: true };
 export const EXT_PROC_DEFAULTS = { host: '127.0.0.1', port: 9002, metadataNamespace: 'envoy.lb' };
 
 const got = (v: unknown) => JSON.stringify(v);
@@ -67,7 +67,7 @@ export const haSchema = strict(
       .default(HA_DEFAULTS.onRedisDown)
       .describe('Redis unreachable at start: serve alone as active, or refuse to start'),
     deltaFlushMs: int(10, 60_000).default(HA_DEFAULTS.deltaFlushMs).describe('how often the active publishes routing-state deltas'),
-    streamMaxLen: int(100, 100_000_000).default(HA_DEFAULTS.streamMaxLen).describe('approximate cap on the delta stream (XADD MAXLEN ~)'),
+    streamMaxLen: int(10, 10_000_000).default(HA_DEFAULTS.streamMaxLen).describe('approximate cap on the delta stream (XADD MAXLEN ~)'),
     warmStandby: z
       .boolean({ error: (i) => `must be true or false (got ${got(i.input)})` })
       .default(HA_DEFAULTS.warmStandby)
