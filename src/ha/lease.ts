@@ -193,6 +193,7 @@ export class RedisLease {
       if (raise) throw err;
       // Redis unreachable: an active keeps serving until its lease would have expired (the expiry timer)
       this.#log.debug({ err }, 'high availability: lease round failed');
+      if (this.#state === 'active' && !this.#paused && performance.now() >= this.#validUntil) this.#lost('the lease expired without a successful renewal (Redis unreachable?)');
     } finally {
       this.#busy = false;
     }
@@ -207,8 +208,14 @@ export class RedisLease {
 
   #expired(): void {
     this.#expiry = null;
-    if (this.#paused) return;
-    if (this.#state === 'active' && performance.now() >= this.#validUntil) this.#lost('the lease expired without a successful renewal (Redis unreachable?)');
+    if (this.#paused || this.#state !== 'active') return;
+    const left = this.#validUntil - performance.now();
+    if (left <= 0) this.#lost('the lease expired without a successful renewal (Redis unreachable?)');
+    else {
+      // a timer may fire a little early: wait out the rest
+      this.#expiry = setTimeout(() => this.#expired(), Math.max(1, left));
+      this.#expiry.unref();
+    }
   }
 
   #lost(reason: string): void {
