@@ -57,7 +57,7 @@ t.test('one active at a time; a paused old active is refused by the fencing chec
   t.ok(await a.fencedAppend('swy-test:deltas', a.fence, 1000, Buffer.from('a1')), 'the active writes');
   // A freezes (GC pause, SIGSTOP): no renewals, and it keeps believing it leads
   a.pause();
-  const took = await until(() => b.state === 'active', TTL + RENEW * 4);
+  const took = await until(() => b.state === 'active', TTL * 10);
   t.ok(took >= 0, `the standby took over after ${took.toFixed(0)} ms (lease ${TTL} ms + renewal ${RENEW} ms)`);
   t.equal(b.fence, 2, 'with a newer fence');
   t.equal(a.state, 'active', 'the frozen one still believes it is active');
@@ -173,7 +173,7 @@ t.test('warm standby: the standby follows the deltas and routes the same prefixe
   t.ok(new Set(home).size > 1, `the groups spread over the fleet: ${home.join(' ')}`);
   t.ok((await until(() => b.ha!.follower.messages > 0 && b.ha!.follower.ops >= GROUPS, 3000)) >= 0, `the standby applied the deltas (${b.ha!.follower.ops} ops)`);
   await a.close(100); // graceful: the lease is released, the standby takes over at its next round
-  t.ok((await until(() => b.ha!.state === 'active', TTL + RENEW * 4)) >= 0, 'the standby took over');
+  t.ok((await until(() => b.ha!.state === 'active', TTL * 10)) >= 0, 'the standby took over');
   // (readiness also needs a healthy endpoint: on a loaded machine a health check may lag)
   t.ok((await until(async () => (await fetch(`${b.url}/readyz`)).status === 200, 5000)) >= 0, '/readyz 200 on the new active');
   const matchedBefore = b.core.metrics.matchedBlocks;
