@@ -23,6 +23,7 @@ COPY src ./src
 COPY bench ./bench
 COPY bin ./bin
 COPY scripts ./scripts
+COPY proto ./proto
 RUN npm ci --no-audit --no-fund \
  && node bin/switchyard.js --version \
  && npm prune --omit=dev --no-audit --no-fund
@@ -34,6 +35,8 @@ COPY --from=build /app/package.json /app/binding.gyp ./
 COPY --from=build /app/node_modules ./node_modules
 COPY --from=build /app/bin ./bin
 COPY --from=build /app/dist ./dist
+# the ext_proc server loads Envoy's message definitions at run time
+COPY --from=build /app/proto ./proto
 COPY --from=build /app/build/Release/switchyard_native.node ./build/Release/switchyard_native.node
 USER node
 # the router's and the simulator's default port

@@ -9,6 +9,7 @@
 // | NoEndpointError    | SWY_ERR_NO_ENDPOINT       | Scheduler.pickOrThrow: every candidate filtered |
 // | UnknownModelError  | SWY_ERR_UNKNOWN_MODEL     | Scheduler.pickOrThrow: no pool serves the model |
 // | EndpointError      | SWY_ERR_ENDPOINT_EXISTS, SWY_ERR_ENDPOINT_UNKNOWN, SWY_ERR_ENDPOINT_LAST, SWY_ERR_ENDPOINT_IDS, SWY_ERR_POOL_UNKNOWN | a runtime endpoint change (admin API, reload, an endpoint source) cannot be made; `status` is the HTTP status the admin API answers |
+// | HaStartError       | SWY_ERR_HA_START          | ha: Redis unreachable at start, onRedisDown: refuse |
 
 export class SwitchyardError extends Error {
   readonly code: string = 'SWY_ERR_GENERIC';
@@ -56,4 +57,8 @@ export class EndpointError extends SwitchyardError {
     this.code = code;
     this.status = code === 'SWY_ERR_ENDPOINT_UNKNOWN' || code === 'SWY_ERR_POOL_UNKNOWN' ? 404 : code === 'SWY_ERR_ENDPOINT_IDS' ? 507 : 409;
   }
+}
+
+export class HaStartError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_HA_START';
 }

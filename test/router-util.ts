@@ -81,7 +81,7 @@ export interface ServeProcess {
 }
 
 /** Spawns `switchyard serve` (needs dist/) and waits for its listening line; killed at teardown. */
-export async function spawnServe(t: Tap.Test, args: string[]): Promise<ServeProcess> {
+export async function spawnServe(t: Tap.Test, args: string[], startTimeoutMs = 15000): Promise<ServeProcess> {
   const { spawn } = await import('node:child_process');
   const { fileURLToPath } = await import('node:url');
   const bin = fileURLToPath(new URL('../bin/switchyard.js', import.meta.url));
@@ -100,7 +100,7 @@ export async function spawnServe(t: Tap.Test, args: string[]): Promise<ServeProc
     };
     child.stdout.on('data', look);
     void exited.then(([code]) => reject(new Error(`exited ${code}: ${out}`)));
-    timer = setTimeout(() => reject(new Error(`no listening line: ${out}`)), 15000);
+    timer = setTimeout(() => reject(new Error(`no listening line: ${out}`)), startTimeoutMs);
   }).finally(() => clearTimeout(timer));
   return { child, url, out: () => out, exited };
 }

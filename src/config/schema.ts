@@ -11,6 +11,7 @@ import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
 import { sessionsSchema, type SessionsConfig } from './sessions.js';
 import { responsesSchema, type ResponsesConfig } from './responses.js';
 import { kvEventsEndpointSchema, poolPrefixSchema, tierWeightsSchema, type KvEventsEndpointConfig, type PoolPrefixConfig, type TierWeightsConfig } from './prefix-mode.js';
+import { extProcSchema, haSchema, type ExtProcConfig, type HaConfig } from './ha.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
 import { tracingSchema, type TracingConfig } from './tracing.js';
 
@@ -127,6 +128,10 @@ export interface RouterConfig {
   admin?: AdminConfig;
   /** Prefill/decode disaggregation (docs/disaggregation.md); undefined: every request goes to one endpoint. */
   disaggregation?: DisaggregationConfig;
+  /** Hot standby over a Redis lease (src/ha/); undefined: a single router. */
+  ha?: HaConfig;
+  /** The Envoy ext_proc gRPC listener (src/extproc/); undefined: none. */
+  extProc?: ExtProcConfig;
 }
 
 export const PD_MODES = ['auto', 'nixl', 'sglang'] as const;
@@ -476,6 +481,8 @@ export const routerConfigSchema = strict(
     )
       .optional()
       .describe('the admin API on its own listener (docs/operations.md); absent = none'),
+    ha: haSchema.optional().describe('hot standby over a Redis lease (docs/operations.md); absent = a single router'),
+    extProc: extProcSchema.optional().describe('Envoy ext_proc endpoint-picker listener (docs/operations.md); absent = none'),
   },
   'the config must be a YAML mapping',
   'unknown top-level field',
@@ -637,6 +644,8 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   if (v.admin !== undefined) cfg.admin = v.admin;
   if (v.disaggregation !== undefined) cfg.disaggregation = v.disaggregation;
+  if (v.ha !== undefined) cfg.ha = v.ha;
+  if (v.extProc !== undefined) cfg.extProc = v.extProc;
   return cfg;
 }
 

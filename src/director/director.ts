@@ -74,6 +74,18 @@ export interface ClientPort {
   done(status: number): void;
 }
 
+/**
+ * A transport that takes the decision rather than the bytes (the Envoy
+ * ext_proc server, src/extproc/): the director parses, admits and picks as for
+ * any request, then calls picked() instead of dispatching; the proxy sends the
+ * request itself, and the transport reports how it went through
+ * flight.served(). head/write/end/fail are never called; error() carries a
+ * rejection (no endpoint, shed, bad body), done() the end.
+ */
+export interface DecisionPort extends ClientPort {
+  picked(flight: Flight): void;
+}
+
 /** The counters the director keeps (the router's metrics, read at scrape time). */
 export interface DirectorMetrics {
   decision: { observe(seconds: number): void };
@@ -215,8 +227,32 @@ export class Director {
     const f = new Flight(this, port, kind, requestId, authorization, headers);
     f.sessionKey = sessionKey;
     f.sessionHeader = sessionHeader;
+    return this.#start(f, body);
+  }
+
+  /**
+   * Like begin(), for a proxy that dispatches itself (Envoy ext_proc): the
+   * same parse, admission, flow control and pick; the pick goes to
+   * port.picked() and the flight waits for flight.served().
+   */
+  decide(
+    port: DecisionPort,
+    kind: number,
+    requestId: string,
+    authorization: string,
+    headers: Readonly<Record<string, string>>,
+    body: Buffer,
+    sessionKey = '',
+  ): Flight {
+    const f = new Flight(this, port, kind, requestId, authorization, headers);
+    f.sessionKey = sessionKey;
+    f.decideOnly = true;
+    return this.#start(f, body);
+  }
+
+  #start(f: Flight, body: Buffer): Flight {
     // head sampling: null (nothing allocated) unless this request is traced
-    if (this.tracer !== null) f.trace = this.tracer.start(headers, kind, requestId, performance.now());
+    if (this.tracer !== null) f.trace = this.tracer.start(f.headers, f.kind, f.requestId, performance.now());
     try {
       f.start(body);
     } catch (err) {
@@ -255,6 +291,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   trace: RequestTrace | null = null;
   /** P/D: the endpoint whose prefill this request's decode uses (x-switchyard-prefill-endpoint); null when none. */
   prefillEndpoint: Endpoint | null = null;
+  /** Director.decide(): the pick goes to the port, the proxy dispatches, served() completes. */
+  decideOnly = false;
 
   readonly director: Director;
   readonly port: ClientPort;
@@ -515,6 +553,12 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     d.metrics.promptBlocks += this.promptBlocks;
     d.metrics.matchedBlocks += this.matchedBlocks;
     this.#dispatchedAt = t1;
+    if (this.decideOnly) {
+      // the proxy dispatches (and retries down its own fallback list): nothing to retry here
+      this.#started = true;
+      (this.port as DecisionPort).picked(this);
+      return;
+    }
     const pd = d.pd;
     if (pd !== null && this.#attempts === 0 && pd.begin(this, sreq)) {
       sreq.prompt = undefined;
@@ -821,6 +865,24 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     this.#clientEnded = true;
     this.port.error(status, message, param, this.endpoint, rejection);
     this.#finish(failed ? 'failed' : 'ok', status);
+  }
+
+  /**
+   * Decide mode: the proxy's answer is over with `status` (0: no answer).
+   * `servedBy`: the endpoint that served it when the proxy says so; another
+   * than the pick (a fallback after the pick failed) counts the pick as
+   * failed, which forgets the prefix blocks its pick recorded.
+   */
+  served(status: number, servedBy?: Endpoint | null): void {
+    if (!this.decideOnly || this.#done || this.aborted || !this.#picked) return;
+    const failed = status === 0 || status >= 500;
+    this.#status = failed ? (status === 0 ? 502 : status) : status;
+    if (servedBy != null && servedBy !== this.endpoint && !failed) {
+      this.#status = 502; // the pick itself failed
+      this.#release('failed');
+      this.#status = status;
+    }
+    this.#finish(failed ? 'failed' : 'ok', status === 0 ? 502 : status);
   }
 
   /** The client went away (the transport saw it): abort upstream, release all accounting. */

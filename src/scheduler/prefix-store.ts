@@ -13,6 +13,17 @@ export interface PrefixMatch {
   tiers?: Uint32Array;
 }
 
+/**
+ * Sees every change the router makes to a store, synchronously (the hot
+ * standby's delta publisher, src/ha/): it copies what it needs at once, since
+ * `hashes` is reused by the next request.
+ */
+export interface PrefixObserver {
+  recorded(endpointId: number, hashes: BigUint64Array, count: number): void;
+  removed(endpointId: number, hashes: BigUint64Array, count: number): void;
+  cleared(endpointId: number): void;
+}
+
 export interface PrefixStore {
   readonly blockSize: number;
   /** Hashes `prompt` (blocks of `blockSize` bytes, chained from `seed`) and matches it against ids[0..n). */
@@ -23,6 +34,12 @@ export interface PrefixStore {
   forget(endpointId: number, prompt: Uint8Array, seed: bigint, fromBlock: number): void;
   setCapacity(endpointId: number, gpuBlocks: number, cpuBlocks: number, diskBlocks: number): void;
   clear(endpointId: number): void;
+  /** Sets (null: removes) the one observer of changes; a store that cannot be replicated leaves this out. */
+  observe?(o: PrefixObserver | null): void;
+  /** Applies block hashes recorded elsewhere (a standby following its active's deltas). */
+  applyRecord?(endpointId: number, hashes: BigUint64Array, count: number): void;
+  /** Applies block hashes removed elsewhere. */
+  applyRemove?(endpointId: number, hashes: BigUint64Array, count: number): void;
 }
 
 /** The native (C++) prefix index in approximate mode: the router's own record of what it sent where. */
@@ -31,6 +48,7 @@ export class NativePrefixStore implements PrefixStore {
   readonly #idx: PrefixIndex;
   readonly #result = new MatchResult(256, 16);
   readonly #view: PrefixMatch = { hashCount: 0, matched: new Uint32Array(0) };
+  #observer: PrefixObserver | null = null;
 
   constructor(blockSize: number, maxEndpoints: number) {
     this.blockSize = blockSize;
@@ -47,7 +65,10 @@ export class NativePrefixStore implements PrefixStore {
 
   recordLast(endpointId: number): void {
     const r = this.#result;
-    if (r.hashCount > 0) this.#idx.record(endpointId, r.hashes, r.hashCount);
+    if (r.hashCount > 0) {
+      this.#idx.record(endpointId, r.hashes, r.hashCount);
+      this.#observer?.recorded(endpointId, r.hashes, r.hashCount);
+    }
   }
 
   forget(endpointId: number, prompt: Uint8Array, seed: bigint, fromBlock: number): void {
@@ -56,7 +77,11 @@ export class NativePrefixStore implements PrefixStore {
     // cold path (failures only): a scratch array sized to the prompt
     const hashes = new BigUint64Array(need);
     const n = this.#idx.hashPrompt(prompt, seed, hashes);
-    if (n > fromBlock) this.#idx.remove(endpointId, hashes.subarray(fromBlock, n));
+    if (n > fromBlock) {
+      const gone = hashes.subarray(fromBlock, n);
+      this.#idx.remove(endpointId, gone);
+      this.#observer?.removed(endpointId, gone, gone.length);
+    }
   }
 
   setCapacity(endpointId: number, gpuBlocks: number, cpuBlocks: number, diskBlocks: number): void {
@@ -65,5 +90,18 @@ export class NativePrefixStore implements PrefixStore {
 
   clear(endpointId: number): void {
     this.#idx.clear(endpointId);
+    this.#observer?.cleared(endpointId);
+  }
+
+  observe(o: PrefixObserver | null): void {
+    this.#observer = o;
+  }
+
+  applyRecord(endpointId: number, hashes: BigUint64Array, count: number): void {
+    if (count > 0) this.#idx.record(endpointId, hashes, count);
+  }
+
+  applyRemove(endpointId: number, hashes: BigUint64Array, count: number): void {
+    if (count > 0) this.#idx.remove(endpointId, hashes, count);
   }
 }

@@ -222,6 +222,8 @@ export class RouterCore {
    * (clients reconnect elsewhere instead of sending more on a socket about to close).
    */
   draining = false;
+  /** A hot-standby pair's lease (src/ha/): /readyz answers 503 while this router is the standby. Null: no pair. */
+  leadership: { readonly leading: boolean } | null = null;
   /** Per endpoint id: content type -> the response header block of headerBlock(). */
   readonly #headerBlocks: Map<string, Buffer>[] = [];
   port = 0;
@@ -463,6 +465,7 @@ export class RouterCore {
   #readyz(res: HttpResponse): void {
     // draining: a load balancer that checks over a kept-alive connection must take the router out
     if (this.draining) return this.#json(res, 503, '{"status":"shutting down"}');
+    if (this.leadership !== null && !this.leadership.leading) return this.#json(res, 503, '{"status":"standby"}');
     const set = this.endpoints;
     const now = performance.now();
     const checks = set.dataLayer.healthIntervalMs > 0;

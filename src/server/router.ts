@@ -7,6 +7,9 @@ import { VERSION } from '../version.js';
 import { startAdmin, type AdminServer } from './admin.js';
 import { ConfigReloader, type ReloadResult } from './reload.js';
 import type { PluginValidator } from '../config/load.js';
+// loaded only when configured: a feature that is off costs no import (ioredis, grpc-js)
+import type { HighAvailability } from '../ha/standby.js';
+import type { ExtProcServer } from '../extproc/server.js';
 
 export interface RunningRouter {
   readonly host: string;
@@ -17,6 +20,10 @@ export interface RunningRouter {
   readonly admin: AdminServer | null;
   /** Re-reads the config file (SIGHUP does this): refused when invalid, the old config keeps serving. Null without a config file. */
   readonly reload: (() => Promise<ReloadResult>) | null;
+  /** The hot-standby pair's coordinator (config.ha), or null. */
+  readonly ha: HighAvailability | null;
+  /** The Envoy ext_proc listener (config.extProc), or null. */
+  readonly extProc: ExtProcServer | null;
   /** Graceful: stop accepting, wait for in-flight requests (up to graceMs), close pools and loops. */
   close(graceMs?: number): Promise<void>;
 }
@@ -64,9 +71,23 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   await core.sessions.shared?.ready();
   const host = opts.host ?? config.listen.host;
   let port: number;
+  let ha: HighAvailability | null = null;
+  let extProc: ExtProcServer | null = null;
   try {
+    if (config.ha) {
+      const { HighAvailability } = await import('../ha/standby.js');
+      ha = await HighAvailability.start(config.ha, { endpoints: core.endpoints, store: core.scheduler.prefix?.store ?? null, log: logger });
+      ha.registerMetrics(core.metrics.registry);
+      core.leadership = ha;
+    }
     port = await core.listen(host, opts.port ?? config.listen.port);
+    if (config.extProc) {
+      const { ExtProcServer } = await import('../extproc/server.js');
+      extProc = await ExtProcServer.start(core, config.extProc);
+    }
   } catch (err) {
+    await extProc?.close();
+    await ha?.close();
     await core.close(0);
     throw err;
   }
@@ -77,20 +98,17 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
     try {
       admin = await startAdmin(core, { ...config.admin, port: opts.adminPort ?? config.admin.port }, reloader);
     } catch (err) {
+      await extProc?.close();
+      await ha?.close();
       await core.close(0);
       throw new Error(`cannot start the admin API on ${config.admin.host}:${opts.adminPort ?? config.admin.port}: ${(err as Error).message}`);
     }
   }
-  return {
-    host,
-    port,
-    url,
-    core,
-    admin,
-    reload: reloader ? () => reloader.reload() : null,
-    close: async (graceMs?: number) => {
-      await admin?.close();
-      await core.close(graceMs);
-    },
+  const close = async (graceMs?: number) => {
+    // the lease goes first: the standby takes over while this one drains
+    await ha?.close();
+    await admin?.close();
+    await Promise.all([extProc?.close(graceMs), core.close(graceMs)]);
   };
+  return { host, port, url, core, admin, reload: reloader ? () => reloader.reload() : null, ha, extProc, close };
 }
