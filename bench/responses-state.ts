@@ -4,7 +4,7 @@
 // for the memory, SQLite and Redis stores. One simulated engine at
 // --time-scale 0 (answers at once) and each router in its own process; a
 // closed loop of `--concurrency` clients for `--seconds` per window; windows
-// alternate chat / responses so drift hits both. CPU per request = the
+// alternate chat / responses so drift hits both (wrk when installed). CPU per request = the
 // router process's utime + stime over a window / requests in it.
 //
 // A turn "at chain length L" continues the L-1'th response of one chain

@@ -36,6 +36,8 @@ t.test('two router replicas sharing one Redis continue one conversation', async 
   const store = { type: 'redis', url: redis.url };
   const a = await router(t, { store });
   const b = await router(t, { store });
+  // the router serves (503 on /v1/responses) before its Redis connection is ready: wait for it
+  t.ok(await until(async () => a.router.core.responses!.store!.available && b.router.core.responses!.store!.available, 10_000), 'both connected');
   const r1 = await a.client.responses.create({ model: 'open-model', input: 'Started on replica A.', max_output_tokens: 4 });
   const r2 = await b.client.responses.create({ model: 'open-model', input: 'Continued on replica B.', previous_response_id: r1.id, max_output_tokens: 4 });
   t.equal(r2.previous_response_id, r1.id);
@@ -67,6 +69,7 @@ t.test('two router replicas sharing one Redis continue one conversation', async 
 t.test('Redis down: 503 on /v1/responses with a clear message, chat completions keep working, recovery when it is back', async (t) => {
   const redis = await startRedis(t);
   const a = await router(t, { store: { type: 'redis', url: redis.url, commandTimeoutMs: 500 } });
+  t.ok(await until(async () => a.router.core.responses!.store!.available, 10_000), 'connected');
   const r1 = await a.client.responses.create({ model: 'open-model', input: 'before the outage', max_output_tokens: 2 });
   await redis.kill();
   await until(async () => !a.router.core.responses!.store!.available, 3000);

@@ -54,7 +54,7 @@ export class ResponsesService {
 
   /**
    * Opens a sqlite or redis store (the memory store exists from the start).
-   * SQLite: throws when the file cannot be opened. Redis: waits up to 2 s for
+   * SQLite: throws when the file cannot be opened. Redis: waits up to 5 s for
    * the connection, then serves anyway (503 on /v1/responses until it is up).
    */
   async open(): Promise<void> {
@@ -67,7 +67,7 @@ export class ResponsesService {
       const { RedisStore } = await import('./redis-store.js');
       const s = new RedisStore(cfg, this.log);
       this.store = s;
-      await s.waitReady(2000).catch((err: Error) => this.log.warn({ err: err.message }, 'Responses store not reachable at start; /v1/responses answers 503 until it is'));
+      await s.waitReady(5000).catch((err: Error) => this.log.warn({ err: err.message }, 'Responses store not reachable at start; /v1/responses answers 503 until it is'));
     }
   }
 
