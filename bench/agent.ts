@@ -231,7 +231,7 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
           '--prefill-overhead-ms', String(fleet.prefillOverheadMs), '--itl-ms', String(fleet.itlMs), '--time-scale', String(fleet.timeScale),
         ]);
         try {
-          for (let i = 0; i < fleet.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`);
+          for (let i = 0; i < fleet.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`, 60_000);
           sim = p;
         } catch (err) {
           await p.stop();
@@ -244,12 +244,14 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
       writeFileSync(
         cfg,
         `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: ${port} }\nlogging: { level: warn }\n` +
+          // a health check slowed by a CPU-starved machine must not take the fleet out (503s)
+          `dataLayer: { healthTimeoutMs: 10000 }\n` +
           `pools:\n  - name: sim\n    engine: vllm\n    models: [open-model]\n    endpoints:\n${endpoints}\n` +
           AGENT_POLICIES[policy],
       );
       const router = start('router', process.execPath, [CLI, 'serve', '--config', cfg]);
       try {
-        await waitReady(`http://127.0.0.1:${port}/readyz`);
+        await waitReady(`http://127.0.0.1:${port}/readyz`, 60_000);
         if (router.child.exitCode !== null) throw new Error('the router exited (its port was taken?)');
         const r = await runLoad(`http://127.0.0.1:${port}`, shape, rate, 4242 + rate, policy === 'session');
         const row: AgentRow = {
