@@ -214,30 +214,45 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
   const rates = (arg('--rates') ?? (quick ? '4,16' : '2,4,8,16,32')).split(',').map(Number);
   const policies = (arg('--policies') ?? 'round-robin,prefix-only,session').split(',');
   const dir = mkdtempSync(join(tmpdir(), 'swy-agent-'));
+  const json = arg('--json');
   const rows: AgentRow[] = [];
   for (const rate of rates) {
     for (const policy of policies) {
       if (!(policy in AGENT_POLICIES)) throw new Error(`unknown policy ${policy} (known: ${Object.keys(AGENT_POLICIES).join(', ')})`);
-      const base = await freePortRange(fleet.engines);
-      const sim = start('sim', process.execPath, [
-        CLI, 'sim', '--fleet', String(fleet.engines), '--base-port', String(base),
-        '--max-num-seqs', String(fleet.maxNumSeqs), '--kv-cache-blocks', String(fleet.kvCacheBlocks),
-        '--block-size', String(fleet.blockSize), '--prefill-us-per-token', String(fleet.prefillUsPerToken),
-        '--prefill-overhead-ms', String(fleet.prefillOverheadMs), '--itl-ms', String(fleet.itlMs), '--time-scale', String(fleet.timeScale),
-      ]);
-      for (let i = 0; i < fleet.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`);
+      // other processes on a shared machine may take a port between the probe and the listen: try another range
+      let base = 0;
+      let sim: ReturnType<typeof start> | null = null;
+      for (let attempt = 0; sim === null; attempt++) {
+        base = await freePortRange(fleet.engines);
+        const p = start('sim', process.execPath, [
+          CLI, 'sim', '--fleet', String(fleet.engines), '--base-port', String(base),
+          '--max-num-seqs', String(fleet.maxNumSeqs), '--kv-cache-blocks', String(fleet.kvCacheBlocks),
+          '--block-size', String(fleet.blockSize), '--prefill-us-per-token', String(fleet.prefillUsPerToken),
+          '--prefill-overhead-ms', String(fleet.prefillOverheadMs), '--itl-ms', String(fleet.itlMs), '--time-scale', String(fleet.timeScale),
+        ]);
+        try {
+          for (let i = 0; i < fleet.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`, 60_000);
+          sim = p;
+        } catch (err) {
+          await p.stop();
+          if (attempt >= 2) throw err;
+        }
+      }
       const port = await freePort();
       const cfg = join(dir, `${policy}.yaml`);
       const endpoints = Array.from({ length: fleet.engines }, (_, i) => `        - { name: e${i}, url: "http://127.0.0.1:${base + i}" }`).join('\n');
       writeFileSync(
         cfg,
         `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: ${port} }\nlogging: { level: warn }\n` +
+          // a health check slowed by a CPU-starved machine must not take the fleet out (503s)
+          `dataLayer: { healthTimeoutMs: 10000 }\n` +
           `pools:\n  - name: sim\n    engine: vllm\n    models: [open-model]\n    endpoints:\n${endpoints}\n` +
           AGENT_POLICIES[policy],
       );
       const router = start('router', process.execPath, [CLI, 'serve', '--config', cfg]);
       try {
-        await waitReady(`http://127.0.0.1:${port}/readyz`);
+        await waitReady(`http://127.0.0.1:${port}/readyz`, 60_000);
+        if (router.child.exitCode !== null) throw new Error('the router exited (its port was taken?)');
         const r = await runLoad(`http://127.0.0.1:${port}`, shape, rate, 4242 + rate, policy === 'session');
         const row: AgentRow = {
           rate, policy, turns: r.ttft.length,
@@ -246,6 +261,7 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
           hitRate: r.promptTokens ? r.cachedTokens / r.promptTokens : 0, errors: r.errors, wallS: r.wallS,
         };
         rows.push(row);
+        if (json) writeFileSync(json, JSON.stringify({ rows }, null, 2)); // as it goes: a later failure keeps the rows so far
         if (r.errorSamples.length) console.error(`  errors: ${r.errorSamples.join(' | ')}`);
         console.error(
           `rate=${rate} conv/s ${policy}: TTFT p50 ${fmt(row.ttftP50)} p90 ${fmt(row.ttftP90)} (turns 2+ p90 ${fmt(row.laterP90)}) ms, ` +
@@ -253,7 +269,7 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
         );
       } finally {
         await router.stop();
-        await sim.stop();
+        await sim!.stop();
       }
     }
   }
@@ -267,7 +283,6 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
     `${shape.conversations} conversations × ${shape.turns} turns, a ${shape.systemTokens}-token system prompt ` +
     `(${shape.sharedSystem ? 'the same agent for every conversation' : 'one per conversation'}), a ${shape.taskTokens}-token task in the first turn, ${shape.userTokens}-token user/tool turns, ` +
     `${shape.outputTokens} output tokens, ${shape.thinkMs} ms between an answer and the next turn; conversations start as a Poisson process at each rate`;
-  const json = arg('--json');
   if (json) writeFileSync(json, JSON.stringify({ config, rows }, null, 2));
   return { rows, config };
 }

@@ -97,6 +97,7 @@ t.test('SessionTable agrees with the reference model', async (t) => {
         ttlMs: TTL,
         maxSessions: max,
         moveQueueDepth: 4,
+        moveLoadGap: 8,
         continuationWindowMs: WINDOW,
         store: 'memory',
       });

@@ -63,7 +63,8 @@ async function start(t: Tap.Test, fleet: SimFleet, extra: Record<string, unknown
 }
 
 t.test('a conversation follows its pin; conversations spread; metrics count it', async (t) => {
-  const { url } = await startTestRouter(t, { n: 3 });
+  // a generous health-check limit: a CPU-starved machine must not mark an engine down mid-test
+  const { url } = await startTestRouter(t, { n: 3, extra: { dataLayer: { healthTimeoutMs: 10_000 } } });
   const where = new Map<string, Set<string>>();
   for (let turn = 0; turn < 5; turn++) {
     for (let s = 0; s < 6; s++) {
@@ -179,6 +180,26 @@ t.test('a saturated pinned endpoint: the next turn moves to a less loaded one an
   t.equal(metric(m, 'switchyard_session_turns_followed_total'), 3);
 });
 
+t.test('a pile-up: a pinned endpoint with moveLoadGap more requests than the least occupied one counts as saturated', async (t) => {
+  // plenty of batch room (nothing waits at the engine): only the gap can move the conversation
+  const fleet = await startFleet(2, { timeScale: 1, prefillOverheadMs: 1, itlMs: 20 });
+  t.teardown(() => fleet.close());
+  const router = await start(t, fleet, { sessions: { moveQueueDepth: 1000, moveLoadGap: 2 } });
+  const url = router.url;
+  const home = (await chat(url, 'turn 1', { 'x-session-id': 'pile' })).endpoint;
+  const long = { max_tokens: 40 };
+  const a = chat(url, 'turn 2a', { 'x-session-id': 'pile' }, long);
+  await until(() => router.core.endpoints.byName(home)!.inFlight === 1);
+  const b = chat(url, 'turn 2b', { 'x-session-id': 'pile' }, long);
+  await until(() => router.core.endpoints.byName(home)!.inFlight === 2);
+  const c = await chat(url, 'turn 3', { 'x-session-id': 'pile' });
+  const [ra, rb] = await Promise.all([a, b]);
+  t.equal(ra.endpoint, home);
+  t.equal(rb.endpoint, home, 'a gap of 1 is under moveLoadGap 2');
+  t.not(c.endpoint, home, 'a gap of 2 moves the next turn');
+  t.equal(metric(await metrics(url), 'switchyard_session_moves_total', { reason: 'saturated' }), 1);
+});
+
 t.test('a pin to an endpoint that fails is dropped: unhealthy, or failing the turn itself', async (t) => {
   const fleet = await startFleet(3, { timeScale: 0 });
   t.teardown(() => fleet.close());
@@ -215,7 +236,7 @@ t.test('a pin to an endpoint that fails is dropped: unhealthy, or failing the tu
 t.test('session table: TTL and LRU bounds (and over the wire: tracked sessions bounded)', async (t) => {
   const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'a', url: 'http://127.0.0.1:1', role: 'both' }] }]);
   const ep = set.all[0]!;
-  const cfg = { sources: [], header: 'x-session-id', ttlMs: 1000, maxSessions: 2, moveQueueDepth: 4, continuationWindowMs: 1000, store: 'memory' as const };
+  const cfg = { sources: [], header: 'x-session-id', ttlMs: 1000, maxSessions: 2, moveQueueDepth: 4, moveLoadGap: 8, continuationWindowMs: 1000, store: 'memory' as const };
   const table = new SessionTable(set, cfg);
   table.picked('a', ep, 0);
   table.picked('b', ep, 0);

@@ -27,8 +27,10 @@ export interface SessionsConfig {
   ttlMs: number;
   /** Sessions tracked at most (least recently used dropped first). */
   maxSessions: number;
-  /** A pinned endpoint is saturated (the next turn moves) when this many requests wait there. */
+  /** A pinned endpoint is saturated (the next turn moves) when this many requests wait there... */
   moveQueueDepth: number;
+  /** ...or when it has this many more requests (running and waiting) than the least occupied candidate; 0 = off. */
+  moveLoadGap: number;
   /** A request continues an active conversation when its previous turn ended within this window (turn priority); 0 = never. */
   continuationWindowMs: number;
   /** 'memory' (this process) or Redis (shared by several routers). */
@@ -41,6 +43,7 @@ export const SESSION_DEFAULTS = {
   ttlMs: 600_000,
   maxSessions: 100_000,
   moveQueueDepth: 4,
+  moveLoadGap: 8,
   continuationWindowMs: 10_000,
   keyPrefix: 'switchyard:session:',
   timeoutMs: 250,
@@ -53,6 +56,7 @@ export function defaultSessions(): SessionsConfig {
     ttlMs: SESSION_DEFAULTS.ttlMs,
     maxSessions: SESSION_DEFAULTS.maxSessions,
     moveQueueDepth: SESSION_DEFAULTS.moveQueueDepth,
+    moveLoadGap: SESSION_DEFAULTS.moveLoadGap,
     continuationWindowMs: SESSION_DEFAULTS.continuationWindowMs,
     store: 'memory',
   };
@@ -106,6 +110,9 @@ export const sessionsSchema = strict(
     moveQueueDepth: int(1, 1_000_000)
       .default(SESSION_DEFAULTS.moveQueueDepth)
       .describe('the pinned endpoint is saturated when this many requests wait there: the next turn moves to a less loaded endpoint'),
+    moveLoadGap: int(0, 1_000_000)
+      .default(SESSION_DEFAULTS.moveLoadGap)
+      .describe('the pinned endpoint is also saturated when it has this many more requests (running and waiting) than the least occupied candidate; 0 = off'),
     continuationWindowMs: int(0, 86_400_000)
       .default(SESSION_DEFAULTS.continuationWindowMs)
       .describe("a request whose session's previous turn ended within this window is a continuation (turn priority); 0 = never"),

@@ -7,11 +7,13 @@
 // - no pin yet: untouched; the pick (prefix score and load, the normal
 //   scorers) pins the session to whatever it chooses;
 // - pinned endpoint among the candidates and not saturated: it alone passes;
-// - pinned endpoint saturated (`sessions.moveQueueDepth` requests waiting:
-//   the larger of the engine's waiting count and the router's occupancy
-//   beyond the batch limit): the other candidates with less waiting pass,
-//   the scorers choose among them and the pin follows; when none waits less,
-//   the turn stays;
+// - pinned endpoint saturated: `sessions.moveQueueDepth` requests waiting
+//   (the larger of the engine's waiting count and the router's occupancy
+//   beyond the batch limit), or `sessions.moveLoadGap` more requests running
+//   and waiting than the least occupied candidate (a pile-up: first turns
+//   drawn to one replica by a shared system prompt stay there otherwise):
+//   the less occupied candidates pass, the scorers choose among them and the
+//   pin follows; when none is less occupied, the turn stays;
 // - pinned endpoint not among the candidates (unhealthy, breaker open, tried
 //   and failed on this request, or gone): the pin is dropped and the pick
 //   pins anew.
@@ -62,13 +64,20 @@ export class SessionAffinityFilter implements Filter {
       return eps;
     }
     const now = ctx.now;
-    const w = waiting(pinned, now);
-    if (w >= this.table.config.moveQueueDepth) {
+    const cfg = this.table.config;
+    const occ = pinned.occupancy(now);
+    let minOcc = occ;
+    for (let i = 0; i < eps.length; i++) {
+      const o = eps[i].occupancy(now);
+      if (o < minOcc) minOcc = o;
+    }
+    if (waiting(pinned, now) >= cfg.moveQueueDepth || (cfg.moveLoadGap > 0 && occ - minOcc >= cfg.moveLoadGap)) {
+      // saturated: the less occupied candidates (the scorers choose among them)
       const others = this.#others;
       others.length = 0;
       for (let i = 0; i < eps.length; i++) {
         const ep = eps[i];
-        if (ep !== pinned && waiting(ep, now) < w) others.push(ep);
+        if (ep !== pinned && ep.occupancy(now) < occ) others.push(ep);
       }
       if (others.length > 0) {
         this.#move = MOVE_SATURATED;
