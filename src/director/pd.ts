@@ -189,9 +189,32 @@ export class Disaggregator {
   /** Pools with prefill endpoints (recomputed when the endpoints change). */
   #pdPools = new Set<string>();
   readonly #req: SchedRequest = { model: '', prompt: undefined, pair: null };
+  /** The decode scheduler's prefix producer: its tier-weighted cached count for the endpoint just picked. */
+  readonly #decodePrefix: { pickedCachedTokens(): number } | null;
 
-  constructor(cfg: DisaggregationConfig, set: EndpointSet, prefill: Scheduler, upstream: UpstreamClient, decodeBlockSize: number) {
+  /**
+   * The prompt tokens the chosen decode endpoint would compute itself: the
+   * prompt less its tier-weighted cached tokens (a block in host memory or on
+   * disk counts as cached but not free: docs/prefix-index.md, tier weights);
+   * without tiers from the pick, the matched block count (uncachedTokens).
+   */
+  uncached(f: PdFlight, sreq: SchedRequest): number {
+    const cached = this.#decodePrefix !== null ? this.#decodePrefix.pickedCachedTokens() : -1;
+    if (cached < 0) return uncachedTokens(f.promptBytes, f.promptBlocks, f.matchedBlocks, this.blockSize);
+    const promptTokens = sreq.tokens !== undefined ? sreq.tokens.length / 4 : f.promptBytes / BYTES_PER_TOKEN;
+    return cached >= promptTokens ? 0 : promptTokens - cached;
+  }
+
+  constructor(
+    cfg: DisaggregationConfig,
+    set: EndpointSet,
+    prefill: Scheduler,
+    upstream: UpstreamClient,
+    decodeBlockSize: number,
+    decodePrefix: { pickedCachedTokens(): number } | null = null,
+  ) {
     this.cfg = cfg;
+    this.#decodePrefix = decodePrefix;
     this.prefill = prefill;
     this.upstream = upstream;
     this.blockSize = decodeBlockSize;
@@ -215,7 +238,7 @@ export class Disaggregator {
     const ep = f.endpoint;
     if (!this.#pdPools.has(ep.pool)) return false;
     const m = this.metrics;
-    if (uncachedTokens(f.promptBytes, f.promptBlocks, f.matchedBlocks, this.blockSize) < this.cfg.thresholdTokens) {
+    if (this.uncached(f, sreq) < this.cfg.thresholdTokens) {
       m.direct++;
       return false;
     }

@@ -95,6 +95,8 @@ export class PrefixProducer {
   #tiers = new Uint32Array(48);
   #tokensPerBlock = 0;
   #lastN = 0;
+  /** Candidate index the last pick chose (-1: none since the last produce()). */
+  #pickedIndex = -1;
 
   constructor(o: PrefixProducerOptions) {
     const max = Math.max(1, o.maxEndpoints);
@@ -136,6 +138,7 @@ export class PrefixProducer {
     const prompt = ctx.request.prompt;
     this.#hashCount = 0;
     this.#lastN = 0;
+    this.#pickedIndex = -1;
     ctx.prefixWeighted = undefined;
     if (!prompt || prompt.length < this.store.blockSize) {
       ctx.promptBlocks = 0;
@@ -245,8 +248,18 @@ export class PrefixProducer {
     return (t[3 * index]! * w[0] + t[3 * index + 1]! * w[1] + t[3 * index + 2]! * w[2]) * tpb;
   }
 
+  /**
+   * The tier-weighted cached tokens of the endpoint the last pick chose, read
+   * right after the pick (the P/D decider); -1 when that pick matched no prefix
+   * with tiers (the caller falls back to the matched block count).
+   */
+  pickedCachedTokens(): number {
+    return this.#pickedIndex < 0 || this.#pickedIndex >= this.#lastN ? -1 : this.cachedTokens(this.#pickedIndex);
+  }
+
   /** The picker chose eps[index]: its matched blocks go to the decision, the prompt's blocks to the index. */
   record(ctx: CycleContext, ep: Endpoint, index: number): void {
+    this.#pickedIndex = index;
     if (this.#hashCount === 0) return;
     ctx.matchedBlocks = this.#matched[index];
     this.store.recordLast(ep.id);

@@ -250,7 +250,7 @@ export class RouterCore {
       // the prefill profile: its own filters, scorers and picker (and its own prefix index) over the same endpoints
       const prefill = new Scheduler(set, { ...pdc.prefill, prefixBlockSize: cfg.scheduling.prefixBlockSize }, { random: opts.random });
       dl.onCapacity((ep) => prefill.onCapacity(ep));
-      this.pd = new Disaggregator(pdc, set, prefill, this.upstream, this.scheduler.prefix?.blockSize ?? 0);
+      this.pd = new Disaggregator(pdc, set, prefill, this.upstream, this.scheduler.prefix?.blockSize ?? 0, this.scheduler.prefix);
     } else this.pd = null;
     if (gate.onCapacity) {
       dl.onScrape((ep) => {
