@@ -8,7 +8,7 @@
 import { isIP } from 'node:net';
 import { ConfigError } from '../errors.js';
 import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
-import { sessionsSchema, type SessionsConfig } from './sessions.js';
+import { SESSION_DEFAULTS, sessionsSchema, type SessionsConfig } from './sessions.js';
 import { responsesSchema, type ResponsesConfig } from './responses.js';
 import { kvEventsEndpointSchema, poolPrefixSchema, tierWeightsSchema, type KvEventsEndpointConfig, type PoolPrefixConfig, type TierWeightsConfig } from './prefix-mode.js';
 import { extProcSchema, haSchema, type ExtProcConfig, type HaConfig } from './ha.js';
@@ -622,6 +622,18 @@ function dropNulls(v: unknown, top = true): unknown {
  * listing every problem. `validatePlugin` (optional) checks plugin types and
  * parameters against the registry and returns problems as messages.
  */
+/**
+ * Session pins live where the Responses store lives: with `responses.store`
+ * on Redis and no `sessions.store` given, pins and turn ends go to the same
+ * Redis (so a conversation continued through another router replica keeps
+ * its pin). An explicit `sessions.store` (memory included) wins.
+ */
+function sessionsFollowingResponses(doc: unknown, sessions: SessionsConfig, responses: ResponsesConfig): SessionsConfig {
+  const given = isMapping(doc) && isMapping((doc as Record<string, unknown>).sessions) && ((doc as Record<string, Record<string, unknown>>).sessions).store !== undefined;
+  if (given || responses.store.type !== 'redis' || responses.store.url === undefined) return sessions;
+  return { ...sessions, store: { url: responses.store.url, keyPrefix: SESSION_DEFAULTS.keyPrefix, timeoutMs: SESSION_DEFAULTS.timeoutMs } };
+}
+
 export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, source?: string): RouterConfig {
   if (!isMapping(doc)) throw new ConfigError([{ path: '', message: 'the config must be a YAML mapping' }], source);
   const r = routerConfigSchema.superRefine(crossFieldRules(validatePlugin), ALWAYS).safeParse(dropNulls(doc));
@@ -637,7 +649,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     proxy: v.proxy,
     limits: v.limits,
     logging: v.logging,
-    sessions: v.sessions,
+    sessions: sessionsFollowingResponses(doc, v.sessions, v.responses),
     responses: v.responses,
     tracing: v.tracing,
   };
