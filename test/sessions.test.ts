@@ -203,7 +203,7 @@ t.test('a pile-up: a pinned endpoint with moveLoadGap more requests than the lea
 t.test('a pin to an endpoint that fails is dropped: unhealthy, or failing the turn itself', async (t) => {
   const fleet = await startFleet(3, { timeScale: 0 });
   t.teardown(() => fleet.close());
-  const router = await start(t, fleet, { dataLayer: { healthIntervalMs: 30, healthTimeoutMs: 200 } });
+  const router = await start(t, fleet, { dataLayer: { healthIntervalMs: 30, healthTimeoutMs: 5000 } });
   const url = router.url;
   const home = (await chat(url, 'turn 1', { 'x-session-id': 'p' })).endpoint;
   const idx = Number(home.slice(1));
