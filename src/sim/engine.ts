@@ -5,7 +5,7 @@ import { jsonNestsDeeper } from '../json-depth.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
 import { SimMetrics } from './metrics.js';
-import { resolveSimOptions, type FailureKind, type ResolvedSimOptions, type SimOptions, SimOptionError } from './options.js';
+import { resolveSimOptions, scaledCosts, type FailureKind, type ResolvedSimOptions, type SimOptions, SimOptionError } from './options.js';
 import { ReqState, Scheduler, SimRequest, type RequestSink, type SchedulerStats } from './scheduler.js';
 import { BYTES_PER_TOKEN, renderChat, type ChatMessage } from './tokenizer.js';
 import { mix32, rng, word, words } from './text.js';
@@ -538,7 +538,7 @@ export class Engine implements SimEngine {
   /** `salt` separates the failure draws of the engines of a fleet (their text stays the same). */
   constructor(opts: ResolvedSimOptions, salt = 0) {
     this.options = opts;
-    this.sched = new Scheduler(opts);
+    this.sched = new Scheduler(scaledCosts(opts));
     this.#metrics = new SimMetrics(opts, this.sched);
     for (const m of opts.models) this.modelJson.set(m, JSON.stringify(m));
     opts.loras.forEach((m, i) => {
