@@ -9,15 +9,17 @@ import { isIP } from 'node:net';
 import { ConfigError } from '../errors.js';
 import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
+import { ACCELERATOR_NAMES, type AcceleratorName } from '../accelerators.js';
 
 export const API_VERSION = 'switchyard/v1';
 export const ENGINES = ['vllm', 'sglang'] as const;
-export const ACCELERATORS = ['nvidia', 'amd', 'intel', 'tpu'] as const;
+/** Accelerator profile names (src/accelerators.ts): vendor labels and named parts with their speed and cost. */
+export const ACCELERATORS = ACCELERATOR_NAMES;
 export const ROLES = ['both', 'prefill', 'decode', 'encode'] as const;
 export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 
 export type Engine = (typeof ENGINES)[number];
-export type Accelerator = (typeof ACCELERATORS)[number];
+export type Accelerator = AcceleratorName;
 export type Role = (typeof ROLES)[number];
 
 export interface CapacityConfig {
@@ -43,6 +45,10 @@ export interface PoolConfig {
   endpoints: EndpointConfig[];
   /** Requests each endpoint runs at once (vLLM --max-num-seqs), when the operator knows it; else learned from the engine's metrics. */
   batchLimit?: number;
+  /** Cost factors against the reference speed, overriding the accelerator profile's (the latency model's priors). */
+  speed?: { prefillCostFactor?: number; decodeCostFactor?: number };
+  /** Relative cost of one endpoint per unit of time, overriding the accelerator profile's. */
+  cost?: number;
 }
 
 export interface PluginSpec {
@@ -272,6 +278,16 @@ const poolSchema = strict(
     batchLimit: int(1, 65_536)
       .optional()
       .describe("requests each endpoint runs at once (vLLM --max-num-seqs, SGLang --max-running-requests); default: learned from the engine's running/waiting counts"),
+    speed: strict(
+      {
+        prefillCostFactor: num(0.01, 1000).optional().describe('multiplies the reference per-token prefill cost; default: the accelerator profile\'s'),
+        decodeCostFactor: num(0.01, 1000).optional().describe('multiplies the reference inter-token latency; default: the accelerator profile\'s'),
+      },
+      'must be a mapping {prefillCostFactor, decodeCostFactor}',
+    )
+      .optional()
+      .describe("the pool's speed against the reference: seeds the latency model of its endpoints"),
+    cost: num(0, 1e6).optional().describe("relative cost of one endpoint per unit of time; default: the accelerator profile's"),
   },
   'must be a mapping',
 );

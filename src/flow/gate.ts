@@ -109,6 +109,11 @@ export class FlowControlGate implements AdmissionGate {
     (ticket as Ticket).controller.release((ticket as Ticket).band);
   }
 
+  bandName(ticket: unknown): string {
+    if (ticket === null || typeof ticket !== 'object') return '';
+    return this.classifier.bands[(ticket as Ticket).band] ?? '';
+  }
+
   /** Call when a model's endpoints got fresh metrics or capacity (all models when omitted). */
   onCapacity(model?: string): void {
     if (model !== undefined) this.#controllers.get(model)?.controller.onCapacity();

@@ -9,7 +9,7 @@ import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { hostIsIp, type LimitsConfig, type ProxyConfig, type RouterConfig } from '../config/schema.js';
 import { PassThroughGate, type AdmissionGate } from '../admission.js';
-import { Director, KIND_CHAT, KIND_COMPLETION } from '../director/director.js';
+import { Director, KIND_CHAT, KIND_COMPLETION, SLO_HEADERS } from '../director/director.js';
 import { DataLayer } from '../endpoints/data-layer.js';
 import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
 import { UndiciUpstreamClient } from '../proxy/undici-client.js';
@@ -189,6 +189,8 @@ export class RouterCore {
   draining = false;
   /** Per endpoint id: content type -> the response header block of headerBlock(). */
   readonly #headerBlocks: Map<string, Buffer>[] = [];
+  /** Request headers handed to the director: the gate's, plus the SLO headers when a latency plugin reads them. */
+  readonly #headerNames: readonly string[];
   port = 0;
 
   constructor(opts: RouterOptions) {
@@ -211,6 +213,9 @@ export class RouterCore {
     this.metrics = new RouterMetrics(set);
     // the gate's families (flow control) join the router's registry
     gate.registerMetrics?.(this.metrics.registry);
+    this.scheduler.registerMetrics(this.metrics.registry);
+    // latency plugins read the request's objectives (x-slo-ttft-ms, x-slo-tpot-ms) besides the gate's headers
+    this.#headerNames = this.scheduler.latency ? [...gate.headerNames, ...SLO_HEADERS] : gate.headerNames;
     this.limits = cfg.limits;
     this.director = new Director({
       scheduler: this.scheduler,
@@ -409,7 +414,7 @@ export class RouterCore {
     if (id === '' || id.length > 256) idHeader = id = this.newRequestId();
     else idHeader = headerBytes(id);
     const ctx = new HttpExchange(this, res, kind, id, idHeader, req.getHeader(H_AUTHORIZATION), contentLength);
-    const names = this.gate.headerNames;
+    const names = this.#headerNames;
     if (names.length > 0) {
       const h: Record<string, string> = {};
       for (let i = 0; i < names.length; i++) h[names[i]] = req.getHeader(names[i]);
