@@ -44,6 +44,8 @@ export interface PredictedLatencyParams extends Partial<LatencyPriors> {
   tpotMs?: number;
   /** Per flow-control band defaults (band name → objectives). */
   bands?: Record<string, BandSlo>;
+  /** Share of an objective kept as a safety margin: a candidate meets it when predicted ≤ (1 − margin) × objective. */
+  margin?: number;
 }
 
 /** Counters per band: TTFT met, missed; TPOT met, missed; predicted misses at the pick. */
@@ -65,6 +67,8 @@ export class PredictedLatencyScorer implements Scorer {
   readonly #blockSize: number;
   readonly #defTtft: number;
   readonly #defTpot: number;
+  /** 1 − margin: the share of an objective a prediction may use. */
+  readonly #within: number;
   /** band name → index into #bandSlo / #counts ('' = no band: index 0). */
   readonly #bandIndex = new Map<string, number>([['', 0]]);
   readonly #bandNames: string[] = ['default'];
@@ -81,6 +85,7 @@ export class PredictedLatencyScorer implements Scorer {
     for (const k of Object.keys(DEFAULT_LATENCY_PRIORS) as (keyof LatencyPriors)[]) if (p[k] !== undefined) priors[k] = p[k]!;
     // one model per endpoint, shared by every scheduler over the same set (the first one seeds it)
     for (const ep of env.endpoints.all) ep.latency ??= new LatencyModel(priors, ep.prefillCostFactor, ep.decodeCostFactor);
+    this.#within = 1 - (p.margin ?? 0.1);
     this.#defTtft = p.ttftMs ?? 0;
     this.#defTpot = p.tpotMs ?? 0;
     this.#bandSlo[0] = this.#defTtft;
@@ -138,8 +143,9 @@ export class PredictedLatencyScorer implements Scorer {
     const tpot = this.#tpot;
     const r = ctx.request;
     const bi = r.band ? this.#band(r.band) : 0;
-    const sloT = r.sloTtftMs || this.#bandSlo[2 * bi];
-    const sloP = r.sloTpotMs || this.#bandSlo[2 * bi + 1];
+    // the objectives less the safety margin
+    const sloT = (r.sloTtftMs || this.#bandSlo[2 * bi]) * this.#within;
+    const sloP = (r.sloTpotMs || this.#bandSlo[2 * bi + 1]) * this.#within;
     // "speed" of each candidate: predicted latency against the objective (or the fastest candidate)
     let minT = Infinity;
     let minP = Infinity;
@@ -193,7 +199,7 @@ export class PredictedLatencyScorer implements Scorer {
     note.latBand = bi;
     note.latPending = uncached;
     m.dispatched(uncached);
-    if ((sloT > 0 || sloP > 0) && !meets(note.latPredTtftMs, note.latPredTpotMs, sloT, sloP)) this.#counts[bi * C_N + C_PREDICTED_MISS]++;
+    if ((sloT > 0 || sloP > 0) && !meets(note.latPredTtftMs, note.latPredTpotMs, sloT * this.#within, sloP * this.#within)) this.#counts[bi * C_N + C_PREDICTED_MISS]++;
   }
 
   onFirstToken(ep: Endpoint, note: LatencyNote, ms: number): void {
@@ -334,6 +340,7 @@ export const predictedLatencyScorer: PluginFactory<'scorer'> = {
     prefillMsPerKB: numberParam(0, 1e6).optional().describe(`prior prefill cost per uncached prompt KB on the reference accelerator, ms (default ${DEFAULT_LATENCY_PRIORS.prefillMsPerKB})`),
     itlMs: numberParam(0, 1e6).optional().describe(`prior inter-token latency with a batch of one on the reference accelerator, ms (default ${DEFAULT_LATENCY_PRIORS.itlMs})`),
     itlPerRunningMs: numberParam(0, 1e6).optional().describe(`prior ITL growth per running request, ms (default ${DEFAULT_LATENCY_PRIORS.itlPerRunningMs})`),
+    margin: numberParam(0, 0.9).optional().describe('share of an objective kept as a safety margin: a candidate meets it when predicted ≤ (1 − margin) × objective (default 0.1)'),
     forgetting: numberParam(0.5, 1).optional().describe(`RLS forgetting factor (default ${DEFAULT_LATENCY_PRIORS.forgetting}; 1 = never forget)`),
   }),
   create: (p, env) => new PredictedLatencyScorer(env, p as PredictedLatencyParams),
