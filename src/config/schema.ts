@@ -8,6 +8,7 @@
 import { isIP } from 'node:net';
 import { ConfigError } from '../errors.js';
 import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
+import { batchSchema, type BatchConfig } from './batch.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
 import { ACCELERATOR_NAMES, type AcceleratorName } from '../accelerators.js';
 
@@ -113,6 +114,8 @@ export interface RouterConfig {
   logging: { level: (typeof LOG_LEVELS)[number] };
   /** The validated, defaulted flowControl block; undefined when the config has none. */
   flowControl?: FlowControlConfig;
+  /** The async processor (docs/batch.md); undefined when the config has none. */
+  batch?: BatchConfig;
 }
 
 export const DEFAULT_SCORERS: ScorerSpec[] = [
@@ -380,6 +383,7 @@ export const routerConfigSchema = strict(
     ).prefault({}),
     logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
+    batch: batchSchema.optional().describe('the async processor over a Redis stream (docs/batch.md); absent = off'),
   },
   'the config must be a YAML mapping',
   'unknown top-level field',
@@ -501,6 +505,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     logging: v.logging,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
+  if (v.batch !== undefined) cfg.batch = { ...v.batch, consumer: v.batch.consumer ?? '', checkIntervalMs: v.batch.checkIntervalMs ?? v.dataLayer.scrapeIntervalMs } as BatchConfig;
   return cfg;
 }
 

@@ -9,6 +9,8 @@ export interface RunningRouter {
   readonly port: number;
   readonly url: string;
   readonly core: RouterCore;
+  /** The async processor, when `config.batch` is set. */
+  readonly batch?: import('../batch/processor.js').BatchProcessor;
   /** Graceful: stop accepting, wait for in-flight requests (up to graceMs), close pools and loops. */
   close(graceMs?: number): Promise<void>;
 }
@@ -47,5 +49,22 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
     throw err;
   }
   const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
-  return { host, port, url, core, close: (graceMs?: number) => core.close(graceMs) };
+  // the async processor (docs/batch.md): loaded only when configured
+  let batch: import('../batch/processor.js').BatchProcessor | undefined;
+  if (config.batch !== undefined) {
+    const { BatchProcessor } = await import('../batch/processor.js');
+    batch = new BatchProcessor({ config: config.batch, director: core.director, endpoints: core.endpoints, log: logger, band: config.batch.band ?? config.flowControl?.bands.at(-1) });
+    try {
+      await batch.start();
+    } catch (err) {
+      await batch.close(0);
+      await core.close(0);
+      throw err;
+    }
+  }
+  const close = async (graceMs?: number) => {
+    await batch?.close(graceMs);
+    await core.close(graceMs);
+  };
+  return { host, port, url, core, ...(batch ? { batch } : {}), close };
 }
