@@ -85,7 +85,7 @@ export class PredictedLatencyScorer implements Scorer {
     for (const k of Object.keys(DEFAULT_LATENCY_PRIORS) as (keyof LatencyPriors)[]) if (p[k] !== undefined) priors[k] = p[k]!;
     // one model per endpoint, shared by every scheduler over the same set (the first one seeds it)
     for (const ep of env.endpoints.all) ep.latency ??= new LatencyModel(priors, ep.prefillCostFactor, ep.decodeCostFactor);
-    this.#within = 1 - (p.margin ?? 0.1);
+    this.#within = 1 - (p.margin ?? 0.2);
     this.#defTtft = p.ttftMs ?? 0;
     this.#defTpot = p.tpotMs ?? 0;
     this.#bandSlo[0] = this.#defTtft;
@@ -340,7 +340,7 @@ export const predictedLatencyScorer: PluginFactory<'scorer'> = {
     prefillMsPerKB: numberParam(0, 1e6).optional().describe(`prior prefill cost per uncached prompt KB on the reference accelerator, ms (default ${DEFAULT_LATENCY_PRIORS.prefillMsPerKB})`),
     itlMs: numberParam(0, 1e6).optional().describe(`prior inter-token latency with a batch of one on the reference accelerator, ms (default ${DEFAULT_LATENCY_PRIORS.itlMs})`),
     itlPerRunningMs: numberParam(0, 1e6).optional().describe(`prior ITL growth per running request, ms (default ${DEFAULT_LATENCY_PRIORS.itlPerRunningMs})`),
-    margin: numberParam(0, 0.9).optional().describe('share of an objective kept as a safety margin: a candidate meets it when predicted ≤ (1 − margin) × objective (default 0.1)'),
+    margin: numberParam(0, 0.9).optional().describe('share of an objective kept as a safety margin: a candidate meets it when predicted ≤ (1 − margin) × objective (default 0.2)'),
     forgetting: numberParam(0.5, 1).optional().describe(`RLS forgetting factor (default ${DEFAULT_LATENCY_PRIORS.forgetting}; 1 = never forget)`),
   }),
   create: (p, env) => new PredictedLatencyScorer(env, p as PredictedLatencyParams),
