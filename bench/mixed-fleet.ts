@@ -89,9 +89,10 @@ async function run(policy: string, rate: number, dir: string): Promise<Row> {
   const fastPort = await freePortRange(2);
   const slowPort = await freePortRange(2);
   try {
-    procs.push(start('fast', process.execPath, [CLI, 'sim', ...ENGINE, '--fleet', '2', '--base-port', String(fastPort), '--accelerator', 'sim-fast']));
-    procs.push(start('slow', process.execPath, [CLI, 'sim', ...ENGINE, '--fleet', '2', '--base-port', String(slowPort), '--accelerator', 'sim-slow']));
-    const urls = [fastPort, fastPort + 1, slowPort, slowPort + 1].map((p) => `http://127.0.0.1:${p}`);
+    // one process per engine (a fleet process would share one event loop between two engines)
+    const ports = [fastPort, fastPort + 1, slowPort, slowPort + 1];
+    ports.forEach((p, i) => procs.push(start(i < 2 ? `fast${i}` : `slow${i - 2}`, process.execPath, [CLI, 'sim', ...ENGINE, '--port', String(p), '--accelerator', i < 2 ? 'sim-fast' : 'sim-slow'])));
+    const urls = ports.map((p) => `http://127.0.0.1:${p}`);
     for (const u of urls) await waitReady(`${u}/health`, 60000);
     const port = await freePort();
     const file = join(dir, `${policy}-${rate}.yaml`);
