@@ -136,7 +136,12 @@ t.test('a consumer killed mid-batch: its pending entries are reclaimed by anothe
   const serve = await spawnServe(t, ['--config', file]);
   const N = 40;
   for (let i = 0; i < N; i++) await client.xadd('jobs', '*', ...job(`c${i}`, 'stream:out'));
-  await until(async () => (await client.xlen('out')) >= 5, 20000, 'some results from consumer a');
+  // killed while it holds delivered, unacknowledged entries (results stored, others in flight)
+  await until(
+    async () => (await client.xlen('out')) >= 5 && ((await client.xpending('jobs', 'g')) as [number])[0] > 0,
+    20000,
+    'some results from consumer a, and entries in flight there',
+  );
   serve.child.kill('SIGKILL');
   await serve.exited;
   const before = await client.xlen('out');
