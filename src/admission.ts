@@ -85,6 +85,8 @@ export interface AdmissionGate {
   readonly wantsUsage?: boolean;
   /** Called exactly once for every admitted request, when it ends; `request` is the request that ended (when the caller has it). */
   release(ticket: unknown, outcome: ReleaseOutcome, request?: FinishedRequest): void;
+  /** The name of the band an admitted request's ticket belongs to ('' when the gate has none): latency plugins apply the band's objectives. */
+  bandName?(ticket: unknown): string;
   /** Called after each successful metrics scrape of an endpoint serving `model` (capacity may have changed). */
   onCapacity?(model?: string): void;
   /** Registers the gate's metric families (read at scrape time) in the router's registry, once, when the router sets up /metrics. */

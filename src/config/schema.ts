@@ -14,15 +14,18 @@ import { kvEventsEndpointSchema, poolPrefixSchema, tierWeightsSchema, type KvEve
 import { extProcSchema, haSchema, type ExtProcConfig, type HaConfig } from './ha.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
 import { tracingSchema, type TracingConfig } from './tracing.js';
+import { batchSchema, type BatchConfig } from './batch.js';
+import { ACCELERATOR_NAMES, type AcceleratorName } from '../accelerators.js';
 
 export const API_VERSION = 'switchyard/v1';
 export const ENGINES = ['vllm', 'sglang'] as const;
-export const ACCELERATORS = ['nvidia', 'amd', 'intel', 'tpu'] as const;
+/** Accelerator profile names (src/accelerators.ts): vendor labels and named parts with their speed and cost. */
+export const ACCELERATORS = ACCELERATOR_NAMES;
 export const ROLES = ['both', 'prefill', 'decode', 'encode'] as const;
 export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 
 export type Engine = (typeof ENGINES)[number];
-export type Accelerator = (typeof ACCELERATORS)[number];
+export type Accelerator = AcceleratorName;
 export type Role = (typeof ROLES)[number];
 
 export interface CapacityConfig {
@@ -52,6 +55,10 @@ export interface PoolConfig {
   batchLimit?: number;
   /** Prefix matching of this pool: approximate (default) or precise from KV events (src/config/prefix-mode.ts). */
   prefix?: PoolPrefixConfig;
+  /** Cost factors against the reference speed, overriding the accelerator profile's (the latency model's priors). */
+  speed?: { prefillCostFactor?: number; decodeCostFactor?: number };
+  /** Relative cost of one endpoint per unit of time, overriding the accelerator profile's. */
+  cost?: number;
 }
 
 export interface PluginSpec {
@@ -132,6 +139,8 @@ export interface RouterConfig {
   ha?: HaConfig;
   /** The Envoy ext_proc gRPC listener (src/extproc/); undefined: none. */
   extProc?: ExtProcConfig;
+  /** The async processor (docs/batch.md); undefined when the config has none. */
+  batch?: BatchConfig;
 }
 
 export const PD_MODES = ['auto', 'nixl', 'sglang'] as const;
@@ -346,6 +355,16 @@ const poolSchema = strict(
       .optional()
       .describe("requests each endpoint runs at once (vLLM --max-num-seqs, SGLang --max-running-requests); default: learned from the engine's running/waiting counts"),
     prefix: poolPrefixSchema.describe('prefix matching of this pool (docs/prefix-index.md)'),
+    speed: strict(
+      {
+        prefillCostFactor: num(0.01, 1000).optional().describe('multiplies the reference per-token prefill cost; default: the accelerator profile\'s'),
+        decodeCostFactor: num(0.01, 1000).optional().describe('multiplies the reference inter-token latency; default: the accelerator profile\'s'),
+      },
+      'must be a mapping {prefillCostFactor, decodeCostFactor}',
+    )
+      .optional()
+      .describe("the pool's speed against the reference: seeds the latency model of its endpoints"),
+    cost: num(0, 1e6).optional().describe("relative cost of one endpoint per unit of time; default: the accelerator profile's"),
   },
   'must be a mapping',
 );
@@ -483,6 +502,7 @@ export const routerConfigSchema = strict(
       .describe('the admin API on its own listener (docs/operations.md); absent = none'),
     ha: haSchema.optional().describe('hot standby over a Redis lease (docs/operations.md); absent = a single router'),
     extProc: extProcSchema.optional().describe('Envoy ext_proc endpoint-picker listener (docs/operations.md); absent = none'),
+    batch: batchSchema.optional().describe('the async processor over a Redis stream (docs/batch.md); absent = off'),
   },
   'the config must be a YAML mapping',
   'unknown top-level field',
@@ -658,6 +678,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
   if (v.disaggregation !== undefined) cfg.disaggregation = v.disaggregation;
   if (v.ha !== undefined) cfg.ha = v.ha;
   if (v.extProc !== undefined) cfg.extProc = v.extProc;
+  if (v.batch !== undefined) cfg.batch = { ...v.batch, consumer: v.batch.consumer ?? '', checkIntervalMs: v.batch.checkIntervalMs ?? v.dataLayer.scrapeIntervalMs } as BatchConfig;
   return cfg;
 }
 

@@ -52,6 +52,10 @@ function readCount(chunk: Buffer, at: number): number {
   }
   return i > start && i < chunk.length && n <= 0x7fffffff ? n : -1;
 }
+/** Per-request latency objectives (llm-d's names), read when a latency plugin is configured. */
+export const SLO_HEADERS = ['x-slo-ttft-ms', 'x-slo-tpot-ms'] as const;
+/** An SSE event's start: counted in streamed chunks to time output tokens. */
+const SSE_EVENT = Buffer.from('data:');
 
 /**
  * What the director needs of a transport to answer one client. Calls come in
@@ -138,7 +142,7 @@ export class Director {
   readonly pd: Disaggregator | null;
   /** The prompt bytes of the request being scheduled: one buffer reused by every request (a pick is synchronous). */
   readonly prompt = new PromptWriter();
-  readonly schedRequest: SchedRequest = { model: '', prompt: undefined };
+  readonly schedRequest: SchedRequest = { model: '', prompt: undefined, sloTtftMs: 0, sloTpotMs: 0, band: '' };
   readonly parseOffloadBytes: number;
   readonly maxJsonDepth: number;
   /** The gate reads usage at release (AdmissionGate.wantsUsage): answers are scanned for `"completion_tokens":`. */
@@ -268,6 +272,15 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   seq = 0;
   promptBlocks = 0;
   matchedBlocks = 0;
+  // Decision's LatencyNote (written by latency plugins; numbers, no allocation)
+  latPending = 0;
+  latWork = 0;
+  latRunning = 0;
+  latPredTtftMs = 0;
+  latPredTpotMs = 0;
+  latSloTtftMs = 0;
+  latSloTpotMs = 0;
+  latBand = -1;
   // AbortLike
   aborted = false;
   onabort: (() => void) | null = null;
@@ -332,6 +345,14 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   /** An upstream error answer (status >= 400, not SSE) being buffered to normalise its shape. */
   #errorBody: Buffer[] | null = null;
   #errorBytes = 0;
+  /** The request's x-slo-* objectives, ms (0: none). */
+  #sloTtft = 0;
+  #sloTpot = 0;
+  /** Timing a streamed answer for the scheduler's latency plugins: first and last chunk, SSE events after the first chunk. */
+  #timing = false;
+  #firstAt = 0;
+  #lastAt = 0;
+  #events = 0;
 
   constructor(director: Director, port: ClientPort, kind: number, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
     this.director = director;
@@ -407,6 +428,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       this.#reply(404, `The model \`${model}\` does not exist.`, 'model', null);
       return;
     }
+    if (d.scheduler.latency && !this.#readSlo()) return;
     if (isPassthrough(this.kind)) {
       this.sessionKey = '';
       this.#admitGate();
@@ -513,6 +535,24 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     } else this.#tokens = r;
   }
 
+  /** Reads x-slo-ttft-ms / x-slo-tpot-ms; false after answering 400 for a value that is not a positive number. */
+  #readSlo(): boolean {
+    const h = this.headers;
+    for (let i = 0; i < SLO_HEADERS.length; i++) {
+      const name = SLO_HEADERS[i];
+      const v = h[name];
+      if (v === undefined || v === '') continue;
+      const ms = Number(v);
+      if (!(ms > 0) || !Number.isFinite(ms)) {
+        this.#reply(400, `header ${name} must be a positive number of milliseconds (got ${JSON.stringify(v.slice(0, 64))})`, name, null);
+        return false;
+      }
+      if (i === 0) this.#sloTtft = ms;
+      else this.#sloTpot = ms;
+    }
+    return true;
+  }
+
   // ---- pick and dispatch ------------------------------------------------------------
 
   /** The prompt for the scheduler: the shared writer's bytes (rendered again after a retry reused it), or the copy an async admission kept. */
@@ -523,6 +563,11 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     sreq.sessionKey = this.sessionKey;
     sreq.tokens = this.#tokens ?? undefined;
     sreq.pair = this.prefillEndpoint; // a decode retry stays in the prefill's revision
+    if (d.scheduler.latency) {
+      sreq.sloTtftMs = this.#sloTtft;
+      sreq.sloTpotMs = this.#sloTpot;
+      sreq.band = this.#admitted ? (d.gate.bandName?.(this.#ticket) ?? '') : '';
+    }
     if (this.#promptCopy !== null) sreq.prompt = this.#promptCopy;
     else {
       if (rerender) this.#renderPrompt();
@@ -722,6 +767,9 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     this.#upstreamLength = contentLength;
     this.#scanUsage = this.director.wantsUsage && status === 200 && (!this.#isSse || this.#streamsUsage());
     this.#errorBytes = 0;
+    this.#timing = status === 200 && this.#isSse && this.director.scheduler.latency;
+    this.#firstAt = 0;
+    this.#events = 0;
     this.#errorBody = status >= 400 && !this.#isSse && contentLength <= MAX_ERROR_BODY ? [] : null;
     this.port.head(status, this.#contentType, this.endpoint, contentLength);
   }
@@ -743,6 +791,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
         if (n >= 0) this.completionTokens = n;
       }
     }
+    if (this.#timing) this.#time(chunk);
     const eb = this.#errorBody;
     if (eb !== null) {
       this.#errorBytes += chunk.length;
@@ -764,6 +813,20 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       if (chunk.length === 0) return;
     }
     this.#write(chunk);
+  }
+
+  /** Times a streamed chunk: the first one is the first token; later ones count their SSE events (tokens). */
+  #time(chunk: Buffer): void {
+    const now = performance.now();
+    if (this.#firstAt === 0) {
+      this.#firstAt = now;
+      this.director.scheduler.firstToken(this, now - this.#dispatchedAt);
+      return;
+    }
+    this.#lastAt = now;
+    let n = 0;
+    for (let i = chunk.indexOf(SSE_EVENT); i >= 0; i = chunk.indexOf(SSE_EVENT, i + 5)) n++;
+    this.#events += n;
   }
 
   #write(chunk: Buffer): void {
@@ -798,6 +861,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       this.#clientEnded = true;
       this.port.end(last);
     }
+    // tokens after the first chunk: its events less the closing [DONE]
+    if (this.#timing && this.#events > 1) this.director.scheduler.streamEnd(this, this.#events - 1, this.#lastAt - this.#firstAt);
     this.#finish(this.#status >= 500 ? 'failed' : 'ok', this.#status);
   }
 

@@ -7,6 +7,8 @@ import { DEFAULTS } from '../config/schema.js';
 import type { EngineMetrics } from './engine-metrics.js';
 import { BatchLimit } from './batch-limit.js';
 import { EndpointError } from '../errors.js';
+import { acceleratorProfile } from '../accelerators.js';
+import type { LatencyModel } from './latency-model.js';
 
 export type Health = 'unknown' | 'up' | 'down';
 
@@ -18,6 +20,11 @@ export class Endpoint {
   readonly pool: string;
   readonly engine: Engine;
   readonly accelerator: Accelerator;
+  /** Speed against the reference (pools[].speed, else the accelerator profile): the latency model's priors. */
+  readonly prefillCostFactor: number;
+  readonly decodeCostFactor: number;
+  /** Relative cost per unit of time (pools[].cost, else the profile's). */
+  readonly cost: number;
   readonly models: readonly string[];
   readonly role: Role;
   readonly revision: string | undefined;
@@ -55,6 +62,8 @@ export class Endpoint {
   readonly batch: BatchLimit;
   health: Health = 'unknown';
   healthAt = 0;
+  /** The learned latency model, when a latency plugin (predicted-latency) uses one; null otherwise. */
+  latency: LatencyModel | null = null;
 
   consecutiveFailures = 0;
   /** performance.now() until which the breaker is open (0 = closed). */
@@ -79,6 +88,10 @@ export class Endpoint {
     this.pool = pool.name;
     this.engine = pool.engine;
     this.accelerator = pool.accelerator;
+    const profile = acceleratorProfile(pool.accelerator);
+    this.prefillCostFactor = pool.speed?.prefillCostFactor ?? profile?.prefillCostFactor ?? 1;
+    this.decodeCostFactor = pool.speed?.decodeCostFactor ?? profile?.decodeCostFactor ?? 1;
+    this.cost = pool.cost ?? profile?.cost ?? 1;
     this.models = pool.models;
     this.role = ep.role;
     this.revision = ep.revision;

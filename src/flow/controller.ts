@@ -421,6 +421,12 @@ export class FlowController {
     if (this.#queued > 0) this.#schedulePump();
   }
 
+  /** The band index of a granted request's ticket (-1: none, e.g. flow control disabled). */
+  bandOf(ticket: number): number {
+    const slot = ticket >= 0 ? this.#slots[ticket >> 1] : undefined;
+    return slot === undefined ? -1 : slot.band;
+  }
+
   /** Call when capacity may have appeared (fresh metrics, an endpoint came back). */
   onCapacity(): void {
     if (this.#queued > 0) this.#schedulePump();

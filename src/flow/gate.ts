@@ -152,6 +152,13 @@ export class FlowControlGate implements AdmissionGate {
     t.controller.release(t.n, u);
   }
 
+  bandName(ticket: unknown): string {
+    if (ticket === null || typeof ticket !== 'object') return '';
+    const t = ticket as Ticket;
+    const b = t.controller.bandOf(t.n);
+    return b < 0 ? '' : (this.classifier.bands[b] ?? '');
+  }
+
   /** Call when a model's endpoints got fresh metrics or capacity (all models when omitted). */
   onCapacity(model?: string): void {
     if (model !== undefined) this.#controllers.get(model)?.controller.onCapacity();

@@ -13,10 +13,14 @@ import { registry as defaultRegistry } from './builtins.js';
 import type { PluginRegistry } from './registry.js';
 import { PrefixProducer, type PreciseSource, type TierWeights } from './prefix-producer.js';
 import { SessionTable } from '../sessions/table.js';
-import type { CycleContext, Filter, Picker, Plugin, SchedRequest, Scorer } from './types.js';
+import type { CycleContext, Filter, LatencyNote, Picker, Plugin, SchedRequest, Scorer } from './types.js';
+import type { Registry } from 'prom-client';
 
-/** The outcome of one pick. Pass it back to `complete()` once (complete() zeroes `seq`; a second call is ignored). */
-export interface Decision {
+/**
+ * The outcome of one pick. Pass it back to `complete()` once (complete() zeroes `seq`; a second call is ignored).
+ * With latency plugins (`scheduler.latency`) it also carries the request's LatencyNote fields.
+ */
+export interface Decision extends Partial<LatencyNote> {
   endpoint: Endpoint;
   /** The endpoint's dispatch number for this request (from Endpoint.onDispatch; the breaker's half-open trial is named by it). */
   seq: number;
@@ -48,6 +52,10 @@ export class Scheduler {
   readonly weights: Float64Array;
   readonly picker: Picker;
   readonly #plugins: Plugin[];
+  /** Plugins with latency hooks (usesLatency). */
+  readonly #lat: Plugin[];
+  /** True when a plugin learns from request timing: the caller reports firstToken() and streamEnd(). */
+  readonly latency: boolean;
   readonly #ctx: CycleContext;
   readonly #cands: Endpoint[] = [];
   /** Prefix matching once per request, when a plugin reads it (a prefix-cache scorer); null otherwise. */
@@ -68,6 +76,8 @@ export class Scheduler {
     this.weights = Float64Array.from(scheduling.scorers.map((s) => s.weight));
     this.picker = reg.create('picker', scheduling.picker.type, scheduling.picker.params, env);
     this.#plugins = [...this.filters, ...this.scorers, this.picker];
+    this.#lat = this.#plugins.filter((p) => p.usesLatency === true);
+    this.latency = this.#lat.length > 0;
     this.#total = new Float64Array(Math.max(1, endpoints.all.length));
     this.prefix = null;
     if (this.#plugins.some((p) => p.usesPrefix)) {
@@ -190,17 +200,44 @@ export class Scheduler {
     this.lastScore = n > 1 || this.scorers.length > 0 ? this.#total[idx] : 0;
     if (prefix !== null) prefix.record(ctx, ep, idx);
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onPicked?.(ctx, ep, idx);
-    const seq = ep.onDispatch(ctx.now);
+    const d: Decision = out ?? { endpoint: ep, seq: 0, promptBlocks: 0, matchedBlocks: 0 };
+    if (this.latency) this.#decide(ctx, ep, idx, d as Decision & LatencyNote);
+    d.seq = ep.onDispatch(ctx.now);
     ctx.request = EMPTY_REQUEST;
     ctx.prefixMatched = EMPTY_MATCH;
-    if (out) {
-      out.endpoint = ep;
-      out.seq = seq;
-      out.promptBlocks = ctx.promptBlocks;
-      out.matchedBlocks = ctx.matchedBlocks;
-      return out;
-    }
-    return { endpoint: ep, seq, promptBlocks: ctx.promptBlocks, matchedBlocks: ctx.matchedBlocks };
+    d.endpoint = ep;
+    d.promptBlocks = ctx.promptBlocks;
+    d.matchedBlocks = ctx.matchedBlocks;
+    return d;
+  }
+
+  #decide(ctx: CycleContext, ep: Endpoint, idx: number, note: LatencyNote): void {
+    note.latPending = 0;
+    note.latWork = 0;
+    note.latRunning = 0;
+    note.latPredTtftMs = 0;
+    note.latPredTpotMs = 0;
+    note.latSloTtftMs = 0;
+    note.latSloTpotMs = 0;
+    note.latBand = -1;
+    for (let p = 0; p < this.#lat.length; p++) this.#lat[p].onDecision?.(ctx, ep, idx, note);
+  }
+
+  /** A streamed answer's first token arrived `ms` after dispatch (call only when `latency`). */
+  firstToken(d: Decision, ms: number): void {
+    if (d.seq === 0) return;
+    for (let p = 0; p < this.#lat.length; p++) this.#lat[p].onFirstToken?.(d.endpoint, d as Decision & LatencyNote, ms);
+  }
+
+  /** The stream ended: `tokens` after the first one took `decodeMs` (call only when `latency`, before complete()). */
+  streamEnd(d: Decision, tokens: number, decodeMs: number): void {
+    if (d.seq === 0) return;
+    for (let p = 0; p < this.#lat.length; p++) this.#lat[p].onStreamEnd?.(d.endpoint, d as Decision & LatencyNote, tokens, decodeMs);
+  }
+
+  /** Registers the plugins' metric families in a router's registry. */
+  registerMetrics(registry: Registry): void {
+    for (const p of this.#plugins) p.registerMetrics?.(registry);
   }
 
   /** Like pick(), but throws UnknownModelError or NoEndpointError instead of returning null. */
@@ -229,6 +266,7 @@ export class Scheduler {
     if (outcome === 'aborted') ep.onRelease(seq);
     else ep.onOutcome(failed ? performance.now() : 0, failed, this.endpoints.dataLayer, seq); // the clock matters only to the breaker
     if (failed && req !== undefined && this.prefix !== null) this.prefix.forget(ep, d, req);
+    for (let p = 0; p < this.#lat.length; p++) this.#lat[p].onEnd?.(ep, d as Decision & LatencyNote);
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onComplete?.(ep, failed, d, failed ? req : undefined);
   }
 

@@ -20,6 +20,34 @@ export interface SchedRequest {
    * or absent: no constraint.
    */
   pair?: Endpoint | null;
+  /** TTFT objective in ms from `x-slo-ttft-ms` (0 or absent: none; latency plugins may apply the band's default). */
+  sloTtftMs?: number;
+  /** Time-per-output-token objective in ms from `x-slo-tpot-ms` (0 or absent: none). */
+  sloTpotMs?: number;
+  /** The flow-control band the request was admitted in ('' or absent: unknown). */
+  band?: string;
+}
+
+/**
+ * Per-request latency bookkeeping the scheduler's Decision carries between the
+ * pick and the request's end (the director's Flight holds it as plain
+ * numbers: no allocation). Written by latency plugins in onDecision, read back
+ * in onFirstToken / onStreamEnd / onEnd.
+ */
+export interface LatencyNote {
+  /** Uncached prompt bytes this request added to the endpoint's pending prefill work (0 once prefilled). */
+  latPending: number;
+  /** Prefill work (KB) ahead of and including this request at dispatch. */
+  latWork: number;
+  /** Requests decoding at the endpoint at the first token (the TPOT feature). */
+  latRunning: number;
+  latPredTtftMs: number;
+  latPredTpotMs: number;
+  /** The objectives applied (header or band default; 0 = none). */
+  latSloTtftMs: number;
+  latSloTpotMs: number;
+  /** Index of the band's SLO counters in the plugin (-1: none). */
+  latBand: number;
 }
 
 /** Prefix blocks of one pick: hashed from the prompt, and of those, held by the picked endpoint. */
@@ -62,6 +90,18 @@ export interface Plugin {
   onCapacity?(ep: Endpoint): void;
   /** Called when an endpoint left the set (drained and removed at runtime): drop what the plugin keeps for it. */
   onRemoved?(ep: Endpoint): void;
+  /** True when the plugin uses the latency hooks below (the director then times first tokens and streams). */
+  readonly usesLatency?: boolean;
+  /** After onPicked: the plugin fills the request's latency note (predictions, pending work). */
+  onDecision?(ctx: CycleContext, ep: Endpoint, index: number, note: LatencyNote): void;
+  /** A streamed answer's first token arrived `ms` after dispatch. */
+  onFirstToken?(ep: Endpoint, note: LatencyNote, ms: number): void;
+  /** The stream ended: `tokens` tokens after the first took `decodeMs` in all. */
+  onStreamEnd?(ep: Endpoint, note: LatencyNote, tokens: number, decodeMs: number): void;
+  /** The request ended (any outcome; after the hooks above): release what onDecision counted. */
+  onEnd?(ep: Endpoint, note: LatencyNote): void;
+  /** Registers the plugin's metric families (read at scrape time) in the router's registry. */
+  registerMetrics?(registry: import('prom-client').Registry): void;
   close?(): void;
 }
 

@@ -9,7 +9,7 @@ import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { hostIsIp, type LimitsConfig, type ProxyConfig, type RouterConfig } from '../config/schema.js';
 import { PassThroughGate, type AdmissionGate } from '../admission.js';
-import { Director, KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS } from '../director/director.js';
+import { Director, KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, SLO_HEADERS } from '../director/director.js';
 import { SessionTable } from '../sessions/table.js';
 import { RedisSessions } from '../sessions/redis.js';
 import { registerSessionMetrics } from '../sessions/metrics.js';
@@ -226,6 +226,8 @@ export class RouterCore {
   leadership: { readonly leading: boolean } | null = null;
   /** Per endpoint id: content type -> the response header block of headerBlock(). */
   readonly #headerBlocks: Map<string, Buffer>[] = [];
+  /** Request headers handed to the director: the gate's, plus the SLO headers when a latency plugin reads them. */
+  readonly #headerNames: readonly string[];
   port = 0;
 
   constructor(opts: RouterOptions) {
@@ -268,6 +270,9 @@ export class RouterCore {
     gate.registerMetrics?.(this.metrics.registry);
     registerSessionMetrics(this.metrics.registry, sessions);
     precise?.registerMetrics(this.metrics.registry, () => this.scheduler.prefix);
+    this.scheduler.registerMetrics(this.metrics.registry);
+    // latency plugins read the request's objectives (x-slo-ttft-ms, x-slo-tpot-ms) besides the gate's headers
+    this.#headerNames = this.scheduler.latency ? [...gate.headerNames, ...SLO_HEADERS] : gate.headerNames;
     this.limits = cfg.limits;
     this.director = new Director({
       scheduler: this.scheduler,
@@ -487,7 +492,7 @@ export class RouterCore {
     else idHeader = headerBytes(id);
     const auth = req.getHeader(H_AUTHORIZATION);
     const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this, res, kind, id, idHeader, auth, contentLength) : new HttpExchange(this, res, kind, id, idHeader, auth, contentLength);
-    const names = this.gate.headerNames;
+    const names = this.#headerNames;
     let h: Record<string, string> | null = null;
     if (names.length > 0) {
       h = {};

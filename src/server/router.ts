@@ -24,6 +24,8 @@ export interface RunningRouter {
   readonly ha: HighAvailability | null;
   /** The Envoy ext_proc listener (config.extProc), or null. */
   readonly extProc: ExtProcServer | null;
+  /** The async processor, when `config.batch` is set. */
+  readonly batch?: import('../batch/processor.js').BatchProcessor;
   /** Graceful: stop accepting, wait for in-flight requests (up to graceMs), close pools and loops. */
   close(graceMs?: number): Promise<void>;
 }
@@ -104,11 +106,28 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
       throw new Error(`cannot start the admin API on ${config.admin.host}:${opts.adminPort ?? config.admin.port}: ${(err as Error).message}`);
     }
   }
+  // the async processor (docs/batch.md): loaded only when configured
+  let batch: import('../batch/processor.js').BatchProcessor | undefined;
+  if (config.batch !== undefined) {
+    const { BatchProcessor } = await import('../batch/processor.js');
+    batch = new BatchProcessor({ config: config.batch, director: core.director, endpoints: core.endpoints, log: logger, band: config.batch.band ?? config.flowControl?.bands.at(-1) });
+    try {
+      await batch.start();
+    } catch (err) {
+      await batch.close(0);
+      await admin?.close();
+      await extProc?.close();
+      await ha?.close();
+      await core.close(0);
+      throw err;
+    }
+  }
   const close = async (graceMs?: number) => {
     // the lease goes first: the standby takes over while this one drains
     await ha?.close();
     await admin?.close();
+    await batch?.close(graceMs);
     await Promise.all([extProc?.close(graceMs), core.close(graceMs)]);
   };
-  return { host, port, url, core, admin, reload: reloader ? () => reloader.reload() : null, ha, extProc, close };
+  return { host, port, url, core, admin, reload: reloader ? () => reloader.reload() : null, ha, extProc, ...(batch ? { batch } : {}), close };
 }

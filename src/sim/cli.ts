@@ -3,6 +3,7 @@
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { startFleet, type FleetOptions } from './index.js';
 import { kvEventsConfigProblem, type KvEventsConfig } from './kv-events.js';
+import { ACCELERATOR_NAMES } from '../accelerators.js';
 import { FAILURE_KINDS, SIM_DEFAULTS, SimOptionError, resolveSimOptions, type FailureKind } from './options.js';
 
 const D = SIM_DEFAULTS;
@@ -23,6 +24,10 @@ options (--name value or --name=value):
   --prefill-us-per-token F    cost of each uncached prompt token, microseconds (default ${D.prefillUsPerToken})
   --itl-ms F                  inter-token latency with a batch of one (default ${D.itlMs})
   --decode-slowdown F         ITL grows by F per extra running request (default ${D.decodeSlowdown})
+  --accelerator NAME          named speed profile: its cost factors become the defaults of the two below
+                              (${ACCELERATOR_NAMES.join(', ')})
+  --prefill-cost-factor F     multiplies the prefill costs (default: the profile's, else 1)
+  --decode-cost-factor F      multiplies the inter-token latency (default: the profile's, else 1)
   --serial-prefill true|false prefills share one compute and stall decodes (default ${D.serialPrefill})
   --time-scale F              multiplies every simulated time; 0 = answer at once (default ${D.timeScale})
   --seed N                    seed of generated text and failure draws (default ${D.seed})
@@ -113,6 +118,9 @@ const FLAGS: Record<string, { type: 'string' | 'boolean'; set: Setter }> = {
   'prefill-overhead-ms': { type: 'string', set: (o, v, f) => (o.prefillOverheadMs = number(f, v)) },
   'prefill-us-per-token': { type: 'string', set: (o, v, f) => (o.prefillUsPerToken = number(f, v)) },
   'itl-ms': { type: 'string', set: (o, v, f) => (o.itlMs = number(f, v)) },
+  accelerator: { type: 'string', set: (o, v) => (o.accelerator = v) },
+  'prefill-cost-factor': { type: 'string', set: (o, v, f) => (o.prefillCostFactor = number(f, v)) },
+  'decode-cost-factor': { type: 'string', set: (o, v, f) => (o.decodeCostFactor = number(f, v)) },
   'decode-slowdown': { type: 'string', set: (o, v, f) => (o.decodeSlowdown = number(f, v)) },
   'time-scale': { type: 'string', set: (o, v, f) => (o.timeScale = number(f, v)) },
   'serial-prefill': { type: 'string', set: (o, v, f) => (o.serialPrefill = trueFalse(f, v)) },

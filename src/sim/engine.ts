@@ -7,7 +7,7 @@ import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_li
 import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
 import { SimMetrics } from './metrics.js';
 import { KvEventPublisher, resolveKvEventsConfig } from './kv-events.js';
-import { resolveSimOptions, type FailureKind, type ResolvedSimOptions, type SimOptions, SimOptionError } from './options.js';
+import { resolveSimOptions, scaledCosts, type FailureKind, type ResolvedSimOptions, type SimOptions, SimOptionError } from './options.js';
 import { ReqState, Scheduler, SimRequest, type RequestSink, type SchedulerStats } from './scheduler.js';
 import { BYTES_PER_TOKEN, renderChat, type ChatMessage } from './tokenizer.js';
 import { PoolingError, detokenize, embeddings, rerank, score } from './pooling.js';
@@ -654,7 +654,7 @@ export class Engine implements SimEngine {
   /** `salt` separates the failure draws of the engines of a fleet (their text stays the same). */
   constructor(opts: ResolvedSimOptions, salt = 0) {
     this.options = opts;
-    this.sched = new Scheduler(opts);
+    this.sched = new Scheduler(scaledCosts(opts));
     this.#metrics = new SimMetrics(opts, this.sched);
     for (const m of opts.models) this.modelJson.set(m, JSON.stringify(m));
     opts.loras.forEach((m, i) => {

@@ -1,6 +1,7 @@
 // Options of a simulated engine: the type, the defaults and their validation.
 import { ALWAYS, z } from '../config/schema-kit.js';
 import { kvEventsConfigProblem, type KvEventsConfig } from './kv-events.js';
+import { ACCELERATOR_NAMES, acceleratorProfile } from '../accelerators.js';
 
 export type FailureKind = '500' | '429' | '503' | 'reset-mid-stream' | 'slow-first-byte' | 'error-mid-stream';
 export const FAILURE_KINDS: readonly FailureKind[] = ['500', '429', '503', 'reset-mid-stream', 'slow-first-byte', 'error-mid-stream'];
@@ -63,6 +64,12 @@ export interface SimOptions {
   cpuReloadUsPerBlock?: number;
   /** KV-cache events, shaped like vLLM's --kv-events-config (kv-events.ts); null: off. */
   kvEventsConfig?: KvEventsConfig | null;
+  /** Named accelerator profile (src/accelerators.ts): its cost factors are the defaults of the two below ('' = none). */
+  accelerator?: string;
+  /** Multiplies the prefill costs (prefillOverheadMs, prefillUsPerToken): 3 = a machine three times slower at prefill. */
+  prefillCostFactor?: number;
+  /** Multiplies the decode cost (itlMs). */
+  decodeCostFactor?: number;
 }
 
 export type ResolvedSimOptions = Required<SimOptions>;
@@ -99,6 +106,9 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   cpuOffloadBlocks: 0,
   cpuReloadUsPerBlock: 100,
   kvEventsConfig: null,
+  accelerator: '',
+  prefillCostFactor: 1,
+  decodeCostFactor: 1,
 }) as ResolvedSimOptions;
 
 /** Thrown for an invalid option; `option` names it. */
@@ -173,6 +183,14 @@ export const simOptionsSchema = z
         error: (i) => `expected vLLM's kv-events config object: ${kvEventsConfigProblem(i.input) ?? 'invalid'}`,
       })
       .default(null),
+    accelerator: z
+      .string({ error: 'expected an accelerator profile name' })
+      .refine((s) => s === '' || acceleratorProfile(s) !== undefined, {
+        error: (i) => `unknown accelerator profile ${JSON.stringify(i.input)} (profiles: ${ACCELERATOR_NAMES.join(', ')})`,
+      })
+      .default(SIM_DEFAULTS.accelerator),
+    prefillCostFactor: num(0.01, 1000).optional(),
+    decodeCostFactor: num(0.01, 1000).optional(),
   })
   .superRefine((o, ctx) => {
     if (Array.isArray(o.loras) && Array.isArray(o.models) && o.loras.some((m) => o.models.includes(m))) {
@@ -195,7 +213,27 @@ export function resolveSimOptions(opts: SimOptions = {}): ResolvedSimOptions {
     const option = String(iss.path[0] ?? '(options)');
     throw new SimOptionError(option, LIST_MESSAGES[option] ?? iss.message);
   }
-  return r.data as ResolvedSimOptions;
+  return withSpeed(r.data as SimOptions & Omit<ResolvedSimOptions, 'prefillCostFactor' | 'decodeCostFactor'>);
+}
+
+/** The cost factors: given ones win, then the accelerator profile's, then 1. */
+function withSpeed(o: SimOptions & Omit<ResolvedSimOptions, 'prefillCostFactor' | 'decodeCostFactor'>): ResolvedSimOptions {
+  const p = o.accelerator === '' ? undefined : acceleratorProfile(o.accelerator);
+  return { ...o, prefillCostFactor: o.prefillCostFactor ?? p?.prefillCostFactor ?? 1, decodeCostFactor: o.decodeCostFactor ?? p?.decodeCostFactor ?? 1 };
+}
+
+/**
+ * The options the batching model runs on: prefill and decode costs scaled by
+ * the engine's cost factors (the options themselves keep what was asked for).
+ */
+export function scaledCosts(o: ResolvedSimOptions): ResolvedSimOptions {
+  if (o.prefillCostFactor === 1 && o.decodeCostFactor === 1) return o;
+  return {
+    ...o,
+    prefillOverheadMs: o.prefillOverheadMs * o.prefillCostFactor,
+    prefillUsPerToken: o.prefillUsPerToken * o.prefillCostFactor,
+    itlMs: o.itlMs * o.decodeCostFactor,
+  };
 }
 
 function stripUndefined<T extends object>(o: T): Partial<T> {

@@ -1,0 +1,74 @@
+// The `batch` block: the async processor that consumes requests from a Redis
+// Stream and runs them on the capacity interactive traffic leaves free
+// (docs/batch.md).
+import { strict, z } from './schema-kit.js';
+
+export interface BatchQuota {
+  /** Requests per window (0 = unlimited). */
+  requests: number;
+  /** Tokens per window: prompt bytes / 4 + max_tokens (0 = unlimited). */
+  tokens: number;
+}
+
+export interface BatchConfig {
+  /** redis://host:port[/db] */
+  redis: string;
+  stream: string;
+  group: string;
+  /** This router's consumer name in the group (default: hostname-pid). */
+  consumer: string;
+  /** Where malformed entries go, with the reason. */
+  deadLetterStream: string;
+  /** Key prefix of the per-request done markers (idempotency) and quota counters. */
+  keyPrefix: string;
+  /** How long a done marker is kept, seconds. */
+  doneTtlSeconds: number;
+  /** Batch requests are dispatched only while the pool's utilisation (occupancy ÷ batch limit) is below this. */
+  utilisationCeiling: number;
+  /** How often the ceiling is checked while above it, ms (default: the data layer's scrape interval). */
+  checkIntervalMs: number;
+  /** Batch requests this router runs at once. */
+  maxInFlight: number;
+  /** An entry delivered to a consumer and not acknowledged for this long is claimed by another (XAUTOCLAIM), ms. */
+  reclaimIdleMs: number;
+  /** The flow-control band batch requests are admitted in (its name in x-priority); default: the lowest band. */
+  band?: string;
+  quotas: { windowMs: number; default: BatchQuota; tenants: Record<string, BatchQuota> };
+}
+
+const error = (min: number, max: number) => (i: { input?: unknown }) => `must be a number in [${min}, ${max}] (got ${JSON.stringify(i.input)})`;
+const num = (min: number, max: number) => z.number({ error: error(min, max) }).gte(min, { error: error(min, max) }).lte(max, { error: error(min, max) });
+const int = (min: number, max: number) => z.int({ error: error(min, max) }).gte(min, { error: error(min, max) }).lte(max, { error: error(min, max) });
+const name = () => z.string({ error: 'must be a non-empty string' }).min(1, { error: 'must be a non-empty string' });
+
+const quota = strict({ requests: int(0, 1e12).default(0), tokens: int(0, 1e15).default(0) }, 'must be a mapping {requests, tokens}');
+
+export const batchSchema = strict(
+  {
+    redis: name()
+      .refine((s) => /^rediss?:\/\//.test(s), { error: (i) => `must be a redis:// or rediss:// URL (got ${JSON.stringify(i.input)})` })
+      .describe('redis://host:port[/db] of the Redis holding the stream'),
+    stream: name().default('switchyard:batch').describe('the request stream'),
+    group: name().default('switchyard').describe('the consumer group'),
+    consumer: name().optional().describe('this router\'s consumer name; default hostname-pid'),
+    deadLetterStream: name().default('switchyard:batch:dead').describe('where malformed entries go, with the reason'),
+    keyPrefix: name().default('switchyard:batch').describe('prefix of done markers and quota counters'),
+    doneTtlSeconds: int(1, 365 * 86400).default(7 * 86400).describe('how long a request id is remembered as done (idempotency)'),
+    utilisationCeiling: num(0.01, 1).default(0.7).describe('dispatch only while the pool utilisation is below this'),
+    checkIntervalMs: int(1, 60_000).optional().describe('how often the ceiling is checked while above it; default the scrape interval'),
+    maxInFlight: int(1, 65_536).default(16).describe('batch requests this router runs at once'),
+    reclaimIdleMs: int(100, 86_400_000).default(60_000).describe('unacknowledged entries idle this long are claimed from their consumer'),
+    band: name().optional().describe('flow-control band of batch requests; default the lowest'),
+    quotas: strict(
+      {
+        windowMs: int(1000, 86_400_000).default(60_000),
+        default: quota.prefault({}),
+        tenants: z.record(z.string().min(1), quota, { error: 'must be a mapping of tenant to {requests, tokens}' }).default({}),
+      },
+      'must be a mapping {windowMs, default, tenants}',
+    )
+      .prefault({})
+      .describe('per-tenant requests and tokens per window (0 = unlimited)'),
+  },
+  'must be a mapping',
+);
