@@ -75,11 +75,25 @@ export function printableConfig(cfg: RouterConfig): unknown {
     // flowControl's durations are written `ttl` / `sweepInterval` (ms or "2s") and resolved to *Ms
     for (const [resolved, written] of [['ttlMs', 'ttl'], ['sweepIntervalMs', 'sweepInterval']] as const) {
       if (resolved in fc) {
-        fc[written] = fc[resolved];
+        fc[written] = `${fc[resolved] as number}ms`; // a bare number would read as seconds
         delete fc[resolved];
       }
     }
+    const tp = fc.turnPriority as Record<string, unknown> | undefined;
+    if (tp !== undefined && 'maxColdWaitMs' in tp) {
+      tp.maxColdWait = `${tp.maxColdWaitMs as number}ms`;
+      delete tp.maxColdWaitMs;
+    }
   }
+  // sessions.store is written {redis: URL, ...} and resolved to {url, ...}
+  const ss = (out.sessions as Record<string, unknown> | undefined)?.store;
+  if (ss !== null && typeof ss === 'object' && 'url' in ss) {
+    const st = ss as Record<string, unknown>;
+    (out.sessions as Record<string, unknown>).store = { redis: st.url, keyPrefix: st.keyPrefix, timeoutMs: st.timeoutMs };
+  }
+  // batch.consumer '' means "hostname-pid", chosen at start: written by leaving it out
+  const b = out.batch as Record<string, unknown> | undefined;
+  if (b !== undefined && b.consumer === '') delete b.consumer;
   return out;
 }
 
