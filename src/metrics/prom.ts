@@ -1,7 +1,7 @@
 // prom-client glue. The request path only bumps plain numbers and typed arrays;
 // prom-client sees them at scrape time: Counter and Gauge objects copy them in
 // their collect() callbacks, and a HistogramMetric reads our Histograms.
-import { collectDefaultMetrics, Histogram as PromHistogram, Registry, type LabelValues, type Metric } from 'prom-client';
+import { collectDefaultMetrics, Counter, Histogram as PromHistogram, Registry, type LabelValues, type Metric } from 'prom-client';
 import type { Histogram } from './histogram.js';
 
 export { Registry };
@@ -27,6 +27,19 @@ export function newRegistry(opts: { defaultMetrics?: boolean } = {}): Registry {
     for (const m of processMetrics.getMetricsAsArray()) r.registerMetric(m as unknown as Metric);
   }
   return r;
+}
+
+/** A label-less counter whose value `read()` gives at scrape time (a running total the code keeps as a plain number). */
+export function scrapeCounter(registers: Registry[], name: string, help: string, read: () => number): Counter {
+  return new Counter({
+    name,
+    help,
+    registers,
+    collect() {
+      this.reset();
+      this.inc(read());
+    },
+  });
 }
 
 /** Calls `emit` once per series (label values, histogram) at scrape time. */

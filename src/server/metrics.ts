@@ -6,7 +6,7 @@ import { Counter, Gauge } from 'prom-client';
 import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import { VERSION } from '../version.js';
 import { Histogram } from '../metrics/histogram.js';
-import { HistogramMetric, newRegistry, type Registry } from '../metrics/prom.js';
+import { HistogramMetric, newRegistry, scrapeCounter, type Registry } from '../metrics/prom.js';
 
 const DECISION_BUCKETS = [5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01];
 const TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
@@ -155,16 +155,7 @@ export class RouterMetrics {
   /** The tracing export counters (when tracing is on). */
   registerTracing(stats: { exported: number; dropped: number; failed: number; readonly queued: number }): void {
     const r = [this.registry];
-    const counter = (name: string, help: string, read: () => number) =>
-      new Counter({
-        name,
-        help,
-        registers: r,
-        collect() {
-          this.reset();
-          this.inc(read());
-        },
-      });
+    const counter = (name: string, help: string, read: () => number) => scrapeCounter(r, name, help, read);
     counter('switchyard_tracing_spans_exported_total', 'Spans the OTLP collector acknowledged.', () => stats.exported);
     counter('switchyard_tracing_spans_dropped_total', 'Spans dropped because the export queue was full (collector slow or down).', () => stats.dropped);
     counter('switchyard_tracing_spans_failed_total', 'Spans lost in exports that failed (collector down, timeout, refused).', () => stats.failed);
@@ -309,16 +300,7 @@ export class RouterMetrics {
         this.inc({ change: 'grace_expired' }, l.graceExpired);
       },
     });
-    const counter = (name: string, help: string, read: () => number) =>
-      new Counter({
-        name,
-        help,
-        registers: r,
-        collect() {
-          this.reset();
-          this.inc(read());
-        },
-      });
+    const counter = (name: string, help: string, read: () => number) => scrapeCounter(r, name, help, read);
     counter('switchyard_prefix_blocks_total', 'Prompt blocks hashed for prefix matching.', () => m.promptBlocks);
     counter('switchyard_prefix_matched_blocks_total', 'Prompt blocks the picked endpoint was believed to hold.', () => m.matchedBlocks);
     new Gauge({

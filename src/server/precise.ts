@@ -10,7 +10,7 @@ import { DEFAULT_TIER_WEIGHTS_CONFIG } from '../config/prefix-mode.js';
 import { MAX_ENDPOINT_IDS, type EndpointSet } from '../endpoints/endpoint.js';
 import { ConfigError } from '../errors.js';
 import { KvEventFeed, LAG_BUCKETS } from '../kv-events/feed.js';
-import { HistogramMetric, type Registry } from '../metrics/prom.js';
+import { HistogramMetric, scrapeCounter, type Registry } from '../metrics/prom.js';
 import type { PrefixProducer, TierWeights } from '../scheduler/prefix-producer.js';
 import { TokenSource, type ModelTokenizer } from '../tokenize/source.js';
 import { EngineTokenizer, SimTokenizer, type Tokenizer } from '../tokenize/tokenizer.js';
@@ -130,17 +130,7 @@ function registerPreciseMetrics(registry: Registry, feed: KvEventFeed, tokens: T
     ['switchyard_tokenize_timeouts_total', 'Tokenizations that timed out (approximate scoring for that request).', () => tokens.counters.timeouts],
     ['switchyard_tokenize_failures_total', 'Tokenizations that failed (approximate scoring for that request).', () => tokens.counters.failures],
   ];
-  for (const [name, help, get] of global) {
-    new Counter({
-      name,
-      help,
-      registers: r,
-      collect() {
-        this.reset();
-        this.inc(get());
-      },
-    });
-  }
+  for (const [name, help, get] of global) scrapeCounter(r, name, help, get);
   new HistogramMetric({
     name: 'switchyard_kv_events_lag_seconds',
     help: 'From a KV-event batch arriving to its blocks being in the index.',

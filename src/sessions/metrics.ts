@@ -1,6 +1,6 @@
 // The session table's Prometheus families, read at scrape time from its plain counters.
 import { Counter, Gauge } from 'prom-client';
-import type { Registry } from '../metrics/prom.js';
+import { scrapeCounter, type Registry } from '../metrics/prom.js';
 import type { SessionTable } from './table.js';
 
 export function registerSessionMetrics(registry: Registry, t: SessionTable): void {
@@ -21,16 +21,7 @@ export function registerSessionMetrics(registry: Registry, t: SessionTable): voi
       this.set(t.size);
     },
   });
-  const counter = (name: string, help: string, read: () => number) =>
-    new Counter({
-      name,
-      help,
-      registers: r,
-      collect() {
-        this.reset();
-        this.inc(read());
-      },
-    });
+  const counter = (name: string, help: string, read: () => number) => scrapeCounter(r, name, help, read);
   counter('switchyard_session_turns_followed_total', 'Turns that went to the endpoint their session is pinned to.', () => t.followed);
   counter('switchyard_session_pins_created_total', 'Sessions pinned for the first time (or again after their pin expired).', () => t.newPins);
   new Counter({
