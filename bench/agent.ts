@@ -16,11 +16,12 @@
 //   session       the router's defaults: the same scorers plus the
 //                 session-affinity filter, conversations named by
 //                 `x-session-id` (the Responses API passes its chain instead:
-//                 the same key for routing).
-//
-// Turn priority (flow control dispatching continuations first) is not part of
-// these runs: its dispatch order is built in flow control (another change);
-// this router sets the `continuation` flag it reads.
+//                 the same key for routing);
+//   session+turn-priority
+//                 session, plus flow control (admission off: nothing shed)
+//                 holding requests in the router while the engines are
+//                 saturated, with turn priority (on by default) dispatching a
+//                 conversation's next turn ahead of cold first turns.
 //
 // Reported per run: per-turn TTFT p50/p90 (all turns, and turns 2..8),
 // conversation completion time p50/p90 (first request sent → last answer
@@ -43,6 +44,7 @@ export const AGENT_POLICIES: Record<string, string> = {
   'round-robin': `scheduling:\n${NO_SESSION_FILTERS}  scorers: []\n  picker: round-robin\n`,
   'prefix-only': `scheduling:\n${NO_SESSION_FILTERS}`,
   session: '', // the defaults: session-affinity filter + prefix-cache 3, queue 2, kv-cache-utilization 2
+  'session+turn-priority': 'flowControl:\n  admission: { mode: "off" }\n',
 };
 
 interface Shape {
@@ -253,7 +255,7 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
       try {
         await waitReady(`http://127.0.0.1:${port}/readyz`, 60_000);
         if (router.child.exitCode !== null) throw new Error('the router exited (its port was taken?)');
-        const r = await runLoad(`http://127.0.0.1:${port}`, shape, rate, 4242 + rate, policy === 'session');
+        const r = await runLoad(`http://127.0.0.1:${port}`, shape, rate, 4242 + rate, policy.startsWith('session'));
         const row: AgentRow = {
           rate, policy, turns: r.ttft.length,
           ttftP50: quantile(r.ttft, 0.5), ttftP90: quantile(r.ttft, 0.9), laterP90: quantile(r.ttftLater, 0.9),
