@@ -15,7 +15,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, freePort, freePortRange, start, waitReady, type Proc, option } from './lib/proc.js';
+import { CLI, freePort, freePortRange, simRouterYaml, start, waitReady, type Proc, option } from './lib/proc.js';
 import { fmt } from './lib/stats.js';
 
 type Mode = 'tokens' | 'requests';
@@ -52,17 +52,7 @@ function prompt(tokens: number, tag: string): string {
 }
 
 function routerYaml(port: number, base: number, mode: Mode): string {
-  return `apiVersion: switchyard/v1
-kind: Router
-listen: { host: 127.0.0.1, port: ${port} }
-logging: { level: warn }
-pools:
-  - name: sim
-    engine: vllm
-    models: [open-model]
-    endpoints:
-      - { name: e0, url: "http://127.0.0.1:${base}" }
-flowControl:
+  return `${simRouterYaml(port, base, 1)}flowControl:
   enabled: true
   admission: { mode: "off" }
   saturation: { maxConcurrency: 4 }

@@ -30,7 +30,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, freePort, freePortRange, start, waitReady, type Proc, option } from './lib/proc.js';
+import { CLI, freePort, freePortRange, simRouterYaml, start, waitReady, type Proc, option } from './lib/proc.js';
 import { fmt, quantile } from './lib/stats.js';
 
 interface Sample {
@@ -181,17 +181,7 @@ function stats(xs: Sample[]): Stats {
 }
 
 function routerYaml(port: number, base: number, s: Shape, enabled: boolean): string {
-  const endpoints = Array.from({ length: s.engines }, (_, i) => `      - { name: e${i}, url: "http://127.0.0.1:${base + i}" }`).join('\n');
-  const head = `apiVersion: switchyard/v1
-kind: Router
-listen: { host: 127.0.0.1, port: ${port} }
-logging: { level: warn }
-pools:
-  - name: sim
-    engine: vllm
-    models: [open-model]
-    endpoints:
-${endpoints}`;
+  const head = simRouterYaml(port, base, s.engines).trimEnd();
   if (s.documented) {
     const block = documentedBlock();
     if (!/^  enabled: true$/m.test(block)) throw new Error('fairness: the documented block no longer has `enabled: true`');

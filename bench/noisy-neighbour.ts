@@ -27,7 +27,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, freePort, freePortRange, start, waitReady, type Proc, option } from './lib/proc.js';
+import { CLI, freePort, freePortRange, simRouterYaml, start, waitReady, type Proc, option } from './lib/proc.js';
 import { fmt, quantile } from './lib/stats.js';
 
 type Mode = 'fair' | 'arrival';
@@ -78,18 +78,7 @@ const burst = (t: Target, tenant: string, n: number, s: Shape, tag: string) =>
   Promise.all(Array.from({ length: n }, (_, i) => call(t.pool, tenant, i + n * tag.length, s.maxTokens)));
 
 function routerYaml(port: number, base: number, mode: Mode, s: Shape): string {
-  return `apiVersion: switchyard/v1
-kind: Router
-listen: { host: 127.0.0.1, port: ${port} }
-logging: { level: warn }
-pools:
-  - name: sim
-    engine: vllm
-    models: [open-model]
-    endpoints:
-      - { name: e0, url: "http://127.0.0.1:${base}" }
-      - { name: e1, url: "http://127.0.0.1:${base + 1}" }
-flowControl:
+  return `${simRouterYaml(port, base, 2)}flowControl:
   enabled: true
   admission: { shedding: ${mode} }
   saturation: { maxConcurrency: 4 }

@@ -159,3 +159,24 @@ export function option(argv: readonly string[], name: string): string | undefine
   const eq = argv.find((a) => a.startsWith(name + '='));
   return eq?.slice(name.length + 1);
 }
+
+/**
+ * The head of a router config in front of a simulated fleet started with
+ * `switchyard sim --fleet N --base-port base`: one vLLM pool `sim` serving
+ * open-model, endpoints e0..e(N-1), warn-level logs. Scenarios append their
+ * own blocks (flowControl, scheduling, ...) after it.
+ */
+export function simRouterYaml(port: number, base: number, engines: number): string {
+  const endpoints = Array.from({ length: engines }, (_, i) => `      - { name: e${i}, url: "http://127.0.0.1:${base + i}" }`).join('\n');
+  return `apiVersion: switchyard/v1
+kind: Router
+listen: { host: 127.0.0.1, port: ${port} }
+logging: { level: warn }
+pools:
+  - name: sim
+    engine: vllm
+    models: [open-model]
+    endpoints:
+${endpoints}
+`;
+}
