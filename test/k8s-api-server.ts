@@ -75,6 +75,8 @@ export class KubeApiServer {
   /** The next n list requests get this status (an API server in trouble). */
   failLists = 0;
   failStatus = 500;
+  /** Runs once before the next lease PUT is judged (a write that lands between a client's read and its write). */
+  beforeLeasePut: (() => void) | null = null;
 
   constructor() {
     this.server = http.createServer((req, res) => this.#handle(req, res));
@@ -298,6 +300,9 @@ export class KubeApiServer {
         return send(201, this.apply('leases', ns, body));
       }
       if (req.method === 'PUT' && name) {
+        const hook = this.beforeLeasePut;
+        this.beforeLeasePut = null;
+        hook?.();
         const cur = this.#store.leases.get(key(name));
         if (!cur) return send(404, status(404, 'NotFound', `leases.coordination.k8s.io "${name}" not found`));
         if (body.metadata.resourceVersion !== cur.metadata.resourceVersion) {

@@ -7,8 +7,10 @@ import { strict, z } from './schema-kit.js';
 export const ON_REDIS_DOWN = ['serve-alone', 'refuse'] as const;
 
 export interface HaConfig {
-  /** redis://host:port[/db] of the Redis both routers of the pair share. */
-  redis: string;
+  /** redis://host:port[/db] of the Redis both routers of the pair share (the lease, unless `kubernetes`; the warm standby's delta stream). */
+  redis?: string;
+  /** The lease as a Kubernetes coordination.k8s.io/v1 Lease instead of in Redis. */
+  kubernetes?: HaKubernetesConfig;
   /** Prefix of every Redis key the pair uses (lease, fencing counter, delta stream). */
   key: string;
   /** How long an acquired or renewed lease lasts without renewal. */
@@ -23,6 +25,17 @@ export interface HaConfig {
   streamMaxLen: number;
   /** The active publishes its routing-state deltas and the standby follows them (false: a cold standby). */
   warmStandby: boolean;
+}
+
+export interface HaKubernetesConfig {
+  /** The Lease object's name (created when absent). */
+  name: string;
+  /** Its namespace; default: the router's own (in-cluster), else the kubeconfig context's. */
+  namespace?: string;
+  /** A kubeconfig file; absent: the in-cluster service account. */
+  kubeconfig?: string;
+  /** holderIdentity of this router; default: its hostname (the pod name) plus a random suffix. */
+  identity?: string;
 }
 
 export interface ExtProcConfig {
@@ -58,7 +71,23 @@ const redisUrl = nonEmpty().refine(
 
 export const haSchema = strict(
   {
-    redis: redisUrl.describe('the Redis the standby pair shares: redis://host:port[/db]'),
+    redis: redisUrl.optional().describe('the Redis the standby pair shares: redis://host:port[/db] (lease unless kubernetes; the warm standby\'s delta stream)'),
+    kubernetes: strict(
+      {
+        name: nonEmpty()
+          .refine((s) => /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/.test(s), { error: (i) => `must be a Kubernetes object name (got ${got(i.input)})` })
+          .describe('name of the coordination.k8s.io/v1 Lease (created when absent)'),
+        namespace: nonEmpty()
+          .refine((s) => /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(s), { error: (i) => `must be a Kubernetes namespace name (got ${got(i.input)})` })
+          .optional()
+          .describe("the Lease's namespace; default: the router's own"),
+        kubeconfig: nonEmpty().optional().describe('kubeconfig file; absent: the in-cluster service account'),
+        identity: nonEmpty().optional().describe('holderIdentity of this router; default: hostname plus a random suffix'),
+      },
+      'must be a mapping {name, namespace, kubeconfig, identity}',
+    )
+      .optional()
+      .describe('the lease as a Kubernetes Lease instead of in Redis (docs/operations.md)'),
     key: nonEmpty().default(HA_DEFAULTS.key).describe('prefix of the Redis keys of this pair'),
     leaseTtlMs: int(200, 600_000).default(HA_DEFAULTS.leaseTtlMs).describe('lease lifetime without renewal'),
     renewIntervalMs: int(50, 300_000).default(HA_DEFAULTS.renewIntervalMs).describe('lease renewal (active) and acquisition attempts (standby)'),
@@ -73,8 +102,9 @@ export const haSchema = strict(
       .default(HA_DEFAULTS.warmStandby)
       .describe('the active publishes routing-state deltas and the standby follows them (false: a cold standby)'),
   },
-  'must be a mapping (at least `redis: redis://host:port`)',
+  'must be a mapping (at least `redis: redis://host:port` or `kubernetes: {name}`)',
 ).superRefine((v, ctx) => {
+  if (v.redis === undefined && v.kubernetes === undefined) ctx.addIssue({ code: 'custom', path: ['redis'], message: 'is required (or kubernetes: {name} for a Kubernetes Lease)', input: undefined });
   if (typeof v.leaseTtlMs === 'number' && typeof v.renewIntervalMs === 'number' && v.renewIntervalMs * 2 > v.leaseTtlMs) {
     ctx.addIssue({ code: 'custom', path: ['renewIntervalMs'], message: `must be at most half of leaseTtlMs (${v.leaseTtlMs}): one missed renewal must not lose the lease`, input: v.renewIntervalMs });
   }
