@@ -244,7 +244,7 @@ t.test('discovery config: field paths for bad blocks', async (t) => {
   t.match(bad({ kubernetes: { inferencePool: 'a', roleLabel: 'bad key!' } }), /roleLabel: must be a Kubernetes label key/);
   t.match(bad({ kubernetes: { inferencePool: 'a', nope: 1 } }), /unknown field/);
   t.match(bad({ kubernetes: { inferencePool: 'a' } }, { prefix: { mode: 'precise' } }), /prefix\.mode: precise mode needs/);
-  t.match(bad(undefined), /pools\[0\]\.endpoints: must list at least one endpoint \(or give the pool discovery\)/);
+  t.match(bad(undefined), /pools\[0\]\.endpoints: is required: at least one endpoint \(or give the pool discovery\)/);
   const ok = validateConfig({ apiVersion: API_VERSION, kind: 'Router', pools: [{ name: 'p', models: ['m'], discovery: { kubernetes: { labelSelector: { app: 'vllm', tier: 'gpu' }, targetPort: 8000 } } }] }, validatePlugin);
   t.match(ok.pools[0]!.discovery!.kubernetes, { labelSelector: 'app=vllm,tier=gpu', roleLabel: 'llm-d.ai/role', portAnnotation: 'switchyard.io/port', watchTimeoutSeconds: 300 });
   t.same(ok.pools[0]!.endpoints, []);

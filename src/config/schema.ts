@@ -547,8 +547,8 @@ function crossFieldRules(validatePlugin?: PluginCheck) {
         if (poolNames.has(pool.name)) add(['pools', i, 'name'], `duplicate pool name "${pool.name}"`);
         poolNames.add(pool.name);
       }
-      if (pool.endpoints === undefined && pool.discovery === undefined) add(['pools', i, 'endpoints'], 'is required (or give the pool discovery)');
-      if (Array.isArray(pool.endpoints) && pool.endpoints.length === 0 && pool.discovery === undefined) add(['pools', i, 'endpoints'], 'must list at least one endpoint (or give the pool discovery)');
+      if ((pool.endpoints === undefined || (Array.isArray(pool.endpoints) && pool.endpoints.length === 0)) && pool.discovery === undefined)
+        add(['pools', i, 'endpoints'], 'is required: at least one endpoint (or give the pool discovery)');
       if (pool.discovery !== undefined && isMapping(pool.prefix) && pool.prefix.mode === 'precise')
         add(['pools', i, 'prefix', 'mode'], 'precise mode needs each endpoint\'s kvEvents publisher: not available for discovered endpoints (use approximate)');
       if (!Array.isArray(pool.endpoints)) return;
