@@ -44,10 +44,12 @@ export interface ExtProcConfig {
   port: number;
   /** The dynamic-metadata namespace of the picked endpoint (Gateway API Inference Extension: envoy.lb). */
   metadataNamespace: string;
+  /** Other candidates of the pick sent after it (`ip:port,ip:port,...`), best first, for the proxy's retries; 0: the pick alone. */
+  fallbacks: number;
 }
 
 export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, streamMaxLen: 1000, warmStandby: true };
-export const EXT_PROC_DEFAULTS = { host: '127.0.0.1', port: 9002, metadataNamespace: 'envoy.lb' };
+export const EXT_PROC_DEFAULTS = { host: '127.0.0.1', port: 9002, metadataNamespace: 'envoy.lb', fallbacks: 0 };
 
 const got = (v: unknown) => JSON.stringify(v);
 function int(min: number, max: number) {
@@ -115,6 +117,7 @@ export const extProcSchema = strict(
     host: nonEmpty().default(EXT_PROC_DEFAULTS.host),
     port: int(0, 65535).default(EXT_PROC_DEFAULTS.port).describe('gRPC listen port (0: one the OS picks)'),
     metadataNamespace: nonEmpty().default(EXT_PROC_DEFAULTS.metadataNamespace).describe('dynamic-metadata namespace of the picked endpoint'),
+    fallbacks: int(0, 7).default(EXT_PROC_DEFAULTS.fallbacks).describe('other candidates sent after the pick for the proxy to retry on (0: the pick alone)'),
   },
   'must be a mapping',
 );
