@@ -13,7 +13,7 @@ import { startFleet } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { ConfigError } from '../src/errors.js';
 import { startRouter, type RunningRouter } from '../src/server/router.js';
-import { post, until } from './sim-util.js';
+import { get, metric, parseProm, post, until } from './sim-util.js';
 import { validatePlugin } from './router-util.js';
 import { KubeApiServer, inferencePool, pod } from './k8s-api-server.js';
 
@@ -96,6 +96,10 @@ t.test('label selector: ready pods become endpoints and take requests; role and 
   t.ok(await until(() => !router.core.live.list().some((e) => e.name === 'vllm-0')), 'a deleted pod leaves the set');
   t.notOk((await servedBy(router, 10)).has('vllm-0'));
   t.ok(api.requests.some((r) => r.includes('labelSelector=app%3Dvllm') && r.includes('watch=1') && r.includes('allowWatchBookmarks=true')), 'the watch asks for bookmarks with the selector');
+  const m = parseProm((await get(router.url, '/metrics')).body);
+  t.equal(metric(m, 'switchyard_discovery_endpoints', { source: 'kubernetes:p' }), 2, '/metrics: endpoints of the source');
+  t.equal(metric(m, 'switchyard_discovery_pods_skipped', { source: 'kubernetes:p' }), 1, '/metrics: the bad-role pod');
+  t.equal(metric(m, 'switchyard_discovery_lists_total', { source: 'kubernetes:p' }), 1, '/metrics: one list');
 });
 
 t.test('an unready pod is drained: its in-flight request finishes, new requests go elsewhere', async (t) => {

@@ -11,6 +11,7 @@
 // pod watch with the new selector; the endpoints of the old one stay until
 // the new list replaces them.
 import type { Logger } from 'pino';
+import { Counter, Gauge, type Registry } from 'prom-client';
 import type { PoolConfig, EndpointConfig, Role } from '../config/schema.js';
 import { ROLES } from '../config/schema.js';
 import type { KubernetesDiscoveryConfig } from '../config/discovery.js';
@@ -297,4 +298,38 @@ export function poolView(obj: KubeObject): PoolView | string {
   else if (spec.targetPortNumber !== undefined) ports = [Number(spec.targetPortNumber)];
   if (ports.some((p) => !Number.isInteger(p) || p < 1 || p > 65535)) return `spec.targetPorts has a bad port number (${JSON.stringify(spec.targetPorts ?? spec.targetPortNumber)})`;
   return { selector, ports };
+}
+
+/** The discovery sources' state on the router's /metrics (read at scrape time). */
+export function registerDiscoveryMetrics(registry: Registry, sources: readonly KubernetesDiscovery[]): void {
+  if (sources.length === 0) return;
+  const r = [registry];
+  const gauge = (name: string, help: string, read: (s: DiscoveryStats) => number) =>
+    new Gauge({
+      name,
+      help,
+      labelNames: ['source'],
+      registers: r,
+      collect() {
+        for (const src of sources) this.set({ source: src.name }, read(src.snapshot()));
+      },
+    });
+  const counter = (name: string, help: string, read: (s: DiscoveryStats) => number) =>
+    new Counter({
+      name,
+      help,
+      labelNames: ['source'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const src of sources) this.inc({ source: src.name }, read(src.snapshot()));
+      },
+    });
+  gauge('switchyard_discovery_endpoints', 'Endpoints a discovery source currently provides (ready pods × ports).', (s) => s.endpoints);
+  gauge('switchyard_discovery_pods_not_ready', 'Selected pods that are not ready or are terminating.', (s) => s.notReady);
+  gauge('switchyard_discovery_pods_skipped', 'Selected ready pods skipped for a bad role label or port annotation.', (s) => s.skipped);
+  counter('switchyard_discovery_lists_total', 'Full lists (the first, and each relist).', (s) => s.lists);
+  counter('switchyard_discovery_gone_total', 'Relists forced by 410 Gone (resourceVersion compacted away).', (s) => s.gone);
+  counter('switchyard_discovery_watch_failures_total', 'Lists or watches that failed or broke and were retried after a backoff.', (s) => s.failures);
+  counter('switchyard_discovery_reselects_total', "Pod watches restarted for a changed InferencePool selector.", (s) => s.reselects);
 }

@@ -83,8 +83,9 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
     // pools with discovery: their pods become endpoints through core.live (loaded only when configured)
     const discovered = config.pools.filter((p) => p.discovery !== undefined);
     if (discovered.length > 0) {
-      const { KubernetesDiscovery } = await import('../k8s/discovery.js');
+      const { KubernetesDiscovery, registerDiscoveryMetrics } = await import('../k8s/discovery.js');
       for (const pool of discovered) discovery.push(new KubernetesDiscovery(pool, logger));
+      registerDiscoveryMetrics(core.metrics.registry, discovery);
       await Promise.all(discovery.map((d) => d.start(core.live)));
     }
     if (config.ha) {
