@@ -40,6 +40,8 @@ export interface DiscoveryStats {
   skipped: number;
   /** Times the pod watch was restarted for a changed InferencePool selector or ports. */
   reselects: number;
+  /** Pod sets that could not be applied (the endpoint ids used up). */
+  failedReconciles: number;
   lists: number;
   gone: number;
   failures: number;
@@ -61,7 +63,7 @@ export class KubernetesDiscovery implements EndpointSource {
   #pending = false;
   /** Pods already warned about (a bad label is logged once per pod version). */
   readonly #warned = new Set<string>();
-  readonly stats: DiscoveryStats = { endpoints: 0, notReady: 0, skipped: 0, reselects: 0, lists: 0, gone: 0, failures: 0, bookmarks: 0 };
+  readonly stats: DiscoveryStats = { endpoints: 0, notReady: 0, skipped: 0, reselects: 0, failedReconciles: 0, lists: 0, gone: 0, failures: 0, bookmarks: 0 };
   /** Counters of list/watch loops that were stopped (a reselect), kept in the totals. */
   readonly #past = { lists: 0, gone: 0, failures: 0, bookmarks: 0 };
 
@@ -193,9 +195,15 @@ export class KubernetesDiscovery implements EndpointSource {
       this.#pending = false;
       if (this.#closed || this.#target === null) return;
       const endpoints = this.#desired();
-      const r = this.#target.reconcile(this.name, [{ ...this.pool, endpoints }]);
-      this.stats.endpoints = endpoints.length;
-      if (r.added.length + r.removed.length + r.replaced.length > 0) this.#log.info({ ...r }, 'kubernetes discovery: endpoints changed');
+      try {
+        const r = this.#target.reconcile(this.name, [{ ...this.pool, endpoints }]);
+        this.stats.endpoints = endpoints.length;
+        if (r.added.length + r.removed.length + r.replaced.length > 0) this.#log.info({ ...r }, 'kubernetes discovery: endpoints changed');
+      } catch (err) {
+        // e.g. the router's endpoint ids are used up (SWY_ERR_ENDPOINT_IDS): logged, the next change retries
+        this.stats.failedReconciles++;
+        this.#log.error({ err: (err as Error).message, code: (err as { code?: string }).code }, 'kubernetes discovery: could not apply the pod set');
+      }
     });
   }
 
