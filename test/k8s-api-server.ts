@@ -75,6 +75,8 @@ export class KubeApiServer {
   /** The next n list requests get this status (an API server in trouble). */
   failLists = 0;
   failStatus = 500;
+  /** Watches never end by timeoutSeconds and stay silent (a peer that died without a FIN looks the same). */
+  ignoreWatchTimeout = false;
   /** Runs once before the next lease PUT is judged (a write that lands between a client's read and its write). */
   beforeLeasePut: (() => void) | null = null;
 
@@ -265,7 +267,7 @@ export class KubeApiServer {
       if (line !== null) res.write(line + '\n');
     }
     this.#watchers.add(w);
-    const timeout = Number(u.searchParams.get('timeoutSeconds') ?? 0);
+    const timeout = this.ignoreWatchTimeout ? 0 : Number(u.searchParams.get('timeoutSeconds') ?? 0);
     const timer = timeout > 0 ? setTimeout(() => {
       this.#watchers.delete(w);
       res.end();

@@ -193,6 +193,20 @@ t.test('a watch stream cut mid-event: reconnect with backoff, the event replayed
   t.ok(await until(async () => (await servedBy(router, 12)).size === 3), 'all three take requests');
 });
 
+t.test('a watch that goes silent past its timeoutSeconds is abandoned and reopened', async (t) => {
+  const { api, ports, router } = await setup(t, 2, { labelSelector: 'app=vllm', targetPort: 8000, watchTimeoutSeconds: 1 }, (api, ports) => {
+    api.ignoreWatchTimeout = true;
+    api.apply('pods', NS, pod('a', ports[0]!));
+  });
+  t.ok(await until(() => api.openWatches === 1));
+  const watches = api.counts.watches;
+  // the server keeps the stream open and says nothing: after 1 s × 1.1 + 2 s the client gives up on it
+  t.ok(await until(() => api.counts.watches > watches, 6000), 'a new watch was opened');
+  t.ok(router.discovery[0]!.snapshot().failures >= 1, 'the silent one counted as a failure');
+  api.apply('pods', NS, pod('b', ports[1]!));
+  t.ok(await until(routable(router, ['a', 'b'])), 'the new watch delivers');
+});
+
 t.test('InferencePool: its selector and targetPorts pick the pods; a selector change re-selects; deletion drains', async (t) => {
   const { api, ports, router } = await setup(t, 3, { inferencePool: 'chat' }, (api, ports) => {
     api.apply('inferencepools', NS, inferencePool('chat', { app: 'blue' }));

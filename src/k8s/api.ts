@@ -148,6 +148,9 @@ export class KubeApi {
       if (signal.aborted) return onAbort();
       signal.addEventListener('abort', onAbort, { once: true });
       req.on('error', (err) => finish(signal.aborted ? { kind: 'closed', events } : { kind: 'error', events, error: err }));
+      // a connection that went silent (a dead peer without a FIN): the server would have ended the watch by now
+      const idle = typeof query.timeoutSeconds === 'number' ? query.timeoutSeconds * 1100 + 2000 : 0;
+      if (idle > 0) req.setTimeout(idle, () => finish({ kind: 'error', events, error: new Error(`the watch was silent for ${(idle / 1000).toFixed(1)} s`) }));
       req.on('response', (res) => {
         if (res.statusCode !== 200) {
           readBody(res).then(
