@@ -6,7 +6,7 @@
 // and the event replayed; bookmarks move the resume point; an InferencePool's
 // selector change re-selects; bad config gets field paths.
 import t from 'tap';
-import { mkdtemp } from 'node:fs/promises';
+import { mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startFleet } from '../src/sim/index.js';
@@ -271,4 +271,40 @@ t.test('discovery config: field paths for bad blocks', async (t) => {
 t.test('a kubeconfig that does not exist stops the start with the reason', async (t) => {
   const c = validateConfig(cfg('/nonexistent/kubeconfig', { inferencePool: 'x' }), validatePlugin);
   await t.rejects(startRouter(c, { port: 0, host: '127.0.0.1', adminPort: 0 }), /cannot load the Kubernetes config \/nonexistent\/kubeconfig/);
+});
+
+t.test('a config reload keeps the discovered endpoints; a changed discovery block is reported as needing a restart', async (t) => {
+  const api = await new KubeApiServer().listen();
+  const dir = await mkdtemp(join(tmpdir(), 'swy-k8s-'));
+  const kubeconfig = await api.kubeconfig(dir, NS);
+  const fleet = await startFleet(3, { timeScale: 0 });
+  const ports = fleet.urls.map((u) => Number(new URL(u).port));
+  api.apply('pods', NS, pod('a', ports[0]!));
+  api.apply('pods', NS, pod('b', ports[1]!));
+  const file = join(dir, 'router.yaml');
+  const doc = (selector: string) => {
+    const c = cfg(kubeconfig, { labelSelector: selector, targetPort: 8000 });
+    // a static endpoint beside the discovered ones
+    (c.pools[0] as Record<string, unknown>).endpoints = [{ name: 'static', url: fleet.urls[2] }];
+    return JSON.stringify(c);
+  };
+  await writeFile(file, doc('app=vllm'));
+  const router = await startRouter(validateConfig(JSON.parse(doc('app=vllm')), validatePlugin), { port: 0, host: '127.0.0.1', adminPort: 0, configFile: file, validatePlugin });
+  t.teardown(async () => {
+    await router.close(200);
+    await fleet.close();
+    await api.close();
+  });
+  t.same(active(router), ['a', 'b', 'static']);
+  const a = router.core.endpoints.byName('a');
+  const same = await router.reload!();
+  t.ok(same.ok);
+  t.same(same.ok && same.changes, { added: [], removed: [], replaced: [] }, 'an unchanged file changes nothing');
+  t.equal(router.core.endpoints.byName('a'), a, 'the discovered endpoint is the same one');
+  await writeFile(file, doc('app=other'));
+  const changed = await router.reload!();
+  t.ok(changed.ok && changed.restartNeeded.includes('pools.p.discovery'), 'a changed discovery block needs a restart');
+  t.same(active(router), ['a', 'b', 'static'], 'the running watch and its endpoints stay');
+  api.apply('pods', NS, pod('c', ports[2]!));
+  t.ok(await until(() => active(router).includes('c')), 'and it keeps following the pods');
 });
