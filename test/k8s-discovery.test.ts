@@ -18,6 +18,8 @@ import { validatePlugin } from './router-util.js';
 import { KubeApiServer, inferencePool, pod } from './k8s-api-server.js';
 
 const NS = 'llm';
+// generous: a shared 2-core machine under other engineers' load (these are conditions, not timings)
+const waitFor = (cond: () => boolean | Promise<boolean>, ms = 15_000) => until(cond, ms);
 
 const chat = (content = 'hello there', extra: Record<string, unknown> = {}) => ({ model: 'open-model', messages: [{ role: 'user', content }], max_tokens: 4, ...extra });
 
@@ -79,21 +81,21 @@ t.test('label selector: ready pods become endpoints and take requests; role and 
   t.same(active(router), ['vllm-0', 'vllm-1'], 'the first list is in before the router serves');
   const view = router.core.live.list().find((e) => e.name === 'vllm-0')!;
   t.match(view, { origin: 'kubernetes:p', pool: 'p', url: `http://127.0.0.1:${ports[0]}`, role: 'both', revision: 'v1' });
-  t.ok(await until(routable(router, ['vllm-0', 'vllm-1'])), 'health-checked and routable');
+  t.ok(await waitFor(routable(router, ['vllm-0', 'vllm-1'])), 'health-checked and routable');
   t.same([...(await servedBy(router, 12))].sort(), ['vllm-0', 'vllm-1'], 'requests reach both pods');
 
   // a pod added later, a pod with a role label that is not a role (skipped, logged), a not-ready one
   api.apply('pods', NS, pod('vllm-2', ports[2]!, { labels: { app: 'vllm', 'app.kubernetes.io/version': 'v1' } }));
   api.apply('pods', NS, pod('vllm-bad', ports[2]!, { labels: { app: 'vllm', 'llm-d.ai/role': 'router' } }));
   api.apply('pods', NS, pod('vllm-starting', ports[2]!, { ready: false }));
-  t.ok(await until(routable(router, ['vllm-0', 'vllm-1', 'vllm-2'])), 'the added pod is routable');
+  t.ok(await waitFor(routable(router, ['vllm-0', 'vllm-1', 'vllm-2'])), 'the added pod is routable');
   t.same(active(router), ['vllm-0', 'vllm-1', 'vllm-2'], 'the bad-role and not-ready pods are not endpoints');
   t.match(router.discovery[0]!.snapshot(), { endpoints: 3, notReady: 1, skipped: 1 });
   t.ok((await servedBy(router, 20)).has('vllm-2'), 'the added pod takes requests');
 
   // the pod goes away: it leaves
   api.delete('pods', NS, 'vllm-0');
-  t.ok(await until(() => !router.core.live.list().some((e) => e.name === 'vllm-0')), 'a deleted pod leaves the set');
+  t.ok(await waitFor(() => !router.core.live.list().some((e) => e.name === 'vllm-0')), 'a deleted pod leaves the set');
   t.notOk((await servedBy(router, 10)).has('vllm-0'));
   t.ok(api.requests.some((r) => r.includes('labelSelector=app%3Dvllm') && r.includes('watch=1') && r.includes('allowWatchBookmarks=true')), 'the watch asks for bookmarks with the selector');
   const m = parseProm((await get(router.url, '/metrics')).body);
@@ -114,13 +116,13 @@ t.test('an unready pod is drained: its in-flight request finishes, new requests 
     },
     { timeScale: 1, itlMs: 20, prefillOverheadMs: 1 },
   );
-  t.ok(await until(routable(router, ['a', 'b'])));
+  t.ok(await waitFor(routable(router, ['a', 'b'])));
   const a = router.core.endpoints.byName('a')!;
   const inflight = [];
   for (let i = 0; i < 6; i++) inflight.push(post(router.url, '/v1/chat/completions', chat(`long ${i} `.repeat(10), { max_tokens: 40, stream: true })));
-  t.ok(await until(() => a.inFlight > 0), 'a has requests in flight');
+  t.ok(await waitFor(() => a.inFlight > 0), 'a has requests in flight');
   api.apply('pods', NS, pod('a', ports[0]!, { ready: false }));
-  t.ok(await until(() => a.state === 'draining'), 'a is draining once its pod is unready');
+  t.ok(await waitFor(() => a.state === 'draining'), 'a is draining once its pod is unready');
   for (let i = 0; i < 3; i++) {
     const r = await post(router.url, '/v1/chat/completions', chat(`x${i}`, { max_tokens: 1 }));
     t.equal(r.headers['x-switchyard-endpoint'], 'b', 'a draining endpoint takes no new request');
@@ -129,12 +131,12 @@ t.test('an unready pod is drained: its in-flight request finishes, new requests 
     t.equal(r.status, 200);
     t.ok(r.body.endsWith('data: [DONE]\n\n'), 'every in-flight stream finished');
   }
-  t.ok(await until(() => a.removed), 'removed once its requests ended');
+  t.ok(await waitFor(() => a.removed), 'removed once its requests ended');
   // a terminating pod (deletionTimestamp, still Ready) drains too
   api.apply('pods', NS, pod('a', ports[0]!));
-  t.ok(await until(routable(router, ['a', 'b'])), 'ready again: back');
+  t.ok(await waitFor(routable(router, ['a', 'b'])), 'ready again: back');
   api.apply('pods', NS, pod('a', ports[0]!, { terminating: true }));
-  t.ok(await until(() => router.core.endpoints.byName('a') === undefined), 'a terminating pod is drained');
+  t.ok(await waitFor(() => router.core.endpoints.byName('a') === undefined), 'a terminating pod is drained');
 });
 
 t.test('410 Gone: a relist that keeps the endpoints (no drain); bookmarks move the resume point', async (t) => {
@@ -142,25 +144,25 @@ t.test('410 Gone: a relist that keeps the endpoints (no drain); bookmarks move t
     api.apply('pods', NS, pod('a', ports[0]!));
     api.apply('pods', NS, pod('b', ports[1]!));
   });
-  t.ok(await until(routable(router, ['a', 'b'])));
+  t.ok(await waitFor(routable(router, ['a', 'b'])));
   const before = { a: router.core.endpoints.byName('a'), b: router.core.endpoints.byName('b') };
   const drained = router.core.live.counters.drained;
-  t.ok(await until(() => api.openWatches === 1), 'one watch open');
+  t.ok(await waitFor(() => api.openWatches === 1), 'one watch open');
 
   // bookmark: the client resumes from it after a clean end
   api.apply('pods', NS, pod('unrelated', ports[0]!, { labels: { app: 'other' } })); // moves the server's version, unseen by the selector
   api.bookmark();
   const rvAtBookmark = api.resourceVersion;
-  await until(() => router.discovery[0]!.snapshot().bookmarks === 1);
+  await waitFor(() => router.discovery[0]!.snapshot().bookmarks === 1);
   t.equal(router.discovery[0]!.snapshot().bookmarks, 1, 'bookmark received');
   api.endWatches();
-  t.ok(await until(() => api.requests.some((r) => r.includes(`resourceVersion=${rvAtBookmark}`))), 'the watch resumed from the bookmark');
+  t.ok(await waitFor(() => api.requests.some((r) => r.includes(`resourceVersion=${rvAtBookmark}`))), 'the watch resumed from the bookmark');
 
   // compaction: the open watch gets ERROR 410 and the client relists
   const lists = api.counts.lists;
   api.compact();
-  t.ok(await until(() => api.counts.lists > lists), 'relisted after 410 Gone');
-  t.ok(await until(() => api.openWatches === 1), 'watching again');
+  t.ok(await waitFor(() => api.counts.lists > lists), 'relisted after 410 Gone');
+  t.ok(await waitFor(() => api.openWatches === 1), 'watching again');
   t.equal(router.discovery[0]!.snapshot().gone, 1);
   t.equal(router.core.endpoints.byName('a'), before.a, 'the same endpoint a (not replaced)');
   t.equal(router.core.endpoints.byName('b'), before.b, 'the same endpoint b');
@@ -169,7 +171,7 @@ t.test('410 Gone: a relist that keeps the endpoints (no drain); bookmarks move t
   // a change made while the client was away from the stream is in the relist
   api.compact();
   api.delete('pods', NS, 'b');
-  t.ok(await until(() => router.core.endpoints.byName('b') === undefined), 'a change around the relist is seen');
+  t.ok(await waitFor(() => router.core.endpoints.byName('b') === undefined), 'a change around the relist is seen');
   t.equal((await servedBy(router, 4)).size, 1);
 });
 
@@ -177,20 +179,20 @@ t.test('a watch stream cut mid-event: reconnect with backoff, the event replayed
   const { api, ports, router } = await setup(t, 3, { labelSelector: 'app=vllm', targetPort: 8000 }, (api, ports) => {
     api.apply('pods', NS, pod('a', ports[0]!));
   });
-  t.ok(await until(routable(router, ['a'])));
-  t.ok(await until(() => api.openWatches === 1));
+  t.ok(await waitFor(routable(router, ['a'])));
+  t.ok(await waitFor(() => api.openWatches === 1));
   const watches = api.counts.watches;
   api.cutNextEvent();
   api.apply('pods', NS, pod('b', ports[1]!)); // half of this event is written, then the connection dies
-  t.ok(await until(() => api.counts.watches > watches), 'reconnected');
-  t.ok(await until(routable(router, ['a', 'b'])), 'the cut event was replayed on the new watch: b is an endpoint');
+  t.ok(await waitFor(() => api.counts.watches > watches), 'reconnected');
+  t.ok(await waitFor(routable(router, ['a', 'b'])), 'the cut event was replayed on the new watch: b is an endpoint');
   t.ok(router.discovery[0]!.snapshot().failures >= 1, 'counted as a failure');
   // an API server refusing lists: backoff and retry, then the state is right
   api.failLists = 2;
   api.compact();
   api.apply('pods', NS, pod('c', ports[2]!));
-  t.ok(await until(routable(router, ['a', 'b', 'c'])), 'after two refused lists the third brought c');
-  t.ok(await until(async () => (await servedBy(router, 12)).size === 3), 'all three take requests');
+  t.ok(await waitFor(routable(router, ['a', 'b', 'c'])), 'after two refused lists the third brought c');
+  t.ok(await waitFor(async () => (await servedBy(router, 12)).size === 3), 'all three take requests');
 });
 
 t.test('a watch that goes silent past its timeoutSeconds is abandoned and reopened', async (t) => {
@@ -198,13 +200,13 @@ t.test('a watch that goes silent past its timeoutSeconds is abandoned and reopen
     api.ignoreWatchTimeout = true;
     api.apply('pods', NS, pod('a', ports[0]!));
   });
-  t.ok(await until(() => api.openWatches === 1));
+  t.ok(await waitFor(() => api.openWatches === 1));
   const watches = api.counts.watches;
   // the server keeps the stream open and says nothing: after 1 s × 1.1 + 2 s the client gives up on it
-  t.ok(await until(() => api.counts.watches > watches, 6000), 'a new watch was opened');
+  t.ok(await waitFor(() => api.counts.watches > watches, 15_000), 'a new watch was opened');
   t.ok(router.discovery[0]!.snapshot().failures >= 1, 'the silent one counted as a failure');
   api.apply('pods', NS, pod('b', ports[1]!));
-  t.ok(await until(routable(router, ['a', 'b'])), 'the new watch delivers');
+  t.ok(await waitFor(routable(router, ['a', 'b'])), 'the new watch delivers');
 });
 
 t.test('InferencePool: its selector and targetPorts pick the pods; a selector change re-selects; deletion drains', async (t) => {
@@ -216,12 +218,12 @@ t.test('InferencePool: its selector and targetPorts pick the pods; a selector ch
     api.apply('pods', NS, pod('green-0', ports[2]!, { labels: { app: 'green' } }));
   });
   t.same(active(router), ['blue-0', 'blue-1'], 'the pool selector picked the blue pods');
-  t.ok(await until(routable(router, ['blue-0', 'blue-1'])));
+  t.ok(await waitFor(routable(router, ['blue-0', 'blue-1'])));
   t.ok(api.requests.some((r) => r.includes('/inferencepools') && r.includes('fieldSelector=metadata.name%3Dchat')), 'the pool object is watched by name');
 
   // the selector moves to green: blue drains, green joins
   api.apply('inferencepools', NS, inferencePool('chat', { app: 'green' }));
-  t.ok(await until(routable(router, ['green-0'])), 're-selected');
+  t.ok(await waitFor(routable(router, ['green-0'])), 're-selected');
   t.same(active(router), ['green-0']);
   t.equal(router.discovery[0]!.snapshot().reselects, 1);
   t.same([...(await servedBy(router, 5))], ['green-0']);
@@ -231,16 +233,16 @@ t.test('InferencePool: its selector and targetPorts pick the pods; a selector ch
   delete (bare.metadata as { annotations?: unknown }).annotations;
   api.apply('inferencepools', NS, inferencePool('chat', { app: 'green' }, [ports[0]!, ports[1]!]));
   api.apply('pods', NS, bare);
-  t.ok(await until(() => router.core.live.list().some((e) => e.name === `green-1:${ports[0]}`) && router.core.live.list().some((e) => e.name === `green-1:${ports[1]}`)), 'one endpoint per target port');
+  t.ok(await waitFor(() => router.core.live.list().some((e) => e.name === `green-1:${ports[0]}`) && router.core.live.list().some((e) => e.name === `green-1:${ports[1]}`)), 'one endpoint per target port');
 
   // the pool is deleted: its endpoints drain
   api.delete('inferencepools', NS, 'chat');
-  t.ok(await until(() => active(router).length === 0), 'no pool, no endpoints');
+  t.ok(await waitFor(() => active(router).length === 0), 'no pool, no endpoints');
   const r = await post(router.url, '/v1/chat/completions', chat());
   t.equal(r.status, 503, 'a pool with no pods answers 503');
   t.match(JSON.parse(r.body), { error: { message: String } });
   api.apply('inferencepools', NS, inferencePool('chat', { app: 'blue' }));
-  t.ok(await until(routable(router, ['blue-0', 'blue-1'])), 'recreated: back');
+  t.ok(await waitFor(routable(router, ['blue-0', 'blue-1'])), 'recreated: back');
 });
 
 t.test('discovery config: field paths for bad blocks', async (t) => {
@@ -306,5 +308,5 @@ t.test('a config reload keeps the discovered endpoints; a changed discovery bloc
   t.ok(changed.ok && changed.restartNeeded.includes('pools.p.discovery'), 'a changed discovery block needs a restart');
   t.same(active(router), ['a', 'b', 'static'], 'the running watch and its endpoints stay');
   api.apply('pods', NS, pod('c', ports[2]!));
-  t.ok(await until(() => active(router).includes('c')), 'and it keeps following the pods');
+  t.ok(await waitFor(() => active(router).includes('c')), 'and it keeps following the pods');
 });
