@@ -22,6 +22,7 @@ const KNOWN: Record<string, string[]> = {
   'policy/v1': ['PodDisruptionBudget'],
   'rbac.authorization.k8s.io/v1': ['Role', 'RoleBinding'],
   'kustomize.config.k8s.io/v1beta1': ['Kustomization'],
+  'inference.networking.k8s.io/v1': ['InferencePool'],
 };
 
 type Obj = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
@@ -105,6 +106,34 @@ t.test('RBAC: pods, InferencePools and Leases, bound to the service account', as
   t.equal(rb.roleRef.kind, 'Role');
   t.ok(one('Role', rb.roleRef.name));
   for (const s of rb.subjects) t.ok(one(s.kind, s.name), `subject ${s.kind}/${s.name} exists`);
+});
+
+t.test('the InferencePool the config discovers from: selector, target ports, the endpoint picker on the router Service', async (t) => {
+  const cm = one('ConfigMap', 'switchyard-config')!;
+  const cfg = validateConfig(parse(cm.data['router.yaml']), validatePlugin, 'router.yaml');
+  const discovered = cfg.pools.filter((p) => p.discovery !== undefined);
+  t.ok(discovered.length > 0, 'the example config discovers its endpoints');
+  for (const p of discovered) {
+    const name = p.discovery!.kubernetes.inferencePool!;
+    const pool = one('InferencePool', name);
+    t.ok(pool, `pools.${p.name}.discovery names the InferencePool ${name} of these manifests`);
+    const labels = pool!.spec.selector.matchLabels as Record<string, string>;
+    t.ok(Object.keys(labels).length > 0 && Object.entries(labels).every(([k, v]) => typeof k === 'string' && typeof v === 'string'), 'spec.selector.matchLabels: a non-empty label map');
+    const ports = pool!.spec.targetPorts as Obj[];
+    t.ok(ports.length >= 1 && ports.length <= 8, 'targetPorts: 1 to 8 (the v1 API bound)');
+    t.ok(ports.every((x) => Number.isInteger(x.number) && x.number >= 1 && x.number <= 65535), 'targetPorts[].number are ports');
+    t.equal(new Set(ports.map((x) => x.number)).size, ports.length, 'unique ports');
+    const ref = pool!.spec.endpointPickerRef;
+    const svc = one('Service', ref.name);
+    t.ok(svc, `endpointPickerRef names the Service ${ref.name}`);
+    const grpc = svc!.spec.ports.find((x: Obj) => x.port === ref.port.number);
+    t.ok(grpc, 'at a port of that Service');
+    t.equal(grpc.targetPort, 'grpc-ext-proc', "the router's ext_proc port");
+    t.equal(grpc.port, cfg.extProc?.port, 'which the config listens on');
+    t.ok(['FailOpen', 'FailClose', undefined].includes(ref.failureMode), 'failureMode is FailOpen or FailClose');
+  }
+  const role = one('Role', 'switchyard')!;
+  t.ok(role.rules.some((r: Obj) => r.apiGroups.includes('inference.networking.k8s.io') && r.resources.includes('inferencepools') && ['get', 'list', 'watch'].every((v) => r.verbs.includes(v))), 'the router may watch InferencePools');
 });
 
 t.test('PodDisruptionBudget covers the router pods and keeps one', async (t) => {

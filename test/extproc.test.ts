@@ -7,7 +7,9 @@
 import t from 'tap';
 import * as grpc from '@grpc/grpc-js';
 import { startTestRouter } from './router-util.js';
-import { decide, extProcClient, healthCheck, respond, EnvoyStream, headerMap, metadataDestination } from '../bench/lib/envoy-client.js';
+import { decide, extProcClient, healthCheck, healthWatch, respond, EnvoyStream, headerMap, metadataDestination } from '../bench/lib/envoy-client.js';
+import { startRedis } from './redis-util.js';
+import { startEngine } from '../src/sim/index.js';
 import { hostPort } from '../src/extproc/server.js';
 
 const EXT = { extProc: { host: '127.0.0.1', port: 0 } };
@@ -202,4 +204,81 @@ t.test('malformed ext_proc input never takes the router down', async (t) => {
   t.equal(await healthCheck(addr, 'liveness'), 1);
   for (let i = 0; i < 50 && inFlight(router) !== 0; i++) await new Promise((r) => setTimeout(r, 10));
   t.equal(inFlight(router), 0);
+});
+
+t.test('fallbacks: the pick then other candidates, best first, in the header and the metadata alike; only the pick is in flight', async (t) => {
+  const { router, fleet, client } = await setup(t, { extProc: { host: '127.0.0.1', port: 0, fallbacks: 2 } });
+  const addrs = fleet.urls.map(hostPort);
+  const d = await decide(client, chat('fallback please'));
+  if (!d.picked) throw new Error('not picked');
+  const list = d.endpoint.split(',');
+  t.equal(list.length, 3, `the pick and two fallbacks: ${d.endpoint}`);
+  t.equal(new Set(list).size, 3, 'all different');
+  t.ok(list.every((a) => addrs.includes(a)), 'all engines of the pool');
+  t.equal(d.metadata, d.endpoint, 'envoy.lb carries the same list as the header');
+  const primary = router.core.endpoints.all.find((e) => hostPort(e.url) === list[0])!;
+  t.equal(primary.inFlight, 1, 'the pick (first) is in flight');
+  t.equal(inFlight(router), 1, 'the fallbacks are not');
+  // Envoy retried on the second: the pick is released as failed
+  await respond(d.stream, 200, list[1]);
+  for (let i = 0; i < 50 && inFlight(router) !== 0; i++) await new Promise((r) => setTimeout(r, 10));
+  t.equal(inFlight(router), 0);
+  // one candidate only (the others draining): no fallback to send
+  await router.core.live.drain('e1', { graceMs: 0 });
+  await router.core.live.drain('e2', { graceMs: 0 });
+  const one = await decide(client, chat('alone'));
+  if (!one.picked) throw new Error('not picked');
+  t.equal(one.endpoint, addrs[0], 'a single candidate: the pick alone');
+  await respond(one.stream, 200, one.endpoint);
+});
+
+t.test('an endpoint added at runtime (admin API, Kubernetes discovery) can be picked over ext_proc', async (t) => {
+  const { router, client } = await setup(t);
+  const extra = await startEngine({ timeScale: 0 });
+  t.teardown(() => extra.close());
+  router.core.live.add({ pool: 'p', name: 'late', url: extra.url, role: 'both' }, 'admin');
+  for (const n of ['e0', 'e1', 'e2']) void router.core.live.remove(n, { graceMs: 0, force: true });
+  const late = router.core.endpoints.byName('late')!;
+  for (let i = 0; i < 100 && late.health !== 'up'; i++) await new Promise((r) => setTimeout(r, 20));
+  const d = await decide(client, chat('to the new one'));
+  if (!d.picked) throw new Error(`not picked: ${d.status} ${d.body}`);
+  t.equal(d.endpoint, hostPort(extra.url), 'the added endpoint is the destination');
+  await respond(d.stream, 200, d.endpoint);
+  for (let i = 0; i < 50 && late.inFlight !== 0; i++) await new Promise((r) => setTimeout(r, 10));
+  t.equal(late.inFlight, 0, 'its served report completed the decision');
+});
+
+t.test('Health/Watch streams readiness as the lease moves between a standby pair', async (t) => {
+  const redis = await startRedis(t);
+  const ha = { redis: redis.url, key: 'swy-watch', leaseTtlMs: 3000, renewIntervalMs: 300 }; // long enough not to flap on a loaded machine
+  const a = await setup(t, { ha });
+  const b = await setup(t, { ha });
+  t.equal(a.router.ha!.state, 'active');
+  t.equal(b.router.ha!.state, 'standby');
+  const seenA: number[] = [];
+  const seenB: number[] = [];
+  const wa = healthWatch(a.addr, 'readiness', (s) => seenA.push(s));
+  const wb = healthWatch(b.addr, 'readiness', (s) => seenB.push(s));
+  const unknown: number[] = [];
+  const wu = healthWatch(b.addr, 'nope', (s) => unknown.push(s));
+  const live: number[] = [];
+  const wl = healthWatch(b.addr, 'liveness', (s) => live.push(s));
+  const wait = async (c: () => boolean) => {
+    for (let i = 0; i < 300 && !c(); i++) await new Promise((r) => setTimeout(r, 20));
+    return c();
+  };
+  t.ok(await wait(() => seenA.length >= 1 && seenB.length >= 1 && unknown.length >= 1 && live.length >= 1), 'each watch got its first status at once');
+  t.same(seenA, [1], 'the active: SERVING');
+  t.same(seenB, [2], 'the standby: NOT_SERVING');
+  t.same(unknown, [3], 'an unknown service: SERVICE_UNKNOWN, not an error');
+  // the lease moves: a's lease is given up (its listener stays open), b takes over
+  await a.router.ha!.close();
+  t.ok(await wait(() => seenB.at(-1) === 1), `the new active's watch turned SERVING: ${seenB.join(',')}`);
+  t.ok(await wait(() => seenA.at(-1) === 2), `the old active's watch turned NOT_SERVING: ${seenA.join(',')}`);
+  t.same(live, [1], 'liveness never changed');
+  wa.cancel();
+  wb.cancel();
+  wu.cancel();
+  wl.cancel();
+  await Promise.all([wa.ended, wb.ended, wu.ended, wl.ended]);
 });

@@ -171,7 +171,7 @@ t.test('warm standby: the standby follows the deltas and routes the same prefixe
   const home: string[] = [];
   for (let g = 0; g < GROUPS; g++) home.push(await ask(a.url, g, 0));
   t.ok(new Set(home).size > 1, `the groups spread over the fleet: ${home.join(' ')}`);
-  t.ok((await until(() => b.ha!.follower.messages > 0 && b.ha!.follower.ops >= GROUPS, 3000)) >= 0, `the standby applied the deltas (${b.ha!.follower.ops} ops)`);
+  t.ok((await until(() => b.ha!.follower!.messages > 0 && b.ha!.follower!.ops >= GROUPS, 3000)) >= 0, `the standby applied the deltas (${b.ha!.follower!.ops} ops)`);
   await a.close(100); // graceful: the lease is released, the standby takes over at its next round
   t.ok((await until(() => b.ha!.state === 'active', TTL * 10)) >= 0, 'the standby took over');
   // (readiness also needs a healthy endpoint: on a loaded machine a health check may lag)

@@ -312,3 +312,25 @@ t.test('prefix-cache scorer: a failed dispatch forgets only the blocks it record
   t.equal(d4.matchedBlocks, d4.promptBlocks, 'a success records them all');
   s.complete(d4, 'ok');
 });
+
+t.test('fallbacks(): the other candidates of the last pick, best weighted score first, active only', async (t) => {
+  const s = createScheduler({ pools: pools(4), scheduling: { scorers: [{ type: 'kv-cache-utilization', weight: 1 }] } }, { watch: false });
+  t.teardown(() => s.close());
+  const now = performance.now();
+  s.endpoints.all.forEach((e, i) => {
+    e.metricsAt = now;
+    e.metrics.kvUsage = [0.5, 0.1, 0.9, 0.3][i];
+  });
+  const d = s.pick({ model: 'm' })!;
+  t.equal(d.endpoint.name, 'e1', 'the freest cache');
+  const out: import('../src/endpoints/endpoint.js').Endpoint[] = [];
+  t.same(s.fallbacks(d.endpoint, 2, out).map((e) => e.name), ['e3', 'e0'], 'then the next best two');
+  t.same(s.fallbacks(d.endpoint, 7, out).map((e) => e.name), ['e3', 'e0', 'e2'], 'at most the candidates there are');
+  t.same(s.fallbacks(d.endpoint, 0, out), [], 'none asked: none');
+  s.complete(d, 'ok');
+  // a draining endpoint is no fallback
+  s.endpoints.startDrain(s.endpoints.byName('e3')!);
+  const d2 = s.pick({ model: 'm' })!;
+  t.same(s.fallbacks(d2.endpoint, 3, out).map((e) => e.name), ['e0', 'e2']);
+  s.complete(d2, 'ok');
+});

@@ -156,3 +156,20 @@ export function healthCheck(address: string, service: string): Promise<number> {
     }),
   );
 }
+
+/** grpc.health.v1.Health/Watch: every status the server streams goes to `onStatus`; cancel() ends the call. */
+export function healthWatch(address: string, service: string, onStatus: (status: number) => void): { cancel(): void; ended: Promise<void> } {
+  const C = ctor('health');
+  const c = new C(address, grpc.credentials.createInsecure()) as unknown as {
+    Watch(req: unknown): grpc.ClientReadableStream<{ status?: number }>;
+    close(): void;
+  };
+  const call = c.Watch({ service });
+  call.on('data', (r: { status?: number }) => onStatus(r.status ?? 0));
+  const ended = new Promise<void>((resolve) => {
+    call.on('error', () => resolve());
+    call.on('end', () => resolve());
+  });
+  void ended.then(() => c.close());
+  return { cancel: () => call.cancel(), ended };
+}

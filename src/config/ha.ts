@@ -7,8 +7,10 @@ import { strict, z } from './schema-kit.js';
 export const ON_REDIS_DOWN = ['serve-alone', 'refuse'] as const;
 
 export interface HaConfig {
-  /** redis://host:port[/db] of the Redis both routers of the pair share. */
-  redis: string;
+  /** redis://host:port[/db] of the Redis both routers of the pair share (the lease, unless `kubernetes`; the warm standby's delta stream). */
+  redis?: string;
+  /** The lease as a Kubernetes coordination.k8s.io/v1 Lease instead of in Redis. */
+  kubernetes?: HaKubernetesConfig;
   /** Prefix of every Redis key the pair uses (lease, fencing counter, delta stream). */
   key: string;
   /** How long an acquired or renewed lease lasts without renewal. */
@@ -25,16 +27,29 @@ export interface HaConfig {
   warmStandby: boolean;
 }
 
+export interface HaKubernetesConfig {
+  /** The Lease object's name (created when absent). */
+  name: string;
+  /** Its namespace; default: the router's own (in-cluster), else the kubeconfig context's. */
+  namespace?: string;
+  /** A kubeconfig file; absent: the in-cluster service account. */
+  kubeconfig?: string;
+  /** holderIdentity of this router; default: its hostname (the pod name) plus a random suffix. */
+  identity?: string;
+}
+
 export interface ExtProcConfig {
   host: string;
   /** gRPC port for envoy.service.ext_proc.v3.ExternalProcessor and grpc.health.v1.Health (0: one the OS picks). */
   port: number;
   /** The dynamic-metadata namespace of the picked endpoint (Gateway API Inference Extension: envoy.lb). */
   metadataNamespace: string;
+  /** Other candidates of the pick sent after it (`ip:port,ip:port,...`), best first, for the proxy's retries; 0: the pick alone. */
+  fallbacks: number;
 }
 
 export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, streamMaxLen: 1000, warmStandby: true };
-export const EXT_PROC_DEFAULTS = { host: '127.0.0.1', port: 9002, metadataNamespace: 'envoy.lb' };
+export const EXT_PROC_DEFAULTS = { host: '127.0.0.1', port: 9002, metadataNamespace: 'envoy.lb', fallbacks: 0 };
 
 const got = (v: unknown) => JSON.stringify(v);
 function int(min: number, max: number) {
@@ -58,7 +73,23 @@ const redisUrl = nonEmpty().refine(
 
 export const haSchema = strict(
   {
-    redis: redisUrl.describe('the Redis the standby pair shares: redis://host:port[/db]'),
+    redis: redisUrl.optional().describe('the Redis the standby pair shares: redis://host:port[/db] (lease unless kubernetes; the warm standby\'s delta stream)'),
+    kubernetes: strict(
+      {
+        name: nonEmpty()
+          .refine((s) => /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/.test(s), { error: (i) => `must be a Kubernetes object name (got ${got(i.input)})` })
+          .describe('name of the coordination.k8s.io/v1 Lease (created when absent)'),
+        namespace: nonEmpty()
+          .refine((s) => /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(s), { error: (i) => `must be a Kubernetes namespace name (got ${got(i.input)})` })
+          .optional()
+          .describe("the Lease's namespace; default: the router's own"),
+        kubeconfig: nonEmpty().optional().describe('kubeconfig file; absent: the in-cluster service account'),
+        identity: nonEmpty().optional().describe('holderIdentity of this router; default: hostname plus a random suffix'),
+      },
+      'must be a mapping {name, namespace, kubeconfig, identity}',
+    )
+      .optional()
+      .describe('the lease as a Kubernetes Lease instead of in Redis (docs/operations.md)'),
     key: nonEmpty().default(HA_DEFAULTS.key).describe('prefix of the Redis keys of this pair'),
     leaseTtlMs: int(200, 600_000).default(HA_DEFAULTS.leaseTtlMs).describe('lease lifetime without renewal'),
     renewIntervalMs: int(50, 300_000).default(HA_DEFAULTS.renewIntervalMs).describe('lease renewal (active) and acquisition attempts (standby)'),
@@ -73,8 +104,9 @@ export const haSchema = strict(
       .default(HA_DEFAULTS.warmStandby)
       .describe('the active publishes routing-state deltas and the standby follows them (false: a cold standby)'),
   },
-  'must be a mapping (at least `redis: redis://host:port`)',
+  'must be a mapping (at least `redis: redis://host:port` or `kubernetes: {name}`)',
 ).superRefine((v, ctx) => {
+  if (v.redis === undefined && v.kubernetes === undefined) ctx.addIssue({ code: 'custom', path: ['redis'], message: 'is required (or kubernetes: {name} for a Kubernetes Lease)', input: undefined });
   if (typeof v.leaseTtlMs === 'number' && typeof v.renewIntervalMs === 'number' && v.renewIntervalMs * 2 > v.leaseTtlMs) {
     ctx.addIssue({ code: 'custom', path: ['renewIntervalMs'], message: `must be at most half of leaseTtlMs (${v.leaseTtlMs}): one missed renewal must not lose the lease`, input: v.renewIntervalMs });
   }
@@ -85,6 +117,7 @@ export const extProcSchema = strict(
     host: nonEmpty().default(EXT_PROC_DEFAULTS.host),
     port: int(0, 65535).default(EXT_PROC_DEFAULTS.port).describe('gRPC listen port (0: one the OS picks)'),
     metadataNamespace: nonEmpty().default(EXT_PROC_DEFAULTS.metadataNamespace).describe('dynamic-metadata namespace of the picked endpoint'),
+    fallbacks: int(0, 7).default(EXT_PROC_DEFAULTS.fallbacks).describe('other candidates sent after the pick for the proxy to retry on (0: the pick alone)'),
   },
   'must be a mapping',
 );

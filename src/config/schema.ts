@@ -15,6 +15,7 @@ import { extProcSchema, haSchema, type ExtProcConfig, type HaConfig } from './ha
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
 import { tracingSchema, type TracingConfig } from './tracing.js';
 import { batchSchema, type BatchConfig } from './batch.js';
+import { discoverySchema, type DiscoveryConfig } from './discovery.js';
 import { ACCELERATOR_NAMES, type AcceleratorName } from '../accelerators.js';
 
 export const API_VERSION = 'switchyard/v1';
@@ -59,6 +60,8 @@ export interface PoolConfig {
   speed?: { prefillCostFactor?: number; decodeCostFactor?: number };
   /** Relative cost of one endpoint per unit of time, overriding the accelerator profile's. */
   cost?: number;
+  /** Endpoints discovered at runtime (Kubernetes pods), beside the static list (src/config/discovery.ts). */
+  discovery?: DiscoveryConfig;
 }
 
 export interface PluginSpec {
@@ -350,7 +353,8 @@ const poolSchema = strict(
           seen.add(m);
         });
       }, ALWAYS),
-    endpoints: z.array(endpointConfigSchema, { error: listError }).min(1, { error: 'must list at least one endpoint' }),
+    // at least one unless the pool has discovery (checked in crossFieldRules)
+    endpoints: z.array(endpointConfigSchema, { error: listError }).default([]),
     batchLimit: int(1, 65_536)
       .optional()
       .describe("requests each endpoint runs at once (vLLM --max-num-seqs, SGLang --max-running-requests); default: learned from the engine's running/waiting counts"),
@@ -365,6 +369,7 @@ const poolSchema = strict(
       .optional()
       .describe("the pool's speed against the reference: seeds the latency model of its endpoints"),
     cost: num(0, 1e6).optional().describe("relative cost of one endpoint per unit of time; default: the accelerator profile's"),
+    discovery: discoverySchema.optional().describe('endpoints from Kubernetes pods (docs/operations.md); absent = the endpoints list only'),
   },
   'must be a mapping',
 );
@@ -542,6 +547,10 @@ function crossFieldRules(validatePlugin?: PluginCheck) {
         if (poolNames.has(pool.name)) add(['pools', i, 'name'], `duplicate pool name "${pool.name}"`);
         poolNames.add(pool.name);
       }
+      if ((pool.endpoints === undefined || (Array.isArray(pool.endpoints) && pool.endpoints.length === 0)) && pool.discovery === undefined)
+        add(['pools', i, 'endpoints'], 'is required: at least one endpoint (or give the pool discovery)');
+      if (pool.discovery !== undefined && isMapping(pool.prefix) && pool.prefix.mode === 'precise')
+        add(['pools', i, 'prefix', 'mode'], 'precise mode needs each endpoint\'s kvEvents publisher: not available for discovered endpoints (use approximate)');
       if (!Array.isArray(pool.endpoints)) return;
       pool.endpoints.forEach((e, j) => {
         const name = endpointName(e);

@@ -182,8 +182,14 @@ export class LiveEndpoints implements EndpointTarget {
     const out: ReconcileResult = { added: [], removed: [], replaced: [] };
     const wanted = new Map<string, { pool: PoolConfig; ec: EndpointConfig }>();
     for (const pool of pools) for (const ec of pool.endpoints) wanted.set(ec.name, { pool, ec });
-    // pools first: an added endpoint takes its pool's definition
-    const others = this.set.pools.filter((p) => !pools.some((q) => q.name === p.name) && this.set.all.some((e) => e.pool === p.name && e.origin !== origin && !e.removed));
+    // pools first: an added endpoint takes its pool's definition. A pool this
+    // source does not list stays when another origin has endpoints in it or it
+    // has none at all (a discovered pool waiting for its pods).
+    const others = this.set.pools.filter((p) => {
+      if (pools.some((q) => q.name === p.name)) return false;
+      const live = this.set.all.filter((e) => e.pool === p.name && !e.removed);
+      return live.length === 0 || live.some((e) => e.origin !== origin);
+    });
     this.set.setPools([...pools, ...others]);
     for (const ep of [...this.set.all]) {
       if (ep.origin !== origin || ep.state !== 'active') continue;

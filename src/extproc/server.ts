@@ -39,6 +39,8 @@ export interface ExtProcHost {
   readonly gate: { readonly headerNames: readonly string[] };
   readonly draining: boolean;
   readonly leadership: { readonly leading: boolean } | null;
+  /** The fallback list is read from it right after a pick. */
+  readonly scheduler: { fallbacks(primary: Endpoint, max: number, out: Endpoint[]): Endpoint[] };
   newRequestId(): string;
 }
 
@@ -109,6 +111,15 @@ export function extProcServices(server: boolean): { extProc: grpc.ServiceDefinit
         path: '/grpc.health.v1.Health/Check',
         requestStream: false,
         responseStream: false,
+        requestSerialize: encoder(c.healthRequest),
+        requestDeserialize: plain(c.healthRequest),
+        responseSerialize: encoder(c.healthResponse),
+        responseDeserialize: plain(c.healthResponse),
+      },
+      Watch: {
+        path: '/grpc.health.v1.Health/Watch',
+        requestStream: false,
+        responseStream: true,
         requestSerialize: encoder(c.healthRequest),
         requestDeserialize: plain(c.healthRequest),
         responseSerialize: encoder(c.healthResponse),
@@ -189,9 +200,16 @@ export class ExtProcServer {
   port = 0;
   readonly #core: ExtProcHost;
   readonly #ns: string;
-  readonly #dest: Destination[] = [];
+  readonly #dest: (Destination | undefined)[] = [];
   readonly #byAddress = new Map<string, Endpoint>();
   readonly #streams = new Set<ExtProcStream>();
+  readonly #enc: (m: unknown) => Buffer;
+  /** Fallback endpoints sent after the pick (config extProc.fallbacks; 0: the pick alone). */
+  readonly fallbacks: number;
+  readonly #fallbackList: Endpoint[] = [];
+  /** Open Health/Watch calls, each with the last status it was sent. */
+  readonly #watches = new Map<grpc.ServerWritableStream<{ service?: string }, unknown>, number>();
+  #watchTimer: NodeJS.Timeout | null = null;
   /** Streams ended on a message the server could not make sense of. */
   malformed = 0;
 
@@ -199,19 +217,17 @@ export class ExtProcServer {
     this.#core = core;
     this.host = cfg.host;
     this.#ns = cfg.metadataNamespace;
+    this.fallbacks = cfg.fallbacks ?? 0;
     encodeConstants();
-    const enc = encoder(extProcCodec().response);
-    for (const ep of core.endpoints.all) {
+    this.#enc = encoder(extProcCodec().response);
+    for (const ep of core.endpoints.all) this.#byAddress.set(hostPort(ep.url), ep);
+    // endpoints added at runtime (admin API, Kubernetes discovery): their answers are encoded on first pick
+    core.endpoints.onAdded((ep) => this.#byAddress.set(hostPort(ep.url), ep));
+    core.endpoints.onRemoved((ep) => {
       const addr = hostPort(ep.url);
-      this.#byAddress.set(addr, ep);
-      const response = { header_mutation: { set_headers: [setHeader(DESTINATION_HEADER, addr)] }, clear_route_cache: true };
-      const dynamic_metadata = { fields: { [this.#ns]: { structValue: { fields: { [DESTINATION_HEADER]: { stringValue: addr } } } } } };
-      this.#dest[ep.id] = {
-        body: enc({ request_body: { response }, dynamic_metadata }),
-        headers: enc({ request_headers: { response }, dynamic_metadata }),
-        trailers: enc({ request_trailers: {}, dynamic_metadata }),
-      };
-    }
+      if (this.#byAddress.get(addr) === ep) this.#byAddress.delete(addr);
+      this.#dest[ep.id] = undefined;
+    });
     const defs = extProcServices(true);
     this.server = new grpc.Server({ 'grpc.max_receive_message_length': core.limits.maxBodyBytes + 65536 });
     this.server.addService(defs.extProc, {
@@ -219,6 +235,7 @@ export class ExtProcServer {
     });
     this.server.addService(defs.health, {
       Check: (call: grpc.ServerUnaryCall<{ service?: string }, unknown>, cb: grpc.sendUnaryData<unknown>) => this.#check(call, cb),
+      Watch: (call: grpc.ServerWritableStream<{ service?: string }, unknown>) => this.#watch(call),
     });
   }
 
@@ -237,8 +254,41 @@ export class ExtProcServer {
     return this.#ns;
   }
 
+  /** The encoded answers naming `ep` (encoded once per endpoint). */
   destination(ep: Endpoint): Destination {
-    return this.#dest[ep.id];
+    return (this.#dest[ep.id] ??= this.#encodeDestination(hostPort(ep.url)));
+  }
+
+  /** The answers naming `list` (the pick, then its fallbacks), encoded for this decision. */
+  destinationList(list: readonly Endpoint[]): Destination {
+    let value = hostPort(list[0].url);
+    for (let i = 1; i < list.length; i++) value += ',' + hostPort(list[i].url);
+    return this.#encodeDestination(value);
+  }
+
+  /**
+   * The header and the envoy.lb metadata carry the same value (the protocol
+   * forbids them to differ): one `ip:port`, or with fallbacks `ip:port,ip:port,...`
+   * (the first is the pick; a proxy with retries goes down the list).
+   */
+  #encodeDestination(value: string): Destination {
+    const enc = this.#enc;
+    const response = { header_mutation: { set_headers: [setHeader(DESTINATION_HEADER, value)] }, clear_route_cache: true };
+    const dynamic_metadata = { fields: { [this.#ns]: { structValue: { fields: { [DESTINATION_HEADER]: { stringValue: value } } } } } };
+    return {
+      body: enc({ request_body: { response }, dynamic_metadata }),
+      headers: enc({ request_headers: { response }, dynamic_metadata }),
+      trailers: enc({ request_trailers: {}, dynamic_metadata }),
+    };
+  }
+
+  /** The pick and its fallbacks (config extProc.fallbacks), read from the scheduler right after the pick. */
+  destinationFor(f: Flight): Destination {
+    if (this.fallbacks === 0) return this.destination(f.endpoint);
+    const list = this.#core.scheduler.fallbacks(f.endpoint, this.fallbacks, this.#fallbackList);
+    if (list.length === 0) return this.destination(f.endpoint);
+    list.unshift(f.endpoint);
+    return this.destinationList(list);
   }
 
   endpointAt(address: string): Endpoint | undefined {
@@ -255,12 +305,54 @@ export class ExtProcServer {
     return !this.#core.draining && (l === null || l.leading);
   }
 
+  /** SERVING 1, NOT_SERVING 2, SERVICE_UNKNOWN 3 (grpc.health.v1). */
+  #status(name: string): number {
+    // liveness: this process answers; readiness (and the ext_proc service): leading and not draining
+    if (name === 'liveness' || name === '') return 1;
+    if (name === 'readiness' || name === 'envoy.service.ext_proc.v3.ExternalProcessor') return this.ready ? 1 : 2;
+    return 3;
+  }
+
   #check(call: grpc.ServerUnaryCall<{ service?: string }, unknown>, cb: grpc.sendUnaryData<unknown>): void {
     const name = call.request?.service ?? '';
-    // liveness: this process answers; readiness (and the ext_proc service): leading and not draining
-    if (name === 'liveness' || name === '') cb(null, { status: 1 });
-    else if (name === 'readiness' || name === 'envoy.service.ext_proc.v3.ExternalProcessor') cb(null, { status: this.ready ? 1 : 2 });
+    const st = this.#status(name);
+    if (st !== 3) cb(null, { status: st });
     else cb({ code: grpc.status.NOT_FOUND, details: `unknown health service "${name}" (liveness, readiness, envoy.service.ext_proc.v3.ExternalProcessor)` });
+  }
+
+  /**
+   * Health/Watch: the current status at once, then each change (as the lease
+   * moves to or from this router, or it starts draining). An unknown service
+   * is SERVICE_UNKNOWN, not an error (grpc doc/health-checking.md). Changes
+   * are noticed by one 50 ms check while any watch is open.
+   */
+  #watch(call: grpc.ServerWritableStream<{ service?: string }, unknown>): void {
+    const st = this.#status(call.request?.service ?? '');
+    this.#watches.set(call, st);
+    call.write({ status: st });
+    const drop = () => {
+      this.#watches.delete(call);
+      if (this.#watches.size === 0 && this.#watchTimer !== null) {
+        clearInterval(this.#watchTimer);
+        this.#watchTimer = null;
+      }
+    };
+    call.on('cancelled', drop);
+    call.on('close', drop);
+    call.on('error', drop);
+    if (this.#watchTimer === null) {
+      this.#watchTimer = setInterval(() => this.#pushWatches(), 50);
+      this.#watchTimer.unref();
+    }
+  }
+
+  #pushWatches(): void {
+    for (const [call, last] of this.#watches) {
+      const st = this.#status(call.request?.service ?? '');
+      if (st === last) continue;
+      this.#watches.set(call, st);
+      call.write({ status: st });
+    }
   }
 
   #process(call: grpc.ServerDuplexStream<ProcessingRequest, unknown>): void {
@@ -288,6 +380,14 @@ export class ExtProcServer {
 
   /** Stops accepting streams; open ones get up to `graceMs` to end. */
   async close(graceMs = 10_000): Promise<void> {
+    // watches are open-ended: tell them NOT_SERVING and end them, or shutdown would wait for them
+    if (this.#watchTimer !== null) clearInterval(this.#watchTimer);
+    this.#watchTimer = null;
+    for (const call of this.#watches.keys()) {
+      call.write({ status: 2 });
+      call.end();
+    }
+    this.#watches.clear();
     await new Promise<void>((resolve) => {
       const t = setTimeout(() => {
         this.server.forceShutdown();
@@ -452,7 +552,7 @@ class ExtProcStream implements DecisionPort {
   picked(f: Flight): void {
     if (this.#closed) return;
     this.#decided = true;
-    const d = this.#s.destination(f.endpoint);
+    const d = this.#s.destinationFor(f);
     if (this.#duplex) {
       // the headers answer carries the decision; then the body goes back unchanged, whole
       this.#headersOwed = false;

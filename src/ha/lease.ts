@@ -86,7 +86,27 @@ export interface LeaseOptions {
 
 export type LeaseState = 'active' | 'standby' | 'alone';
 
-export class RedisLease {
+/** What the standby pair needs of a lease: the Redis one here, or a Kubernetes Lease (src/k8s/lease.ts). */
+export interface Lease {
+  readonly id: string;
+  readonly state: LeaseState;
+  /** True while this router should take traffic. */
+  readonly leading: boolean;
+  /** The fencing token of the current term (0: none). */
+  readonly fence: number;
+  onChange(fn: (state: LeaseState, reason: string) => void): void;
+  /** The first round; rejects when the lease's store cannot be reached. */
+  start(): Promise<LeaseState>;
+  serveAlone(reason: string): void;
+  round(raise: boolean): Promise<void>;
+  /** Appends to the delta stream only if `fence` is still the newest; null when refused. */
+  fencedAppend(stream: string, fence: number, maxLen: number, payload: Buffer): Promise<string | null>;
+  pause(): void;
+  resume(): void;
+  stop(release: boolean): Promise<void>;
+}
+
+export class RedisLease implements Lease {
   readonly id: string;
   readonly leaseKey: string;
   readonly fenceKey: string;

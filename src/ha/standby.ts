@@ -12,7 +12,7 @@ import type { EndpointSet } from '../endpoints/endpoint.js';
 import type { PrefixStore } from '../scheduler/prefix-store.js';
 import { HaStartError } from '../errors.js';
 import { DeltaBuffer, DeltaFollower } from './deltas.js';
-import { RedisLease, type LeaseState } from './lease.js';
+import { RedisLease, type Lease, type LeaseState } from './lease.js';
 
 export interface HaParts {
   endpoints: EndpointSet;
@@ -21,8 +21,8 @@ export interface HaParts {
   log: Logger;
 }
 
-function connection(cfg: HaConfig, log: Logger, role: string): Redis {
-  const r = new Redis(cfg.redis, {
+function connection(url: string, cfg: HaConfig, log: Logger, role: string): Redis {
+  const r = new Redis(url, {
     lazyConnect: true,
     // a command while Redis is unreachable fails at once instead of queueing behind the reconnect
     enableOfflineQueue: false,
@@ -42,14 +42,17 @@ function connection(cfg: HaConfig, log: Logger, role: string): Redis {
 }
 
 export class HighAvailability {
-  readonly lease: RedisLease;
+  readonly lease: Lease;
   readonly buffer: DeltaBuffer;
-  readonly follower: DeltaFollower;
+  /** The warm standby's stream follower; null without Redis (a Kubernetes lease alone: a cold standby). */
+  readonly follower: DeltaFollower | null;
   readonly streamKey: string;
   readonly #cfg: HaConfig;
   readonly #parts: HaParts;
-  readonly #main: Redis;
-  readonly #reader: Redis;
+  readonly #main: Redis | null;
+  readonly #reader: Redis | null;
+  /** Deltas are published and followed: warmStandby and a Redis to carry them. */
+  readonly #warm: boolean;
   #flush: NodeJS.Timeout | null = null;
   #flushing = false;
   #closed = false;
@@ -57,16 +60,17 @@ export class HighAvailability {
   refused = 0;
   takeovers = 0;
 
-  private constructor(cfg: HaConfig, parts: HaParts) {
+  private constructor(cfg: HaConfig, parts: HaParts, k8sLease?: (redis: Redis | null) => Lease) {
     this.#cfg = cfg;
     this.#parts = parts;
     this.streamKey = `${cfg.key}:deltas`;
-    this.#main = connection(cfg, parts.log, 'lease');
-    this.#reader = connection(cfg, parts.log, 'follower');
+    this.#main = cfg.redis !== undefined ? connection(cfg.redis, cfg, parts.log, 'lease') : null;
     // the follower's XREAD BLOCK waits longer than a lease command may
-    this.lease = new RedisLease({ redis: this.#main, key: cfg.key, ttlMs: cfg.leaseTtlMs, renewIntervalMs: cfg.renewIntervalMs, log: parts.log });
+    this.#reader = cfg.redis !== undefined ? connection(cfg.redis, cfg, parts.log, 'follower') : null;
+    this.#warm = cfg.warmStandby && this.#reader !== null;
+    this.lease = k8sLease ? k8sLease(this.#main) : new RedisLease({ redis: this.#main!, key: cfg.key, ttlMs: cfg.leaseTtlMs, renewIntervalMs: cfg.renewIntervalMs, log: parts.log });
     this.buffer = new DeltaBuffer(parts.endpoints);
-    this.follower = new DeltaFollower(this.#reader, this.streamKey, parts, parts.log);
+    this.follower = this.#reader !== null ? new DeltaFollower(this.#reader, this.streamKey, parts, parts.log) : null;
     this.lease.onChange((s) => this.#onState(s));
   }
 
@@ -76,20 +80,40 @@ export class HighAvailability {
    * serves as active without a lease (and says so) while it keeps trying.
    */
   static async start(cfg: HaConfig, parts: HaParts): Promise<HighAvailability> {
-    const ha = new HighAvailability(cfg, parts);
     const log = parts.log;
+    let k8sLease: ((redis: Redis | null) => Lease) | undefined;
+    const k = cfg.kubernetes;
+    if (k !== undefined) {
+      // the lease as a Kubernetes Lease (loaded only when configured)
+      const { KubeApi } = await import('../k8s/api.js');
+      const { KubernetesLease } = await import('../k8s/lease.js');
+      let api: import('../k8s/api.js').KubeApi;
+      try {
+        api = await KubeApi.load(k.kubeconfig);
+      } catch (err) {
+        throw new HaStartError(`high availability: ${(err as Error).message}`);
+      }
+      k8sLease = (redis) =>
+        new KubernetesLease({ api, namespace: k.namespace ?? api.defaultNamespace, name: k.name, ttlMs: cfg.leaseTtlMs, renewIntervalMs: cfg.renewIntervalMs, log, id: k.identity, redis: redis ?? undefined, fenceKey: `${cfg.key}:fence` });
+    }
+    const ha = new HighAvailability(cfg, parts, k8sLease);
+    const store = k !== undefined ? `the Kubernetes API server (Lease ${k.namespace ?? ''}${k.namespace ? '/' : ''}${k.name})` : `Redis at ${cfg.redis}`;
+    if (k !== undefined && ha.#main !== null) {
+      // Redis carries only the delta stream here: without it the standby is cold, the lease still works
+      await ha.#main.connect().catch((err: Error) => log.warn({ redis: cfg.redis, err: err.message }, 'high availability: Redis unreachable at start: the delta stream waits for it (the standby may take over cold)'));
+    } else if (k !== undefined && cfg.warmStandby) log.info('high availability: Kubernetes lease without ha.redis: a cold standby (no delta stream)');
     try {
-      await ha.#main.connect();
+      if (k === undefined) await ha.#main!.connect();
       await ha.lease.start();
     } catch (err) {
       if (cfg.onRedisDown === 'refuse') {
         await ha.close();
-        throw new HaStartError(`high availability: Redis at ${cfg.redis} is unreachable (${(err as Error).message}) and ha.onRedisDown is refuse`);
+        throw new HaStartError(`high availability: ${store} is unreachable (${(err as Error).message}) and ha.onRedisDown is refuse`);
       }
-      log.error({ redis: cfg.redis, err: (err as Error).message }, 'high availability: Redis unreachable at start: SERVING ALONE without a lease (ha.onRedisDown: serve-alone); retrying Redis');
-      ha.lease.serveAlone('Redis unreachable at start');
+      log.error({ store, err: (err as Error).message }, 'high availability: the lease store is unreachable at start: SERVING ALONE without a lease (ha.onRedisDown: serve-alone); retrying');
+      ha.lease.serveAlone(`${store} unreachable at start`);
     }
-    ha.#reader.connect().catch(() => {
+    ha.#reader?.connect().catch(() => {
       /* retried by ioredis; the follower logs its failed reads at debug */
     });
     if (ha.lease.state === 'standby') ha.#follow('0');
@@ -112,7 +136,7 @@ export class HighAvailability {
     if (s === 'active') {
       this.takeovers++;
       const follower = this.follower;
-      void follower.stop().then(() => {
+      if (follower !== null) void follower.stop().then(() => {
         // what the old active had in flight: load the engines carry until the next scrape says otherwise
         for (const [name, n] of follower.peerInFlight) {
           const ep = this.#parts.endpoints.byName(name);
@@ -123,21 +147,22 @@ export class HighAvailability {
       this.#publish();
     } else if (s === 'standby') {
       this.#stopPublishing();
-      if (!this.#cfg.warmStandby) return;
-      void this.follower.fromEnd().then(() => {
-        if (!this.#closed && this.lease.state === 'standby') this.follower.start();
+      const follower = this.follower;
+      if (!this.#warm || follower === null) return;
+      void follower.fromEnd().then(() => {
+        if (!this.#closed && this.lease.state === 'standby') follower.start();
       });
     } else this.#publish(); // alone: gather deltas, publish once a lease is held
   }
 
   #follow(from: string): void {
-    if (!this.#cfg.warmStandby) return;
+    if (!this.#warm || this.follower === null) return;
     this.follower.lastId = from;
     this.follower.start();
   }
 
   #publish(): void {
-    if (!this.#cfg.warmStandby) return;
+    if (!this.#warm) return;
     this.#parts.store?.observe?.(this.buffer);
     if (this.#flush !== null) return;
     this.#flush = setInterval(() => void this.flush(), this.#cfg.deltaFlushMs);
@@ -208,7 +233,7 @@ export class HighAvailability {
       registers: r,
       collect() {
         this.reset();
-        this.inc(ha.follower.messages);
+        this.inc(ha.follower?.messages ?? 0);
       },
     });
     new Counter({
@@ -228,9 +253,9 @@ export class HighAvailability {
     this.#closed = true;
     this.#stopPublishing();
     await this.lease.stop(true);
-    const stopping = this.follower.running ? this.follower.stop() : Promise.resolve();
-    this.#reader.disconnect();
+    const stopping = this.follower?.running ? this.follower.stop() : Promise.resolve();
+    this.#reader?.disconnect();
     await stopping.catch(() => {});
-    this.#main.disconnect();
+    this.#main?.disconnect();
   }
 }

@@ -139,6 +139,33 @@ export class Scheduler {
   /** Of the last successful pick (read by tracing right after it): candidates left by the filters, and the winner's weighted score. */
   lastCandidates = 0;
   lastScore = 0;
+  /** The last pick's candidates (a reference, not a copy): fallbacks() reads them right after the pick. */
+  #lastEps: readonly Endpoint[] = [];
+
+  /**
+   * Right after a pick (same tick): up to `max` other candidates of it, best
+   * weighted score first, into `out` (cleared first). A proxy that dispatches
+   * itself (ext_proc) retries down this list; these are not counted in flight.
+   */
+  fallbacks(primary: Endpoint, max: number, out: Endpoint[]): Endpoint[] {
+    out.length = 0;
+    const eps = this.#lastEps;
+    const n = eps.length;
+    if (max <= 0 || n <= 1) return out;
+    const total = this.#total;
+    const scored = this.scorers.length > 0;
+    for (let k = 0; k < max; k++) {
+      let best = -1;
+      for (let i = 0; i < n; i++) {
+        const ep = eps[i];
+        if (ep === primary || ep.state !== 'active' || out.includes(ep)) continue;
+        if (best < 0 || (scored && total[i] > total[best])) best = i;
+      }
+      if (best < 0) break;
+      out.push(eps[best]);
+    }
+    return out;
+  }
 
   /** True if some pool serves `model`. */
   hasModel(model: string): boolean {
@@ -196,6 +223,7 @@ export class Scheduler {
       idx = n > 1 ? this.picker.pick(ctx, eps, total) : 0;
     }
     const ep = eps[idx];
+    this.#lastEps = eps;
     this.lastCandidates = n;
     this.lastScore = n > 1 || this.scorers.length > 0 ? this.#total[idx] : 0;
     if (prefix !== null) prefix.record(ctx, ep, idx);

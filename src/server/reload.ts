@@ -57,7 +57,11 @@ export class ConfigReloader {
       return { ok: false, issues, message: (err as Error).message };
     }
     const prev = this.#current;
-    const restartNeeded = RESTART_SECTIONS.filter((k) => JSON.stringify(prev[k]) !== JSON.stringify(next[k]));
+    const restartNeeded: string[] = RESTART_SECTIONS.filter((k) => JSON.stringify(prev[k]) !== JSON.stringify(next[k]));
+    // a pool's discovery (and the pool definition its watcher uses) is read at start only
+    const discovered = (c: RouterConfig) => new Map(c.pools.filter((p) => p.discovery).map((p) => [p.name, JSON.stringify({ ...p, endpoints: [] })]));
+    const [was, now] = [discovered(prev), discovered(next)];
+    for (const name of new Set([...was.keys(), ...now.keys()])) if (was.get(name) !== now.get(name)) restartNeeded.push(`pools.${name}.discovery`);
     const changes = core.live.reconcile('config', next.pools);
     if (next.logging.level !== prev.logging.level) log.level = next.logging.level;
     this.#current = next;

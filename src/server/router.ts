@@ -10,6 +10,7 @@ import type { PluginValidator } from '../config/load.js';
 // loaded only when configured: a feature that is off costs no import (ioredis, grpc-js)
 import type { HighAvailability } from '../ha/standby.js';
 import type { ExtProcServer } from '../extproc/server.js';
+import type { KubernetesDiscovery } from '../k8s/discovery.js';
 
 export interface RunningRouter {
   readonly host: string;
@@ -24,6 +25,8 @@ export interface RunningRouter {
   readonly ha: HighAvailability | null;
   /** The Envoy ext_proc listener (config.extProc), or null. */
   readonly extProc: ExtProcServer | null;
+  /** Endpoint sources of pools with `discovery` (Kubernetes pods), in pool order; empty without. */
+  readonly discovery: readonly KubernetesDiscovery[];
   /** The async processor, when `config.batch` is set. */
   readonly batch?: import('../batch/processor.js').BatchProcessor;
   /** Graceful: stop accepting, wait for in-flight requests (up to graceMs), close pools and loops. */
@@ -75,7 +78,16 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   let port: number;
   let ha: HighAvailability | null = null;
   let extProc: ExtProcServer | null = null;
+  const discovery: KubernetesDiscovery[] = [];
   try {
+    // pools with discovery: their pods become endpoints through core.live (loaded only when configured)
+    const discovered = config.pools.filter((p) => p.discovery !== undefined);
+    if (discovered.length > 0) {
+      const { KubernetesDiscovery, registerDiscoveryMetrics } = await import('../k8s/discovery.js');
+      for (const pool of discovered) discovery.push(new KubernetesDiscovery(pool, logger));
+      registerDiscoveryMetrics(core.metrics.registry, discovery);
+      await Promise.all(discovery.map((d) => d.start(core.live)));
+    }
     if (config.ha) {
       const { HighAvailability } = await import('../ha/standby.js');
       ha = await HighAvailability.start(config.ha, { endpoints: core.endpoints, store: core.scheduler.prefix?.store ?? null, log: logger });
@@ -88,6 +100,7 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
       extProc = await ExtProcServer.start(core, config.extProc);
     }
   } catch (err) {
+    await Promise.all(discovery.map((d) => d.close()));
     await extProc?.close();
     await ha?.close();
     await core.close(0);
@@ -100,6 +113,7 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
     try {
       admin = await startAdmin(core, { ...config.admin, port: opts.adminPort ?? config.admin.port }, reloader);
     } catch (err) {
+      await Promise.all(discovery.map((d) => d.close()));
       await extProc?.close();
       await ha?.close();
       await core.close(0);
@@ -116,6 +130,7 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
     } catch (err) {
       await batch.close(0);
       await admin?.close();
+      await Promise.all(discovery.map((d) => d.close()));
       await extProc?.close();
       await ha?.close();
       await core.close(0);
@@ -126,8 +141,9 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
     // the lease goes first: the standby takes over while this one drains
     await ha?.close();
     await admin?.close();
+    await Promise.all(discovery.map((d) => d.close())); // no endpoint changes while draining
     await batch?.close(graceMs);
     await Promise.all([extProc?.close(graceMs), core.close(graceMs)]);
   };
-  return { host, port, url, core, admin, reload: reloader ? () => reloader.reload() : null, ha, extProc, ...(batch ? { batch } : {}), close };
+  return { host, port, url, core, admin, reload: reloader ? () => reloader.reload() : null, ha, extProc, discovery, ...(batch ? { batch } : {}), close };
 }
