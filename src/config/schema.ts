@@ -40,6 +40,8 @@ export interface EndpointConfig {
   url: string;
   role: Role;
   revision?: string;
+  /** SGLang prefill endpoints: the engine's bootstrap port (default: disaggregation.bootstrapPort). */
+  bootstrapPort?: number;
   capacity?: CapacityConfig;
   /** Where the engine publishes KV events (precise prefix mode, src/config/prefix-mode.ts). */
   kvEvents?: KvEventsEndpointConfig;
@@ -316,6 +318,7 @@ export const endpointConfigSchema = strict(
       .describe('http://host:port or https://host:port, no path, query, fragment or credentials'),
     role: oneOf(ROLES).default('both'),
     revision: nonEmpty().optional(),
+    bootstrapPort: int(1, 65535).optional().describe("SGLang prefill endpoints: the engine's bootstrap port (default disaggregation.bootstrapPort)"),
     capacity: strict(
       { gpuBlocks: int(0, 2 ** 31 - 1).default(0), cpuBlocks: int(0, 2 ** 31 - 1).default(0), diskBlocks: int(0, 2 ** 31 - 1).default(0) },
       'must be a mapping',
@@ -330,6 +333,7 @@ export const endpointConfigSchema = strict(
   url: e.url,
   role: e.role,
   ...(e.revision ? { revision: e.revision } : {}),
+  ...(e.bootstrapPort !== undefined ? { bootstrapPort: e.bootstrapPort } : {}),
   ...(e.capacity ? { capacity: e.capacity } : {}),
   ...(e.kvEvents ? { kvEvents: e.kvEvents } : {}),
 }));
