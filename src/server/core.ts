@@ -263,9 +263,8 @@ export class RouterCore {
     this.pd?.metrics.register(this.metrics.registry);
     this.live = new LiveEndpoints(set, { graceMs: cfg.admin?.drainGraceMs });
     this.metrics.live = this.live.counters;
-    set.onRemoved((ep) => {
-      if (ep.inFlight === 0) this.upstream.forget?.(ep);
-    });
+    // a removed endpoint's connections close (busy ones once their request ends): no descriptor stays open to it
+    set.onRemoved((ep) => this.upstream.forget?.(ep));
     // the gate's families (flow control) join the router's registry
     gate.registerMetrics?.(this.metrics.registry);
     registerSessionMetrics(this.metrics.registry, sessions);
