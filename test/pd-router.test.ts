@@ -8,7 +8,7 @@ import type { SimOptions } from '../src/sim/options.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { startRouter, type RunningRouter } from '../src/server/router.js';
 import { uncachedTokens, withFields } from '../src/director/pd.js';
-import { get, metric, parseProm, post, scrape } from './sim-util.js';
+import { get, metric, parseProm, post, scrape, until } from './sim-util.js';
 import { validatePlugin } from './router-util.js';
 
 const FAST: SimOptions = { timeScale: 0 };
@@ -267,4 +267,39 @@ t.test('SGLang bootstrap: a decode leg that cannot reach its prefill engine deco
   const m = await pdMetrics(r);
   t.equal(metric(m, 'switchyard_pd_fallbacks_total', { reason: 'decode-transfer' }), 1, 'counted as a decode-transfer fallback');
   t.equal(metric(m, 'switchyard_upstream_retries_total'), 0, 'not a retry: the decode endpoint was not at fault');
+});
+
+t.test('the decode profile (disaggregation.decode) picks decode endpoints by its own scorers', async (t) => {
+  const opts = { timeScale: 1, itlMs: 20, prefillOverheadMs: 1, prefillUsPerToken: 0 };
+  const [p0, d0, d1] = await engines(t, { ...opts, role: 'prefill' }, { ...opts, role: 'decode' }, { ...opts, role: 'decode' });
+  const eps = [
+    { name: 'p0', url: p0!.url, role: 'prefill' },
+    { name: 'd0', url: d0!.url, role: 'decode' },
+    { name: 'd1', url: d1!.url, role: 'decode' },
+  ];
+  const fast = { dataLayer: { healthIntervalMs: 0, scrapeIntervalMs: 20 } };
+  // every prompt here goes direct (the threshold is out of reach): only the decode pick is under test
+  const profiled = await pdRouter(t, eps, { pd: { thresholdTokens: 1_000_000, decode: { scorers: [{ type: 'running-requests', weight: 1 }] } }, extra: fast });
+  const plain = await pdRouter(t, eps, { pd: { thresholdTokens: 1_000_000 }, extra: fast });
+  const PROMPT = 'a conversation the decode endpoints may have cached. '.repeat(20);
+  /** Three streams straight to an engine (not through the routers): its running count, seen by their scrapes. */
+  const load = async (e: SimEngine) => {
+    const streams = Array.from({ length: 3 }, (_, i) => post(e.url, '/v1/completions', { prompt: `load ${i}`, max_tokens: 60, stream: true }));
+    await until(() => e.stats().running === 3, 2000);
+    await new Promise((r) => setTimeout(r, 150)); // a few scrapes
+    return streams;
+  };
+  const ask = async (r: RunningRouter) => (await post(r.url, '/v1/chat/completions', chat(PROMPT))).headers['x-switchyard-endpoint'];
+
+  // the scheduling profile (prefix-cache first) sends a prompt back where it went before ...
+  const first = await ask(plain);
+  const busyEngine = first === 'd0' ? d0! : d1!;
+  const other = first === 'd0' ? 'd1' : 'd0';
+  const busy = await load(busyEngine);
+  t.equal(await ask(plain), first, 'the scheduling profile follows the cached prompt to the busy decode endpoint');
+  // ... the decode profile (running requests only) sends it to the decode endpoint with fewer running requests
+  t.equal(await ask(profiled), other, 'the decode profile picks by running requests');
+  t.equal(await ask(profiled), other, 'again');
+  await Promise.all(busy);
+  // a pool without prefill endpoints keeps the scheduling profile: covered by every other router test
 });

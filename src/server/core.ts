@@ -241,7 +241,7 @@ export class RouterCore {
     sessions.start();
     this.#sessionHeader = cfg.sessions.sources.includes('header') ? Buffer.from(cfg.sessions.header) : null;
     const precise = (this.precise = buildPrecise(cfg, set));
-    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, sessions, precise: precise?.feed });
+    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, sessions, precise: precise?.feed, decodeProfile: cfg.disaggregation?.decode });
     this.upstream = opts.upstream ?? newUpstreamClient(cfg.proxy, set);
     const g = opts.gate;
     const gate: AdmissionGate = (this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g);
