@@ -16,7 +16,7 @@ export type ReloadResult =
   | { ok: false; issues: ConfigIssue[]; message: string };
 
 /** Top-level sections a reload cannot apply to a running router. */
-const RESTART_SECTIONS = ['listen', 'scheduling', 'dataLayer', 'proxy', 'limits', 'flowControl', 'admin'] as const;
+const RESTART_SECTIONS = ['listen', 'scheduling', 'dataLayer', 'proxy', 'limits', 'flowControl', 'admin', 'disaggregation'] as const;
 
 export class ConfigReloader {
   readonly file: string;
