@@ -209,13 +209,15 @@ export class RoomTable {
         resolve(problem);
       };
       const timer = setTimeout(() => {
-        const list = r !== undefined ? r.waiters : this.#early.get(room);
+        // the room may have opened since (its early waiters moved into it)
+        const opened = this.#rooms.get(room);
+        const list = opened !== undefined ? opened.waiters : this.#early.get(room);
         if (list !== undefined) {
           const i = list.indexOf(finish);
           if (i >= 0) list.splice(i, 1);
-          if (r === undefined && list.length === 0) this.#early.delete(room);
+          if (opened === undefined && list.length === 0) this.#early.delete(room);
         }
-        finish(r !== undefined || this.#rooms.has(room) ? 'timed out waiting for the prefill of this room' : 'no prefill request with this bootstrap room arrived');
+        finish(opened !== undefined ? 'timed out waiting for the prefill of this room' : 'no prefill request with this bootstrap room arrived');
       }, timeoutMs);
       timer.unref();
       if (r !== undefined) r.waiters.push(finish);
