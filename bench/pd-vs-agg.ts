@@ -7,12 +7,18 @@
 // next token, as in engines with chunked prefill; a decode engine that gets
 // its KV from a prefill engine does no prefill and stalls nobody.
 //
-// Reported per rate and fleet: decode ITL p90 from the engines' own
-// vllm:inter_token_latency_seconds histograms (model time, so the shared
-// machine's load does not blur it; linear within a bucket), TTFT p90 (client), output
-// tokens/s (model time), completed/offered. (The client's own ITL is not
-// reported: engines and router share this process, so stream chunks arrive
-// coalesced and their gaps say more about the event loop than the engines.)
+// Reported per rate and fleet: decode ITL p90 and p99 exact (every inter-token
+// latency the decode-side engines produced, model time, keepItlSamples; so the
+// shared machine's load does not blur it), the p90 the engines'
+// vllm:inter_token_latency_seconds histograms give (linear within vLLM's
+// coarse buckets), the mean ITL, TTFT p90 (client), e2e p50, the tail (last
+// completion after the last arrival), the decode side's running requests,
+// and output tokens/s twice: over the whole run (to the last completion, so
+// it includes the drain tail) and over the steady window (decode-side output
+// tokens from a third of the way into the arrivals to the last one): the
+// throughput at that rate. (The client's own ITL is not reported: engines and
+// router share this process, so stream chunks arrive coalesced and their gaps
+// say more about the event loop than the engines.)
 //
 //   npm run build:ts && node dist/bench/pd-vs-agg.js [--rates 4,8,12] [--seconds 10] [--time-scale 0.5]
 import { performance } from 'node:perf_hooks';
