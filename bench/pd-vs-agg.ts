@@ -7,12 +7,18 @@
 // next token, as in engines with chunked prefill; a decode engine that gets
 // its KV from a prefill engine does no prefill and stalls nobody.
 //
-// Reported per rate and fleet: decode ITL p90 from the engines' own
-// vllm:inter_token_latency_seconds histograms (model time, so the shared
-// machine's load does not blur it; linear within a bucket), TTFT p90 (client), output
-// tokens/s (model time), completed/offered. (The client's own ITL is not
-// reported: engines and router share this process, so stream chunks arrive
-// coalesced and their gaps say more about the event loop than the engines.)
+// Reported per rate and fleet: decode ITL p90 and p99 exact (every inter-token
+// latency the decode-side engines produced, model time, keepItlSamples; so the
+// shared machine's load does not blur it), the p90 the engines'
+// vllm:inter_token_latency_seconds histograms give (linear within vLLM's
+// coarse buckets), the mean ITL, TTFT p90 (client), e2e p50, the tail (last
+// completion after the last arrival), the decode side's running requests,
+// and output tokens/s twice: over the whole run (to the last completion, so
+// it includes the drain tail) and over the steady window (decode-side output
+// tokens from a third of the way into the arrivals to the last one): the
+// throughput at that rate. (The client's own ITL is not reported: engines and
+// router share this process, so stream chunks arrive coalesced and their gaps
+// say more about the event loop than the engines.)
 //
 //   npm run build:ts && node dist/bench/pd-vs-agg.js [--rates 4,8,12] [--seconds 10] [--time-scale 0.5]
 import { performance } from 'node:perf_hooks';
@@ -42,7 +48,7 @@ const outTokens = Number(a['output-tokens']);
 /** Of the 4 engines, how many prefill in the P/D fleet (the rest decode). */
 const nPrefill = Number(a.prefill);
 
-const SIM = { timeScale: scale, prefillOverheadMs: 2, prefillUsPerToken: 25, prefillChunkTokens: 2048, itlMs: 15, decodeSlowdown: 0.01, maxNumSeqs: 128, kvCacheBlocks: 65536, maxModelLen: 65536 };
+const SIM = { timeScale: scale, prefillOverheadMs: 2, prefillUsPerToken: 25, prefillChunkTokens: 2048, itlMs: 15, decodeSlowdown: 0.01, maxNumSeqs: 128, kvCacheBlocks: 65536, maxModelLen: 65536, keepItlSamples: true };
 const ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0];
 
 /** Failed answers by status and the start of their body (printed after the table). */
@@ -51,6 +57,9 @@ const agent = new http.Agent({ keepAlive: true, maxSockets: 512 });
 
 interface Sample {
   ok: boolean;
+  /** performance.now() at send and at the end of the answer. */
+  t0: number;
+  t1: number;
   ttftMs: number;
   gaps: number[];
   tokens: number;
@@ -82,16 +91,16 @@ function stream(url: string, body: string): Promise<Sample> {
       });
       res.on('end', () => {
         if (res.statusCode !== 200 || tokens === 0) failures.set(`${res.statusCode} ${buf.slice(0, 160)}`, (failures.get(`${res.statusCode} ${buf.slice(0, 160)}`) ?? 0) + 1);
-        resolve({ ok: res.statusCode === 200, ttftMs: ttft, gaps, tokens });
+        resolve({ ok: res.statusCode === 200, t0, t1: performance.now(), ttftMs: ttft, gaps, tokens });
       });
       res.on('error', (e) => {
         failures.set(`response error ${e.message}`, (failures.get(`response error ${e.message}`) ?? 0) + 1);
-        resolve({ ok: false, ttftMs: ttft, gaps, tokens });
+        resolve({ ok: false, t0, t1: performance.now(), ttftMs: ttft, gaps, tokens });
       });
     });
     req.on('error', (e) => {
       failures.set(`request error ${e.message} after ${tokens} tokens`, (failures.get(`request error ${e.message} after ${tokens} tokens`) ?? 0) + 1);
-      resolve({ ok: false, ttftMs: -1, gaps, tokens });
+      resolve({ ok: false, t0, t1: performance.now(), ttftMs: -1, gaps, tokens });
     });
     req.end(body);
   });
@@ -159,15 +168,65 @@ async function fleet(mode: 'agg' | 'pd') {
   return { engines, decoders, router, close: async () => (await router.close(1000), await Promise.all(engines.map((e) => e.close()))) };
 }
 
+/** Sum and count of the engines' ITL histograms (model seconds) since `before`. */
+async function itlMean(engines: SimEngine[], before: Map<SimEngine, [number, number]>): Promise<number> {
+  let sum = 0;
+  let count = 0;
+  for (const e of engines) {
+    const [s, c] = itlSumCount(await e.metricsText());
+    const [s0, c0] = before.get(e)!;
+    sum += s - s0;
+    count += c - c0;
+  }
+  return count > 0 ? sum / count : NaN;
+}
+
+function itlSumCount(text: string): [number, number] {
+  let sum = 0;
+  let count = 0;
+  for (const line of text.split('\n')) {
+    if (line.startsWith('vllm:inter_token_latency_seconds_sum')) sum += Number(line.slice(line.lastIndexOf(' ') + 1));
+    else if (line.startsWith('vllm:inter_token_latency_seconds_count')) count += Number(line.slice(line.lastIndexOf(' ') + 1));
+  }
+  return [sum, count];
+}
+
+const genTokens = (es: SimEngine[]): number => es.reduce((x, e) => x + e.stats().generationTokens, 0);
+
 async function run(mode: 'agg' | 'pd', rate: number) {
   const f = await fleet(mode);
   const before = new Map<SimEngine, number[]>();
+  const beforeSum = new Map<SimEngine, [number, number]>();
   for (const e of f.decoders) before.set(e, bucketCounts(await e.metricsText()));
+  for (const e of f.decoders) beforeSum.set(e, itlSumCount(await e.metricsText()));
+  const itlFrom = new Map(f.decoders.map((e) => [e, e.itlSamples().length]));
   const rand = rng(42);
   const filler = 'lorem ipsum dolor sit amet '.repeat(Math.ceil((promptTokens * 4) / 27)).slice(0, promptTokens * 4);
   const pending: Promise<Sample>[] = [];
   const t0 = performance.now();
   const endAt = t0 + seconds * 1000 * scale;
+  // steady state: output tokens the decode side produced from a third of the way in to the last arrival
+  const steadyFrom = t0 + (seconds / 3) * 1000 * scale;
+  let steadyTokens0 = -1;
+  let steadyT0 = 0;
+  // decode-side occupancy, sampled
+  let runSum = 0;
+  let runMax = 0;
+  let runN = 0;
+  const sampler = setInterval(() => {
+    const now = performance.now();
+    if (steadyTokens0 < 0 && now >= steadyFrom) {
+      steadyTokens0 = genTokens(f.decoders);
+      steadyT0 = now;
+    }
+    if (now < steadyFrom || now > endAt) return;
+    for (const e of f.decoders) {
+      const r = e.stats().running;
+      runSum += r;
+      runN++;
+      if (r > runMax) runMax = r;
+    }
+  }, 50);
   let n = 0;
   for (let at = t0; at < endAt; at += expGap(rand, rate / scale) * 1000) {
     const wait = at - performance.now();
@@ -175,6 +234,11 @@ async function run(mode: 'agg' | 'pd', rate: number) {
     const body = JSON.stringify({ model: 'open-model', messages: [{ role: 'user', content: `request ${n++} ${filler}` }], max_tokens: outTokens, min_tokens: outTokens, stream: true });
     pending.push(stream(f.router.url, body));
   }
+  const lastArrival = performance.now();
+  if (lastArrival < endAt) await new Promise((r) => setTimeout(r, endAt - lastArrival));
+  const steadyTokens = genTokens(f.decoders) - steadyTokens0;
+  const steadyT1 = performance.now();
+  clearInterval(sampler);
   const samples = await Promise.all(pending);
   const wall = (performance.now() - t0) / 1000;
   const ok = samples.filter((s) => s.ok && s.tokens > 0);
@@ -185,8 +249,15 @@ async function run(mode: 'agg' | 'pd', rate: number) {
     offered: samples.length,
     completed: ok.length,
     itlP90Engine: (await engineItl(f.decoders, 0.9, before)) * 1000,
+    itlMeanEngine: (await itlMean(f.decoders, beforeSum)) * 1000,
+    itlP90Exact: quantile(f.decoders.flatMap((e) => e.itlSamples().slice(itlFrom.get(e)!)), 0.9),
+    itlP99Exact: quantile(f.decoders.flatMap((e) => e.itlSamples().slice(itlFrom.get(e)!)), 0.99),
     ttftP90: quantile(ok.map((s) => s.ttftMs / scale), 0.9),
+    e2eP50: quantile(ok.map((s) => (s.t1 - s.t0) / scale), 0.5),
+    tailS: (Math.max(...samples.map((s) => s.t1)) - lastArrival) / 1000 / scale,
     tokPerSec: tokens / (wall / scale),
+    steadyTokPerSec: steadyTokens / ((steadyT1 - steadyT0) / 1000 / scale),
+    decodeRunning: `${(runSum / Math.max(1, runN)).toFixed(0)}/${runMax}`,
   };
   await f.close();
   return r;
@@ -194,15 +265,20 @@ async function run(mode: 'agg' | 'pd', rate: number) {
 
 async function main() {
   console.log(`P/D vs aggregated: 4 engines each; prompts ≈${promptTokens} tokens, ${outTokens} output tokens; ${seconds} model-s of Poisson arrivals per point; time-scale ${scale}`);
-  console.log('| rate (req/s) | fleet | completed/offered | ITL p90 (ms, engines) | TTFT p90 (ms, client) | output tok/s | ITL p90 agg ÷ P/D | tok/s P/D ÷ agg |');
-  console.log('|---:|---|---:|---:|---:|---:|---:|---:|');
+  console.log(
+    '| rate (req/s) | fleet | completed/offered | ITL p90 (ms, engines, exact) | ITL p99 (ms, exact) | ITL p90 (ms, engines\' histogram) | ITL mean (ms, engines) | TTFT p90 (ms, client) | e2e p50 (s) | tail after last arrival (s) | decode-side running (mean/max per engine) | output tok/s (whole run) | output tok/s (steady window) | ITL p90 (exact) agg ÷ P/D | tok/s P/D ÷ agg (whole run) | tok/s P/D ÷ agg (steady) |',
+  );
+  console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const rate of rates) {
     const agg = await run('agg', rate);
     const pd = await run('pd', rate);
     for (const r of [agg, pd]) {
-      const extra = r === pd ? `${(agg.itlP90Engine / pd.itlP90Engine).toFixed(2)}× | ${(pd.tokPerSec / agg.tokPerSec).toFixed(2)}×` : ' | ';
+      const extra =
+        r === pd
+          ? `${(agg.itlP90Exact / pd.itlP90Exact).toFixed(2)}× | ${(pd.tokPerSec / agg.tokPerSec).toFixed(2)}× | ${(pd.steadyTokPerSec / agg.steadyTokPerSec).toFixed(2)}×`
+          : ' | | ';
       console.log(
-        `| ${rate} | ${r.mode === 'agg' ? 'aggregated (4 both)' : `P/D (${nPrefill} prefill + ${4 - nPrefill} decode)`} | ${r.completed}/${r.offered} | ${r.itlP90Engine.toFixed(1)} | ${r.ttftP90.toFixed(0)} | ${r.tokPerSec.toFixed(0)} | ${extra} |`,
+        `| ${rate} | ${r.mode === 'agg' ? 'aggregated (4 both)' : `P/D (${nPrefill} prefill + ${4 - nPrefill} decode)`} | ${r.completed}/${r.offered} | ${r.itlP90Exact.toFixed(1)} | ${r.itlP99Exact.toFixed(1)} | ${r.itlP90Engine.toFixed(1)} | ${r.itlMeanEngine.toFixed(1)} | ${r.ttftP90.toFixed(0)} | ${(r.e2eP50 / 1000).toFixed(2)} | ${r.tailS.toFixed(2)} | ${r.decodeRunning} | ${r.tokPerSec.toFixed(0)} | ${r.steadyTokPerSec.toFixed(0)} | ${extra} |`,
       );
     }
   }

@@ -50,6 +50,7 @@ interface NativeUpstream {
   pause(id: number): void;
   resume(id: number): void;
   close(): void;
+  closePool(poolId: number): void;
   destroy(): void;
   contentType(index: number): string;
   stats(): number[];
@@ -118,6 +119,15 @@ export class NativeUpstreamConnections {
   /** Fails waiting calls and closes idle connections; calls in flight finish. */
   close(): void {
     this.#n.close();
+  }
+  /**
+   * The endpoint of `poolId` is gone: its waiting calls fail, its idle
+   * connections close now and busy ones when their call ends. A later send
+   * needs addPool again.
+   */
+  closePool(poolId: number): void {
+    if ((poolId >>> 0) !== poolId) throw new RangeError('poolId must be an integer in [0, 2^20)');
+    this.#n.closePool(poolId);
   }
   /** Closes every connection at once (no events follow) and frees the native state. */
   destroy(): void {

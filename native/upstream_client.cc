@@ -102,6 +102,7 @@ class UpstreamClientWrap : public Napi::ObjectWrap<UpstreamClientWrap> {
                            InstanceMethod<&UpstreamClientWrap::Pause>("pause"),
                            InstanceMethod<&UpstreamClientWrap::Resume>("resume"),
                            InstanceMethod<&UpstreamClientWrap::Close>("close"),
+                           InstanceMethod<&UpstreamClientWrap::ClosePool>("closePool"),
                            InstanceMethod<&UpstreamClientWrap::Destroy>("destroy"),
                            InstanceMethod<&UpstreamClientWrap::ContentType>("contentType"),
                            InstanceMethod<&UpstreamClientWrap::Stats>("stats"),
@@ -256,6 +257,14 @@ class UpstreamClientWrap : public Napi::ObjectWrap<UpstreamClientWrap> {
   }
   void Close(const Napi::CallbackInfo& info) {
     if (core_ != nullptr) core_->CloseClient();
+  }
+
+  // closePool(poolId): the endpoint is gone (see Core::ClosePool).
+  void ClosePool(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    uint32_t pool_id;
+    if (napi_get_value_uint32(env, info[0], &pool_id) != napi_ok) return ThrowType(env, "closePool(poolId: number)");
+    if (core_ != nullptr) core_->ClosePool(pool_id);
   }
 
   // destroy(): closes every connection now (no events follow) and frees the native state.

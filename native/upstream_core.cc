@@ -205,7 +205,7 @@ void Conn::Complete(bool extra_bytes) {
   const bool was_paused = c->paused;
   c->conn = nullptr;
   core->FreeCall(c);
-  if (!parser.keep_alive() || writing || extra_bytes || out.size() > out_off || core->closed_) {
+  if (!parser.keep_alive() || writing || extra_bytes || out.size() > out_off || core->closed_ || pool->closed) {
     Close();
     return;
   }

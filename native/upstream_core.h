@@ -112,6 +112,7 @@ struct Call {
 struct Pool {
   sockaddr_storage addr{};
   uint32_t open = 0;
+  bool closed = false;  // ClosePool: its endpoint is gone; connections close as their calls end
   std::vector<Conn*> idle;
   std::deque<int32_t> queue;  // waiting call ids (stale ids are skipped)
 };
@@ -220,8 +221,9 @@ class Core {
       return false;
     }
     if (pools_[id]) {
-      // re-registering an endpoint id (a new address): new connections use it
+      // re-registering an endpoint id (a new address, or after ClosePool): new connections use it
       pools_[id]->addr = p->addr;
+      pools_[id]->closed = false;
       return true;
     }
     pools_[id] = std::move(p);
@@ -388,6 +390,29 @@ class Core {
       k->active_at = Now();  // the pause was the client's doing: the body timeout starts afresh
       k->SetReading(true);
     }
+  }
+
+  // closePool(id): the endpoint left the router. Its waiting calls fail, its idle
+  // connections close now, and each busy one closes when its call ends (never
+  // parked again), so no descriptor stays open to an endpoint that is gone.
+  void ClosePool(uint32_t id) {
+    Pool* p = GetPool(id);
+    if (p == nullptr || p->closed) return;
+    p->closed = true;
+    for (int32_t cid : p->queue) {
+      Call* c = Waiting(cid, p);
+      if (c == nullptr) continue;
+      PushError(c, UV_ECANCELED, kRClientClosed, false);
+      FreeCall(c);
+    }
+    p->queue.clear();
+    std::vector<Conn*> idle;
+    idle.swap(p->idle);
+    for (Conn* k : idle) {
+      k->in_idle = false;
+      k->Close();
+    }
+    Schedule();
   }
 
   // close(): fails waiting calls, closes idle connections; busy ones finish.

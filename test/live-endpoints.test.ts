@@ -270,3 +270,45 @@ t.test('SIGHUP reloads a running `switchyard serve`', async (t) => {
   p.child.kill('SIGTERM');
   t.same(await p.exited, [0, null]);
 });
+
+t.test('--watch-config: a changed file is reloaded without a signal; a bad one is refused; saving it unchanged does nothing', async (t) => {
+  const fleet = await startFleet(2, { timeScale: 0 });
+  const dir = await mkdtemp(join(tmpdir(), 'swy-watch-'));
+  const file = join(dir, 'router.json');
+  const { rename } = await import('node:fs/promises');
+  await writeFile(file, JSON.stringify(cfg(fleet.urls.slice(0, 1))));
+  const { loadConfigFile } = await import('../src/config/load.js');
+  const router = await startRouter(await loadConfigFile(file, validatePlugin), { port: 0, host: '127.0.0.1', adminPort: 0, configFile: file, validatePlugin, watchConfig: 50 });
+  t.teardown(async () => {
+    await router.close(200);
+    await fleet.close();
+  });
+  const reloads = async (result: string) => {
+    try {
+      return metric(parseProm((await get(router.url, '/metrics')).body), 'switchyard_config_reloads_total', { result });
+    } catch {
+      return 0; // no sample of that result yet
+    }
+  };
+  const names = () => router.core.endpoints.all.map((e) => e.name).sort().join(',');
+  // written in place
+  await writeFile(file, JSON.stringify(cfg(fleet.urls)));
+  t.ok(await until(() => names() === 'e0,e1', 3000), 'the new endpoint joined');
+  t.equal(await reloads('ok'), 1, 'one save, one reload (debounced)');
+  // replaced by a rename, as editors and config-map mounts do: a bad file is refused
+  const broken = cfg(fleet.urls);
+  (broken.pools[0]!.endpoints[1] as Record<string, unknown>).url = 'not a url';
+  await writeFile(join(dir, 'router.json.tmp'), JSON.stringify(broken));
+  await rename(join(dir, 'router.json.tmp'), file);
+  t.ok(await until(async () => (await reloads('invalid')) === 1, 3000), 'the bad file was refused');
+  t.equal(names(), 'e0,e1', 'the old endpoints keep serving');
+  t.equal((await post(router.url, '/v1/chat/completions', chat())).status, 200);
+  // the same text again: no reload
+  await writeFile(file, JSON.stringify(broken));
+  await sleep(300);
+  t.equal(await reloads('invalid'), 1, 'an unchanged file is not reloaded');
+  // another file in the directory does not count
+  await writeFile(join(dir, 'other.json'), '{}');
+  await sleep(300);
+  t.equal((await reloads('ok')) + (await reloads('invalid')), 2);
+});

@@ -8,7 +8,7 @@ import type { SimOptions } from '../src/sim/options.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { startRouter, type RunningRouter } from '../src/server/router.js';
 import { uncachedTokens, withFields } from '../src/director/pd.js';
-import { get, metric, parseProm, post } from './sim-util.js';
+import { get, metric, parseProm, post, scrape, until } from './sim-util.js';
 import { validatePlugin } from './router-util.js';
 
 const FAST: SimOptions = { timeScale: 0 };
@@ -20,6 +20,7 @@ interface Ep {
   url: string;
   role: string;
   revision?: string;
+  bootstrapPort?: number;
 }
 
 async function pdRouter(t: Tap.Test, endpoints: Ep[], opts: { engine?: string; extra?: Record<string, unknown>; pd?: Record<string, unknown> } = {}): Promise<RunningRouter> {
@@ -224,9 +225,11 @@ t.test('revisions: prefill and decode always pair within one revision; a decode 
 });
 
 t.test('SGLang bootstrap: both legs at once with the same room; decode answers', async (t) => {
-  const [p0, d0] = await engines(t, { role: 'prefill', engine: 'sglang' }, { role: 'decode', engine: 'sglang' });
+  const [p0, d0] = await engines(t, { role: 'prefill', engine: 'sglang' }, { role: 'decode', engine: 'sglang', bootstrapTimeoutMs: 500 });
+  d0!.recordHeaders(['x-request-id']);
   const r = await pdRouter(t, [
-    { name: 'p0', url: p0!.url, role: 'prefill' },
+    // the simulator's bootstrap server is its HTTP port
+    { name: 'p0', url: p0!.url, role: 'prefill', bootstrapPort: p0!.port },
     { name: 'd0', url: d0!.url, role: 'decode' },
   ], { engine: 'sglang' });
   const x = await post(r.url, '/v1/chat/completions', chat(LONG, { stream: true }), { 'x-request-id': 'sg-1' });
@@ -235,9 +238,68 @@ t.test('SGLang bootstrap: both legs at once with the same room; decode answers',
   t.equal(x.headers['x-switchyard-prefill-endpoint'], 'p0');
   t.ok(x.body.endsWith('data: [DONE]\n\n'));
   t.equal(p0!.stats().finished + p0!.stats().aborted, 1, 'the prefill engine got the request');
-  // prefill failing with 500: decode alone
+  t.equal(d0!.stats().promptTokens, p0!.stats().promptTokens, 'decode paired with that prefill');
+  t.equal(metric(await scrape(d0!.url), 'sglang:time_to_first_token_seconds_count'), 1);
+  t.equal(d0!.recorded().length, 1, 'one decode leg: it got its room\'s KV');
+  // prefill failing with 500: the decode side cannot get its KV; the client still gets decode's answer (decode alone)
   p0!.setFailures(1, ['500']);
-  const y = await post(r.url, '/v1/chat/completions', chat(LONG + 'x', { stream: true }));
+  const y = await post(r.url, '/v1/chat/completions', chat('another document: ' + LONG, { stream: true }));
   t.equal(y.status, 200);
   t.ok(y.body.endsWith('data: [DONE]\n\n'));
+  t.equal(y.headers['x-switchyard-prefill-endpoint'], undefined, 'no prefill leg served it');
+  p0!.setFailures(0);
+  const m = await pdMetrics(r);
+  t.equal(metric(m, 'switchyard_pd_fallbacks_total', { reason: 'prefill-5xx' }) + metric(m, 'switchyard_pd_fallbacks_total', { reason: 'decode-transfer' }), 1, 'one fallback');
+});
+
+t.test('SGLang bootstrap: a decode leg that cannot reach its prefill engine decodes alone, counted', async (t) => {
+  const [p0, d0] = await engines(t, { role: 'prefill', engine: 'sglang' }, { role: 'decode', engine: 'sglang', bootstrapTimeoutMs: 300 });
+  const r = await pdRouter(t, [
+    // no bootstrapPort: the default 8998, where no bootstrap server of the simulator listens
+    { name: 'p0', url: p0!.url, role: 'prefill' },
+    { name: 'd0', url: d0!.url, role: 'decode' },
+  ], { engine: 'sglang', pd: { bootstrapPort: 1 } });
+  const x = await post(r.url, '/v1/chat/completions', chat(LONG, { stream: true }), { 'x-request-id': 'sg-2' });
+  t.equal(x.status, 200, 'no client sees the connector error');
+  t.ok(x.body.endsWith('data: [DONE]\n\n'));
+  t.equal(x.headers['x-switchyard-endpoint'], 'd0');
+  t.equal(x.headers['x-switchyard-prefill-endpoint'], undefined);
+  const m = await pdMetrics(r);
+  t.equal(metric(m, 'switchyard_pd_fallbacks_total', { reason: 'decode-transfer' }), 1, 'counted as a decode-transfer fallback');
+  t.equal(metric(m, 'switchyard_upstream_retries_total'), 0, 'not a retry: the decode endpoint was not at fault');
+});
+
+t.test('the decode profile (disaggregation.decode) picks decode endpoints by its own scorers', async (t) => {
+  const opts = { timeScale: 1, itlMs: 20, prefillOverheadMs: 1, prefillUsPerToken: 0 };
+  const [p0, d0, d1] = await engines(t, { ...opts, role: 'prefill' }, { ...opts, role: 'decode' }, { ...opts, role: 'decode' });
+  const eps = [
+    { name: 'p0', url: p0!.url, role: 'prefill' },
+    { name: 'd0', url: d0!.url, role: 'decode' },
+    { name: 'd1', url: d1!.url, role: 'decode' },
+  ];
+  const fast = { dataLayer: { healthIntervalMs: 0, scrapeIntervalMs: 20 } };
+  // every prompt here goes direct (the threshold is out of reach): only the decode pick is under test
+  const profiled = await pdRouter(t, eps, { pd: { thresholdTokens: 1_000_000, decode: { scorers: [{ type: 'running-requests', weight: 1 }] } }, extra: fast });
+  const plain = await pdRouter(t, eps, { pd: { thresholdTokens: 1_000_000 }, extra: fast });
+  const PROMPT = 'a conversation the decode endpoints may have cached. '.repeat(20);
+  /** Three streams straight to an engine (not through the routers): its running count, seen by their scrapes. */
+  const load = async (e: SimEngine) => {
+    const streams = Array.from({ length: 3 }, (_, i) => post(e.url, '/v1/completions', { prompt: `load ${i}`, max_tokens: 60, stream: true }));
+    await until(() => e.stats().running === 3, 2000);
+    await new Promise((r) => setTimeout(r, 150)); // a few scrapes
+    return streams;
+  };
+  const ask = async (r: RunningRouter) => (await post(r.url, '/v1/chat/completions', chat(PROMPT))).headers['x-switchyard-endpoint'];
+
+  // the scheduling profile (prefix-cache first) sends a prompt back where it went before ...
+  const first = await ask(plain);
+  const busyEngine = first === 'd0' ? d0! : d1!;
+  const other = first === 'd0' ? 'd1' : 'd0';
+  const busy = await load(busyEngine);
+  t.equal(await ask(plain), first, 'the scheduling profile follows the cached prompt to the busy decode endpoint');
+  // ... the decode profile (running requests only) sends it to the decode endpoint with fewer running requests
+  t.equal(await ask(profiled), other, 'the decode profile picks by running requests');
+  t.equal(await ask(profiled), other, 'again');
+  await Promise.all(busy);
+  // a pool without prefill endpoints keeps the scheduling profile: covered by every other router test
 });

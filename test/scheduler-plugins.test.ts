@@ -136,3 +136,23 @@ t.test('prefix-cache: an engine-reported cache beyond the index limit is clamped
   e0.metrics.cacheBlockTokens = 16;
   t.doesNotThrow(() => s.onCapacity(e0));
 });
+
+t.test('running-requests scorer: fewest running requests (fresh metrics plus dispatches since the scrape) scores 1; stale metrics: in-flight', async (t) => {
+  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [0, 1, 2].map((i) => ({ ...ep(`e${i}`, 10000 + i), role: 'both' as const })) }]);
+  const sc = registry.create('scorer', 'running-requests', {}, { endpoints: set, prefixBlockSize: 64, random: lcg(3) });
+  const [a, b, c] = set.all;
+  const now = 1000;
+  for (const [e, running] of [[a!, 8], [b!, 2], [c!, 4]] as const) {
+    e.metrics.running = running;
+    e.metricsAt = now;
+  }
+  const ctx: CycleContext = { request: { model: 'm' }, now, promptBlocks: 0, prefixMatched: new Uint32Array(0), matchedBlocks: 0 };
+  const score = (x: CycleContext) => [...sc.score(x, set.all).subarray(0, 3)];
+  t.same(score(ctx), [0, 1, 2 / 3], 'fresh: min-max over running');
+  // two dispatches to b since its scrape count as running there
+  b!.onDispatch(now);
+  b!.onDispatch(now);
+  t.same(score(ctx), [0, 1, 1], 'dispatches since the scrape count (b: 2 + 2, c: 4, a: 8)');
+  const stale = { ...ctx, now: now + 60_000 };
+  t.same(score(stale), [1, 0, 1], 'stale: the router\'s in-flight count');
+});

@@ -1,7 +1,7 @@
 // Prefill/decode legs (vLLM NIXL-style kv_transfer_params) on simulated engines.
 import t from 'tap';
 import { startEngine } from '../src/sim/index.js';
-import { metric, post, scrape } from './sim-util.js';
+import { metric, post, scrape, sseData } from './sim-util.js';
 
 t.test('prefill leg returns kv_transfer_params; decode leg skips the per-token prefill', async (t) => {
   const opts = { timeScale: 0.2, prefillOverheadMs: 1, prefillUsPerToken: 1000, itlMs: 1 };
@@ -105,4 +105,94 @@ t.test('loading and graceful drain', async (t) => {
   t.equal(r.status, 200);
   t.ok(r.body.endsWith('data: [DONE]\n\n'), 'the request in flight finished');
   await drained;
+});
+
+t.test('SGLang bootstrap: a decode leg pairs with the prefill of its room on the prefill engine its bootstrap fields name', async (t) => {
+  const opts = { engine: 'sglang' as const, timeScale: 0.2, prefillOverheadMs: 1, prefillUsPerToken: 1000, itlMs: 1, bootstrapTimeoutMs: 400 };
+  const prefill = await startEngine({ ...opts, role: 'prefill' });
+  const other = await startEngine({ ...opts, role: 'prefill' });
+  const decode = await startEngine({ ...opts, role: 'decode', kvTransferTtlMs: 60_000 });
+  t.teardown(() => Promise.all([prefill.close(), other.close(), decode.close()]));
+  const prompt = 'b'.repeat(1000); // 250 tokens: 250 model ms of prefill = 50 ms wall
+  const boot = (e: { port: number }, room: number) => ({ bootstrap_host: '127.0.0.1', bootstrap_port: e.port, bootstrap_room: room });
+
+  // both legs at once (as the router sends them): decode waits for the prefill, then decodes without prefilling
+  const [p, d] = await Promise.all([
+    post(prefill.url, '/v1/completions', { prompt, max_tokens: 8, stream: true, ...boot(prefill, 4242) }, { 'x-request-id': 'sg-a' }),
+    post(decode.url, '/v1/completions', { prompt, max_tokens: 8, stream: true, ...boot(prefill, 4242) }, { 'x-request-id': 'sg-a' }),
+  ]);
+  t.equal(p.status, 200);
+  t.equal(sseData(p.body).filter((x) => x !== '[DONE]' && JSON.parse(x).choices[0]?.text).length, 1, 'the prefill server computes the prompt and one token, no more');
+  t.equal(d.status, 200);
+  t.equal(sseData(d.body).filter((x) => x !== '[DONE]' && JSON.parse(x).choices[0]?.text).length, 8, 'decode answers the whole completion');
+  t.ok(d.totalMs >= 45, `decode waited for the prefill (${d.totalMs.toFixed(0)} ms)`);
+  const ttft = metric(await scrape(decode.url), 'sglang:time_to_first_token_seconds_sum');
+  t.ok(ttft < 0.01, `decode skipped the prefill (${(ttft * 1000).toFixed(1)} model ms; the prefill is 250)`);
+
+  // the decode leg first, its prefill a moment later: it still pairs
+  const late = post(decode.url, '/v1/completions', { prompt, max_tokens: 2, ...boot(prefill, 7) });
+  await new Promise((r) => setTimeout(r, 100));
+  t.equal((await post(prefill.url, '/v1/completions', { prompt, max_tokens: 2, ...boot(prefill, 7) })).status, 200);
+  t.equal((await late).status, 200, 'a decode leg that arrives first waits for its room');
+
+  // a room read once cannot be read again
+  const again = await post(decode.url, '/v1/completions', { prompt, max_tokens: 2, ...boot(prefill, 7) });
+  t.equal(again.status, 500);
+  t.match(JSON.parse(again.body).error, {
+    type: 'InternalServerError',
+    message: /^Decode transfer failed for request .* bootstrap_room=7 with exception KVTransferError\(bootstrap_room=7\): Failed to get kvcache from prefill instance, it might be dead/,
+  });
+
+  // a room that exists on another prefill engine does not exist on the one named
+  const [, wrong] = await Promise.all([
+    post(other.url, '/v1/completions', { prompt, max_tokens: 2, ...boot(other, 99) }),
+    post(decode.url, '/v1/completions', { prompt, max_tokens: 2, ...boot(prefill, 99) }),
+  ]);
+  t.equal(wrong.status, 500, 'the room of another prefill engine');
+  t.match(JSON.parse(wrong.body).error.message, /no prefill request with this bootstrap room arrived/);
+
+  // an unknown room: 500 after the bootstrap wait
+  const unknown = await post(decode.url, '/v1/completions', { prompt, max_tokens: 2, ...boot(prefill, 123456789) });
+  t.equal(unknown.status, 500, 'an unknown room');
+  t.ok(unknown.totalMs >= 350, 'after waiting for it');
+
+  // the prefill failing: its decode side fails at once, without waiting out the timeout
+  prefill.setFailures(1, ['500']);
+  const [pf, df] = await Promise.all([
+    post(prefill.url, '/v1/completions', { prompt, max_tokens: 2, ...boot(prefill, 5) }),
+    post(decode.url, '/v1/completions', { prompt, max_tokens: 2, ...boot(prefill, 5) }),
+  ]);
+  t.equal(pf.status, 500);
+  t.equal(df.status, 500);
+  t.match(JSON.parse(df.body).error.message, /KVTransferError\(bootstrap_room=5\)/);
+  prefill.setFailures(0);
+
+  // the prefill engine gone
+  const gone = await startEngine({ ...opts, role: 'prefill' });
+  const port = gone.port;
+  await gone.close();
+  const g = await post(decode.url, '/v1/completions', { prompt, max_tokens: 2, ...boot({ port }, 1) });
+  t.equal(g.status, 500);
+  t.match(JSON.parse(g.body).error.message, /Failed to get prefill server info/);
+
+  // bad bootstrap fields: 400
+  const bad = await post(decode.url, '/v1/completions', { prompt, max_tokens: 2, bootstrap_room: 'x', bootstrap_host: '127.0.0.1', bootstrap_port: prefill.port });
+  t.equal(bad.status, 400);
+  t.equal(JSON.parse(bad.body).error.param, 'bootstrap_room');
+  const nohost = await post(decode.url, '/v1/completions', { prompt, max_tokens: 2, bootstrap_room: 3 });
+  t.equal(nohost.status, 400);
+  t.equal(JSON.parse(nohost.body).error.param, 'bootstrap_host');
+});
+
+t.test('SGLang bootstrap: an expired room fails its decode leg', async (t) => {
+  const opts = { engine: 'sglang' as const, timeScale: 0, bootstrapTimeoutMs: 200 };
+  const prefill = await startEngine({ ...opts, role: 'prefill', kvTransferTtlMs: 30 });
+  const decode = await startEngine({ ...opts, role: 'decode' });
+  t.teardown(() => Promise.all([prefill.close(), decode.close()]));
+  const b = { bootstrap_host: '127.0.0.1', bootstrap_port: prefill.port, bootstrap_room: 11 };
+  t.equal((await post(prefill.url, '/v1/completions', { prompt: 'q'.repeat(400), max_tokens: 2, ...b })).status, 200);
+  await new Promise((r) => setTimeout(r, 60));
+  const d = await post(decode.url, '/v1/completions', { prompt: 'q'.repeat(400), max_tokens: 2, ...b });
+  t.equal(d.status, 500);
+  t.match(JSON.parse(d.body).error.message, /KVTransferError\(bootstrap_room=11\).*expired/);
 });

@@ -41,6 +41,8 @@ export interface EndpointConfig {
   url: string;
   role: Role;
   revision?: string;
+  /** SGLang prefill endpoints: the engine's bootstrap port (default: disaggregation.bootstrapPort). */
+  bootstrapPort?: number;
   capacity?: CapacityConfig;
   /** Where the engine publishes KV events (precise prefix mode, src/config/prefix-mode.ts). */
   kvEvents?: KvEventsEndpointConfig;
@@ -159,6 +161,8 @@ export interface DisaggregationConfig {
   bootstrapPort: number;
   /** The prefill profile (the decode leg uses `scheduling`). */
   prefill: { filters: PluginSpec[]; scorers: ScorerSpec[]; picker: PluginSpec };
+  /** The decode profile: scorers and picker of the decode pick in pools with prefill endpoints (absent: `scheduling`'s). */
+  decode?: { scorers: ScorerSpec[]; picker: PluginSpec };
 }
 
 export interface AdminConfig {
@@ -220,6 +224,10 @@ export const DEFAULT_PREFILL_FILTERS: PluginSpec[] = [
   { type: 'model', params: {} },
   { type: 'healthy', params: {} },
   { type: 'role', params: { roles: ['prefill'], preferBoth: false } },
+];
+export const DEFAULT_DECODE_SCORERS: ScorerSpec[] = [
+  { type: 'kv-cache-utilization', weight: 2, params: {} },
+  { type: 'running-requests', weight: 2, params: {} },
 ];
 export const DEFAULT_PREFILL_SCORERS: ScorerSpec[] = [
   { type: 'prefix-cache', weight: 3, params: {} },
@@ -319,6 +327,7 @@ export const endpointConfigSchema = strict(
       .describe('http://host:port or https://host:port, no path, query, fragment or credentials'),
     role: oneOf(ROLES).default('both'),
     revision: nonEmpty().optional(),
+    bootstrapPort: int(1, 65535).optional().describe("SGLang prefill endpoints: the engine's bootstrap port (default disaggregation.bootstrapPort)"),
     capacity: strict(
       { gpuBlocks: int(0, 2 ** 31 - 1).default(0), cpuBlocks: int(0, 2 ** 31 - 1).default(0), diskBlocks: int(0, 2 ** 31 - 1).default(0) },
       'must be a mapping',
@@ -333,6 +342,7 @@ export const endpointConfigSchema = strict(
   url: e.url,
   role: e.role,
   ...(e.revision ? { revision: e.revision } : {}),
+  ...(e.bootstrapPort !== undefined ? { bootstrapPort: e.bootstrapPort } : {}),
   ...(e.capacity ? { capacity: e.capacity } : {}),
   ...(e.kvEvents ? { kvEvents: e.kvEvents } : {}),
 }));
@@ -488,6 +498,17 @@ export const routerConfigSchema = strict(
         )
           .prefault({})
           .describe('the prefill profile: filters, scorers, picker (the decode leg uses scheduling)'),
+        decode: strict(
+          {
+            scorers: z
+              .array(scorerSpec, { error: listError })
+              .default(() => DEFAULT_DECODE_SCORERS.map((s) => ({ ...s, params: { ...s.params } }))),
+            picker: filterSpec.default(() => ({ type: DEFAULTS.scheduling.picker, params: {} })),
+          },
+          'must be a mapping',
+        )
+          .optional()
+          .describe("the decode profile: scorers and picker of decode picks in pools with prefill endpoints (filters: scheduling's); absent: scheduling's scorers"),
       },
       'must be a mapping',
     )
@@ -587,6 +608,16 @@ function crossFieldRules(validatePlugin?: PluginCheck) {
       if (Array.isArray(pdp.filters)) pdp.filters.forEach((x, i) => check('filter', x, [...base, 'filters', i]));
       if (Array.isArray(pdp.scorers)) pdp.scorers.forEach((x, i) => check('scorer', x, [...base, 'scorers', i]));
       check('picker', pdp.picker, [...base, 'picker']);
+    }
+    const pdd = isMapping(v.disaggregation) && isMapping(v.disaggregation.decode) ? v.disaggregation.decode : undefined;
+    if (pdd && validatePlugin) {
+      const check = (kind: 'scorer' | 'picker', x: unknown, path: PropertyKey[]) => {
+        const spec = specOf(x);
+        if (spec) for (const m of validatePlugin(kind, spec)) add(path, m);
+      };
+      const base = ['disaggregation', 'decode'];
+      if (Array.isArray(pdd.scorers)) pdd.scorers.forEach((x, i) => check('scorer', x, [...base, 'scorers', i]));
+      check('picker', pdd.picker, [...base, 'picker']);
     }
 
     // a revision of a pool that prefills must also decode (a prefill leg pairs only within its revision)

@@ -315,6 +315,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   /** P/D: what a decode retry sends (the body with the prefill's transfer parameters, or the raw body); null: the raw body. */
   #retryBody: Buffer | null = null;
   #leg: PrefillLeg | null = null;
+  /** SGLang: the decode leg in flight carries a bootstrap room (its KV comes from the prefill leg's engine). */
+  #paired = false;
   /** Prompt bytes copied out of the shared writer when admission is asynchronous. */
   #promptCopy: Uint8Array | null = null;
   #ticket: unknown = null;
@@ -667,6 +669,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   sendDecode(body: Buffer, retryBody: Buffer): void {
     if (this.aborted || this.#done) return;
     this.#retryBody = retryBody;
+    this.#paired = body !== retryBody;
     this.#dispatchedAt = performance.now();
     try {
       this.#send(body);
@@ -751,6 +754,15 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
 
   onUpstreamHeaders(status: number, contentType: string, contentLength: number): void {
     if (this.aborted) return;
+    if (status >= 500 && this.#paired && !this.#started && this.director.pd !== null) {
+      // SGLang: the decode endpoint could not get its room's KV (the prefill side failed, or never
+      // reached it): not the decode endpoint's fault, so it decodes alone, counted as a fallback
+      this.#leg?.abort();
+      this.director.pd.transferFailed();
+      this.prefillEndpoint = null;
+      this.redoDecodeAlone();
+      return;
+    }
     if (status >= 500 && this.#canRetry()) {
       if (this.trace !== null) this.trace.legFirstByte(performance.now(), status);
       this.#retry(`endpoint ${this.endpoint.name} answered HTTP ${status}`);

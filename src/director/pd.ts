@@ -67,7 +67,7 @@ const NIXL_PREFILL_FIELDS =
   '"stream":false,"max_tokens":1,"stream_options":null,"min_tokens":0';
 
 /** Why a disaggregated request went to decode alone. */
-export const FALLBACK_REASONS = ['prefill-5xx', 'prefill-error', 'prefill-timeout', 'kv-missing', 'kv-malformed'] as const;
+export const FALLBACK_REASONS = ['prefill-5xx', 'prefill-error', 'prefill-timeout', 'kv-missing', 'kv-malformed', 'decode-transfer'] as const;
 export type FallbackReason = (typeof FALLBACK_REASONS)[number];
 
 export class PdMetrics {
@@ -229,6 +229,12 @@ export class Disaggregator {
     this.#pdPools = s;
   }
 
+  /** SGLang: a decode leg answered 5xx before any byte (its room's KV did not arrive): the flight decodes alone. */
+  transferFailed(): void {
+    const m = this.metrics.fallback;
+    m.set('decode-transfer', (m.get('decode-transfer') ?? 0) + 1);
+  }
+
   /**
    * Called by the flight right after its first decode pick, while `sreq`
    * still holds the prompt. True when it took the dispatch over (a prefill
@@ -263,7 +269,8 @@ export class Disaggregator {
     } else {
       const u = new URL(d.endpoint.url);
       const room = randomBytes(8).readBigUInt64BE() >> 1n; // a non-negative 63-bit integer
-      const fields = `"bootstrap_host":${JSON.stringify(u.hostname.replace(/^\[|\]$/g, ''))},"bootstrap_port":${this.cfg.bootstrapPort},"bootstrap_room":${room}`;
+      const port = d.endpoint.bootstrapPort ?? this.cfg.bootstrapPort;
+      const fields = `"bootstrap_host":${JSON.stringify(u.hostname.replace(/^\[|\]$/g, ''))},"bootstrap_port":${port},"bootstrap_room":${room}`;
       const body = withFields(f.rawBody, fields);
       leg.send(body);
       // both legs at once; a decode retry cannot join this room: it prefills alone

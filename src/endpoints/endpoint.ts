@@ -28,6 +28,8 @@ export class Endpoint {
   readonly models: readonly string[];
   readonly role: Role;
   readonly revision: string | undefined;
+  /** SGLang prefill endpoints: the engine's bootstrap port, when configured per endpoint. */
+  readonly bootstrapPort: number | undefined;
   /** Prefix-index capacity from the config; when absent it comes from the engine's cache_config_info. */
   readonly configuredCapacity: CapacityConfig | undefined;
   /** Metrics older than this are stale (the data layer's `staleAfterMs`). */
@@ -95,6 +97,7 @@ export class Endpoint {
     this.models = pool.models;
     this.role = ep.role;
     this.revision = ep.revision;
+    this.bootstrapPort = ep.bootstrapPort;
     this.configuredCapacity = ep.capacity;
     this.staleAfterMs = staleAfterMs;
     this.configuredBatchLimit = pool.batchLimit;

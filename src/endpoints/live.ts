@@ -118,6 +118,7 @@ function sameDefinition(ep: Endpoint, pool: PoolConfig, ec: EndpointConfig): boo
     ep.url === ec.url &&
     ep.role === ec.role &&
     ep.revision === ec.revision &&
+    ep.bootstrapPort === ec.bootstrapPort &&
     ep.engine === pool.engine &&
     ep.accelerator === pool.accelerator &&
     ep.configuredBatchLimit === pool.batchLimit &&

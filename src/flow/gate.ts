@@ -15,6 +15,12 @@ import { SaturationDetector, type EndpointLoad } from './saturation.js';
 export interface GateEndpoint extends EndpointLoad {
   /** False while the endpoint is down or its circuit breaker is open. */
   routable?(now: number): boolean;
+  /**
+   * The endpoint's P/D role: a `prefill` endpoint never serves a request on its
+   * own (it only runs prefill legs, docs/disaggregation.md), so it is not
+   * capacity for admission and the gate skips it.
+   */
+  readonly role?: string;
 }
 
 export interface FlowControlGateOptions {
@@ -74,7 +80,8 @@ export class FlowControlGate implements AdmissionGate {
    * metrics) over each engine's learned batch limit, so it is current between
    * scrapes. One more request takes one more of that endpoint's batch slots
    * (a step of 1 / its batch limit), which keeps lower bands off the last
-   * slot of a small batch.
+   * slot of a small batch. Prefill endpoints are not counted: in a P/D pool a
+   * request is admitted against the endpoints that decode it (decode or both).
    */
   static fromEndpoints(opts: Omit<FlowControlGateOptions, 'utilisation' | 'step'> & {
     endpointsFor: (model: string) => readonly GateEndpoint[] | undefined;
@@ -92,7 +99,7 @@ export class FlowControlGate implements AdmissionGate {
       let best = Infinity;
       let limit = 0;
       for (const ep of eps) {
-        if (ep.routable !== undefined && !ep.routable(now)) continue;
+        if (ep.role === 'prefill' || (ep.routable !== undefined && !ep.routable(now))) continue;
         const u = detector.load(ep, now);
         if (u < best) {
           best = u;

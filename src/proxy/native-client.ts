@@ -186,6 +186,18 @@ export class NativeUpstreamClient implements UpstreamClient {
     return u.host;
   }
 
+  /**
+   * The endpoint left the set: its idle connections close now, those busy
+   * with a call when the call ends (never parked again), calls still waiting
+   * for a connection fail. Its id is never used again by the set.
+   */
+  forget(ep: Endpoint): void {
+    if (this.#destroyed || this.#hosts[ep.id] === undefined) return;
+    this.#hosts[ep.id] = undefined;
+    this.#lines[ep.id] = undefined;
+    this.conns.closePool(ep.id);
+  }
+
   release(call: NativeCall): void {
     const slot = call.id & SLOT_MASK;
     if (this.#calls[slot] !== call) return;

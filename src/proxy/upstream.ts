@@ -31,6 +31,9 @@ export interface UpstreamRequest {
 export interface UpstreamClient {
   send(ep: Endpoint, req: UpstreamRequest, sink: UpstreamSink): UpstreamCall;
   close(): Promise<void>;
-  /** Optional: the endpoint left the set with nothing in flight; close its idle connections (its id is never used again). */
+  /**
+   * Optional: the endpoint left the set (its id is never used again): close
+   * its idle connections now and each busy one when its call ends.
+   */
   forget?(ep: Endpoint): void;
 }

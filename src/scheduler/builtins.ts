@@ -8,6 +8,7 @@ import { prefixCacheScorer } from './plugins/prefix-cache-scorer.js';
 import { queueScorer } from './plugins/queue-scorer.js';
 import { kvCacheScorer } from './plugins/kv-cache-scorer.js';
 import { loadScorer } from './plugins/load-scorer.js';
+import { runningRequestsScorer } from './plugins/running-requests-scorer.js';
 import { predictedLatencyScorer } from './plugins/predicted-latency-scorer.js';
 import { maxScorePicker } from './plugins/max-score-picker.js';
 import { weightedRandomPicker } from './plugins/weighted-random-picker.js';
@@ -24,6 +25,7 @@ export function builtinRegistry(): PluginRegistry {
     .register(queueScorer)
     .register(kvCacheScorer)
     .register(loadScorer)
+    .register(runningRequestsScorer)
     .register(predictedLatencyScorer)
     .register(maxScorePicker)
     .register(weightedRandomPicker)

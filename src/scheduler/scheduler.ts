@@ -5,7 +5,7 @@
 // checks): the router does, and tells the scheduler of capacity changes;
 // createScheduler() attaches one for library users.
 import { performance } from 'node:perf_hooks';
-import { validateConfig, API_VERSION, type RouterConfig, type SchedulingConfig } from '../config/schema.js';
+import { validateConfig, API_VERSION, type PluginSpec, type RouterConfig, type ScorerSpec, type SchedulingConfig } from '../config/schema.js';
 import { DataLayer } from '../endpoints/data-layer.js';
 import { EndpointSet, MAX_ENDPOINT_IDS, type Endpoint } from '../endpoints/endpoint.js';
 import { NoEndpointError, UnknownModelError } from '../errors.js';
@@ -41,6 +41,19 @@ export interface SchedulerOptions {
   precise?: PreciseSource;
   /** What a matched block is worth by tier [GPU, host, disk] (default: scheduling.tierWeights). */
   tierWeights?: TierWeights;
+  /**
+   * P/D: the scorers and picker of picks whose candidates are in a pool with
+   * prefill endpoints (the decode leg; config disaggregation.decode). The
+   * filters stay the scheduling ones. Absent: one profile for every pick.
+   */
+  decodeProfile?: { scorers: readonly ScorerSpec[]; picker: PluginSpec };
+}
+
+/** One set of scorers with their weights and a picker. */
+interface Scoring {
+  readonly scorers: readonly Scorer[];
+  readonly weights: Float64Array;
+  readonly picker: Picker;
 }
 
 export class Scheduler {
@@ -58,6 +71,11 @@ export class Scheduler {
   readonly latency: boolean;
   readonly #ctx: CycleContext;
   readonly #cands: Endpoint[] = [];
+  /** The scheduling scorers and picker, and the decode profile's (null: none configured). */
+  readonly #main: Scoring;
+  readonly #decode: Scoring | null;
+  /** Pools with an active prefill endpoint (the decode profile's pools), kept current with the set. */
+  #pdPools = new Set<string>();
   /** Prefix matching once per request, when a plugin reads it (a prefix-cache scorer); null otherwise. */
   readonly prefix: PrefixProducer | null;
   #total: Float64Array;
@@ -75,7 +93,18 @@ export class Scheduler {
     this.scorers = scheduling.scorers.map((s) => reg.create('scorer', s.type, s.params, env));
     this.weights = Float64Array.from(scheduling.scorers.map((s) => s.weight));
     this.picker = reg.create('picker', scheduling.picker.type, scheduling.picker.params, env);
+    this.#main = { scorers: this.scorers, weights: this.weights, picker: this.picker };
+    const dp = opts.decodeProfile;
+    this.#decode =
+      dp === undefined
+        ? null
+        : {
+            scorers: dp.scorers.map((s) => reg.create('scorer', s.type, s.params, env)),
+            weights: Float64Array.from(dp.scorers.map((s) => s.weight)),
+            picker: reg.create('picker', dp.picker.type, dp.picker.params, env),
+          };
     this.#plugins = [...this.filters, ...this.scorers, this.picker];
+    if (this.#decode !== null) this.#plugins.push(...this.#decode.scorers, this.#decode.picker);
     this.#lat = this.#plugins.filter((p) => p.usesLatency === true);
     this.latency = this.#lat.length > 0;
     this.#total = new Float64Array(Math.max(1, endpoints.all.length));
@@ -102,6 +131,15 @@ export class Scheduler {
       this.prefix?.clear(ep);
       for (const p of this.#plugins) p.onRemoved?.(ep);
     });
+    if (this.#decode !== null) {
+      const scan = (): void => {
+        const pools = new Set<string>();
+        for (const ep of endpoints.all) if (ep.role === 'prefill' && ep.state === 'active') pools.add(ep.pool);
+        this.#pdPools = pools;
+      };
+      scan();
+      endpoints.onChange(scan);
+    }
     this.#ctx = {
       request: { model: '' },
       now: 0,
@@ -208,24 +246,26 @@ export class Scheduler {
     const prefix = this.prefix;
     if (prefix !== null) prefix.produce(ctx, eps);
     let idx = 0;
-    if (n > 1 || this.scorers.length > 0) {
+    const sc = this.#decode !== null && this.#pdPools.has(eps[0].pool) ? this.#decode : this.#main;
+    const scorers = sc.scorers;
+    if (n > 1 || scorers.length > 0) {
       const total = this.#total;
       for (let i = 0; i < n; i++) total[i] = 0;
-      for (let s = 0; s < this.scorers.length; s++) {
-        const w = this.weights[s];
-        const sc = this.scorers[s].score(ctx, eps);
+      for (let s = 0; s < scorers.length; s++) {
+        const w = sc.weights[s];
+        const v = scorers[s].score(ctx, eps);
         if (w === 0) continue;
         for (let i = 0; i < n; i++) {
-          const v = sc[i];
-          total[i] += w * (v > 1 ? 1 : v > 0 ? v : 0);
+          const x = v[i];
+          total[i] += w * (x > 1 ? 1 : x > 0 ? x : 0);
         }
       }
-      idx = n > 1 ? this.picker.pick(ctx, eps, total) : 0;
+      idx = n > 1 ? sc.picker.pick(ctx, eps, total) : 0;
     }
     const ep = eps[idx];
     this.#lastEps = eps;
     this.lastCandidates = n;
-    this.lastScore = n > 1 || this.scorers.length > 0 ? this.#total[idx] : 0;
+    this.lastScore = n > 1 || scorers.length > 0 ? this.#total[idx] : 0;
     if (prefix !== null) prefix.record(ctx, ep, idx);
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onPicked?.(ctx, ep, idx);
     const d: Decision = out ?? { endpoint: ep, seq: 0, promptBlocks: 0, matchedBlocks: 0 };

@@ -19,6 +19,7 @@ const USAGE = `usage: switchyard serve [options]
   --host HOST          listen address (overrides the config; default 127.0.0.1)
   --port PORT          listen port (overrides the config; default 8000)
   --log-level LEVEL    fatal|error|warn|info|debug|trace|silent (default info)
+  --watch-config       also reload the config file when it changes (as SIGHUP)
   --print-config       print the resolved config (every default filled in,
                        the options above applied) and exit without starting
   -h, --help           show this message
@@ -70,6 +71,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
         port: { type: 'string' },
         'log-level': { type: 'string' },
         'print-config': { type: 'boolean' },
+        'watch-config': { type: 'boolean' },
         help: { type: 'boolean', short: 'h' },
       },
       strict: true,
@@ -91,6 +93,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
   }
   if (args.host !== undefined && args.host.length === 0) problems.push('--host: must not be empty');
   if (args.config !== undefined && args.upstream !== undefined) problems.push('--config: cannot be combined with --upstream');
+  if (args['watch-config'] === true && args.config === undefined) problems.push('--watch-config: needs --config');
   if (args.engine !== undefined && !ENGINES.includes(args.engine as Engine)) problems.push(`--engine: must be one of: ${ENGINES.join(', ')} (got ${args.engine})`);
   if ((args.model !== undefined || args.engine !== undefined) && args.upstream === undefined && args.config !== undefined) {
     problems.push(`${args.model !== undefined ? '--model' : '--engine'}: applies to quick mode (--upstream) only, not with --config`);
@@ -156,7 +159,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
 
   let router;
   try {
-    router = await startRouter(config, { logger: log, host: args.host, port, configFile: args.config, validatePlugin });
+    router = await startRouter(config, { logger: log, host: args.host, port, configFile: args.config, validatePlugin, watchConfig: args['watch-config'] === true });
   } catch (err) {
     if (err instanceof ConfigError) {
       for (const line of issueLines(err)) console.error(line);

@@ -241,7 +241,7 @@ export class RouterCore {
     sessions.start();
     this.#sessionHeader = cfg.sessions.sources.includes('header') ? Buffer.from(cfg.sessions.header) : null;
     const precise = (this.precise = buildPrecise(cfg, set));
-    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, sessions, precise: precise?.feed });
+    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, sessions, precise: precise?.feed, decodeProfile: cfg.disaggregation?.decode });
     this.upstream = opts.upstream ?? newUpstreamClient(cfg.proxy, set);
     const g = opts.gate;
     const gate: AdmissionGate = (this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g);
@@ -263,9 +263,8 @@ export class RouterCore {
     this.pd?.metrics.register(this.metrics.registry);
     this.live = new LiveEndpoints(set, { graceMs: cfg.admin?.drainGraceMs });
     this.metrics.live = this.live.counters;
-    set.onRemoved((ep) => {
-      if (ep.inFlight === 0) this.upstream.forget?.(ep);
-    });
+    // a removed endpoint's connections close (busy ones once their request ends): no descriptor stays open to it
+    set.onRemoved((ep) => this.upstream.forget?.(ep));
     // the gate's families (flow control) join the router's registry
     gate.registerMetrics?.(this.metrics.registry);
     registerSessionMetrics(this.metrics.registry, sessions);

@@ -16,7 +16,7 @@ export type ReloadResult =
   | { ok: false; issues: ConfigIssue[]; message: string };
 
 /** Top-level sections a reload cannot apply to a running router. */
-const RESTART_SECTIONS = ['listen', 'scheduling', 'dataLayer', 'proxy', 'limits', 'flowControl', 'admin'] as const;
+const RESTART_SECTIONS = ['listen', 'scheduling', 'dataLayer', 'proxy', 'limits', 'flowControl', 'admin', 'disaggregation'] as const;
 
 export class ConfigReloader {
   readonly file: string;
@@ -69,5 +69,59 @@ export class ConfigReloader {
     log.info({ file: this.file, ...changes }, 'config reloaded');
     if (restartNeeded.length > 0) log.warn({ sections: restartNeeded }, 'config reload: these sections changed and take effect only after a restart');
     return { ok: true, changes, restartNeeded };
+  }
+}
+
+/**
+ * Reloads when the config file changes (`switchyard serve --watch-config`):
+ * fs.watch on the file's directory (editors and config-map mounts replace the
+ * file rather than write it in place), a debounce so that one save is one
+ * reload, and the same path as SIGHUP (validated first; a bad file is refused
+ * and the running config keeps serving). Off unless started.
+ */
+export class ConfigWatcher {
+  readonly #reloader: ConfigReloader;
+  readonly #debounceMs: number;
+  readonly #onResult: (r: ReloadResult) => void;
+  #watcher: import('node:fs').FSWatcher | null = null;
+  #timer: NodeJS.Timeout | undefined;
+  /** The file's text at the last reload this watcher ran (a save that changed nothing reloads nothing). */
+  #last: string | null = null;
+
+  constructor(reloader: ConfigReloader, opts: { debounceMs?: number; onResult?: (r: ReloadResult) => void } = {}) {
+    this.#reloader = reloader;
+    this.#debounceMs = opts.debounceMs ?? 300;
+    this.#onResult = opts.onResult ?? (() => {});
+  }
+
+  async start(): Promise<void> {
+    const { watch } = await import('node:fs');
+    const { readFile } = await import('node:fs/promises');
+    const { basename, dirname, resolve } = await import('node:path');
+    const file = resolve(this.#reloader.file);
+    this.#last = await readFile(file, 'utf8').catch(() => null);
+    const name = basename(file);
+    this.#watcher = watch(dirname(file), { persistent: false }, (_event, changed) => {
+      // some platforms do not name the file: then any change in the directory counts
+      if (changed !== null && changed !== name && !String(changed).startsWith('..')) return;
+      clearTimeout(this.#timer);
+      this.#timer = setTimeout(() => void this.#fire(file, readFile), this.#debounceMs);
+      this.#timer.unref();
+    });
+    this.#watcher.on('error', () => {}); // the directory went away: nothing left to watch
+  }
+
+  async #fire(file: string, readFile: typeof import('node:fs/promises').readFile): Promise<void> {
+    if (this.#watcher === null) return;
+    const text = await readFile(file, 'utf8').catch(() => null);
+    if (text === null || text === this.#last) return; // gone for a moment (replaced), or unchanged
+    this.#last = text;
+    this.#onResult(await this.#reloader.reload());
+  }
+
+  close(): void {
+    clearTimeout(this.#timer);
+    this.#watcher?.close();
+    this.#watcher = null;
   }
 }

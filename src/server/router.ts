@@ -5,7 +5,7 @@ import { RouterCore, type RouterOptions } from './core.js';
 import { flowGateFactory } from './flow-gate.js';
 import { VERSION } from '../version.js';
 import { startAdmin, type AdminServer } from './admin.js';
-import { ConfigReloader, type ReloadResult } from './reload.js';
+import { ConfigReloader, ConfigWatcher, type ReloadResult } from './reload.js';
 import type { PluginValidator } from '../config/load.js';
 // loaded only when configured: a feature that is off costs no import (ioredis, grpc-js)
 import type { HighAvailability } from '../ha/standby.js';
@@ -45,6 +45,8 @@ export interface StartRouterOptions extends Partial<Omit<RouterOptions, 'config'
   validatePlugin?: PluginValidator;
   /** Overrides config.admin.port (tests: 0). */
   adminPort?: number;
+  /** Also reload when the config file changes (debounce in ms; true: 300). Needs configFile. */
+  watchConfig?: boolean | number;
 }
 
 export function createLogger(level: string): Logger {
@@ -108,6 +110,11 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   }
   const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
   const reloader = opts.configFile !== undefined ? new ConfigReloader(core, opts.configFile, opts.validatePlugin) : null;
+  let watcher: ConfigWatcher | null = null;
+  if (reloader !== null && opts.watchConfig !== undefined && opts.watchConfig !== false) {
+    watcher = new ConfigWatcher(reloader, { debounceMs: typeof opts.watchConfig === 'number' ? opts.watchConfig : undefined });
+    await watcher.start();
+  }
   let admin: AdminServer | null = null;
   if (config.admin !== undefined) {
     try {
@@ -139,6 +146,7 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   }
   const close = async (graceMs?: number) => {
     // the lease goes first: the standby takes over while this one drains
+    watcher?.close();
     await ha?.close();
     await admin?.close();
     await Promise.all(discovery.map((d) => d.close())); // no endpoint changes while draining

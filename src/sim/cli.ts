@@ -40,6 +40,7 @@ options (--name value or --name=value):
                               waits for the whole prefill)
   --loading-ms MS             "loading" for MS real ms after start: /health and requests answer 503 (default 0)
   --kv-transfer-ttl-ms MS     a prefill engine holds a transfer for its decode side this long (default 480000)
+  --bootstrap-timeout-ms MS   SGLang decode: wait this long for the bootstrap room's prefill (default 30000)
   --failure-rate P            probability in [0,1] that a request fails (default ${D.failureRate})
   --failure-kinds K,K         kinds drawn from: ${FAILURE_KINDS.join(', ')}
                               (default ${D.failureKinds.join(',')})
@@ -129,6 +130,7 @@ const FLAGS: Record<string, { type: 'string' | 'boolean'; set: Setter }> = {
   revision: { type: 'string', set: (o, v) => (o.revision = v) },
   'loading-ms': { type: 'string', set: (o, v, f) => (o.loadingMs = number(f, v)) },
   'kv-transfer-ttl-ms': { type: 'string', set: (o, v, f) => (o.kvTransferTtlMs = number(f, v)) },
+  'bootstrap-timeout-ms': { type: 'string', set: (o, v, f) => (o.bootstrapTimeoutMs = number(f, v)) },
   role: {
     type: 'string',
     set: (o, v, f) => {

@@ -1,7 +1,22 @@
 // One simulated engine: an OpenAI-compatible HTTP server on uWebSockets.js in
 // front of a Scheduler. Several engines can share one process and event loop.
 
-import { checkRole, pull, pullTarget, PdRuleError, PULL_PATH, TransferTable, type PullTarget } from './pd.js';
+import {
+  BOOTSTRAP_PATH,
+  bootstrap,
+  bootstrapTarget,
+  checkRole,
+  decodeTransferError,
+  pull,
+  pullTarget,
+  PdRuleError,
+  PULL_PATH,
+  roomKey,
+  RoomTable,
+  TransferTable,
+  type BootstrapTarget,
+  type PullTarget,
+} from './pd.js';
 import { jsonNestsDeeper } from '../json-depth.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
@@ -43,6 +58,8 @@ export interface SimEngine {
   recorded(): { path: string; headers: Record<string, string> }[];
   /** The KV-event publisher (null unless kvEventsConfig enables it): its bound addresses, restart (seq 0). */
   readonly kvEvents: KvEventPublisher | null;
+  /** The inter-token latencies so far, model ms (empty unless options.keepItlSamples). */
+  itlSamples(): readonly number[];
   /** Renders /metrics text (what GET /metrics serves). */
   metricsText(): Promise<string>;
   /** Stops listening, drops open connections and frees everything. Idempotent. */
@@ -141,6 +158,10 @@ class Call implements RequestSink {
   kvParams: string | null = null;
   /** A decode leg's transfer to read from its prefill engine before it runs (P/D, src/sim/pd.ts). */
   pullFrom: PullTarget | null = null;
+  /** SGLang decode leg: the prefill engine and bootstrap room whose KV it waits for. */
+  bootFrom: BootstrapTarget | null = null;
+  /** SGLang prefill leg: its bootstrap room (open in the engine's RoomTable until this request ends). */
+  room: string | null = null;
   delay: NodeJS.Timeout | null = null;
 
   constructor(
@@ -153,6 +174,7 @@ class Call implements RequestSink {
   onAborted(): void {
     this.aborted = true;
     this.engine.calls.delete(this);
+    this.roomEnd(false);
     if (this.delay !== null) clearTimeout(this.delay);
     if (this.req !== null) this.engine.sched.abort(this.req);
   }
@@ -309,7 +331,7 @@ class Call implements RequestSink {
       );
     }
     const finishReason = maxTokens === undefined ? 'stop' : 'length';
-    const outTokens = maxTokens ?? Math.min(o.defaultMaxTokens, o.maxModelLen - promptTokens);
+    let outTokens = maxTokens ?? Math.min(o.defaultMaxTokens, o.maxModelLen - promptTokens);
     const needBlocks = e.sched.blocksNeeded(promptTokens, outTokens);
     if (needBlocks > o.kvCacheBlocks) {
       throw new BadRequest(400, `the request needs ${needBlocks} KV blocks but the cache holds ${o.kvCacheBlocks}`, 'max_tokens');
@@ -332,6 +354,15 @@ class Call implements RequestSink {
     try {
       checkRole(o.engine, o.role, body);
       if (remotePrefill) this.pullFrom = pullTarget(kv as Record<string, unknown>);
+      if (o.engine === 'sglang' && o.role === 'decode') {
+        // a decode server pairs with the prefill server its bootstrap fields name
+        this.bootFrom = bootstrapTarget(body);
+        if (this.bootFrom !== null) remotePrefill = true;
+      } else if (o.engine === 'sglang' && o.role === 'prefill') {
+        // a prefill server computes the prompt and the first token for its decode side: nothing more
+        this.room = roomKey(body.bootstrap_room);
+        outTokens = 1;
+      }
     } catch (err) {
       if (err instanceof PdRuleError) throw new BadRequest(err.status, err.message, err.param);
       throw err;
@@ -340,6 +371,7 @@ class Call implements RequestSink {
     const prefix = this.kind === Kind.Chat ? 'chatcmpl-' : 'cmpl-';
     this.id = JSON.stringify(prefix + (this.rid !== '' ? this.rid : e.idPrefix + (++idCounter).toString(16)));
     this.created = Math.floor(Date.now() / 1000);
+    if (this.room !== null) e.rooms.open(this.room); // from here on its decode side waits for it (or learns it failed)
     // Failure injection.
     if (e.failureRate > 0 && e.rand() < e.failureRate) {
       const kind = e.failureKinds[Math.floor(e.rand() * e.failureKinds.length)]!;
@@ -375,6 +407,16 @@ class Call implements RequestSink {
         this.delay = null;
         if (!this.aborted) e.sched.submit(req);
       }, o.slowFirstByteMs);
+      return;
+    }
+    const boot = this.bootFrom;
+    if (boot !== null) {
+      // the decode side waits for its room's KV from the prefill engine: a room that never gets there fails the request
+      void bootstrap(boot, o.bootstrapTimeoutMs).then((problem) => {
+        if (this.aborted || this.ended) return;
+        if (problem !== null) this.sendError(500, decodeTransferError(JSON.parse(this.id) as string, boot.room, problem), null);
+        else e.sched.submit(req);
+      });
       return;
     }
     const from = this.pullFrom;
@@ -479,6 +521,7 @@ class Call implements RequestSink {
   fail(req: SimRequest): void {
     const e = this.engine;
     e.sched.abort(req);
+    this.roomEnd(false);
     if (this.failure === 'reset-mid-stream') {
       this.ended = true;
       e.calls.delete(this);
@@ -515,6 +558,7 @@ class Call implements RequestSink {
     if (this.aborted) return;
     this.ended = true;
     this.engine.calls.delete(this);
+    this.roomEnd(true);
     const res = this.res;
     if (this.stream) {
       res.cork(() => {
@@ -543,10 +587,20 @@ class Call implements RequestSink {
     if (this.rid !== '') res.writeHeader('x-request-id', echoId(this.rid));
   }
 
+  /** SGLang prefill leg: its room's KV is there for the decode side (ok), or never will be. */
+  roomEnd(ok: boolean): void {
+    const room = this.room;
+    if (room === null) return;
+    this.room = null;
+    if (ok) this.engine.rooms.ready(room);
+    else this.engine.rooms.fail(room, 'the prefill request of this room failed or was aborted');
+  }
+
   sendError(status: number, message: string, param: string | null): void {
     if (this.aborted || this.ended) return;
     this.ended = true;
     this.engine.calls.delete(this);
+    this.roomEnd(false);
     if (this.req !== null && this.req.state <= ReqState.Running) this.engine.sched.abort(this.req);
     const res = this.res;
     res.cork(() => {
@@ -640,6 +694,8 @@ export class Engine implements SimEngine {
   healthy = true;
   /** Transfers this engine holds for decode engines (a prefill with do_remote_decode). */
   readonly transfers: TransferTable;
+  /** SGLang bootstrap rooms this engine (a prefill server) has seen, for its decode sides. */
+  readonly rooms: RoomTable;
   /** Date.now() until which the engine is "loading" (health 503, requests 503). */
   loadingUntil = 0;
   /** drain() began: health 503, no new requests. */
@@ -670,6 +726,7 @@ export class Engine implements SimEngine {
     this.failureKinds = [...opts.failureKinds];
     this.engineId = `sim-${process.pid}-${(Math.random() * 0xffffffff) >>> 0}`;
     this.transfers = new TransferTable(opts.kvTransferTtlMs);
+    this.rooms = new RoomTable(opts.kvTransferTtlMs);
     this.loadingUntil = opts.loadingMs > 0 ? Date.now() + opts.loadingMs : 0;
     this.idPrefix = ((Math.random() * 0xffffff) >>> 0).toString(16) + '-';
   }
@@ -701,6 +758,7 @@ export class Engine implements SimEngine {
     app.post('/v1/chat/completions', (res, req) => this.#post(res, req, Kind.Chat));
     for (const [path, kind] of INSTANT_ROUTES) app.post(path, (res, req) => this.#post(res, req, kind));
     app.post(PULL_PATH, (res) => this.#pull(res));
+    app.post(BOOTSTRAP_PATH, (res) => this.#bootstrap(res));
     app.get('/health', (res, req) => {
       const rid = req.getHeader('x-request-id');
       res.writeStatus(this.healthy && !this.draining && !this.loading() ? '200 OK' : '503 Service Unavailable');
@@ -799,6 +857,39 @@ export class Engine implements SimEngine {
     });
   }
 
+  /**
+   * The bootstrap server of a prefill engine (SGLang): a decode engine asks
+   * for a room and the answer comes once that room's prefill is done (200),
+   * or failed, expired, was taken, or never arrived within the wait (404).
+   */
+  #bootstrap(res: HttpResponse): void {
+    let text = '';
+    let gone = false;
+    res.onAborted(() => (gone = true));
+    res.onData((chunk, isLast) => {
+      text += Buffer.from(chunk).toString('utf8');
+      if (!isLast || gone) return;
+      let room: string;
+      let timeoutMs = this.options.bootstrapTimeoutMs;
+      try {
+        const b = JSON.parse(text) as Record<string, unknown>;
+        room = roomKey(b.bootstrap_room);
+        if (typeof b.timeout_ms === 'number' && b.timeout_ms >= 0) timeoutMs = Math.min(b.timeout_ms, 600_000);
+      } catch {
+        res.cork(() => res.writeStatus(STATUS[400]!).writeHeader('Content-Type', JSON_TYPE).end(errorBody(400, 'expected {"bootstrap_room": <integer>}', 'bootstrap_room')));
+        return;
+      }
+      const answer = (problem: string | null): void => {
+        if (gone) return;
+        res.cork(() => {
+          if (problem === null) res.writeHeader('Content-Type', JSON_TYPE).end('{"ok":true}');
+          else res.writeStatus(STATUS[404]!).writeHeader('Content-Type', JSON_TYPE).end(errorBody(404, `bootstrap room ${room} on engine ${this.engineId}: ${problem}`, null));
+        });
+      };
+      void this.rooms.wait(room, timeoutMs).then(answer);
+    });
+  }
+
   #post(res: HttpResponse, req: HttpRequest, kind: Kind): void {
     const names = this.#recordNames;
     if (names !== null) {
@@ -845,6 +936,10 @@ export class Engine implements SimEngine {
     return this.#recorded.map((r) => ({ path: r.path, headers: { ...r.headers } }));
   }
 
+  itlSamples(): readonly number[] {
+    return this.sched.itlSamples ?? [];
+  }
+
   metricsText(): Promise<string> {
     return this.#metrics.text();
   }
@@ -869,6 +964,7 @@ export class Engine implements SimEngine {
         if (call.req !== null) this.sched.abort(call.req);
       }
       this.calls.clear();
+      this.rooms.clear('the prefill server went away');
       this.kvEvents?.close();
       if (this.#listen !== null) uws.us_listen_socket_close(this.#listen);
       this.#listen = null;

@@ -42,6 +42,10 @@ export interface SimOptions {
   loadingMs?: number;
   /** How long a prefill engine holds a transfer for its decode side, real milliseconds (vLLM frees unread blocks after 480 s). */
   kvTransferTtlMs?: number;
+  /** SGLang decode: how long (wall ms) a decode leg waits for its bootstrap room's prefill to finish on the prefill engine. */
+  bootstrapTimeoutMs?: number;
+  /** Keep every inter-token latency (model ms) for SimEngine.itlSamples() (benchmarks: exact quantiles beyond the histogram's buckets). Off: no cost. */
+  keepItlSamples?: boolean;
   /** Probability in [0,1] that a request fails with one of failureKinds. */
   failureRate?: number;
   failureKinds?: FailureKind[];
@@ -94,6 +98,8 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   role: 'both',
   loadingMs: 0,
   kvTransferTtlMs: 480_000,
+  bootstrapTimeoutMs: 30_000,
+  keepItlSamples: false,
   failureRate: 0,
   failureKinds: [...DEFAULT_FAILURE_KINDS],
   slowFirstByteMs: 1000,
@@ -162,6 +168,8 @@ export const simOptionsSchema = z
     role: z.enum(['both', 'prefill', 'decode'], { error: (i) => `expected both, prefill or decode, got ${JSON.stringify(i.input)}` }).default(SIM_DEFAULTS.role),
     loadingMs: num(0).default(SIM_DEFAULTS.loadingMs),
     kvTransferTtlMs: num(0).default(SIM_DEFAULTS.kvTransferTtlMs),
+    bootstrapTimeoutMs: num(0).default(SIM_DEFAULTS.bootstrapTimeoutMs),
+    keepItlSamples: bool().default(SIM_DEFAULTS.keepItlSamples),
     failureRate: num(0, 1).default(SIM_DEFAULTS.failureRate),
     failureKinds: z
       .array(z.enum(FAILURE_KINDS as [FailureKind, ...FailureKind[]]), { error: `expected a non-empty list of ${FAILURE_KINDS.join(', ')}` })

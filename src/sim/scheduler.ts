@@ -13,6 +13,10 @@
 //   and it delays the next token of every request already decoding by the
 //   same amount (a step that carries prefill work is longer). Cache hits thus
 //   save everyone's time, as on a real engine.
+// - With prefillChunkTokens (chunked prefill), a prefill runs in chunks, each
+//   in one step with the running decodes: every decode's next token is slower
+//   by one chunk, and while decodes run each chunk's step also lasts the
+//   decode step (itlMs as below), so the prefill takes that much longer too.
 // - Each further token takes itlMs × (1 + decodeSlowdown × (running − 1)),
 //   evaluated when the token is produced (so the batch size at that moment
 //   counts).
@@ -109,6 +113,8 @@ export class Scheduler {
   readonly cache: KvCache;
   readonly ttft = new Histogram(TTFT_BUCKETS);
   readonly itl = new Histogram(ITL_BUCKETS);
+  /** Every inter-token latency in model ms (options.keepItlSamples), else null. */
+  readonly itlSamples: number[] | null;
   readonly e2e = new Histogram(REQUEST_LATENCY_BUCKETS);
   readonly queueTime = new Histogram(REQUEST_LATENCY_BUCKETS);
   running = 0;
@@ -138,6 +144,7 @@ export class Scheduler {
     this.#o = opts;
     this.cache = new KvCache(opts.kvCacheBlocks, opts.blockSize, opts.cpuOffloadBlocks);
     this.#tick = (req) => this.#step(req);
+    this.itlSamples = opts.keepItlSamples ? [] : null;
   }
 
   /** Blocks a request needs in total: its prompt and completion tokens, rounded up. */
@@ -264,13 +271,14 @@ export class Scheduler {
     if (o.serialPrefill) {
       // One compute resource: prefills run one after another, and each one's
       // compute delays the next token of every request already decoding.
-      const computeMs = (uncached * o.prefillUsPerToken) / 1000;
+      let computeMs = (uncached * o.prefillUsPerToken) / 1000;
       if (this.#computeFreeAt > start) start = this.#computeFreeAt;
-      this.#computeFreeAt = start + computeMs * scale;
       if (computeMs > 0) {
         const chunked = o.prefillChunkTokens > 0;
+        let decoding = 0;
         for (let r = req.next; r !== null; r = r.next) {
           if (r.out === 0) continue;
+          decoding++;
           if (chunked) {
             r.stallDebt += computeMs; // spread over its next tokens (stallChunk)
             continue;
@@ -278,8 +286,14 @@ export class Scheduler {
           r.nextAt += computeMs * scale;
           r.stallMs += computeMs;
         }
+        // Chunked: each chunk runs in one step with the running decodes' tokens, and
+        // that step lasts the chunk's compute plus the decode step: the decodes see
+        // it as a slower token (stallChunk), and the prefill is as much longer.
+        if (chunked && decoding > 0) computeMs += Math.ceil(uncached / o.prefillChunkTokens) * this.#itlMs();
       }
-      req.ttftMs += (start - now) / scale;
+      this.#computeFreeAt = start + computeMs * scale;
+      req.prefillMs += computeMs - (uncached * o.prefillUsPerToken) / 1000;
+      req.ttftMs = req.queueMs + req.prefillMs + (start - now) / scale;
       req.e2eMs = req.ttftMs;
     }
     req.nextAt = start + req.prefillMs * scale;
@@ -311,6 +325,7 @@ export class Scheduler {
     for (let i = 1; i < n; i++) {
       const itl = this.#itlMs();
       this.itl.observe(itl / 1000);
+      this.itlSamples?.push(itl);
       req.e2eMs += itl;
     }
     req.out = n;
@@ -341,6 +356,7 @@ export class Scheduler {
       const observed = itl + req.stallMs;
       req.stallMs = 0;
       this.itl.observe(observed / 1000);
+      this.itlSamples?.push(observed);
       req.e2eMs += observed;
       req.nextAt += itl * o.timeScale;
     }
