@@ -35,6 +35,26 @@ struct MpVal {
   size_t data = 0;   // kStr/kBin: offset of the bytes; kArray/kMap: offset of the first element
 };
 
+// Total size in bytes of a value whose head byte alone fixes it (0: variable, or a container, or a kind a map
+// key must not be: ext and 0xc1 go through Head).
+struct FixedSizes {
+  uint8_t v[256];
+  constexpr FixedSizes() : v() {
+    for (int b = 0x00; b <= 0x7f; b++) v[b] = 1;
+    for (int b = 0xe0; b <= 0xff; b++) v[b] = 1;
+    for (int b = 0xa0; b <= 0xbf; b++) v[b] = static_cast<uint8_t>(1 + (b & 0x1f));
+    v[0xc0] = v[0xc2] = v[0xc3] = 1;
+    v[0xca] = 5;
+    v[0xcb] = 9;
+    v[0xcc] = v[0xd0] = 2;
+    v[0xcd] = v[0xd1] = 3;
+    v[0xce] = v[0xd2] = 5;
+    v[0xcf] = v[0xd3] = 9;
+  }
+  constexpr uint8_t operator[](uint8_t b) const { return v[b]; }
+};
+inline constexpr FixedSizes kFixedSize{};
+
 // A bounds-checked msgpack reader over [p, p + n).
 class MpReader {
  public:
@@ -129,6 +149,15 @@ class MpReader {
       }
       const bool is_key = in_map && (left & 1) == 0;
       left--;
+      // fast path: a value of fixed size (ints, floats, nil, bool, fixstr): no head to decode
+      if (*pos < n_) {
+        const uint8_t w = kFixedSize[p_[*pos]];
+        if (w != 0) {
+          if (w > n_ - *pos) return false;
+          *pos += w;
+          continue;
+        }
+      }
       MpVal v;
       if (!Head(pos, &v)) return false;
       if (is_key && (v.kind == MpKind::kBin || v.kind == MpKind::kArray || v.kind == MpKind::kMap ||
@@ -148,6 +177,7 @@ class MpReader {
   static constexpr size_t kMaxDepth = 4096;
 
  private:
+
   struct Frame {
     uint64_t left;
     bool map;
@@ -342,65 +372,103 @@ class BatchDecoder {
     return v.kind == MpKind::kStr && v.u == n && std::memcmp(r.bytes() + v.data, s, n) == 0;
   }
 
-  // One batch [ts, events, data_parallel_rank]. False: malformed (nothing of it queued).
+  // One batch [ts, events, data_parallel_rank]. False: malformed (nothing of it queued or counted).
+  //
+  // One pass: the events are decoded for the batch's default holder while the bytes are checked, then the
+  // rank is read; a malformed batch rolls back what it queued, a batch of another rank has its ops re-aimed,
+  // and a batch of a rank without a holder is decoded again with no holder (which counts differently).
   bool Batch(MpReader& r, const uint32_t* it, const int32_t* ranks, int64_t* ep_out, DecodeTotals& t) {
-    size_t end = 0;
-    if (!r.Skip(&end) || end != r.size()) return false;  // well-formed, and nothing after the value
+    const size_t ops0 = ops.size(), words0 = words.size(), tokens0 = tokens.size();
+    const auto rollback = [&] {
+      ops.resize(ops0);
+      words.resize(words0);
+      tokens.resize(tokens0);
+      return false;
+    };
     size_t pos = 0;
     MpVal top, ts, evs;
     double d;
     if (!r.Head(&pos, &top) || top.kind != MpKind::kArray || top.u < 2) return false;
     if (!r.Head(&pos, &ts) || !Number(ts, &d)) return false;
-    const size_t events_pos = pos;
     if (!r.Head(&pos, &evs) || evs.kind != MpKind::kArray) return false;
-    pos = events_pos;
-    if (!r.Skip(&pos)) return false;
+    DecodeTotals local;
     int64_t ep = it[3];
+    if (!Events(r, evs, ep, local, &pos)) return rollback();
     if (top.u >= 3) {
       MpVal dp;
-      if (!r.Head(&pos, &dp)) return false;
+      const size_t at = pos;
+      if (!r.Head(&pos, &dp)) return rollback();
       if (dp.kind != MpKind::kNil) {
         double rank;
-        if (!Number(dp, &rank) || !IsInteger(rank) || rank < 0) return false;
-        if (rank < static_cast<double>(it[5])) {
-          ep = ranks[it[4] + static_cast<uint32_t>(rank)];
-        } else {
-          ep = -1;
-        }
-        if (ep < 0) t.dropped_ranks++;
+        if (!Number(dp, &rank) || !IsInteger(rank) || rank < 0) return rollback();
+        ep = rank < static_cast<double>(it[5]) ? ranks[it[4] + static_cast<uint32_t>(rank)] : -1;
+      }
+      pos = at;
+      for (uint64_t k = 2; k < top.u; k++) {
+        if (!r.Skip(&pos)) return rollback();
       }
     }
+    if (pos != r.size()) return rollback();  // bytes after the batch
+    if (ep < 0) {
+      // no holder: the events still count (bad, unknown, mismatched), nothing is queued
+      rollback();
+      local = DecodeTotals();
+      size_t p2 = evs.data;
+      Events(r, evs, -1, local, &p2);
+      local.dropped_ranks++;
+    } else if (ep != it[3]) {
+      for (size_t o = ops0; o < ops.size(); o += kOpWords) ops[o + 1] = static_cast<uint32_t>(ep);
+    }
+    t.events += local.events;
+    t.unknown_events += local.unknown_events;
+    t.bad_events += local.bad_events;
+    t.bad_hashes += local.bad_hashes;
+    t.block_size_mismatch += local.block_size_mismatch;
+    t.dropped_ranks += local.dropped_ranks;
     *ep_out = ep;
-    // the events
-    pos = evs.data;
+    return true;
+  }
+
+  // The events array at evs; *end gets the position after it. False if the bytes are not well-formed.
+  bool Events(MpReader& r, const MpVal& evs, int64_t ep, DecodeTotals& t, size_t* end) {
+    size_t pos = evs.data;
     for (uint64_t e = 0; e < evs.u; e++) {
       const size_t at = pos;
       MpVal ev;
       if (!r.Head(&pos, &ev)) return false;
+      if (ev.kind == MpKind::kArray) {
+        if (!ArrayEvent(r, ev, ep, t, &pos)) return false;
+        continue;
+      }
+      if (ev.kind == MpKind::kMap) {
+        if (!MapEvent(r, ev, ep, t, &pos)) return false;
+        continue;
+      }
       pos = at;
       if (!r.Skip(&pos)) return false;
-      if (ev.kind == MpKind::kArray) ArrayEvent(r, ev, ep, t);
-      else if (ev.kind == MpKind::kMap) MapEvent(r, ev, ep, t);
       // msgpackr gives an object for bin, ext and 0xc1 too: an object without a "type" is an unknown event
-      else if (ev.kind == MpKind::kBin || ev.kind == MpKind::kExt || ev.kind == MpKind::kOther) t.unknown_events++;
+      if (ev.kind == MpKind::kBin || ev.kind == MpKind::kExt || ev.kind == MpKind::kOther) t.unknown_events++;
       else t.bad_events++;
     }
+    *end = pos;
     return true;
   }
 
-  void ArrayEvent(MpReader& r, const MpVal& ev, int64_t ep, DecodeTotals& t) {
+  // Applies one array event; *end gets the position after it. False if its bytes are not well-formed.
+  bool ArrayEvent(MpReader& r, const MpVal& ev, int64_t ep, DecodeTotals& t, size_t* end) {
     size_t f[8];
     size_t pos = ev.data;
     for (uint64_t k = 0; k < ev.u; k++) {
       if (k < 8) f[k] = pos;
-      if (!r.Skip(&pos)) return;  // cannot happen: the batch was validated
+      if (!r.Skip(&pos)) return false;
     }
+    *end = pos;
     for (uint64_t k = ev.u; k < 8; k++) f[k] = kAbsent;
     MpVal tag;
     size_t p0 = f[0];
     if (p0 == kAbsent || !r.Head(&p0, &tag)) {
       t.unknown_events++;
-      return;
+      return true;
     }
     if (StrIs(r, tag, "BlockStored", 11)) {
       size_t fs[kFields] = {f[1], f[2], f[3], f[4], f[6], f[7]};
@@ -412,18 +480,22 @@ class BatchDecoder {
     } else {
       t.unknown_events++;
     }
+    return true;
   }
 
-  void MapEvent(MpReader& r, const MpVal& ev, int64_t ep, DecodeTotals& t) {
+  // Applies one map event; *end gets the position after it. False if its bytes are not well-formed.
+  bool MapEvent(MpReader& r, const MpVal& ev, int64_t ep, DecodeTotals& t, size_t* end) {
     size_t fs[kFields];
     for (size_t& x : fs) x = kAbsent;
     size_t type_pos = kAbsent;
     size_t pos = ev.data;
     for (uint64_t k = 0; k < ev.u; k++) {
       MpVal key;
-      if (!r.Head(&pos, &key)) return;
+      if (!r.Head(&pos, &key)) return false;
+      if (key.kind == MpKind::kArray || key.kind == MpKind::kMap) return false;  // msgpackr: not a property name
+      if (key.kind == MpKind::kBin || key.kind == MpKind::kExt || key.kind == MpKind::kOther) return false;
       const size_t val = pos;
-      if (!r.Skip(&pos)) return;
+      if (!r.Skip(&pos)) return false;
       if (key.kind != MpKind::kStr) continue;  // msgpackr names an int, float, bool or nil key by its text: never a field
       const char* s = reinterpret_cast<const char*>(r.bytes() + key.data);
       const size_t n = key.u;
@@ -437,15 +509,17 @@ class BatchDecoder {
       else if (is("medium")) fs[kMedium] = val;
       else if (is("lora_name")) fs[kLoraName] = val;
     }
+    *end = pos;
     MpVal tag;
     if (type_pos == kAbsent || !r.Head(&type_pos, &tag)) {
       t.unknown_events++;
-      return;
+      return true;
     }
     if (StrIs(r, tag, "BlockStored", 11)) Stored(r, fs, ep, t);
     else if (StrIs(r, tag, "BlockRemoved", 12)) Removed(r, fs[kHashes], fs[kMedium], ep, t);
     else if (StrIs(r, tag, "AllBlocksCleared", 16)) Cleared(ep, t);
     else t.unknown_events++;
+    return true;
   }
 
   void Cleared(int64_t ep, DecodeTotals& t) {
@@ -505,10 +579,30 @@ class BatchDecoder {
     pos = toks.data;
     const uint8_t* b = r.bytes();
     for (uint64_t i = 0; i < toks.u; i++) {
-      // fast path: a positive fixint, what most token ids below 128 are
-      if (pos < r.size() && b[pos] <= 0x7f) {
-        tokens[t0 + i] = b[pos++];
-        continue;
+      // fast paths: a positive fixint, uint8, uint16 or uint32 (how engines write token ids)
+      if (pos < r.size()) {
+        const uint8_t h = b[pos];
+        if (h <= 0x7f) {
+          tokens[t0 + i] = h;
+          pos++;
+          continue;
+        }
+        if (h == 0xcd && r.size() - pos >= 3) {
+          tokens[t0 + i] = (static_cast<uint32_t>(b[pos + 1]) << 8) | b[pos + 2];
+          pos += 3;
+          continue;
+        }
+        if (h == 0xce && r.size() - pos >= 5) {
+          tokens[t0 + i] = (static_cast<uint32_t>(b[pos + 1]) << 24) | (static_cast<uint32_t>(b[pos + 2]) << 16) |
+                           (static_cast<uint32_t>(b[pos + 3]) << 8) | b[pos + 4];
+          pos += 5;
+          continue;
+        }
+        if (h == 0xcc && r.size() - pos >= 2) {
+          tokens[t0 + i] = b[pos + 1];
+          pos += 2;
+          continue;
+        }
       }
       MpVal tv;
       double d;
