@@ -43,7 +43,7 @@ export interface KvFeedOptions {
 }
 
 /** Bounds of the event-to-index lag histogram, seconds. */
-export const LAG_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1];
+export const LAG_BUCKETS = [0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1];
 
 interface Feed {
   ep: KvFeedEndpoint;
