@@ -150,6 +150,11 @@ export class KvEventFeed implements DecodeCounts {
     return this.#byId[id] !== undefined;
   }
 
+  /** Every index id fed by a stream (an endpoint, or the endpoint of one of its data-parallel ranks). */
+  get holders(): readonly number[] {
+    return this.#feeds.flatMap((f) => f.holders);
+  }
+
   get streams(): readonly { name: string; stream: KvEventStream }[] {
     return this.#feeds.map((f) => ({ name: f.ep.name, stream: f.stream }));
   }
