@@ -102,6 +102,10 @@ export class KvEventFeed implements DecodeCounts {
   /** Subscribes to one engine. */
   add(ep: KvFeedEndpoint): KvEventStream {
     const ranks = ep.ranks ?? {};
+    for (const id of [ep.id, ...Object.values(ranks)]) {
+      // checked here, so the drain's native call never meets an id out of range
+      if (!Number.isInteger(id) || id < 0 || id >= this.index.maxEndpoints) throw new RangeError(`${ep.name}: index ids must be integers in [0, ${this.index.maxEndpoints}), got ${id}`);
+    }
     let rankLen = 1;
     for (const k of Object.keys(ranks)) {
       const r = Number(k);
