@@ -6,7 +6,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 /** Bumped whenever the native API changes shape; must equal native/addon.cc. */
-export const NATIVE_ABI_VERSION = 6;
+export const NATIVE_ABI_VERSION = 7;
 
 export class NativeLoadError extends Error {
   readonly code = 'SWY_ERR_NATIVE_LOAD';

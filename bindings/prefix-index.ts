@@ -92,6 +92,27 @@ function checkHashes(hashes: unknown, count: unknown): number {
   return checkInt('count', count, 0, hashes.length);
 }
 
+/** applyPayloads' status per item. */
+export const APPLY_STATUS = { applied: 0, malformed: 1, droppedRank: 2, clear: 3 } as const;
+
+/** applyPayloads' totals, by index. */
+export const PAYLOAD_TOTALS = {
+  stored: 0,
+  removed: 1,
+  orphans: 2,
+  unknownRemovals: 3,
+  forgotten: 4,
+  events: 5,
+  unknownEvents: 6,
+  badEvents: 7,
+  badHashes: 8,
+  blockSizeMismatch: 9,
+  droppedRanks: 10,
+  malformed: 11,
+  batches: 12,
+} as const;
+export const PAYLOAD_TOTALS_LENGTH = 13;
+
 /**
  * Which endpoints hold which prefix blocks, in which KV tier.
  *
@@ -202,6 +223,28 @@ export class PrefixIndex {
    */
   applyEvents(ops: Uint32Array, nOps: number, words: Uint32Array, tokens: Uint32Array, totals: Float64Array): void {
     this.#h.applyEvents(ops, nOps, words, tokens, totals);
+  }
+
+  /**
+   * Precise mode's ingest from raw payloads: decodes a whole drain of msgpack event batches and applies
+   * them in one native call (native/kv_decode.h; the TS reference decoder is src/kv-events/decode.ts).
+   * `items` holds `nItems` records of 8 uint32 ([kind, start, end, holder, rankOff, rankLen, seedHi,
+   * seedLo]; kind 1: `data[start, end)` is one batch, kind 2: clear the holders); `ranks` maps a batch's
+   * data-parallel rank r < rankLen to `ranks[rankOff + r]` (-1: no holder). `status[i]` gets item i's
+   * outcome (APPLY_STATUS). `totals` (Float64Array(13), see PAYLOAD_TOTALS) is added to. Throws
+   * RangeError (nothing applied) for an item that points outside `data` or `ranks` or at an endpoint
+   * out of range; malformed payloads never throw.
+   */
+  applyPayloads(data: Uint8Array, items: Uint32Array, nItems: number, ranks: Int32Array, status: Uint8Array, totals: Float64Array): void {
+    this.#h.applyPayloads(data, items, nItems, ranks, status, totals);
+  }
+
+  /**
+   * Engine block hashes remembered per endpoint for precise mode (default 1 048 576). Past it the least
+   * recently stored-or-used hash is forgotten and its key removed from the index (counted in totals[4]).
+   */
+  setEventMapLimit(limit: number): void {
+    this.#h.setEventMapLimit(checkInt('limit', limit, 1, MAX_U32));
   }
 
   /** Engine block hashes remembered for `endpoint` (precise mode's engine hash → key map). */

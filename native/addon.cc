@@ -16,7 +16,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   switchyard::InitUpstreamClient(env, exports);
   switchyard::InitH1ParserProbe(env, exports);
   switchyard::InitFdLimit(env, exports);
-  exports.Set("abiVersion", Napi::Number::New(env, 6)); // 2: the upstream client; 3: h1ParseForTest, raiseFdLimit; 4: lowestFreeFd; 5: PrefixIndex.applyEvents; 6: UpstreamClient.closePool
+  exports.Set("abiVersion", Napi::Number::New(env, 7)); // 2: the upstream client; 3: h1ParseForTest, raiseFdLimit; 4: lowestFreeFd; 5: PrefixIndex.applyEvents; 6: UpstreamClient.closePool; 7: PrefixIndex.applyPayloads, setEventMapLimit
   return exports;
 }
 

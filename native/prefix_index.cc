@@ -9,6 +9,7 @@
 #include "prefix_core.h"
 #include "prefix_hash.h"
 #include "kv_events.h"
+#include "kv_decode.h"
 
 namespace switchyard {
 namespace {
@@ -89,6 +90,8 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
                            InstanceMethod<&PrefixIndexWrap::Stats>("stats"),
                            InstanceMethod<&PrefixIndexWrap::ApplyEvents>("applyEvents"),
                            InstanceMethod<&PrefixIndexWrap::MappedBlocks>("mappedBlocks"),
+                           InstanceMethod<&PrefixIndexWrap::ApplyPayloads>("applyPayloads"),
+                           InstanceMethod<&PrefixIndexWrap::SetEventMapLimit>("setEventMapLimit"),
                        });
   }
 
@@ -281,8 +284,68 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
     out[1] += t.removed;
     out[2] += t.orphans;
     out[3] += t.unknown;
+    if (out_len >= 5) out[4] += t.forgotten;
     ReportMemory(info.Env());
     if (err != nullptr) ThrowRange(info.Env(), err);
+  }
+
+  // applyPayloads(data: Uint8Array, items: Uint32Array, nItems, ranks: Int32Array, status: Uint8Array,
+  //               totals: Float64Array(13)): a whole drain of raw msgpack event batches (and clears), decoded
+  // and applied in one call (native/kv_decode.h). Items are 8 uint32 each (kv_decode.h); status[i] gets item
+  // i's outcome (0 applied, 1 malformed: its holders were cleared, 2 dropped rank, 3 clear). totals are added
+  // to: [stored, removed, orphans, unknownRemovals, forgotten, events, unknownEvents, badEvents, badHashes,
+  // blockSizeMismatch, droppedRanks, malformed, batches]. Every item is checked before anything is applied.
+  void ApplyPayloads(const Napi::CallbackInfo& info) {
+    uint8_t *data, *status;
+    uint32_t *items, n_items;
+    int32_t* ranks;
+    double* out;
+    size_t data_len, items_len, ranks_len, status_len, out_len;
+    if (!Ready(info) || !GetArray(info, 0, napi_uint8_array, "data must be a Uint8Array", &data, &data_len) ||
+        !GetArray(info, 1, napi_uint32_array, "items must be a Uint32Array", &items, &items_len) ||
+        !GetUint(info, 2, "nItems must be a number", "nItems must be an integer in [0, items.length / 8]",
+                 static_cast<double>(items_len / prefix::kItemWords), &n_items) ||
+        !GetArray(info, 3, napi_int32_array, "ranks must be an Int32Array", &ranks, &ranks_len) ||
+        !GetArray(info, 4, napi_uint8_array, "status must be a Uint8Array", &status, &status_len) ||
+        !GetArray(info, 5, napi_float64_array, "totals must be a Float64Array", &out, &out_len))
+      return;
+    if (out_len < 13) return ThrowRange(info.Env(), "totals must hold 13 numbers");
+    if (status_len < n_items) return ThrowRange(info.Env(), "status must hold nItems bytes");
+    if (block_size_ % 4 != 0) return ThrowRange(info.Env(), "applyPayloads needs a blockSize that is a multiple of 4 bytes");
+    const uint32_t max_ep = index_->max_endpoints();
+    for (size_t i = 0; i < n_items; i++) {
+      const uint32_t* it = items + i * prefix::kItemWords;
+      if (it[0] != prefix::kItemPayload && it[0] != prefix::kItemClear) return ThrowRange(info.Env(), "item kind must be 1 (payload) or 2 (clear)");
+      if (it[0] == prefix::kItemPayload && (it[1] > it[2] || it[2] > data_len)) return ThrowRange(info.Env(), "item payload range out of data");
+      if (it[3] >= max_ep) return ThrowRange(info.Env(), "item holder must be an endpoint in [0, maxEndpoints)");
+      if (static_cast<size_t>(it[4]) + it[5] > ranks_len) return ThrowRange(info.Env(), "item rank table out of ranks");
+      for (uint32_t r = 0; r < it[5]; r++) {
+        const int32_t h = ranks[it[4] + r];
+        if (h < -1 || (h >= 0 && static_cast<uint32_t>(h) >= max_ep)) return ThrowRange(info.Env(), "ranks entries must be -1 or an endpoint in [0, maxEndpoints)");
+      }
+    }
+    prefix::DecodeTotals d;
+    decoder_.Decode(data, items, n_items, ranks, static_cast<uint32_t>(block_size_ / 4), status, d);
+    prefix::EventTotals t;
+    const auto& ops = decoder_.ops;
+    const char* err = events_->Apply(*index_, block_size_, ops.data(), ops.size() / prefix::kOpWords,
+                                     decoder_.words.data(), decoder_.words.size(), decoder_.tokens.data(),
+                                     decoder_.tokens.size(), t);
+    const double v[13] = {t.stored, t.removed, t.orphans, t.unknown, t.forgotten, d.events, d.unknown_events,
+                          d.bad_events, d.bad_hashes, d.block_size_mismatch, d.dropped_ranks, d.malformed, d.batches};
+    for (int k = 0; k < 13; k++) out[k] += v[k];
+    ReportMemory(info.Env());
+    if (err != nullptr) ThrowRange(info.Env(), err);  // not reached: the decoder only makes valid records
+  }
+
+  // setEventMapLimit(limit): engine hashes remembered per endpoint (kv_events.h)
+  void SetEventMapLimit(const Napi::CallbackInfo& info) {
+    uint32_t limit;
+    if (!Ready(info) || !GetUint(info, 0, "limit must be a number", "limit must be an integer in [1, 2^32)",
+                                 4294967295.0, &limit))
+      return;
+    if (limit == 0) return ThrowRange(info.Env(), "limit must be an integer in [1, 2^32)");
+    events_->SetLimit(limit);
   }
 
   // mappedBlocks(ep) -> engine block hashes remembered for ep
@@ -328,6 +391,7 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
   int64_t reported_ = 0;
   std::unique_ptr<Index> index_;  // freed by the finalizer, also at environment teardown
   std::unique_ptr<prefix::EventMap> events_;  // precise mode: engine hash -> key, per endpoint
+  prefix::BatchDecoder decoder_;              // precise mode: raw batches -> event op records (reused buffers)
 };
 
 // prefixSeed(bytes: Uint8Array, salt: bigint) -> bigint: a seed for the chain

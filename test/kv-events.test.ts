@@ -7,6 +7,10 @@ import t from 'tap';
 import { Publisher, Router } from 'zeromq';
 import { MatchResult, PrefixIndex } from '../bindings/index.js';
 import { KvEventFeed } from '../src/kv-events/feed.js';
+import { API_VERSION, validateConfig } from '../src/config/schema.js';
+import { EndpointSet } from '../src/endpoints/endpoint.js';
+import { ConfigError } from '../src/errors.js';
+import { buildPrecise, kvFeedEndpoints } from '../src/server/precise.js';
 import { startEngine, type SimEngine } from '../src/sim/index.js';
 
 const BLOCK = 16; // tokens per engine block
@@ -225,4 +229,58 @@ t.test('a flood beyond the queue drops the oldest, clears, and marks the stream 
   await until('overflow', () => stream.counters.dropped > 0);
   t.ok(stream.counters.dropped > 0, `dropped ${stream.counters.dropped}`);
   await until('healthy again once drained', () => stream.healthy && stream.queued === 0);
+});
+
+t.test('data-parallel ranks from config: endpoints sharing a publisher each hold their rank', async (t) => {
+  const p = await rawPublisher(t);
+  const cfgOf = (eps: Record<string, unknown>[]) =>
+    validateConfig(
+      {
+        apiVersion: API_VERSION,
+        kind: 'Router',
+        pools: [{ name: 'p', models: [MODEL], prefix: { mode: 'precise', blockTokens: BLOCK }, endpoints: eps }],
+      },
+      undefined,
+    );
+  const cfg = cfgOf([
+    { name: 'r1', url: 'http://127.0.0.1:1', kvEvents: { endpoint: p.endpoint, dataParallelRank: 1 } },
+    { name: 'r0', url: 'http://127.0.0.1:1', kvEvents: { endpoint: p.endpoint, dataParallelRank: 0 } },
+  ]);
+  const set = new EndpointSet(cfg.pools, cfg.dataLayer);
+  const fe = kvFeedEndpoints(cfg, set);
+  t.equal(fe.length, 1, 'one subscription for the shared publisher');
+  t.equal(fe[0]!.name, 'r0', "batches without a rank go to rank 0's endpoint");
+  t.same(fe[0]!.ranks, { 0: set.byName('r0')!.id, 1: set.byName('r1')!.id });
+  const feedsOf = (eps: Record<string, unknown>[]) => {
+    const c = cfgOf(eps);
+    return kvFeedEndpoints(c, new EndpointSet(c.pools, c.dataLayer));
+  };
+  t.throws(() => feedsOf([{ name: 'a', url: 'http://127.0.0.1:1', kvEvents: { endpoint: p.endpoint } }, { name: 'b', url: 'http://127.0.0.1:2', kvEvents: { endpoint: p.endpoint } }]), ConfigError);
+  t.throws(
+    () =>
+      feedsOf([
+        { name: 'a', url: 'http://127.0.0.1:1', kvEvents: { endpoint: p.endpoint, dataParallelRank: 2 } },
+        { name: 'b', url: 'http://127.0.0.1:2', kvEvents: { endpoint: p.endpoint, dataParallelRank: 2 } },
+      ]),
+    /rank 2 of .* is already a's/,
+  );
+  const precise = buildPrecise(cfg, set)!;
+  t.teardown(() => precise.close());
+  const stream = precise.feed.streams[0]!.stream;
+  await until('connect', () => stream.healthy);
+  await new Promise((r) => setTimeout(r, 100));
+  const A1 = 'a'.repeat(64);
+  const rank1 = Buffer.from(ARRAY_STORED);
+  rank1[rank1.length - 1] = 0x01; // data_parallel_rank 1
+  const r0 = set.byName('r0')!.id;
+  const r1 = set.byName('r1')!.id;
+  await p.send(0, rank1);
+  await until('rank 1 stored', () => match(precise.feed, A1, r1).blocks === 1);
+  t.equal(match(precise.feed, A1, r0).blocks, 0, 'rank 0 does not hold it');
+  await p.send(1, ARRAY_STORED);
+  await until('rank 0 stored (no rank in the batch)', () => match(precise.feed, A1, r0).blocks === 1);
+  const rank3 = Buffer.from(ARRAY_STORED);
+  rank3[rank3.length - 1] = 0x03;
+  await p.send(2, rank3);
+  await until('an unmapped rank is dropped', () => precise.feed.droppedRanks === 1);
 });

@@ -35,6 +35,8 @@ export interface KvEventsEndpointConfig {
   replayEndpoint?: string;
   /** Topic prefix to subscribe to; "" = all. */
   topic: string;
+  /** The data-parallel rank whose blocks this endpoint holds; absent: rank 0 and batches without a rank. */
+  dataParallelRank?: number;
 }
 
 export interface TierWeightsConfig {
@@ -98,8 +100,11 @@ export const kvEventsEndpointSchema = strict(
     endpoint: zmqAddress().describe("the engine's KV-event PUB address (vLLM --kv-events-config endpoint)"),
     replayEndpoint: zmqAddress().optional().describe('its replay ROUTER address (replay_endpoint)'),
     topic: z.string({ error: 'must be a string' }).default(''),
+    dataParallelRank: int(0, 1023)
+      .optional()
+      .describe("the data-parallel rank whose blocks this endpoint holds (batches carry data_parallel_rank); endpoints sharing one publisher address with different ranks share one subscription"),
   },
-  'must be a mapping {endpoint, replayEndpoint, topic}',
+  'must be a mapping {endpoint, replayEndpoint, topic, dataParallelRank}',
 );
 
 export const tierWeightsSchema = strict(

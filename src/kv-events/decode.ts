@@ -1,10 +1,14 @@
-// Decodes engine KV-event batches (msgpack, vLLM's schema: see
+// The TS reference decoder of engine KV-event batches (msgpack, vLLM's schema: see
 // shared/reference/PROTOCOLS.md and docs/kv-events.md) and flattens them into
 // the typed arrays PrefixIndex.applyEvents takes, so a whole drain of batches
 // crosses into native code once. Both event layouts (arrays with the tag
 // first, maps with "type"), hashes as integers (uint64 or int64) or as digest
 // bytes (the last 8 bytes, big-endian). Anything malformed is counted and
 // skipped; a payload that is not a batch at all throws KvDecodeError.
+//
+// The feed decodes natively (PrefixIndex.applyPayloads, native/kv_decode.h);
+// this msgpackr path is the reference the native decoder is tested against
+// (test/native-kv-decode.property.test.ts) and the ingest benchmark's baseline.
 import { Unpackr } from 'msgpackr';
 
 export class KvDecodeError extends Error {
@@ -235,14 +239,13 @@ export class EventBatchEncoder {
   /** A block hash as (hi, lo) in #hi/#lo; false for anything that is not a 64-bit hash. */
   #split(h: unknown): boolean {
     if (typeof h === 'number') {
-      if (!Number.isInteger(h)) return false;
+      // msgpackr gives a number for an int in [-2^53, 2^53] (a bigint beyond): every int keeps its 64 bits
+      if (!Number.isInteger(h) || Math.abs(h) > 2 ** 53) return false;
       if (h >= 0) {
-        if (h > Number.MAX_SAFE_INTEGER) return false;
         this.#hi = Math.floor(h / 0x100000000);
         this.#lo = h >>> 0;
         return true;
       }
-      if (h < -Number.MAX_SAFE_INTEGER) return false;
       // int64 two's complement
       const u = BigInt.asUintN(64, BigInt(h));
       this.#hi = Number(u >> 32n);

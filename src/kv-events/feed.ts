@@ -1,14 +1,19 @@
 // The KV-event feed: every engine's stream (subscriber.ts) into one precise
 // prefix index. Received batches wait in their stream's bounded queue; a drain
 // (scheduled with setImmediate, so it runs between requests, never inside
-// one) decodes up to `maxBatchesPerDrain` of them with msgpackr into flat
-// typed arrays and applies them with ONE native call (PrefixIndex.applyEvents),
-// then yields to the loop again if more are waiting. A stream's health decides
+// one) copies up to `maxBatchesPerDrain` raw payloads into one buffer and hands
+// them, with the clears queued between them, to ONE native call
+// (PrefixIndex.applyPayloads) that decodes the msgpack and applies the events;
+// then it yields to the loop again if more are waiting. A stream's health decides
 // whether the scheduler trusts this index for that engine. See docs/kv-events.md.
-import { PrefixIndex } from '../../bindings/index.js';
+import { APPLY_STATUS, PAYLOAD_TOTALS as T, PAYLOAD_TOTALS_LENGTH, PrefixIndex } from '../../bindings/index.js';
 import { Histogram } from '../metrics/histogram.js';
-import { EventBatchEncoder, KvDecodeError, type DecodeCounts } from './decode.js';
+import type { DecodeCounts } from './decode.js';
 import { KvEventStream, type QueuedBatch } from './subscriber.js';
+
+const ITEM_WORDS = 8;
+const ITEM_PAYLOAD = 1;
+const ITEM_CLEAR = 2;
 
 export interface KvFeedEndpoint {
   /** The endpoint's id in the index (the scheduler's endpoint id). */
@@ -24,59 +29,104 @@ export interface KvFeedEndpoint {
   ranks?: Readonly<Record<number, number>>;
 }
 
+/** The largest data-parallel rank a feed maps (ranks above are dropped). */
+export const MAX_DP_RANK = 1023;
+
 export interface KvFeedOptions {
   /** Tokens per engine KV block (vLLM --block-size). */
   blockTokens: number;
   maxQueuedBatches?: number;
   maxBatchesPerDrain?: number;
   replayTimeoutMs?: number;
+  /** Engine block hashes remembered per endpoint (PrefixIndex.setEventMapLimit; default 1 048 576). */
+  eventMapLimit?: number;
 }
 
 /** Bounds of the event-to-index lag histogram, seconds. */
-export const LAG_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1];
+export const LAG_BUCKETS = [0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1];
 
 interface Feed {
   ep: KvFeedEndpoint;
   stream: KvEventStream;
   holders: number[];
+  /** This feed's rank table in #ranks: [offset, length]. */
+  rankOff: number;
+  rankLen: number;
+  seedHi: number;
+  seedLo: number;
 }
 
 export class KvEventFeed implements DecodeCounts {
   readonly index: PrefixIndex;
   readonly lag = new Histogram(LAG_BUCKETS);
-  /** [stored, removed, orphans, unknown] blocks applied by the native index. */
-  readonly totals = new Float64Array(4);
-  unknownEvents = 0;
-  badEvents = 0;
-  blockSizeMismatch = 0;
-  droppedRanks = 0;
+  /** applyPayloads' totals (PAYLOAD_TOTALS): blocks stored, removed, orphans, …, batches. */
+  readonly totals = new Float64Array(PAYLOAD_TOTALS_LENGTH);
   drains = 0;
   readonly #o: Required<KvFeedOptions>;
-  readonly #enc: EventBatchEncoder;
   readonly #feeds: Feed[] = [];
   readonly #byId: (Feed | undefined)[] = [];
   readonly #ready = new Set<Feed>();
   #scheduled = false;
-  readonly #seeds = new Map<string, readonly [number, number]>();
-  #current: Feed | null = null;
-  readonly #holder = (rank: number | null): number => this.#holderOf(rank);
-  readonly #seed = (lora: string | null): readonly [number, number] => this.#seedOf(lora);
   #closed = false;
+  // one drain's input to applyPayloads, reused
+  #data = new Uint8Array(1 << 20);
+  #items = new Uint32Array(ITEM_WORDS * 512);
+  #status = new Uint8Array(512);
+  #ranks = new Int32Array(0);
+  #taken: (QueuedBatch | null)[] = [];
+  #takenFeed: Feed[] = [];
 
   constructor(index: PrefixIndex, o: KvFeedOptions) {
     if (index.blockSize !== o.blockTokens * 4) throw new RangeError(`the precise index's blockSize must be blockTokens × 4 bytes (${o.blockTokens * 4}), got ${index.blockSize}`);
     this.index = index;
-    this.#o = { maxQueuedBatches: 4096, maxBatchesPerDrain: 256, replayTimeoutMs: 1000, ...o };
-    this.#enc = new EventBatchEncoder(o.blockTokens);
+    this.#o = { maxQueuedBatches: 4096, maxBatchesPerDrain: 256, replayTimeoutMs: 1000, eventMapLimit: 1 << 20, ...o };
+    index.setEventMapLimit(this.#o.eventMapLimit);
+  }
+
+  get unknownEvents(): number {
+    return this.totals[T.unknownEvents]!;
+  }
+  get badEvents(): number {
+    return this.totals[T.badEvents]!;
+  }
+  get badHashes(): number {
+    return this.totals[T.badHashes]!;
+  }
+  get blockSizeMismatch(): number {
+    return this.totals[T.blockSizeMismatch]!;
+  }
+  get droppedRanks(): number {
+    return this.totals[T.droppedRanks]!;
   }
 
   /** Subscribes to one engine. */
   add(ep: KvFeedEndpoint): KvEventStream {
+    const ranks = ep.ranks ?? {};
+    for (const id of [ep.id, ...Object.values(ranks)]) {
+      // checked here, so the drain's native call never meets an id out of range
+      if (!Number.isInteger(id) || id < 0 || id >= this.index.maxEndpoints) throw new RangeError(`${ep.name}: index ids must be integers in [0, ${this.index.maxEndpoints}), got ${id}`);
+    }
+    let rankLen = 1;
+    for (const k of Object.keys(ranks)) {
+      const r = Number(k);
+      if (!Number.isInteger(r) || r < 0 || r > MAX_DP_RANK) throw new RangeError(`${ep.name}: data-parallel ranks must be integers in [0, ${MAX_DP_RANK}], got ${k}`);
+      rankLen = Math.max(rankLen, r + 1);
+    }
+    const seed = PrefixIndex.seedFor(ep.model);
     const feed: Feed = {
       ep,
-      holders: [ep.id, ...Object.values(ep.ranks ?? {}).filter((id) => id !== ep.id)],
+      holders: [ep.id, ...Object.values(ranks).filter((id) => id !== ep.id)],
       stream: null as unknown as KvEventStream,
+      rankOff: this.#ranks.length,
+      rankLen,
+      seedHi: Number(seed >> 32n),
+      seedLo: Number(seed & 0xffffffffn),
     };
+    // rank table: rank 0 without a holder of its own is the endpoint itself; other unmapped ranks are dropped
+    const table = new Int32Array(this.#ranks.length + rankLen);
+    table.set(this.#ranks);
+    for (let r = 0; r < rankLen; r++) table[feed.rankOff + r] = ranks[r] ?? (r === 0 ? ep.id : -1);
+    this.#ranks = table;
     feed.stream = new KvEventStream(
       {
         endpoint: ep.endpoint,
@@ -104,6 +154,11 @@ export class KvEventFeed implements DecodeCounts {
     return this.#byId[id] !== undefined;
   }
 
+  /** Every index id fed by a stream (an endpoint, or the endpoint of one of its data-parallel ranks). */
+  get holders(): readonly number[] {
+    return this.#feeds.flatMap((f) => f.holders);
+  }
+
   get streams(): readonly { name: string; stream: KvEventStream }[] {
     return this.#feeds.map((f) => ({ name: f.ep.name, stream: f.stream }));
   }
@@ -125,30 +180,54 @@ export class KvEventFeed implements DecodeCounts {
   drain(): void {
     this.#scheduled = false;
     if (this.#closed) return;
-    const enc = this.#enc;
-    const max = this.#o.maxBatchesPerDrain;
-    let budget = max;
-    const now = performance.now();
+    let budget = this.#o.maxBatchesPerDrain;
+    let n = 0;
+    let bytes = 0;
     for (const f of this.#ready) {
       this.#ready.delete(f);
-      this.#current = f;
       const items = f.stream.take(budget);
       for (const item of items) {
-        if (item === 'clear') {
-          for (const h of f.holders) enc.clear(h);
-          continue;
+        const b = item === 'clear' ? null : item;
+        if (b !== null) {
+          budget--;
+          if (bytes + b.payload.length > this.#data.length) this.#growData(bytes + b.payload.length);
+          this.#data.set(b.payload, bytes);
         }
-        budget--;
-        this.#decodeOne(f, item, now);
+        if ((n + 1) * ITEM_WORDS > this.#items.length) this.#growItems();
+        const it = this.#items;
+        const o = n * ITEM_WORDS;
+        it[o] = b === null ? ITEM_CLEAR : ITEM_PAYLOAD;
+        it[o + 1] = bytes;
+        if (b !== null) bytes += b.payload.length;
+        it[o + 2] = bytes;
+        it[o + 3] = f.ep.id;
+        it[o + 4] = f.rankOff;
+        it[o + 5] = f.rankLen;
+        it[o + 6] = f.seedHi;
+        it[o + 7] = f.seedLo;
+        this.#taken[n] = b;
+        this.#takenFeed[n] = f;
+        n++;
       }
       if (f.stream.queued > 0) this.#ready.add(f);
       else f.stream.drained();
       if (budget <= 0) break;
     }
-    this.#current = null;
-    if (enc.nOps > 0) {
-      this.index.applyEvents(enc.ops, enc.nOps, enc.words, enc.tokens, this.totals);
-      enc.reset();
+    if (n > 0) {
+      this.index.applyPayloads(this.#data, this.#items, n, this.#ranks, this.#status, this.totals);
+      const now = performance.now();
+      const status = this.#status;
+      for (let i = 0; i < n; i++) {
+        const b = this.#taken[i];
+        const f = this.#takenFeed[i]!;
+        this.#taken[i] = null;
+        if (b === null) continue;
+        if (status[i] === APPLY_STATUS.malformed) f.stream.decodeFailed(true);
+        else {
+          f.stream.decoded();
+          this.lag.observe(Math.max(0, now - b.at) / 1000);
+        }
+      }
     }
     this.drains++;
     if (this.#ready.size > 0 && !this.#scheduled) {
@@ -157,36 +236,17 @@ export class KvEventFeed implements DecodeCounts {
     }
   }
 
-  #decodeOne(f: Feed, b: QueuedBatch, now: number): void {
-    try {
-      this.#enc.add(b.payload, this.#holder, this.#seed, this);
-      f.stream.decoded();
-      this.lag.observe(Math.max(0, now - b.at) / 1000);
-    } catch (err) {
-      if (!(err instanceof KvDecodeError)) throw err;
-      f.stream.decodeFailed();
-    }
+  #growData(need: number): void {
+    const next = new Uint8Array(Math.max(need, this.#data.length * 2));
+    next.set(this.#data);
+    this.#data = next;
   }
 
-  #holderOf(rank: number | null): number {
-    const ep = this.#current!.ep;
-    if (rank === null || (rank === 0 && ep.ranks?.[0] === undefined)) return ep.id;
-    const h = ep.ranks?.[rank];
-    if (h === undefined) {
-      this.droppedRanks++;
-      return -1;
-    }
-    return h;
-  }
-
-  #seedOf(lora: string | null): readonly [number, number] {
-    const name = lora ?? this.#current!.ep.model;
-    let s = this.#seeds.get(name);
-    if (s === undefined) {
-      const v = PrefixIndex.seedFor(name);
-      s = [Number(v >> 32n), Number(v & 0xffffffffn)] as const;
-      if (this.#seeds.size < 65536) this.#seeds.set(name, s);
-    }
-    return s;
+  #growItems(): void {
+    const next = new Uint32Array(this.#items.length * 2);
+    next.set(this.#items);
+    this.#items = next;
+    const st = new Uint8Array(next.length / ITEM_WORDS);
+    this.#status = st;
   }
 }

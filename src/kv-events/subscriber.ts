@@ -154,12 +154,15 @@ export class KvEventStream {
     return q.splice(0, i);
   }
 
-  /** The owner could not decode a batch of this stream. */
-  decodeFailed(): void {
+  /**
+   * The owner could not decode a batch of this stream. `cleared`: the owner already cleared the engine's
+   * entries in order (the native decoder does); otherwise a clear is queued.
+   */
+  decodeFailed(cleared = false): void {
     this.counters.decodeErrors++;
     // a lost batch leaves the index unsure of this engine: forget it, and distrust after a few in a row
     this.counters.clears++;
-    this.#push('clear');
+    if (!cleared) this.#push('clear');
     if (++this.#decodeErrorsInRow >= 3) this.#setProblem('decode-errors');
   }
 

@@ -4,12 +4,12 @@
 // the pick, and their Prometheus families. Nothing is built (and nothing
 // costs) when no pool is precise.
 import { Counter, Gauge } from 'prom-client';
-import { PrefixIndex } from '../../bindings/index.js';
+import { PAYLOAD_TOTALS as T, PrefixIndex } from '../../bindings/index.js';
 import type { RouterConfig } from '../config/schema.js';
 import { DEFAULT_TIER_WEIGHTS_CONFIG } from '../config/prefix-mode.js';
 import { MAX_ENDPOINT_IDS, type EndpointSet } from '../endpoints/endpoint.js';
 import { ConfigError } from '../errors.js';
-import { KvEventFeed, LAG_BUCKETS } from '../kv-events/feed.js';
+import { KvEventFeed, LAG_BUCKETS, type KvFeedEndpoint } from '../kv-events/feed.js';
 import { HistogramMetric, scrapeCounter, type Registry } from '../metrics/prom.js';
 import type { PrefixProducer, TierWeights } from '../scheduler/prefix-producer.js';
 import { TokenSource, type ModelTokenizer } from '../tokenize/source.js';
@@ -58,12 +58,8 @@ export function buildPrecise(cfg: RouterConfig, set: EndpointSet): Precise | nul
       hf.set(dir, tok);
     }
     for (const m of p.models) byModel.set(m, { tokenizer: tok, timeoutMs: t.timeoutMs, cacheEntries: t.cacheEntries });
-    for (const ec of p.endpoints) {
-      if (!ec.kvEvents) continue;
-      const ep = set.byName(ec.name)!;
-      feed.add({ id: ep.id, name: ep.name, endpoint: ec.kvEvents.endpoint, replayEndpoint: ec.kvEvents.replayEndpoint ?? null, topic: ec.kvEvents.topic, model: p.models[0]! });
-    }
   }
+  for (const fe of kvFeedEndpoints(cfg, set)) feed.add(fe);
   const tokens = new TokenSource(byModel);
   return {
     feed,
@@ -73,12 +69,53 @@ export function buildPrecise(cfg: RouterConfig, set: EndpointSet): Precise | nul
       await tokens.close();
     },
     registerMetrics(registry, producer) {
-      registerPreciseMetrics(registry, feed, tokens, producer);
+      registerPreciseMetrics(registry, feed, tokens, producer, set);
     },
   };
 }
 
-function registerPreciseMetrics(registry: Registry, feed: KvEventFeed, tokens: TokenSource, producer: () => PrefixProducer | null): void {
+/**
+ * One subscription per publisher address of the precise pools' endpoints. Endpoints that share an address
+ * with different `kvEvents.dataParallelRank`s are that publisher's ranks: each rank's batches go to its own
+ * endpoint (a separate holder in the index); batches without a rank go to rank 0's endpoint (or the first).
+ */
+export function kvFeedEndpoints(cfg: RouterConfig, set: EndpointSet): KvFeedEndpoint[] {
+  const byAddr = new Map<string, KvFeedEndpoint & { ranks: Record<number, number> }>();
+  cfg.pools.forEach((p, pi) => {
+    if (p.prefix?.mode !== 'precise') return;
+    p.endpoints.forEach((ec, ei) => {
+      if (!ec.kvEvents) return;
+      const ep = set.byName(ec.name)!;
+      const rank = ec.kvEvents.dataParallelRank;
+      const have = byAddr.get(ec.kvEvents.endpoint);
+      if (!have) {
+        byAddr.set(ec.kvEvents.endpoint, {
+          id: ep.id,
+          name: ep.name,
+          endpoint: ec.kvEvents.endpoint,
+          replayEndpoint: ec.kvEvents.replayEndpoint ?? null,
+          topic: ec.kvEvents.topic,
+          model: p.models[0]!,
+          ranks: rank !== undefined ? { [rank]: ep.id } : {},
+        });
+        return;
+      }
+      const path = `pools[${pi}].endpoints[${ei}].kvEvents`;
+      if (rank === undefined || Object.keys(have.ranks).length === 0) {
+        throw new ConfigError([{ path: `${path}.endpoint`, message: `${ec.kvEvents.endpoint} is also ${have.name}'s publisher: endpoints sharing a publisher need distinct dataParallelRank values` }]);
+      }
+      if (have.ranks[rank] !== undefined) throw new ConfigError([{ path: `${path}.dataParallelRank`, message: `rank ${rank} of ${ec.kvEvents.endpoint} is already ${have.name}'s` }]);
+      have.ranks[rank] = ep.id;
+      if (rank === 0) {
+        have.id = ep.id;
+        have.name = ep.name;
+      }
+    });
+  });
+  return [...byAddr.values()];
+}
+
+function registerPreciseMetrics(registry: Registry, feed: KvEventFeed, tokens: TokenSource, producer: () => PrefixProducer | null, set: EndpointSet): void {
   const r = [registry];
   const streams = () => feed.streams;
   new Gauge({
@@ -123,6 +160,9 @@ function registerPreciseMetrics(registry: Registry, feed: KvEventFeed, tokens: T
     ['switchyard_kv_events_bad_events_total', 'Events with a missing or mistyped field or a hash of the wrong width (skipped).', () => feed.badEvents],
     ['switchyard_kv_events_block_size_mismatch_total', "BlockStored events whose block_size is not the pool's prefix.blockTokens (skipped).", () => feed.blockSizeMismatch],
     ['switchyard_kv_events_dropped_rank_total', 'Batches from a data-parallel rank with no holder (dropped).', () => feed.droppedRanks],
+    ['switchyard_kv_events_bad_hashes_total', 'Events skipped for a block hash that is not a 64-bit integer or at least 8 digest bytes (also in bad_events).', () => feed.badHashes],
+    ['switchyard_kv_events_applied_total', 'Events applied to the precise index (stored, removed, cleared).', () => feed.totals[T.events]!],
+    ['switchyard_kv_events_map_forgotten_total', 'Engine block hashes forgotten over the per-endpoint limit (their blocks left the index).', () => feed.totals[T.forgotten]!],
     ['switchyard_prefix_precise_candidates_total', 'Candidates scored from the precise (event-fed) index.', () => producer()?.preciseCounters.precise ?? 0],
     ['switchyard_prefix_fallback_unhealthy_total', 'Candidates scored by the approximate mode because their event stream was unhealthy.', () => producer()?.preciseCounters.fallbackUnhealthy ?? 0],
     ['switchyard_prefix_fallback_no_tokens_total', 'Candidates scored by the approximate mode because the request had no tokens.', () => producer()?.preciseCounters.fallbackNoTokens ?? 0],
@@ -131,6 +171,16 @@ function registerPreciseMetrics(registry: Registry, feed: KvEventFeed, tokens: T
     ['switchyard_tokenize_failures_total', 'Tokenizations that failed (approximate scoring for that request).', () => tokens.counters.failures],
   ];
   for (const [name, help, get] of global) scrapeCounter(r, name, help, get);
+  new Gauge({
+    name: 'switchyard_kv_events_map_entries',
+    help: 'Engine block hashes remembered per endpoint (bounded by the event map limit).',
+    labelNames: ['endpoint'],
+    registers: r,
+    collect() {
+      this.reset();
+      for (const id of feed.holders) this.set({ endpoint: set.byId(id)?.name ?? String(id) }, feed.index.mappedBlocks(id));
+    },
+  });
   new HistogramMetric({
     name: 'switchyard_kv_events_lag_seconds',
     help: 'From a KV-event batch arriving to its blocks being in the index.',
