@@ -197,7 +197,7 @@ async function main(): Promise<void> {
     }
     const cfg: ResponsesConfig = { ...RESPONSES_DEFAULTS, store: { ...RESPONSES_DEFAULTS.store, path: join(dir, 'ops.db'), url: redis.url } };
     const mem = new MemoryStore(cfg);
-    const lite = new SqliteStore(cfg);
+    const lite = await SqliteStore.open(cfg);
     const red = new RedisStore({ ...cfg, store: { ...cfg.store, keyPrefix: 'bench:' } });
     await red.waitReady(3000);
     const ops = [...(await storeOps('memory', mem)), ...(await storeOps('sqlite', lite)), ...(await storeOps('redis', red))];
@@ -214,7 +214,7 @@ async function main(): Promise<void> {
         `| ${r.store} | ${r.length} | ${r.chatCpuUs.toFixed(0)} | ${r.respCpuUs.toFixed(0)} | ${r.addedCpuUs.toFixed(0)} | ${r.ratio.toFixed(2)} | ${r.chatRps.toFixed(0)} | ${r.respRps.toFixed(0)} |`,
       );
     }
-    console.log('\nstore operations on the event loop (µs per op; redis: a round trip, awaited one at a time)');
+    console.log('\nstore operations (µs per op, awaited one at a time: memory on the event loop; sqlite a round trip to its worker thread; redis a network round trip)');
     console.log('| store | chain length | record bytes | put | get |');
     console.log('|---|---:|---:|---:|---:|');
     for (const o of ops) console.log(`| ${o.store} | ${o.length} | ${o.recordBytes} | ${o.putUs.toFixed(1)} | ${o.getUs.toFixed(1)} |`);

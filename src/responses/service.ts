@@ -62,7 +62,7 @@ export class ResponsesService {
     const cfg = this.config;
     if (cfg.store.type === 'sqlite') {
       const { SqliteStore } = await import('./sqlite-store.js');
-      this.store = new SqliteStore(cfg);
+      this.store = await SqliteStore.open(cfg);
     } else if (cfg.store.type === 'redis') {
       const { RedisStore } = await import('./redis-store.js');
       const s = new RedisStore(cfg, this.log);

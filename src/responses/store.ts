@@ -58,7 +58,7 @@ export async function openStore(cfg: ResponsesConfig): Promise<ResponseStore> {
     }
     case 'sqlite': {
       const { SqliteStore } = await import('./sqlite-store.js');
-      return new SqliteStore(cfg);
+      return SqliteStore.open(cfg);
     }
     case 'redis': {
       const { RedisStore } = await import('./redis-store.js');
