@@ -23,6 +23,10 @@ export interface StoredResponse {
   readonly response: string;
 }
 
+export function isPromise<T>(v: T | Promise<T>): v is Promise<T> {
+  return typeof (v as Promise<T>)?.then === 'function';
+}
+
 /** The store cannot be reached or failed: the API answers 503 (chat completions are not affected). */
 export class StoreUnavailableError extends Error {}
 
