@@ -188,6 +188,30 @@ async function runLoad(url: string, shape: Shape, rate: number, seed: number): P
   return r;
 }
 
+/** What the router says about the run (its /metrics): pins followed and moved, flow-control holds, Responses results. */
+async function routerCounters(url: string): Promise<string> {
+  let text = '';
+  try {
+    text = await (await fetch(`${url}/metrics`)).text();
+  } catch (e) {
+    return `metrics unavailable: ${(e as Error).message}`;
+  }
+  const sum = (re: RegExp) => {
+    let v = 0;
+    for (const m of text.matchAll(re)) v += Number(m[1]);
+    return v;
+  };
+  const waitN = sum(/^switchyard_flow_queue_wait_seconds_count\{[^}]*\} (\S+)$/gm);
+  const waitS = sum(/^switchyard_flow_queue_wait_seconds_sum\{[^}]*\} (\S+)$/gm);
+  return (
+    `followed ${sum(/^switchyard_session_turns_followed_total (\S+)$/gm)}, ` +
+    `moved saturated ${sum(/^switchyard_session_moves_total\{reason="saturated"\} (\S+)$/gm)} / failed ${sum(/^switchyard_session_moves_total\{reason="failed"\} (\S+)$/gm)}, ` +
+    `continuations ${sum(/^switchyard_session_continuations_total (\S+)$/gm)}, ` +
+    `flow-held ${waitN} (mean wait ${waitN > 0 ? fmt((waitS / waitN) * 1000) : 0} ms, continuations dispatched from the queue ${sum(/^switchyard_flow_continuations_total\{[^}]*\} (\S+)$/gm)}), ` +
+    `responses created ${sum(/^switchyard_responses_total\{result="created"\} (\S+)$/gm)} continued ${sum(/^switchyard_responses_total\{result="continued"\} (\S+)$/gm)} failed ${sum(/^switchyard_responses_total\{result="failed"\} (\S+)$/gm)}`
+  );
+}
+
 export interface AgentRow {
   rate: number;
   policy: string;
@@ -200,6 +224,8 @@ export interface AgentRow {
   hitRate: number;
   errors: number;
   wallS: number;
+  /** The router's own counters for the run (pins followed / moved, flow-control holds, Responses results). */
+  router: string;
 }
 
 export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; config: string }> {
@@ -268,15 +294,17 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
         await waitReady(`http://127.0.0.1:${port}/readyz`, 60_000);
         if (router.child.exitCode !== null) throw new Error('the router exited (its port was taken?)');
         const r = await runLoad(`http://127.0.0.1:${port}`, shape, rate, 4242 + rate);
+        const routerStats = await routerCounters(`http://127.0.0.1:${port}`);
         const row: AgentRow = {
           rate, policy, turns: r.ttft.length,
           ttftP50: quantile(r.ttft, 0.5), ttftP90: quantile(r.ttft, 0.9), laterP90: quantile(r.ttftLater, 0.9),
           convP50: quantile(r.convMs, 0.5), convP90: quantile(r.convMs, 0.9),
-          hitRate: r.promptTokens ? r.cachedTokens / r.promptTokens : 0, errors: r.errors, wallS: r.wallS,
+          hitRate: r.promptTokens ? r.cachedTokens / r.promptTokens : 0, errors: r.errors, wallS: r.wallS, router: routerStats,
         };
         rows.push(row);
         if (json) writeFileSync(json, JSON.stringify({ rows }, null, 2)); // as it goes: a later failure keeps the rows so far
         if (r.errorSamples.length) console.error(`  errors: ${r.errorSamples.join(' | ')}`);
+        console.error(`  router: ${routerStats}`);
         console.error(
           `rate=${rate} conv/s ${policy}: TTFT p50 ${fmt(row.ttftP50)} p90 ${fmt(row.ttftP90)} (turns 2+ p90 ${fmt(row.laterP90)}) ms, ` +
             `conversation p50 ${fmt(row.convP50)} p90 ${fmt(row.convP90)} ms, hit ${fmt(row.hitRate * 100)}%, errors ${r.errors}, wall ${fmt(r.wallS)} s`,
@@ -310,11 +338,31 @@ export function agentTable(rows: AgentRow[]): string {
   return md;
 }
 
-/** The floors, per rate: round-robin / session and prefix-only / session TTFT p90. */
+/** A policy run several times at one rate (policies repeated in --policies, interleaved): the median of each figure. */
+function medianRow(rs: AgentRow[]): AgentRow {
+  if (rs.length === 1) return rs[0]!;
+  const med = (k: keyof AgentRow) => quantile(rs.map((r) => r[k] as number), 0.5);
+  return { ...rs[0]!, ttftP50: med('ttftP50'), ttftP90: med('ttftP90'), laterP90: med('laterP90'), convP50: med('convP50'), convP90: med('convP90'), hitRate: med('hitRate') };
+}
+
+/** The floors, per rate: round-robin / session and prefix-only / session TTFT p90 (medians over repeated runs of a policy), and the same against session+turn-priority. */
 export function agentRatios(rows: AgentRow[]): string {
   let s = '';
   for (const rate of [...new Set(rows.map((r) => r.rate))]) {
-    const get = (p: string) => rows.find((r) => r.rate === rate && r.policy === p);
+    const get = (p: string) => {
+      const rs = rows.filter((r) => r.rate === rate && r.policy === p);
+      return rs.length === 0 ? undefined : medianRow(rs);
+    };
+    const runs = rows.filter((r) => r.rate === rate && r.policy === 'session').length;
+    if (runs > 1) s += `- ${rate} conv/s: medians over ${runs} interleaved runs of each repeated policy\n`;
+    const tp = get('session+turn-priority');
+    const rr0 = get('round-robin');
+    const po0 = get('prefix-only');
+    if (tp) {
+      s +=
+        `- ${rate} conv/s: TTFT p90 round-robin / session+turn-priority = ${rr0 ? fmt(rr0.ttftP90 / tp.ttftP90, 2) : '—'}×, ` +
+        `prefix-only / session+turn-priority = ${po0 ? fmt(po0.ttftP90 / tp.ttftP90, 2) : '—'}× (turns 2+: ${po0 ? fmt(po0.laterP90 / tp.laterP90, 2) : '—'}×)\n`;
+    }
     const se = get('session');
     if (!se) continue;
     const rr = get('round-robin');

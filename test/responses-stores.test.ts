@@ -202,7 +202,7 @@ t.test('SQLite: its worker thread dies: 503 while it restarts, then every commit
   const down = await post(a.url, '/v1/responses', { model: 'open-model', input: 'x', previous_response_id: r1.id, max_output_tokens: 2 });
   t.equal(down.status, 503);
   t.match(down.json.error.message, /SQLite|sqlite/);
-  t.ok(await until(async () => store.available, 5000), 'the worker is started again');
+  t.ok(await until(async () => store.available, 30_000), 'the worker is started again');
   const r2 = await a.client.responses.create({ model: 'open-model', input: 'continued', previous_response_id: r1.id, max_output_tokens: 2 });
   t.equal(r2.previous_response_id, r1.id);
   t.equal(store.size(), 2);
