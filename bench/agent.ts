@@ -201,9 +201,15 @@ async function routerCounters(url: string): Promise<string> {
     for (const m of text.matchAll(re)) v += Number(m[1]);
     return v;
   };
+  // how evenly the turns spread over the engines (a conversation's turns follow it)
+  const perEp = new Map<string, number>();
+  for (const m of text.matchAll(/^switchyard_upstream_ttft_seconds_count\{endpoint="([^"]+)"\} (\S+)$/gm)) perEp.set(m[1]!, (perEp.get(m[1]!) ?? 0) + Number(m[2]));
+  const counts = [...perEp.values()];
+  const spread = counts.length > 0 ? `turns per endpoint ${Math.min(...counts)}–${Math.max(...counts)}, ` : '';
   const waitN = sum(/^switchyard_flow_queue_wait_seconds_count\{[^}]*\} (\S+)$/gm);
   const waitS = sum(/^switchyard_flow_queue_wait_seconds_sum\{[^}]*\} (\S+)$/gm);
   return (
+    spread +
     `followed ${sum(/^switchyard_session_turns_followed_total (\S+)$/gm)}, ` +
     `moved saturated ${sum(/^switchyard_session_moves_total\{reason="saturated"\} (\S+)$/gm)} / failed ${sum(/^switchyard_session_moves_total\{reason="failed"\} (\S+)$/gm)}, ` +
     `continuations ${sum(/^switchyard_session_continuations_total (\S+)$/gm)}, ` +
