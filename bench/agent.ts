@@ -46,6 +46,8 @@ export const AGENT_POLICIES: Record<string, string> = {
   'prefix-only': `scheduling:\n${NO_SESSION_FILTERS}`,
   session: '', // the defaults: session-affinity filter + prefix-cache 3, queue 2, kv-cache-utilization 2
   'session+turn-priority': 'flowControl:\n  admission: { mode: "off" }\n',
+  // session+turn-priority with first turns balanced over the endpoints by pinned sessions
+  'session+balance': 'flowControl:\n  admission: { mode: "off" }\nscheduling:\n  filters: [model, healthy, role, { type: session-affinity, params: { balanceSlack: 0 } }]\n',
 };
 
 interface Shape {
