@@ -1,6 +1,8 @@
 // Scenario `agent`: an agent workload on a KV-bound fleet. 64 conversations ×
-// 8 turns, short outputs, a context that grows every turn (the whole history
-// resent, as an agent loop does), on simulated engines whose KV cache holds
+// 8 turns, short outputs, a context that grows every turn, through the
+// Responses API (each turn a streamed POST /v1/responses with the agent's
+// system prompt as `instructions` and `previous_response_id` naming the
+// previous turn: the router rebuilds the conversation), on simulated engines whose KV cache holds
 // only a few conversations each. By default every conversation is the same
 // agent (one system prompt: instructions and tools) on its own task (in the
 // first turn); --distinct-system gives each conversation its own system
@@ -14,9 +16,8 @@
 //                 kv-cache-utilization 2, max-score) without the
 //                 session-affinity filter;
 //   session       the router's defaults: the same scorers plus the
-//                 session-affinity filter, conversations named by
-//                 `x-session-id` (the Responses API passes its chain instead:
-//                 the same key for routing);
+//                 session-affinity filter (the conversation is the
+//                 Responses chain: its root id is the session key);
 //   session+turn-priority
 //                 session, plus flow control (admission off: nothing shed)
 //                 holding requests in the router while the engines are
@@ -25,7 +26,7 @@
 //
 // Reported per run: per-turn TTFT p50/p90 (all turns, and turns 2..8),
 // conversation completion time p50/p90 (first request sent → last answer
-// read), the engines' prefix-cache hit rate (usage.prompt_tokens_details),
+// read), the engines' prefix-cache hit rate (usage.input_tokens_details),
 // errors. The floors: session TTFT p90 ≥ 2× lower than round-robin's, and
 // lower than prefix-only's at the saturating rate.
 //
@@ -45,6 +46,8 @@ export const AGENT_POLICIES: Record<string, string> = {
   'prefix-only': `scheduling:\n${NO_SESSION_FILTERS}`,
   session: '', // the defaults: session-affinity filter + prefix-cache 3, queue 2, kv-cache-utilization 2
   'session+turn-priority': 'flowControl:\n  admission: { mode: "off" }\n',
+  // session+turn-priority with first turns balanced over the endpoints by pinned sessions
+  'session+balance': 'flowControl:\n  admission: { mode: "off" }\nscheduling:\n  filters: [model, healthy, role, { type: session-affinity, params: { balanceSlack: 0 } }]\n',
 };
 
 interface Shape {
@@ -94,13 +97,14 @@ interface RunResult {
   wallS: number;
 }
 
-async function turn(pool: Pool, body: string, headers: Record<string, string>, r: RunResult): Promise<{ text: string; ttft: number } | null> {
+/** One streamed turn through POST /v1/responses (the chain continued by `previous_response_id`). */
+async function turn(pool: Pool, body: string, r: RunResult): Promise<{ id: string; ttft: number } | null> {
   const t0 = performance.now();
   let first = 0;
-  let out = '';
+  let id = '';
   let tail = '';
   try {
-    const res = await pool.request({ method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json', ...headers }, body });
+    const res = await pool.request({ method: 'POST', path: '/v1/responses', headers: { 'content-type': 'application/json' }, body });
     if (res.statusCode !== 200) {
       const b = await res.body.text();
       r.errors++;
@@ -113,30 +117,36 @@ async function turn(pool: Pool, body: string, headers: Record<string, string>, r
       while ((nl = tail.indexOf('\n\n')) >= 0) {
         const ev = tail.slice(0, nl);
         tail = tail.slice(nl + 2);
-        if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
-        const j = JSON.parse(ev.slice(6));
-        if (j.error) throw new Error(`stream error: ${JSON.stringify(j.error).slice(0, 160)}`);
-        const c = j.choices?.[0];
-        // the first content token (the role-only chunk that opens a chat stream does not count)
-        if (c?.delta?.content !== undefined && c.delta.role === undefined) {
+        const at = ev.indexOf('\ndata: ');
+        if (at < 0) continue;
+        const type = ev.slice(ev.startsWith('event: ') ? 7 : 0, at);
+        if (type === 'response.output_text.delta') {
           if (first === 0) first = performance.now();
-          out += c.delta.content;
+          continue;
         }
-        if (j.usage) {
-          r.promptTokens += j.usage.prompt_tokens;
-          r.cachedTokens += j.usage.prompt_tokens_details?.cached_tokens ?? 0;
+        if (type === 'response.completed' || type === 'response.incomplete') {
+          const j = JSON.parse(ev.slice(at + 7));
+          id = j.response.id;
+          const u = j.response.usage;
+          if (u) {
+            r.promptTokens += u.input_tokens;
+            r.cachedTokens += u.input_tokens_details?.cached_tokens ?? 0;
+          }
+        } else if (type === 'response.failed' || type === 'error') {
+          throw new Error(`stream error: ${ev.slice(at + 7, at + 167)}`);
         }
       }
     }
+    if (id === '') throw new Error('the stream ended without response.completed');
   } catch (e) {
     r.errors++;
     if (r.errorSamples.length < 3) r.errorSamples.push(`client: ${(e as Error).message}`);
     return null;
   }
-  return { text: out, ttft: first - t0 };
+  return { id, ttft: first - t0 };
 }
 
-async function runLoad(url: string, shape: Shape, rate: number, seed: number, sessions: boolean): Promise<RunResult> {
+async function runLoad(url: string, shape: Shape, rate: number, seed: number): Promise<RunResult> {
   const pool = new Pool(url, { connections: 1024, pipelining: 1 });
   const r: RunResult = { ttft: [], ttftLater: [], convMs: [], promptTokens: 0, cachedTokens: 0, errors: 0, errorSamples: [], wallS: 0 };
   const rand = rng(seed ^ 0x9e3779b9);
@@ -149,21 +159,25 @@ async function runLoad(url: string, shape: Shape, rate: number, seed: number, se
     if (c > 0) at += expGap(rand, rate) * 1000;
     const d = at - (performance.now() - t0);
     if (d > 0) await new Promise((res) => setTimeout(res, d));
-    const messages = [{ role: 'system', content: shape.sharedSystem ? system : `[agent ${c}] ` + text(trand, shape.systemTokens * BYTES_PER_TOKEN) }];
+    // the agent's system prompt goes as `instructions` on every turn (a Response keeps only the current
+    // request's instructions); the router rebuilds the rest of the conversation from its store
+    const instructions = shape.sharedSystem ? system : `[agent ${c}] ` + text(trand, shape.systemTokens * BYTES_PER_TOKEN);
     const task = shape.taskTokens > 0 ? `[task ${c}] ` + text(trand, shape.taskTokens * BYTES_PER_TOKEN) + '\n' : '';
     const users = Array.from({ length: shape.turns }, (_, i) => (i === 0 ? task : '') + `turn ${i}: ` + text(trand, shape.userTokens * BYTES_PER_TOKEN));
-    const headers: Record<string, string> = sessions ? { 'x-session-id': `agent-${seed}-${c}` } : {};
     pending.push(
       (async () => {
         const c0 = performance.now();
+        let previous: string | null = null;
         for (let i = 0; i < shape.turns; i++) {
-          messages.push({ role: 'user', content: users[i]! });
-          const body = JSON.stringify({ model: 'open-model', messages, max_tokens: shape.outputTokens, stream: true, stream_options: { include_usage: true } });
-          const a = await turn(pool, body, headers, r);
+          const body = JSON.stringify({
+            model: 'open-model', instructions, input: users[i]!, max_output_tokens: shape.outputTokens, stream: true,
+            ...(previous === null ? {} : { previous_response_id: previous }),
+          });
+          const a = await turn(pool, body, r);
           if (a === null) return;
           r.ttft.push(a.ttft);
           if (i > 0) r.ttftLater.push(a.ttft);
-          messages.push({ role: 'assistant', content: a.text });
+          previous = a.id;
           if (i + 1 < shape.turns && shape.thinkMs > 0) await new Promise((res) => setTimeout(res, shape.thinkMs));
         }
         r.convMs.push(performance.now() - c0);
@@ -174,6 +188,36 @@ async function runLoad(url: string, shape: Shape, rate: number, seed: number, se
   r.wallS = (performance.now() - t0) / 1000;
   await pool.close();
   return r;
+}
+
+/** What the router says about the run (its /metrics): pins followed and moved, flow-control holds, Responses results. */
+async function routerCounters(url: string): Promise<string> {
+  let text = '';
+  try {
+    text = await (await fetch(`${url}/metrics`)).text();
+  } catch (e) {
+    return `metrics unavailable: ${(e as Error).message}`;
+  }
+  const sum = (re: RegExp) => {
+    let v = 0;
+    for (const m of text.matchAll(re)) v += Number(m[1]);
+    return v;
+  };
+  // how evenly the turns spread over the engines (a conversation's turns follow it)
+  const perEp = new Map<string, number>();
+  for (const m of text.matchAll(/^switchyard_upstream_ttft_seconds_count\{endpoint="([^"]+)"\} (\S+)$/gm)) perEp.set(m[1]!, (perEp.get(m[1]!) ?? 0) + Number(m[2]));
+  const counts = [...perEp.values()];
+  const spread = counts.length > 0 ? `turns per endpoint ${Math.min(...counts)}–${Math.max(...counts)}, ` : '';
+  const waitN = sum(/^switchyard_flow_queue_wait_seconds_count\{[^}]*\} (\S+)$/gm);
+  const waitS = sum(/^switchyard_flow_queue_wait_seconds_sum\{[^}]*\} (\S+)$/gm);
+  return (
+    spread +
+    `followed ${sum(/^switchyard_session_turns_followed_total (\S+)$/gm)}, ` +
+    `moved saturated ${sum(/^switchyard_session_moves_total\{reason="saturated"\} (\S+)$/gm)} / failed ${sum(/^switchyard_session_moves_total\{reason="failed"\} (\S+)$/gm)}, ` +
+    `continuations ${sum(/^switchyard_session_continuations_total (\S+)$/gm)}, ` +
+    `flow-held ${waitN} (mean wait ${waitN > 0 ? fmt((waitS / waitN) * 1000) : 0} ms, continuations dispatched from the queue ${sum(/^switchyard_flow_continuations_total\{[^}]*\} (\S+)$/gm)}), ` +
+    `responses created ${sum(/^switchyard_responses_total\{result="created"\} (\S+)$/gm)} continued ${sum(/^switchyard_responses_total\{result="continued"\} (\S+)$/gm)} failed ${sum(/^switchyard_responses_total\{result="failed"\} (\S+)$/gm)}`
+  );
 }
 
 export interface AgentRow {
@@ -188,6 +232,8 @@ export interface AgentRow {
   hitRate: number;
   errors: number;
   wallS: number;
+  /** The router's own counters for the run (pins followed / moved, flow-control holds, Responses results). */
+  router: string;
 }
 
 export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; config: string }> {
@@ -255,16 +301,18 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
       try {
         await waitReady(`http://127.0.0.1:${port}/readyz`, 60_000);
         if (router.child.exitCode !== null) throw new Error('the router exited (its port was taken?)');
-        const r = await runLoad(`http://127.0.0.1:${port}`, shape, rate, 4242 + rate, policy.startsWith('session'));
+        const r = await runLoad(`http://127.0.0.1:${port}`, shape, rate, 4242 + rate);
+        const routerStats = await routerCounters(`http://127.0.0.1:${port}`);
         const row: AgentRow = {
           rate, policy, turns: r.ttft.length,
           ttftP50: quantile(r.ttft, 0.5), ttftP90: quantile(r.ttft, 0.9), laterP90: quantile(r.ttftLater, 0.9),
           convP50: quantile(r.convMs, 0.5), convP90: quantile(r.convMs, 0.9),
-          hitRate: r.promptTokens ? r.cachedTokens / r.promptTokens : 0, errors: r.errors, wallS: r.wallS,
+          hitRate: r.promptTokens ? r.cachedTokens / r.promptTokens : 0, errors: r.errors, wallS: r.wallS, router: routerStats,
         };
         rows.push(row);
         if (json) writeFileSync(json, JSON.stringify({ rows }, null, 2)); // as it goes: a later failure keeps the rows so far
         if (r.errorSamples.length) console.error(`  errors: ${r.errorSamples.join(' | ')}`);
+        console.error(`  router: ${routerStats}`);
         console.error(
           `rate=${rate} conv/s ${policy}: TTFT p50 ${fmt(row.ttftP50)} p90 ${fmt(row.ttftP90)} (turns 2+ p90 ${fmt(row.laterP90)}) ms, ` +
             `conversation p50 ${fmt(row.convP50)} p90 ${fmt(row.convP90)} ms, hit ${fmt(row.hitRate * 100)}%, errors ${r.errors}, wall ${fmt(r.wallS)} s`,
@@ -298,11 +346,31 @@ export function agentTable(rows: AgentRow[]): string {
   return md;
 }
 
-/** The floors, per rate: round-robin / session and prefix-only / session TTFT p90. */
+/** A policy run several times at one rate (policies repeated in --policies, interleaved): the median of each figure. */
+function medianRow(rs: AgentRow[]): AgentRow {
+  if (rs.length === 1) return rs[0]!;
+  const med = (k: keyof AgentRow) => quantile(rs.map((r) => r[k] as number), 0.5);
+  return { ...rs[0]!, ttftP50: med('ttftP50'), ttftP90: med('ttftP90'), laterP90: med('laterP90'), convP50: med('convP50'), convP90: med('convP90'), hitRate: med('hitRate') };
+}
+
+/** The floors, per rate: round-robin / session and prefix-only / session TTFT p90 (medians over repeated runs of a policy), and the same against session+turn-priority. */
 export function agentRatios(rows: AgentRow[]): string {
   let s = '';
   for (const rate of [...new Set(rows.map((r) => r.rate))]) {
-    const get = (p: string) => rows.find((r) => r.rate === rate && r.policy === p);
+    const get = (p: string) => {
+      const rs = rows.filter((r) => r.rate === rate && r.policy === p);
+      return rs.length === 0 ? undefined : medianRow(rs);
+    };
+    const runs = rows.filter((r) => r.rate === rate && r.policy === 'session').length;
+    if (runs > 1) s += `- ${rate} conv/s: medians over ${runs} interleaved runs of each repeated policy\n`;
+    const tp = get('session+turn-priority');
+    const rr0 = get('round-robin');
+    const po0 = get('prefix-only');
+    if (tp) {
+      s +=
+        `- ${rate} conv/s: TTFT p90 round-robin / session+turn-priority = ${rr0 ? fmt(rr0.ttftP90 / tp.ttftP90, 2) : '—'}×, ` +
+        `prefix-only / session+turn-priority = ${po0 ? fmt(po0.ttftP90 / tp.ttftP90, 2) : '—'}× (turns 2+: ${po0 ? fmt(po0.laterP90 / tp.laterP90, 2) : '—'}×)\n`;
+    }
     const se = get('session');
     if (!se) continue;
     const rr = get('round-robin');

@@ -13,7 +13,7 @@
 // input and 8 output tokens, so the rebuilt conversation at L = 100 is
 // ~30 KB. The store's own cost on the event loop is measured too, in-process:
 // get + put per turn (µs) for each store and chain length.
-//   node dist/bench/responses-state.js [--seconds 3] [--rounds 3] [--concurrency 8] [--json]
+//   node dist/bench/responses-state.js [--seconds 3] [--rounds 3] [--concurrency 8] [--ops-only] [--json]
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -23,6 +23,8 @@ import { median } from './lib/stats.js';
 import { hasWrk, runWrk } from './lib/wrk.js';
 import { MemoryStore } from '../src/responses/memory-store.js';
 import { SqliteStore } from '../src/responses/sqlite-store.js';
+import { SyncSqliteStore } from './lib/sqlite-sync-store.js';
+import { performance as perfHooks } from 'node:perf_hooks';
 import { RedisStore } from '../src/responses/redis-store.js';
 import type { ResponseStore, StoredResponse } from '../src/responses/store.js';
 import { RESPONSES_DEFAULTS, type ResponsesConfig } from '../src/config/responses.js';
@@ -126,8 +128,15 @@ async function measureRouter(store: string, url: string, router: Proc): Promise<
   return rows;
 }
 
-/** µs per get + put of a turn at each chain length, on this process's event loop. */
-async function storeOps(name: string, s: ResponseStore): Promise<{ store: string; length: number; getUs: number; putUs: number; recordBytes: number }[]> {
+/**
+ * µs per get + put of a turn at each chain length (awaited one at a time), and how much of it the event
+ * loop was busy (perfHooks.eventLoopUtilization: the time the loop ran code, not the time it waited
+ * for a worker thread or a socket).
+ */
+async function storeOps(
+  name: string,
+  s: ResponseStore,
+): Promise<{ store: string; length: number; getUs: number; putUs: number; getLoopUs: number; putLoopUs: number; recordBytes: number }[]> {
   const out = [];
   for (const len of LENGTHS) {
     const turn = `{"role":"user","content":${JSON.stringify(text(len, TURN_INPUT))}},{"role":"assistant","content":"word word word word word word word word"}`;
@@ -135,6 +144,7 @@ async function storeOps(name: string, s: ResponseStore): Promise<{ store: string
     const response = JSON.stringify({ id: 'x', object: 'response', output: [{ content: [{ text: 'word '.repeat(8) }] }], pad: 'p'.repeat(900) });
     const n = len === 100 ? 300 : 1000;
     const ids: string[] = [];
+    let e0 = perfHooks.eventLoopUtilization();
     let t0 = performance.now();
     for (let i = 0; i < n; i++) {
       const id = `resp_bench_${name}_${len}_${i}`;
@@ -144,13 +154,16 @@ async function storeOps(name: string, s: ResponseStore): Promise<{ store: string
       if (p) await p;
     }
     const putUs = ((performance.now() - t0) * 1000) / n;
+    const putLoopUs = (perfHooks.eventLoopUtilization(e0).active * 1000) / n;
+    e0 = perfHooks.eventLoopUtilization();
     t0 = performance.now();
     for (const id of ids) {
       const g = s.get(id);
       if (g && typeof (g as Promise<unknown>).then === 'function') await g;
     }
     const getUs = ((performance.now() - t0) * 1000) / n;
-    out.push({ store: name, length: len, getUs, putUs, recordBytes: conv.length + response.length });
+    const getLoopUs = (perfHooks.eventLoopUtilization(e0).active * 1000) / n;
+    out.push({ store: name, length: len, getUs, putUs, getLoopUs, putLoopUs, recordBytes: conv.length + response.length });
   }
   return out;
 }
@@ -177,7 +190,8 @@ async function main(): Promise<void> {
       ['redis', `{ type: redis, url: "${redis.url}" }`],
     ];
     const rows: Row[] = [];
-    for (const [name, storeYaml] of stores) {
+    // --ops-only: just the in-process store operations (seconds), not the routers' CPU per request
+    for (const [name, storeYaml] of argv.includes('--ops-only') ? [] : stores) {
       const rp = await freePort();
       const cfg = join(dir, `${name}.yaml`);
       writeFileSync(
@@ -197,11 +211,18 @@ async function main(): Promise<void> {
     }
     const cfg: ResponsesConfig = { ...RESPONSES_DEFAULTS, store: { ...RESPONSES_DEFAULTS.store, path: join(dir, 'ops.db'), url: redis.url } };
     const mem = new MemoryStore(cfg);
-    const lite = new SqliteStore(cfg);
+    const lite = await SqliteStore.open(cfg);
     const red = new RedisStore({ ...cfg, store: { ...cfg.store, keyPrefix: 'bench:' } });
     await red.waitReady(3000);
-    const ops = [...(await storeOps('memory', mem)), ...(await storeOps('sqlite', lite)), ...(await storeOps('redis', red))];
-    await Promise.all([mem.close(), lite.close(), red.close()]);
+    // the baseline: the same file format with every statement on the event loop (the store before session 7)
+    const sync = new SyncSqliteStore({ ...cfg, store: { ...cfg.store, path: join(dir, 'ops-sync.db') } });
+    const ops = [
+      ...(await storeOps('memory', mem)),
+      ...(await storeOps('sqlite (on the loop, before)', sync)),
+      ...(await storeOps('sqlite (worker)', lite)),
+      ...(await storeOps('redis', red)),
+    ];
+    await Promise.all([mem.close(), sync.close(), lite.close(), red.close()]);
     if (argv.includes('--json')) {
       console.log(JSON.stringify({ rows, ops }));
       return;
@@ -214,10 +235,12 @@ async function main(): Promise<void> {
         `| ${r.store} | ${r.length} | ${r.chatCpuUs.toFixed(0)} | ${r.respCpuUs.toFixed(0)} | ${r.addedCpuUs.toFixed(0)} | ${r.ratio.toFixed(2)} | ${r.chatRps.toFixed(0)} | ${r.respRps.toFixed(0)} |`,
       );
     }
-    console.log('\nstore operations on the event loop (µs per op; redis: a round trip, awaited one at a time)');
-    console.log('| store | chain length | record bytes | put | get |');
-    console.log('|---|---:|---:|---:|---:|');
-    for (const o of ops) console.log(`| ${o.store} | ${o.length} | ${o.recordBytes} | ${o.putUs.toFixed(1)} | ${o.getUs.toFixed(1)} |`);
+    console.log('\nstore operations (µs per op, awaited one at a time: memory on the event loop; sqlite a round trip to its worker thread; redis a network round trip)');
+    console.log('| store | chain length | record bytes | put | get | event loop busy per put | per get |');
+    console.log('|---|---:|---:|---:|---:|---:|---:|');
+    for (const o of ops) {
+      console.log(`| ${o.store} | ${o.length} | ${o.recordBytes} | ${o.putUs.toFixed(1)} | ${o.getUs.toFixed(1)} | ${o.putLoopUs.toFixed(1)} | ${o.getLoopUs.toFixed(1)} |`);
+    }
   } finally {
     await Promise.all(procs.map((p) => p.stop()));
     redis.stop();

@@ -39,3 +39,18 @@ t.test('the Python openai SDK: create, chain, branch, stream, retrieve, delete, 
   t.ok(o.retrieved);
   t.same(o.deleted_error, [404, 'previous_response_not_found', 'previous_response_id']);
 });
+
+const failScript = fileURLToPath(new URL('./fixtures/responses_sdk_fail.py', import.meta.url));
+t.test('the Python openai SDK: a stream that fails mid-way yields an error event, then response.failed', { skip: version === null ? 'python3 cannot import openai' : false }, async (t) => {
+  const { url } = await startTestRouter(t, { n: 1, fleet: { timeScale: 0.01, failureRate: 1, failureKinds: ['error-mid-stream'] } });
+  const out = await new Promise<string>((resolve, reject) =>
+    execFile('python3', [failScript, url], { timeout: 150_000 }, (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout))),
+  );
+  const o = JSON.parse(out.trim().split('\n').pop()!);
+  t.equal(o.raised, null, 'the iterator does not raise');
+  t.same(o.types.slice(-2), ['error', 'response.failed']);
+  t.same(o.seqs, o.seqs.map((_: number, i: number) => i));
+  t.equal(o.error.code, 'server_error');
+  t.equal(o.failed.status, 'failed');
+  t.equal(o.failed.message, o.error.message);
+});

@@ -11,6 +11,8 @@ import { startRedis } from './redis-util.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { ConfigError } from '../src/errors.js';
 import { startRouter } from '../src/server/router.js';
+import Database from 'better-sqlite3';
+import type { SqliteStore } from '../src/responses/sqlite-store.js';
 
 async function router(t: Tap.Test, responses: Record<string, unknown>, fleet: Record<string, unknown> = { timeScale: 0 }) {
   const r = await startTestRouter(t, { n: 1, fleet, extra: { responses } });
@@ -160,4 +162,48 @@ t.test('config: the responses block is validated with field paths', async (t) =>
   check({ ttlSeconds: 0 }, 'responses.ttlSeconds', /integer/);
   check({ maxBytes: 10 }, 'responses.maxBytes', /integer/);
   check({ bogus: 1 }, 'responses.bogus', /unknown field/);
+});
+
+t.test('SQLite: a store error is a 503 with a clear message; reads, chat completions and later turns keep working', async (t) => {
+  const dir = t.testdir({});
+  const path = join(dir, 'responses.db');
+  const a = await router(t, { store: { type: 'sqlite', path } });
+  const r1 = await a.client.responses.create({ model: 'open-model', input: 'before the lock', max_output_tokens: 2 });
+  // another process holds the database's write lock (a real fault: a backup tool, a second writer)
+  const other = new Database(path);
+  other.exec('BEGIN EXCLUSIVE');
+  const blocked = await post(a.url, '/v1/responses', { model: 'open-model', input: 'while locked', previous_response_id: r1.id, max_output_tokens: 2 });
+  t.equal(blocked.status, 503, 'a turn that cannot be stored: 503');
+  t.equal(blocked.json.error.code, 'store_unavailable');
+  t.match(blocked.json.error.message, /could not be stored.*SQLite.*locked/);
+  const streamed = await fetch(`${a.url}/v1/responses`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'open-model', input: 'streamed while locked', max_output_tokens: 2, stream: true }),
+  });
+  const events = await streamed.text();
+  t.match(events, /event: response\.failed\ndata: \{[^\n]*"code":"store_unavailable"/, 'a streamed turn ends with response.failed');
+  t.equal((await a.client.responses.retrieve(r1.id)).id, r1.id, 'reads do not wait for the writer (WAL)');
+  const chat = await post(a.url, '/v1/chat/completions', { model: 'open-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 });
+  t.equal(chat.status, 200, 'chat completions are not affected');
+  other.exec('ROLLBACK');
+  other.close();
+  const r2 = await a.client.responses.create({ model: 'open-model', input: 'after the lock', previous_response_id: r1.id, max_output_tokens: 2 });
+  t.equal(r2.previous_response_id, r1.id, 'the chain continues once the lock is gone');
+});
+
+t.test('SQLite: its worker thread dies: 503 while it restarts, then every committed chain is there', async (t) => {
+  const dir = t.testdir({});
+  const a = await router(t, { store: { type: 'sqlite', path: join(dir, 'responses.db') } });
+  const store = a.router.core.responses!.store as SqliteStore;
+  const r1 = await a.client.responses.create({ model: 'open-model', input: 'kept', max_output_tokens: 2 });
+  await store.crashForTest();
+  t.notOk(store.available, 'unavailable at once');
+  const down = await post(a.url, '/v1/responses', { model: 'open-model', input: 'x', previous_response_id: r1.id, max_output_tokens: 2 });
+  t.equal(down.status, 503);
+  t.match(down.json.error.message, /SQLite|sqlite/);
+  t.ok(await until(async () => store.available, 30_000), 'the worker is started again');
+  const r2 = await a.client.responses.create({ model: 'open-model', input: 'continued', previous_response_id: r1.id, max_output_tokens: 2 });
+  t.equal(r2.previous_response_id, r1.id);
+  t.equal(store.size(), 2);
 });

@@ -272,6 +272,62 @@ t.test('engine errors come back in OpenAI shape; a stream that fails mid-way end
   t.same(seqs, seqs.map((_, i) => i));
 });
 
+/** Every event of a streamed turn through the SDK's iterator (it yields `error` and `response.failed`; neither throws). */
+async function events(client: OpenAI, body: Record<string, unknown>): Promise<any[]> {
+  const stream = await client.responses.create({ model: 'open-model', input: 'x', stream: true, max_output_tokens: 20, ...body } as any);
+  const out: any[] = [];
+  for await (const e of stream as any) out.push(e);
+  return out;
+}
+
+t.test('upstream failure mid-stream: an error event, then response.failed (the last event), sequence numbers in order, counted as failed', async (t) => {
+  for (const kind of ['error-mid-stream', 'reset-mid-stream']) {
+    const { client, url } = await setup(t, {}, { timeScale: 0.01, failureRate: 1, failureKinds: [kind] });
+    const evs = await events(client, {});
+    const types = evs.map((e) => e.type);
+    t.ok(types.includes('response.output_text.delta'), `${kind}: text was streamed before the failure (${types.join(',')})`);
+    t.same(types.slice(-2), ['error', 'response.failed'], `${kind}: error, then response.failed last`);
+    t.same(evs.map((e) => e.sequence_number), evs.map((_, i) => i), `${kind}: sequence numbers 0..n-1`);
+    const err = evs[evs.length - 2];
+    t.equal(err.code, 'server_error');
+    t.type(err.message, 'string');
+    t.ok(err.message.length > 0, `${kind}: the error says what happened: ${err.message}`);
+    t.equal(err.param, null);
+    const failed = evs[evs.length - 1].response;
+    t.equal(failed.status, 'failed');
+    t.same(failed.error, { code: 'server_error', message: err.message }, `${kind}: the same error on the failed response`);
+    // a failed turn is not stored: it cannot be continued
+    const cont = await post(url, '/v1/responses', { model: 'open-model', input: 'y', previous_response_id: failed.id });
+    t.equal(cont.json.error.code, 'previous_response_not_found');
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    t.match(metrics, /switchyard_responses_total\{result="failed"\} 1\n/, `${kind}: counted as failed`);
+  }
+});
+
+t.test('Responses metrics: created, continued, store operations and latency by store type, chain length, evictions', async (t) => {
+  const { client, url } = await setup(t, { maxResponses: 2 });
+  const r1 = await client.responses.create({ model: 'open-model', input: 'one', max_output_tokens: 2 });
+  const r2 = await client.responses.create({ model: 'open-model', input: 'two', previous_response_id: r1.id, max_output_tokens: 2 });
+  const r3 = await client.responses.create({ model: 'open-model', input: 'three', previous_response_id: r2.id, max_output_tokens: 2 }); // evicts r1
+  await client.responses.create({ model: 'open-model', input: 'four', max_output_tokens: 2 }); // evicts r2
+  await client.responses.retrieve(r3.id);
+  const missing = await post(url, '/v1/responses', { model: 'open-model', input: 'x', previous_response_id: r1.id });
+  t.equal(missing.status, 404);
+  const m = await (await fetch(`${url}/metrics`)).text();
+  t.match(m, /switchyard_responses_total\{result="created"\} 2\n/);
+  t.match(m, /switchyard_responses_total\{result="continued"\} 2\n/);
+  t.match(m, /switchyard_responses_total\{result="failed"\} 0\n/, 'a 404 for an evicted previous response is not a failed turn');
+  t.match(m, /switchyard_responses_store_operations_total\{store="memory",op="put"\} 4\n/);
+  t.match(m, /switchyard_responses_store_operations_total\{store="memory",op="get"\} 4\n/, 'two continuations, one retrieve, one miss');
+  t.match(m, /switchyard_responses_store_errors_total\{store="memory",op="get"\} 0\n/);
+  t.match(m, /switchyard_responses_store_seconds_count\{store="memory",op="put"\} 4\n/);
+  t.match(m, /switchyard_responses_chain_messages_bucket\{le="2"\} 2\n/, 'two one-turn conversations (input + answer)');
+  t.match(m, /switchyard_responses_chain_messages_bucket\{le="4"\} 3\n/);
+  t.match(m, /switchyard_responses_chain_messages_bucket\{le="8"\} 4\n/);
+  t.match(m, /switchyard_responses_evictions_total\{store="memory"\} 2\n/);
+  t.match(m, /switchyard_responses_stored\{store="memory"\} 2\n/);
+});
+
 t.test('responses.enabled: false leaves /v1/responses a 404', async (t) => {
   const { url } = await setup(t, { enabled: false });
   const r = await post(url, '/v1/responses', { model: 'open-model', input: 'x' });

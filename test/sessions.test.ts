@@ -89,6 +89,29 @@ t.test('a conversation follows its pin; conversations spread; metrics count it',
   t.equal(metric(await metrics(url), 'switchyard_sessions_pinned'), 6);
 });
 
+t.test('balanceSlack: first turns spread evenly over the endpoints by pinned sessions; later turns follow their pins', async (t) => {
+  const { url, router } = await startTestRouter(t, {
+    n: 4,
+    extra: {
+      dataLayer: { healthTimeoutMs: 10_000 },
+      scheduling: { filters: ['model', 'healthy', 'role', { type: 'session-affinity', params: { balanceSlack: 0 } }] },
+    },
+  });
+  const where = new Map<string, string>();
+  for (let s = 0; s < 8; s++) {
+    // the same long prompt every time: the prefix scorer alone would send them all to the first engine
+    const r = await chat(url, `shared agent prompt ${'y'.repeat(2000)}`, { 'x-session-id': `bal-${s}` });
+    t.equal(r.status, 200);
+    where.set(`bal-${s}`, r.endpoint);
+  }
+  const table = router.core.sessions;
+  t.same(router.core.endpoints.all.map((ep) => table.pinsOn(ep)), [2, 2, 2, 2], 'two conversations pinned to each of the four endpoints');
+  for (const [s, ep] of where) {
+    const r = await chat(url, `shared agent prompt ${'y'.repeat(2000)} next turn of ${s}`, { 'x-session-id': s });
+    t.equal(r.endpoint, ep, `${s} follows its pin`);
+  }
+});
+
 t.test('session key sources: header, prompt_cache_key, user, in the configured order', async (t) => {
   const fleet = await startFleet(2, { timeScale: 0 });
   t.teardown(() => fleet.close());

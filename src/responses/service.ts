@@ -6,10 +6,12 @@
 import type { Logger } from 'pino';
 import type { ResponsesConfig } from '../config/responses.js';
 import type { ClientPort, Director } from '../director/director.js';
+import type { Registry } from '../metrics/prom.js';
 import { MemoryStore } from './memory-store.js';
+import { messagesIn, registerResponsesMetrics, ResponsesStats, STORE_DELETE, STORE_GET, STORE_PUT } from './metrics.js';
 import { inputItem } from './render.js';
 import { ResponsesError } from './request.js';
-import { StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
+import { isPromise, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
 import { ResponsesTurn } from './turn.js';
 
 export interface ResponsesServiceOptions {
@@ -18,6 +20,8 @@ export interface ResponsesServiceOptions {
   log: Logger;
   /** The router's request counter (model, endpoint id, status). */
   countRequest(model: string, endpointId: number, status: number): void;
+  /** Where the Responses metrics are registered (none: counted, not exported). */
+  registry?: Registry;
 }
 
 /** An answer for GET / DELETE: status and JSON body. */
@@ -38,6 +42,8 @@ export class ResponsesService {
   readonly #count: ResponsesServiceOptions['countRequest'];
   /** The store (null until open() for sqlite and redis). */
   store: ResponseStore | null = null;
+  /** Turn results, store operations, chain lengths (metrics.ts). */
+  readonly stats = new ResponsesStats();
 
   constructor(o: ResponsesServiceOptions) {
     this.config = o.config;
@@ -46,6 +52,64 @@ export class ResponsesService {
     this.maxInputBytes = o.config.maxInputBytes;
     this.#count = o.countRequest;
     if (o.config.store.type === 'memory') this.store = new MemoryStore(o.config);
+    if (o.registry !== undefined) registerResponsesMetrics(o.registry, this.stats, () => this.store, o.config.store.type);
+  }
+
+  // ---- the store's operations, timed and counted (a synchronous store costs no promise) ----
+
+  storeGet(id: string): StoredResponse | null | Promise<StoredResponse | null> {
+    const t0 = performance.now();
+    let v: StoredResponse | null | Promise<StoredResponse | null>;
+    try {
+      v = this.store!.get(id);
+    } catch (err) {
+      this.stats.op(STORE_GET, t0, true);
+      throw err;
+    }
+    return this.#timed(STORE_GET, t0, v);
+  }
+
+  storePut(r: StoredResponse): void | Promise<void> {
+    this.stats.chain.observe(messagesIn(r.ids));
+    const t0 = performance.now();
+    let v: void | Promise<void>;
+    try {
+      v = this.store!.put(r);
+    } catch (err) {
+      this.stats.op(STORE_PUT, t0, true);
+      throw err;
+    }
+    return this.#timed(STORE_PUT, t0, v);
+  }
+
+  storeDelete(id: string): boolean | Promise<boolean> {
+    const t0 = performance.now();
+    let v: boolean | Promise<boolean>;
+    try {
+      v = this.store!.delete(id);
+    } catch (err) {
+      this.stats.op(STORE_DELETE, t0, true);
+      throw err;
+    }
+    return this.#timed(STORE_DELETE, t0, v);
+  }
+
+  #timed<T>(op: number, t0: number, v: T | Promise<T>): T | Promise<T> {
+    const stats = this.stats;
+    if (!isPromise(v)) {
+      stats.op(op, t0, false);
+      return v;
+    }
+    return v.then(
+      (x) => {
+        stats.op(op, t0, false);
+        return x;
+      },
+      (err: unknown) => {
+        stats.op(op, t0, true);
+        throw err;
+      },
+    );
   }
 
   get maxJsonDepth(): number {
@@ -62,7 +126,7 @@ export class ResponsesService {
     const cfg = this.config;
     if (cfg.store.type === 'sqlite') {
       const { SqliteStore } = await import('./sqlite-store.js');
-      this.store = new SqliteStore(cfg);
+      this.store = await SqliteStore.open(cfg);
     } else if (cfg.store.type === 'redis') {
       const { RedisStore } = await import('./redis-store.js');
       const s = new RedisStore(cfg, this.log);
@@ -96,7 +160,7 @@ export class ResponsesService {
   async #read(id: string): Promise<StoredResponse> {
     const s = this.store;
     if (s === null || !s.available) throw this.unavailable();
-    const r = await s.get(id);
+    const r = await this.storeGet(id);
     if (r === null) throw notFound(id);
     return r;
   }
@@ -110,7 +174,7 @@ export class ResponsesService {
   async remove(id: string): Promise<Answer> {
     const s = this.store;
     if (s === null || !s.available) throw this.unavailable();
-    if (!(await s.delete(id))) throw notFound(id);
+    if (!(await this.storeDelete(id))) throw notFound(id);
     return { status: 200, body: JSON.stringify({ id, object: 'response.deleted', deleted: true }) };
   }
 

@@ -1,89 +1,136 @@
-// A durable Responses store in one SQLite file (better-sqlite3). Its API is
-// synchronous and runs on the event loop: a lookup by primary key and an
-// insert in WAL mode with synchronous=NORMAL (no fsync per commit) cost tens
-// of microseconds for conversations of a few KB and grow with the bytes
-// written (bench/responses-state.ts measures it per chain length; see
-// docs/responses.md). Bounded like the memory store, but oldest-first rather
-// than least-recently-used (an LRU would cost a write per read). Expired rows
-// are deleted in the background.
-import Database from 'better-sqlite3';
+// A durable Responses store in one SQLite file (better-sqlite3), kept off the
+// event loop: one dedicated worker thread (sqlite-worker.ts) owns the
+// database, and this class is the event loop's side of it. Operations are
+// queued and sent as one message per event-loop turn (request ids match the
+// answers); the worker commits a batch's writes in one transaction, so a
+// turn's `put` resolves once its record is committed (group commit: the turn
+// answers only what it can continue). The queue is bounded (a full queue
+// answers 503 at once rather than growing without limit); close() sends what
+// is queued and waits for the worker to commit it and close the file
+// (durable on a graceful stop). A worker that dies fails its outstanding
+// operations with 503 and is started again after a pause; the file is the
+// state, so nothing of a committed chain is lost.
+import { Worker } from 'node:worker_threads';
 import type { ResponsesConfig } from '../config/responses.js';
-import { recordBytes, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
+import { StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
+import { OP_DEL, OP_GET, OP_PUT, type FromWorker, type SqliteOp, type SqliteWorkerData, type ToWorker } from './sqlite-protocol.js';
 
-interface Row {
-  id: string;
-  root: string;
-  parent: string;
-  created_at: number;
-  expires_at: number;
-  conv: string;
-  ids: string;
-  response: string;
-}
+/** Operations sent to the worker and not answered yet, beyond which a new one fails at once (503). */
+export const SQLITE_MAX_QUEUE = 8192;
+/** A write waits this long for a lock another connection holds on the file, then fails (503). */
+export const SQLITE_BUSY_TIMEOUT_MS = 1000;
+const RESTART_MS = 1000;
 
-function unavailable(err: unknown): StoreUnavailableError {
-  return new StoreUnavailableError(`the SQLite response store failed: ${(err as Error).message}`);
+interface Waiter {
+  resolve(v: StoredResponse | boolean | null): void;
+  reject(e: StoreUnavailableError): void;
 }
 
 export class SqliteStore implements ResponseStore {
   readonly type = 'sqlite' as const;
-  available = true;
-  readonly #db: Database.Database;
-  readonly #ttlMs: number;
-  readonly #maxResponses: number;
-  readonly #maxBytes: number;
+  readonly #data: SqliteWorkerData;
+  #worker: Worker | null = null;
+  #ready = false;
+  #closing = false;
+  #rid = 0;
+  readonly #waiting = new Map<number, Waiter>();
+  #batch: SqliteOp[] = [];
+  #scheduled = false;
   #count = 0;
   #bytes = 0;
-  evictions = 0;
-  readonly #get: Database.Statement<[string], Row>;
-  readonly #put: Database.Statement<unknown[]>;
-  readonly #bytesOf: Database.Statement<[string], { bytes: number }>;
-  readonly #del: Database.Statement<[string]>;
-  readonly #oldest: Database.Statement<[number], { seq: number; bytes: number }>;
-  readonly #delSeq: Database.Statement<[number]>;
-  readonly #sweepStmt: Database.Statement<[number]>;
-  #sweep: NodeJS.Timeout;
+  #evictionsBase = 0;
+  #evictionsWorker = 0;
+  #restart: NodeJS.Timeout | null = null;
+  /** The last failure, for the 503 message while the worker is away. */
+  #lastError = '';
 
-  /** Throws when the file cannot be opened or created (the router does not start). */
-  constructor(cfg: Pick<ResponsesConfig, 'ttlSeconds' | 'maxResponses' | 'maxBytes' | 'store'>) {
+  private constructor(data: SqliteWorkerData) {
+    this.#data = data;
+  }
+
+  /** Opens the file in its worker; rejects (the router does not start) when it cannot be opened or created. */
+  static async open(cfg: Pick<ResponsesConfig, 'ttlSeconds' | 'maxResponses' | 'maxBytes' | 'store'>, busyTimeoutMs = SQLITE_BUSY_TIMEOUT_MS): Promise<SqliteStore> {
     const path = cfg.store.path!;
-    this.#ttlMs = cfg.ttlSeconds * 1000;
-    this.#maxResponses = cfg.maxResponses;
-    this.#maxBytes = cfg.maxBytes;
+    const s = new SqliteStore({ path, ttlMs: cfg.ttlSeconds * 1000, maxResponses: cfg.maxResponses, maxBytes: cfg.maxBytes, busyTimeoutMs });
     try {
-      const db = (this.#db = new Database(path));
-      db.pragma('journal_mode = WAL');
-      db.pragma('synchronous = NORMAL');
-      db.exec(`CREATE TABLE IF NOT EXISTS responses (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        id TEXT NOT NULL UNIQUE,
-        root TEXT NOT NULL,
-        parent TEXT NOT NULL,
-        created_at INTEGER NOT NULL,
-        expires_at INTEGER NOT NULL,
-        bytes INTEGER NOT NULL,
-        conv TEXT NOT NULL,
-        ids TEXT NOT NULL,
-        response TEXT NOT NULL)`);
-      db.exec('CREATE INDEX IF NOT EXISTS responses_expiry ON responses (expires_at)');
-      this.#get = db.prepare('SELECT id, root, parent, created_at, expires_at, conv, ids, response FROM responses WHERE id = ?');
-      this.#put = db.prepare(
-        'INSERT INTO responses (id, root, parent, created_at, expires_at, bytes, conv, ids, response) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)',
-      );
-      this.#bytesOf = db.prepare('SELECT bytes FROM responses WHERE id = ?');
-      this.#del = db.prepare('DELETE FROM responses WHERE id = ?');
-      this.#oldest = db.prepare('SELECT seq, bytes FROM responses ORDER BY seq LIMIT ?');
-      this.#delSeq = db.prepare('DELETE FROM responses WHERE seq = ?');
-      this.#sweepStmt = db.prepare('DELETE FROM responses WHERE expires_at <= ?');
-      this.#sweepStmt.run(Date.now());
-      const t = db.prepare('SELECT count(*) AS n, coalesce(sum(bytes), 0) AS b FROM responses').get() as { n: number; b: number };
-      this.#count = t.n;
-      this.#bytes = t.b;
+      await s.#start();
     } catch (err) {
       throw new Error(`responses.store.path: cannot open the SQLite file ${JSON.stringify(path)}: ${(err as Error).message}`);
     }
-    this.#sweep = setInterval(() => this.sweep(Date.now()), Math.min(60_000, Math.max(1000, this.#ttlMs / 4)));
-    this.#sweep.unref();
+    return s;
+  }
+
+  #start(): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      const w = new Worker(new URL('./sqlite-worker.js', import.meta.url), { workerData: this.#data });
+      this.#worker = w;
+      let started = false;
+      w.on('message', (m: FromWorker) => {
+        switch (m.t) {
+          case 'results':
+            this.#count = m.count;
+            this.#bytes = m.bytes;
+            this.#evictionsWorker = m.evictions;
+            for (const [rid, err, value] of m.results) {
+              const wt = this.#waiting.get(rid);
+              if (wt === undefined) continue;
+              this.#waiting.delete(rid);
+              if (err === '') wt.resolve(value);
+              else wt.reject(new StoreUnavailableError(`the SQLite response store failed: ${err}`));
+            }
+            return;
+          case 'ready':
+            started = true;
+            this.#ready = true;
+            this.#count = m.count;
+            this.#bytes = m.bytes;
+            this.#evictionsBase += this.#evictionsWorker; // a restarted worker counts from 0
+            this.#evictionsWorker = 0;
+            resolve();
+            return;
+          case 'open-error':
+            this.#lastError = m.message;
+            if (!started) reject(new Error(m.message));
+            return;
+          case 'closed':
+            return;
+        }
+      });
+      w.on('error', (err: Error) => {
+        this.#lastError = err.message;
+        if (!started) reject(err);
+      });
+      w.on('exit', () => {
+        if (this.#worker !== w) return;
+        this.#worker = null;
+        this.#ready = false;
+        this.#failAll(`the SQLite store's worker stopped${this.#lastError === '' ? '' : `: ${this.#lastError}`}`);
+        if (!started) reject(new Error(this.#lastError || 'the worker exited'));
+        else if (!this.#closing) this.#scheduleRestart();
+      });
+    });
+  }
+
+  #scheduleRestart(): void {
+    if (this.#restart !== null || this.#closing) return;
+    this.#restart = setTimeout(() => {
+      this.#restart = null;
+      if (this.#closing) return;
+      this.#start().catch(() => this.#scheduleRestart());
+    }, RESTART_MS);
+    this.#restart.unref();
+  }
+
+  #failAll(message: string): void {
+    const err = new StoreUnavailableError(message);
+    for (const w of this.#waiting.values()) w.reject(err);
+    this.#waiting.clear();
+    this.#batch = [];
+  }
+
+  /** False while the worker is away (restarting after a failure) or closing: new turns answer 503 at once. */
+  get available(): boolean {
+    return this.#ready && !this.#closing;
   }
 
   size(): number {
@@ -94,88 +141,73 @@ export class SqliteStore implements ResponseStore {
     return this.#bytes;
   }
 
-  get(id: string): StoredResponse | null {
-    let row: Row | undefined;
-    try {
-      row = this.#get.get(id);
-    } catch (err) {
-      throw unavailable(err);
-    }
-    if (row === undefined || row.expires_at <= Date.now()) return null;
-    return { id: row.id, root: row.root, parent: row.parent, createdAt: row.created_at, conv: row.conv, ids: row.ids, response: row.response };
+  /** Responses dropped to stay within the bounds (not counting expiry), since the store opened. */
+  get evictions(): number {
+    return this.#evictionsBase + this.#evictionsWorker;
   }
 
-  put(r: StoredResponse): void {
-    const bytes = recordBytes(r);
-    if (bytes > this.#maxBytes) return;
-    try {
-      const args = [r.id, r.root, r.parent, r.createdAt, Date.now() + this.#ttlMs, bytes, r.conv, r.ids, r.response];
-      try {
-        this.#put.run(...args); // ids are unique: one statement per turn
-      } catch (err) {
-        if ((err as { code?: string }).code !== 'SQLITE_CONSTRAINT_UNIQUE') throw err;
-        this.#removeId(r.id);
-        this.#put.run(...args);
+  /** Operations waiting for the worker (queued or sent, not answered). */
+  get queued(): number {
+    return this.#waiting.size;
+  }
+
+  #op<T extends StoredResponse | boolean | null>(make: (rid: number) => SqliteOp): Promise<T> {
+    if (!this.available) {
+      return Promise.reject(new StoreUnavailableError(`the SQLite response store is unavailable${this.#lastError === '' ? '' : `: ${this.#lastError}`}`));
+    }
+    if (this.#waiting.size >= SQLITE_MAX_QUEUE) {
+      return Promise.reject(new StoreUnavailableError(`the SQLite response store is overloaded (${SQLITE_MAX_QUEUE} operations waiting for the disk)`));
+    }
+    const rid = ++this.#rid;
+    return new Promise<T>((resolve, reject) => {
+      this.#waiting.set(rid, { resolve: resolve as Waiter['resolve'], reject });
+      this.#batch.push(make(rid));
+      if (!this.#scheduled) {
+        this.#scheduled = true;
+        setImmediate(this.#flush);
       }
-      this.#count++;
-      this.#bytes += bytes;
-      if (this.#count > this.#maxResponses || this.#bytes > this.#maxBytes) this.#evict();
-    } catch (err) {
-      throw unavailable(err);
-    }
+    });
   }
 
-  #removeId(id: string): boolean {
-    const had = this.#bytesOf.get(id);
-    if (had === undefined) return false;
-    this.#del.run(id);
-    this.#count--;
-    this.#bytes -= had.bytes;
-    return true;
+  /** Sends the operations of this event-loop turn as one message. */
+  readonly #flush = (): void => {
+    this.#scheduled = false;
+    const ops = this.#batch;
+    if (ops.length === 0) return;
+    this.#batch = [];
+    this.#worker?.postMessage({ t: 'batch', ops } satisfies ToWorker);
+  };
+
+  get(id: string): Promise<StoredResponse | null> {
+    return this.#op((rid) => [rid, OP_GET, id]);
   }
 
-  #evict(): void {
-    while (this.#count > this.#maxResponses || this.#bytes > this.#maxBytes) {
-      const rows = this.#oldest.all(64);
-      if (rows.length === 0) return;
-      for (const row of rows) {
-        if (this.#count <= this.#maxResponses && this.#bytes <= this.#maxBytes) return;
-        this.#delSeq.run(row.seq);
-        this.#count--;
-        this.#bytes -= row.bytes;
-        this.evictions++;
-      }
-    }
+  put(r: StoredResponse): Promise<void> {
+    return this.#op<null>((rid) => [rid, OP_PUT, r]).then(() => undefined);
   }
 
-  delete(id: string): boolean {
-    try {
-      const row = this.#get.get(id);
-      this.#removeId(id);
-      return row !== undefined && row.expires_at > Date.now();
-    } catch (err) {
-      throw unavailable(err);
-    }
+  delete(id: string): Promise<boolean> {
+    return this.#op((rid) => [rid, OP_DEL, id]);
   }
 
-  sweep(now: number): void {
-    try {
-      if (this.#sweepStmt.run(now).changes > 0) {
-        const t = this.#db.prepare('SELECT count(*) AS n, coalesce(sum(bytes), 0) AS b FROM responses').get() as { n: number; b: number };
-        this.#count = t.n;
-        this.#bytes = t.b;
-      }
-    } catch {
-      // the next turn reports it
-    }
-  }
-
+  /** Commits what is queued, closes the file, stops the worker. */
   async close(): Promise<void> {
-    clearInterval(this.#sweep);
-    try {
-      this.#db.close();
-    } catch {
-      /* already closed */
+    if (this.#restart !== null) clearTimeout(this.#restart);
+    const w = this.#worker;
+    if (this.#closing || w === null) {
+      this.#closing = true;
+      return;
     }
+    this.#flush();
+    this.#closing = true;
+    await new Promise<void>((resolve) => {
+      w.once('exit', () => resolve());
+      w.postMessage({ t: 'close' } satisfies ToWorker);
+    });
+  }
+
+  /** Stops the worker as a crash would (tests): its operations fail with 503, it starts again after a pause. */
+  async crashForTest(): Promise<void> {
+    await this.#worker?.terminate();
   }
 }

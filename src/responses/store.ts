@@ -23,6 +23,10 @@ export interface StoredResponse {
   readonly response: string;
 }
 
+export function isPromise<T>(v: T | Promise<T>): v is Promise<T> {
+  return typeof (v as Promise<T>)?.then === 'function';
+}
+
 /** The store cannot be reached or failed: the API answers 503 (chat completions are not affected). */
 export class StoreUnavailableError extends Error {}
 
@@ -58,7 +62,7 @@ export async function openStore(cfg: ResponsesConfig): Promise<ResponseStore> {
     }
     case 'sqlite': {
       const { SqliteStore } = await import('./sqlite-store.js');
-      return new SqliteStore(cfg);
+      return SqliteStore.open(cfg);
     }
     case 'redis': {
       const { RedisStore } = await import('./redis-store.js');

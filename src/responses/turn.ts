@@ -13,7 +13,7 @@ import { newItemId, newResponseId } from './ids.js';
 import { assistantMessage, deltaEvent, messageItem, outputText, responseObject, sseEvent, usageOf, type ResponseHead, type ResponseStatus, type Usage } from './render.js';
 import { parseTurnRequest, ResponsesError, type TurnRequest } from './request.js';
 import type { ResponsesService } from './service.js';
-import { StoreUnavailableError, type StoredResponse } from './store.js';
+import { isPromise, StoreUnavailableError, type StoredResponse } from './store.js';
 
 const MODE_NONE = 0;
 /** Buffering the engine's JSON answer (200). */
@@ -24,10 +24,6 @@ const MODE_SSE = 2;
 const MODE_ERROR = 3;
 
 const SSE_TYPE = 'text/event-stream';
-
-function isPromise<T>(v: T | Promise<T>): v is Promise<T> {
-  return typeof (v as Promise<T>)?.then === 'function';
-}
 
 export class ResponsesTurn implements ClientPort, ResponseHead {
   // what the transport reads of its flight
@@ -99,7 +95,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     }
     let got: StoredResponse | null | Promise<StoredResponse | null>;
     try {
-      got = store!.get(req.previousResponseId);
+      got = svc.storeGet(req.previousResponseId);
     } catch (err) {
       this.#fail(err);
       return;
@@ -266,17 +262,24 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     } catch (err) {
       this.#svc.log.error({ err, id: this.#requestId }, 'internal error translating a Responses answer');
       if (this.#mode === MODE_SSE) this.#streamFailed('server_error', `internal error: ${(err as Error).message}`);
-      else this.#client.error(500, `internal error: ${(err as Error).message}`, null, this.endpoint, null);
+      else {
+        this.#svc.stats.failed++;
+        this.#client.error(500, `internal error: ${(err as Error).message}`, null, this.endpoint, null);
+      }
     }
   }
 
   fail(_sseEvent: string | null): void {
     const msg = `upstream endpoint ${this.endpoint?.name ?? ''} failed mid-response`;
     if (this.#mode === MODE_SSE) this.#streamFailed('server_error', msg);
-    else this.#client.error(502, msg, null, this.endpoint, null);
+    else {
+      this.#svc.stats.failed++;
+      this.#client.error(502, msg, null, this.endpoint, null);
+    }
   }
 
   error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null, code?: string): void {
+    if (status !== 499) this.#svc.stats.failed++;
     this.#client.error(status, message, param, endpoint, rejection, code);
   }
 
@@ -287,7 +290,14 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
 
   // ---- translation ------------------------------------------------------------------
 
+  /** A Response goes out: counted as a new conversation or a continuation. */
+  #answered(): void {
+    if (this.#parent === null) this.#svc.stats.created++;
+    else this.#svc.stats.continued++;
+  }
+
   #relayError(): void {
+    this.#svc.stats.failed++;
     const chunks = this.#chunks ?? [];
     const body = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks);
     this.#client.head(this.#status, this.#contentType || 'application/json', this.endpoint!, body.length);
@@ -301,12 +311,14 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     try {
       o = JSON.parse(raw);
     } catch {
+      this.#svc.stats.failed++;
       this.#client.error(502, `endpoint ${this.endpoint?.name} answered with a body that is not JSON`, null, this.endpoint, null);
       return;
     }
     const choice = o.choices?.[0];
     if (choice === undefined) {
       const m = typeof o.error?.message === 'string' ? o.error.message : 'no choices in the chat completion';
+      this.#svc.stats.failed++;
       this.#client.error(502, `endpoint ${this.endpoint?.name} answered without a completion: ${m}`, null, this.endpoint, null);
       return;
     }
@@ -314,6 +326,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     const status: ResponseStatus = choice.finish_reason === 'length' ? 'incomplete' : 'completed';
     const body = JSON.stringify(responseObject(this, status, text, usageOf(o.usage), null));
     this.#store(text, body, () => {
+      this.#answered();
       this.#client.head(200, 'application/json', this.endpoint!, Buffer.byteLength(body));
       this.#client.end(body);
     });
@@ -372,16 +385,26 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     const final = responseObject(this, status, text, this.#usage, null);
     const body = JSON.stringify(final);
     this.#store(text, body, () => {
+      this.#answered();
       this.#streamEnded = true;
       this.#client.end(sseEvent(status === 'incomplete' ? 'response.incomplete' : 'response.completed', this.#seq++, { response: final }));
     });
   }
 
+  /**
+   * The stream fails after its 200 went out (the engine's error event, its
+   * connection lost mid-stream, the turn not stored): an `error` event
+   * (`{type, code, message, param, sequence_number}`, as OpenAI sends it) and
+   * then `response.failed` with the error on the response, the stream's last
+   * event. The openai SDKs yield both to the caller's iterator.
+   */
   #streamFailed(code: string, message: string): void {
     if (this.#streamEnded) return;
     this.#streamEnded = true;
     const r = responseObject(this, 'failed', null, this.#usage, { code, message });
-    this.#client.end(sseEvent('response.failed', this.#seq++, { response: r }));
+    const err = sseEvent('error', this.#seq++, { code, message, param: null });
+    this.#client.end(err + sseEvent('response.failed', this.#seq++, { response: r }));
+    this.#svc.stats.failed++;
   }
 
   /** Stores the turn (when `store`), then sends; a store failure answers 503 (or response.failed) instead. */
@@ -405,11 +428,14 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     const failed = (err: unknown) => {
       const msg = `the response was generated but could not be stored (store: true), so it cannot be continued: ${(err as Error).message}`;
       if (this.#mode === MODE_SSE) this.#streamFailed('store_unavailable', msg);
-      else this.#client.error(503, msg, null, this.endpoint, null, 'store_unavailable');
+      else {
+        this.#svc.stats.failed++;
+        this.#client.error(503, msg, null, this.endpoint, null, 'store_unavailable');
+      }
     };
     let r: void | Promise<void>;
     try {
-      r = this.#svc.store!.put(rec);
+      r = this.#svc.storePut(rec);
     } catch (err) {
       failed(err);
       return;

@@ -290,7 +290,7 @@ export class RouterCore {
     });
     if (opts.tracer) this.metrics.registerTracing(opts.tracer.stats);
     this.responses = cfg.responses.enabled
-      ? new ResponsesService({ config: cfg.responses, director: this.director, log: this.log, countRequest: (m, e, s) => this.metrics.countRequest(m, e, s) })
+      ? new ResponsesService({ config: cfg.responses, director: this.director, log: this.log, countRequest: (m, e, s) => this.metrics.countRequest(m, e, s), registry: this.metrics.registry })
       : null;
     const created = Math.floor(Date.now() / 1000);
     const modelsBody = () =>

@@ -128,16 +128,29 @@ export class SessionTable {
   #remove(e: SessionEntry): void {
     if (this.#map.get(e.key) === e) this.#map.delete(e.key);
     if (e.ep !== null) {
+      this.#pinsOn[e.ep.id]!--;
       e.ep = null;
       this.pinned--;
     }
   }
 
-  /** Sets (or drops, with null) `e`'s pin, keeping the pinned count. */
+  /** Sessions pinned to each endpoint, by endpoint id. */
+  readonly #pinsOn: number[] = [];
+
+  /** Sessions pinned to `ep` now. */
+  pinsOn(ep: Endpoint): number {
+    return this.#pinsOn[ep.id] ?? 0;
+  }
+
+  /** Sets (or drops, with null) `e`'s pin, keeping the pinned counts. */
   setPin(e: SessionEntry, ep: Endpoint | null): void {
     if (e.ep === ep) return;
     if (e.ep === null) this.pinned++;
-    else if (ep === null) this.pinned--;
+    else {
+      this.#pinsOn[e.ep.id]!--;
+      if (ep === null) this.pinned--;
+    }
+    if (ep !== null) this.#pinsOn[ep.id] = (this.#pinsOn[ep.id] ?? 0) + 1;
     e.ep = ep;
   }
 

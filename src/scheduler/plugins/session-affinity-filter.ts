@@ -17,11 +17,16 @@
 // - pinned endpoint not among the candidates (unhealthy, breaker open, tried
 //   and failed on this request, or gone): the pin is dropped and the pick
 //   pins anew.
+// - `balanceSlack` (off unless set): a turn without a pin (a conversation's
+//   first turn, or its pin dropped) may only go to the candidates with at
+//   most `balanceSlack` more pinned sessions than the least pinned one, so
+//   conversations spread evenly over the endpoints instead of following the
+//   instantaneous queue and KV readings (bench/RESULTS.md, issue 13).
 // The session table (src/sessions/table.ts) keeps pins, their expiry and
 // bound, and counts followed turns and moves.
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { SessionTable, MOVE_FAILED, MOVE_LEFT, MOVE_SATURATED } from '../../sessions/table.js';
-import { pluginParams, type PluginFactory } from '../registry.js';
+import { intParam, pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Filter } from '../types.js';
 
 /**
@@ -47,8 +52,31 @@ export class SessionAffinityFilter implements Filter {
   /** This cycle's verdict for onPicked: 0 (followed or first pin) or a MOVE_* reason. */
   #move = 0;
 
-  constructor(table: SessionTable) {
+  /** -1: off; else how many more pinned sessions than the least pinned candidate an unpinned turn's endpoint may have. */
+  readonly #slack: number;
+  readonly #balanced: Endpoint[] = [];
+
+  constructor(table: SessionTable, balanceSlack = -1) {
     this.table = table;
+    this.#slack = balanceSlack;
+  }
+
+  /** An unpinned turn: the least pinned candidates (within the slack) when balancing is on. */
+  #balance(eps: readonly Endpoint[]): readonly Endpoint[] {
+    if (this.#slack < 0 || eps.length < 2) return eps;
+    const t = this.table;
+    let min = Infinity;
+    let max = -1;
+    for (let i = 0; i < eps.length; i++) {
+      const n = t.pinsOn(eps[i]);
+      if (n < min) min = n;
+      if (n > max) max = n;
+    }
+    if (max - min <= this.#slack) return eps;
+    const out = this.#balanced;
+    out.length = 0;
+    for (let i = 0; i < eps.length; i++) if (t.pinsOn(eps[i]) <= min + this.#slack) out.push(eps[i]);
+    return out;
   }
 
   filter(ctx: CycleContext, eps: readonly Endpoint[]): readonly Endpoint[] {
@@ -57,11 +85,11 @@ export class SessionAffinityFilter implements Filter {
     if (key === undefined || key === '') return eps;
     const e = this.table.peek(key, Date.now());
     const pinned = e === undefined ? null : e.ep;
-    if (pinned === null) return eps;
+    if (pinned === null) return this.#balance(eps);
     if (!eps.includes(pinned)) {
       const all = this.table.endpoints.forModel(ctx.request.model);
       this.#move = all !== undefined && all.includes(pinned) ? MOVE_FAILED : MOVE_LEFT;
-      return eps;
+      return this.#balance(eps);
     }
     const now = ctx.now;
     const cfg = this.table.config;
@@ -100,6 +128,6 @@ export class SessionAffinityFilter implements Filter {
 export const sessionAffinityFilter: PluginFactory<'filter'> = {
   kind: 'filter',
   type: 'session-affinity',
-  params: pluginParams({}),
-  create: (_p, env) => new SessionAffinityFilter(env.sessions ?? new SessionTable(env.endpoints)),
+  params: pluginParams({ balanceSlack: intParam(0, 1_000_000).optional() }),
+  create: (p, env) => new SessionAffinityFilter(env.sessions ?? new SessionTable(env.endpoints), (p as { balanceSlack?: number }).balanceSlack ?? -1),
 };
