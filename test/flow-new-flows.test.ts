@@ -79,6 +79,24 @@ t.test("a light flow's burst goes ahead of a flood it arrives behind; with newFl
   }
 });
 
+t.test('service a flow got while no one else waited is in order: it returns as a new flow once the flood has been served', async (t) => {
+  const { ctl, order, submit, next } = harness(t, { fairness: { newFlowQuantum: 4 } });
+  submit({ flowId: 'tenant:b' }, 5); // alone: one at once, four queued and served (its whole quantum) with no one else waiting
+  await flush();
+  await next(5);
+  t.same(order, Array(5).fill('tenant:b'));
+  t.equal(ctl.flowState('tenant:b', 1)!.credit, 0, 'quantum used up');
+  submit({ flowId: 'tenant:a' }, 30);
+  await flush();
+  await next(3); // the flood is served three times
+  submit({ flowId: 'tenant:b' }, 3);
+  await flush();
+  t.ok(ctl.flowState('tenant:b', 1)!.credit > 0, 'b is a new flow again');
+  const before = order.length;
+  await next(4);
+  t.same(order.slice(before), [...Array(3).fill('tenant:b'), 'tenant:a'], "b's three first, then the flood");
+});
+
 t.test('a flood is not a new flow: a queue longer than the quantum loses the credit', async (t) => {
   const { ctl, order, submit, next } = harness(t, { fairness: { newFlowQuantum: 4 } });
   submit({ flowId: 'tenant:b' }, 1); // b is running: the slot is busy

@@ -869,9 +869,18 @@ export class FlowController {
       }
       const w = this.#popLive(best, warm);
       if (w === undefined) continue; // the slot was inconsistent and got repaired
-      // a new flow's dispatch is out of virtual-time order: it does not move the band's virtual time
-      if (best.credit > 0) best.credit -= w.cost;
-      else band.vtime = best.pass;
+      if (best.credit > 0) {
+        // a new flow's dispatch may be out of virtual-time order: it moves the
+        // band's virtual time only up to the backlogged flows' (with none, it
+        // is in order and moves it as any dispatch does)
+        best.credit -= w.cost;
+        let v = best.pass;
+        for (let i = 0; i < band.active.length; i++) {
+          const s = band.active[i]!;
+          if (s.credit <= 0 && s.pass < v) v = s.pass;
+        }
+        if (v > band.vtime) band.vtime = v;
+      } else band.vtime = best.pass;
       best.pass += w.cost / best.weight;
       band.meanCost = band.meanCost > 0 ? band.meanCost + (w.cost - band.meanCost) * MEAN_COST_RATE : w.cost;
       return w;
