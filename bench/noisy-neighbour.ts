@@ -171,13 +171,18 @@ export async function measureNoisy(argv: string[]): Promise<{ shape: Shape; rows
           for (let i = 0; !stop; i++) await call(t.pool, 'p', k * 100000 + i, s.maxTokens);
         });
         await sleep(s.premium > 0 ? 300 : 0);
-        const [b0, c0] = await Promise.all([burst(t, 'b', s.others, s, tag + 'x'), burst(t, 'c', s.others, s, tag + 'x')]);
+        // b's burst goes out first in even rounds, c's in odd ones: the first to reach the router takes the free slots
+        const pair = (suffix: string) =>
+          round % 2 === 0
+            ? Promise.all([burst(t, 'b', s.others, s, tag + suffix), burst(t, 'c', s.others, s, tag + suffix)])
+            : Promise.all([burst(t, 'c', s.others, s, tag + suffix), burst(t, 'b', s.others, s, tag + suffix)]).then(([c, b]) => [b, c] as const);
+        const [b0, c0] = await pair('x');
         t.alone.b.push(...b0);
         t.alone.c.push(...c0);
         await sleep(400);
         const a = burst(t, 'a', s.burst, s, tag + 'yy');
         await sleep(s.gapMs);
-        const [b1, c1] = await Promise.all([burst(t, 'b', s.others, s, tag + 'yyy'), burst(t, 'c', s.others, s, tag + 'yyy')]);
+        const [b1, c1] = await pair('yyy');
         t.loud.a.push(...(await a));
         t.loud.b.push(...b1);
         t.loud.c.push(...c1);
@@ -220,7 +225,7 @@ export function noisyMarkdown(s: Shape, rows: NoisyRow[]): string {
     (s.premium > 0 ? `A premium tenant (declared premium) runs ${s.premium} closed-loop clients through both phases. ` : '') +
     (s.limit > 0 ? `The standard band's queue holds at most ${s.limit} requests. ` : '') +
     `All tenants in band standard (\`x-tenant-id\`), completions of ${s.maxTokens} tokens. Per round and router: b and c send ` +
-    `${s.others} each at once (alone); then a sends ${s.burst} at once and ${s.gapMs} ms later b and c send ${s.others} each (loud). ` +
+    `${s.others} each at once (alone; b first in even rounds, c in odd ones); then a sends ${s.burst} at once and ${s.gapMs} ms later b and c send ${s.others} each (loud). ` +
     `${s.rounds} round(s), routers alternating; samples pooled. Latencies in ms (served requests).\n\n`;
   const share = (r: NoisyRow) => (Number.isNaN(r.aShare) ? '— (no sheds)' : `${fmt(100 * r.aShare)} %`);
   md += '| router | a shed | b shed | c shed | a part of sheds | b p95 alone → loud | c p95 alone → loud | b, c p95 ratio |\n';

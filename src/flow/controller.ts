@@ -723,9 +723,10 @@ export class FlowController {
     if (!slot.active) {
       slot.active = true;
       // a flow not ahead of the band (it has not used more than its share) is
-      // a new flow: one quantum of cost ahead of the backlogged flows, unless
-      // it still holds some of its last one
-      if (slot.pass <= band.vtime && slot.credit <= 0 && this.#newFlowQuantum > 0) {
+      // a new flow: one quantum of cost ahead of the backlogged flows; a flow
+      // ahead of it keeps what is left of its last quantum (its burst reached
+      // the queue in pieces, emptying it in between)
+      if (slot.pass <= band.vtime && this.#newFlowQuantum > 0) {
         slot.credit = this.#newFlowQuantum * (band.meanCost > 0 ? band.meanCost : w.cost);
       }
       // and no credit in virtual time for the time it was away
