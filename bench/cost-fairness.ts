@@ -10,7 +10,8 @@
 // computed. Served tokens per tenant are summed from the answers' `usage`
 // over the measured window (after a warm-up), the routers alternating.
 //
-//   node dist/bench/cost-fairness.js [--rounds 2] [--seconds 8] [--warmup 4] [--clients 8] [--long 8192] [--short 256] [--json out.json]
+//   node dist/bench/cost-fairness.js [--rounds 2] [--seconds 8] [--warmup 4] [--clients 8] [--long 8192] [--short 256]
+//                                    [--quantum N (fairness.newFlowQuantum on both routers; default: the default, 16)] [--json out.json]
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -51,12 +52,15 @@ function prompt(tokens: number, tag: string): string {
   return head + 'lorem ipsum dolor sit amet '.repeat(Math.ceil((tokens * 4 - head.length) / 27)).slice(0, Math.max(0, tokens * 4 - head.length));
 }
 
+/** fairness.newFlowQuantum for both routers (--quantum), undefined: the default. */
+let quantum: number | undefined;
+
 function routerYaml(port: number, base: number, mode: Mode): string {
   return `${simRouterYaml(port, base, 1)}flowControl:
   enabled: true
   admission: { mode: "off" }
   saturation: { maxConcurrency: 4 }
-  fairness: ${mode}
+  fairness: ${quantum === undefined ? mode : `{ mode: ${mode}, newFlowQuantum: ${quantum} }`}
 `;
 }
 
@@ -124,6 +128,9 @@ export async function measureCost(argv: string[]): Promise<{ shape: Shape; rows:
     return n;
   };
   const s: Shape = { rounds: num('--rounds', 2), seconds: num('--seconds', 8), clients: num('--clients', 8), long: num('--long', 8192), short: num('--short', 256), maxTokens: 16, warmup: num('--warmup', 4) };
+  const q = option(argv, '--quantum');
+  quantum = q === undefined ? undefined : Number(q);
+  if (quantum !== undefined && !(quantum >= 0)) throw new Error(`cost-fairness: --quantum must be a number >= 0, got ${q}`);
   const dir = mkdtempSync(join(tmpdir(), 'swy-cost-'));
   const targets: Target[] = [];
   try {
@@ -169,6 +176,7 @@ export function costMarkdown(s: Shape, rows: CostRow[]): string {
     `\`fairness: requests\` on the other; each in its own process. Two tenants in band standard, ${s.clients} closed-loop clients each ` +
     `(always backlogged): \`long\` sends ${s.long}-token prompts, \`short\` ${s.short}-token prompts, every prompt unique (no prefix cache hit), ` +
     `max_tokens ${s.maxTokens}. Served prompt + output tokens from the answers' usage over ${s.rounds} × ${s.seconds} s windows (each after ${s.warmup} s of the same load, not counted), the routers alternating.\n\n`;
+  if (quantum !== undefined) md += `Both routers with \`fairness.newFlowQuantum: ${quantum}\`.\n\n`;
   md += '| fairness | long: requests / tokens | short: requests / tokens | tokens long : short | requests long : short |\n|---|---|---|---|---|\n';
   for (const r of rows) {
     md += `| ${r.mode} | ${r.long.requests} / ${r.long.tokens} | ${r.short.requests} / ${r.short.tokens} | **${fmt(r.tokenRatio, 2)} : 1** | ${fmt(r.requestRatio, 3)} : 1 |\n`;

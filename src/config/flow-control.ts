@@ -21,6 +21,12 @@ export interface FairnessConfig {
   bands: Record<string, FairnessMode>;
   /** Output estimate of a request with no max_tokens from a flow whose output is not learnt yet. */
   defaultOutputTokens: number;
+  /**
+   * Sparse flows first: a flow that becomes active not ahead of its band's
+   * virtual time is dispatched ahead of the band's backlogged flows for this
+   * many requests' worth (× the band's mean request cost) of work; 0 = off.
+   */
+  newFlowQuantum: number;
 }
 
 export interface TurnPriorityConfig {
@@ -98,6 +104,7 @@ export const FLOW_DEFAULTS = {
   maxFlows: 256,
   queueCapacity: 1024,
   defaultOutputTokens: 256,
+  newFlowQuantum: 16,
   maxColdWaitMs: 2000,
 } as const;
 
@@ -109,7 +116,7 @@ export function defaultFlowControl(enabled = false): FlowControlConfig {
     defaultBand: 'standard',
     flows: [],
     admission: { mode: 'probabilistic', maxUtilisation: FLOW_DEFAULTS.maxUtilisation, shedding: 'fair' },
-    fairness: { mode: 'tokens', bands: {}, defaultOutputTokens: FLOW_DEFAULTS.defaultOutputTokens },
+    fairness: { mode: 'tokens', bands: {}, defaultOutputTokens: FLOW_DEFAULTS.defaultOutputTokens, newFlowQuantum: FLOW_DEFAULTS.newFlowQuantum },
     turnPriority: { enabled: true, maxColdWaitMs: FLOW_DEFAULTS.maxColdWaitMs },
     limits: { maxRequests: Infinity, maxBytes: Infinity, bands: {} },
     ttlMs: FLOW_DEFAULTS.ttlMs,
@@ -226,11 +233,16 @@ const TOP_KEYS = [
 const fairnessMode = () =>
   z.enum(['tokens', 'requests'], { error: (i) => `must be one of tokens, requests, got ${describe(i.input)}` });
 
-/** `fairness: tokens` (every band) or `{ mode, bands: { <band>: requests }, defaultOutputTokens }`. */
+/** `fairness: tokens` (every band) or `{ mode, bands: { <band>: requests }, defaultOutputTokens, newFlowQuantum }`. */
 const fairnessInput = z
   .union(
     [
-      fairnessMode().transform((mode) => ({ mode, bands: {} as Record<string, FairnessMode>, defaultOutputTokens: FLOW_DEFAULTS.defaultOutputTokens })),
+      fairnessMode().transform((mode) => ({
+        mode,
+        bands: {} as Record<string, FairnessMode>,
+        defaultOutputTokens: FLOW_DEFAULTS.defaultOutputTokens,
+        newFlowQuantum: FLOW_DEFAULTS.newFlowQuantum as number,
+      })),
       z.strictObject(
         {
           mode: fairnessMode().default('tokens'),
@@ -239,16 +251,19 @@ const fairnessInput = z
             .optional()
             .transform((v) => v ?? {}),
           defaultOutputTokens: num(1, 1e7, { integer: true }).default(FLOW_DEFAULTS.defaultOutputTokens),
+          newFlowQuantum: num(0, 1e6)
+            .default(FLOW_DEFAULTS.newFlowQuantum)
+            .describe("requests' worth of work a flow returning from idle is served ahead of backlogged flows; 0 = off"),
         },
         {
           error: (i) =>
             i.code === 'unrecognized_keys'
-              ? unknownField('mode, bands, defaultOutputTokens')
-              : `must be tokens, requests, or an object with mode, bands and defaultOutputTokens, got ${describe(i.input)}`,
+              ? unknownField('mode, bands, defaultOutputTokens, newFlowQuantum')
+              : `must be tokens, requests, or an object with mode, bands, defaultOutputTokens and newFlowQuantum, got ${describe(i.input)}`,
         },
       ),
     ],
-    { error: (i) => `must be tokens, requests, or an object with mode, bands and defaultOutputTokens, got ${describe(i.input)}` },
+    { error: (i) => `must be tokens, requests, or an object with mode, bands, defaultOutputTokens and newFlowQuantum, got ${describe(i.input)}` },
   )
   .prefault('tokens');
 
@@ -288,7 +303,7 @@ export const flowControlInput = z.strictObject(
         },
       )
       .prefault({}),
-    fairness: fairnessInput.describe('tokens | requests, or { mode, bands: { <band>: tokens | requests }, defaultOutputTokens }'),
+    fairness: fairnessInput.describe('tokens | requests, or { mode, bands: { <band>: tokens | requests }, defaultOutputTokens, newFlowQuantum }'),
     turnPriority: z
       .strictObject(
         {
@@ -418,7 +433,7 @@ function finish(v: FlowInput, ctx: z.core.$RefinementCtx<FlowInput>): FlowContro
   if (isMapping(v.admission)) cfg.admission = { mode: v.admission.mode, maxUtilisation: v.admission.maxUtilisation, shedding: v.admission.shedding };
   if (isMapping(v.fairness)) {
     const f = v.fairness;
-    cfg.fairness = { mode: f.mode, bands: {}, defaultOutputTokens: f.defaultOutputTokens };
+    cfg.fairness = { mode: f.mode, bands: {}, defaultOutputTokens: f.defaultOutputTokens, newFlowQuantum: f.newFlowQuantum };
     if (isMapping(f.bands)) {
       for (const [band, mode] of Object.entries(f.bands)) {
         if (!cfg.bands.includes(band)) add(['fairness', 'bands', band], `unknown band (bands: ${bandList})`);

@@ -9,7 +9,14 @@
 // band, continuations of active conversations ahead of cold requests (turn
 // priority, with aging), and virtual-time fair queueing across flows with
 // weights from minShare, each dispatch charged its cost (estimated tokens, or
-// 1 per request) and corrected with the real usage at release.
+// 1 per request) and corrected with the real usage at release. Sparse flows
+// first: a flow that becomes active without being ahead of the band's virtual
+// time (it has not used more than its share) is served ahead of the backlogged
+// flows for one quantum of cost (fairness.newFlowQuantum × the band's mean
+// request cost), still charged for it, so a light tenant's burst does not wait
+// behind a flood and no flow gets more than its share over time. A flow whose
+// queue holds more than its credit covers is backlogged, not sparse: it loses
+// the credit (a flood's first requests do not make it a new flow).
 //
 // Shedding knows flows: when a band must shed (probabilistic admission says
 // so, or a queue limit is reached), the victim is the flow of that band
@@ -123,6 +130,10 @@ class Slot {
   inFlight = 0;
   /** Virtual time: the service this flow received, over its weight. */
   pass = 0;
+  /** Cost this flow may still be served ahead of the band's backlogged flows (sparse flows first). */
+  credit = 0;
+  /** Estimated cost of the requests queued. */
+  queuedCost = 0;
   weight = 1;
   /** Weight in the last shedding decision. */
   shedWeight = 0;
@@ -199,12 +210,17 @@ class Band {
   weightsDirty = true;
   /** Continuation requests queued in the band. */
   warm = 0;
+  /** Mean estimated cost of the band's dispatches (moving average; 0 before the first): the unit of newFlowQuantum. */
+  meanCost = 0;
   /** Cold requests in arrival order (with turn priority on), for aging; ids no longer waiting are skipped. */
   readonly cold = new IdFifo();
   constructor(readonly tokens: boolean) {}
 }
 
 const MAX_FLOW_STATS_FACTOR = 4;
+
+/** Weight of the newest dispatch in a band's mean request cost. */
+const MEAN_COST_RATE = 1 / 16;
 
 /** The metrics series shared by flows beyond the label-cardinality limit. */
 const OTHER_FLOWS = '(other)';
@@ -225,6 +241,7 @@ export class FlowController {
   readonly #turnPriority: boolean;
   readonly #maxColdWaitMs: number;
   readonly #defaultOutput: number;
+  readonly #newFlowQuantum: number;
   readonly #queues: FlowQueues;
   /** Native queue index of a slot's continuation queue: slot.index + warmOffset. */
   readonly #warmOffset: number;
@@ -265,6 +282,7 @@ export class FlowController {
     this.#turnPriority = cfg.turnPriority.enabled;
     this.#maxColdWaitMs = cfg.turnPriority.maxColdWaitMs;
     this.#defaultOutput = cfg.fairness.defaultOutputTokens;
+    this.#newFlowQuantum = cfg.fairness.newFlowQuantum;
     const nb = cfg.bands.length;
     this.bandStats = cfg.bands.map(() => new BandStats());
     this.#bands = cfg.bands.map((b) => new Band((cfg.fairness.bands[b] ?? cfg.fairness.mode) === 'tokens'));
@@ -333,10 +351,13 @@ export class FlowController {
   }
 
   /** One flow's scheduling state in a band (for tests and debugging; allocates), or undefined when it has no queue slot. */
-  flowState(flowId: string, band: number): { queued: number; continuations: number; inFlight: number; pass: number; learntOutput: number } | undefined {
+  flowState(
+    flowId: string,
+    band: number,
+  ): { queued: number; continuations: number; inFlight: number; pass: number; credit: number; learntOutput: number } | undefined {
     const s = this.#bySlotKey[band]?.get(flowId);
     if (s === undefined) return undefined;
-    return { queued: s.live, continuations: s.warm, inFlight: s.inFlight, pass: s.pass, learntOutput: s.learnt };
+    return { queued: s.live, continuations: s.warm, inFlight: s.inFlight, pass: s.pass, credit: s.credit, learntOutput: s.learnt };
   }
 
   /** Per-(flow, band) counters, for metrics. */
@@ -655,6 +676,7 @@ export class FlowController {
     slot.band = band;
     slot.minShare = this.#minShare.get(flowId) ?? 0;
     slot.pass = 0;
+    slot.credit = 0;
     slot.learnt = -1;
     slot.stats = this.#statsFor(flowId, band);
     map.set(flowId, slot);
@@ -684,6 +706,7 @@ export class FlowController {
     const bytes = w.bytes;
     slot.live++;
     slot.bytes += bytes;
+    slot.queuedCost += w.cost;
     slot.stats.queued++;
     slot.stats.queuedBytes += bytes;
     const bs = this.bandStats[slot.band]!;
@@ -699,17 +722,27 @@ export class FlowController {
     if (slot.presentAt < 0) this.#addPresent(slot);
     if (!slot.active) {
       slot.active = true;
-      // a flow returning from idle gets no credit for the time it was away
+      // a flow not ahead of the band (it has not used more than its share) is
+      // a new flow: one quantum of cost ahead of the backlogged flows; a flow
+      // ahead of it keeps what is left of its last quantum (its burst reached
+      // the queue in pieces, emptying it in between)
+      if (slot.pass <= band.vtime && this.#newFlowQuantum > 0) {
+        slot.credit = this.#newFlowQuantum * (band.meanCost > 0 ? band.meanCost : w.cost);
+      }
+      // and no credit in virtual time for the time it was away
       if (slot.pass < band.vtime) slot.pass = band.vtime;
       band.active.push(slot);
       band.weightsDirty = true;
     }
+    // a queue longer than the credit is a backlog: the flow is not sparse
+    if (slot.credit > 0 && slot.queuedCost > slot.credit) slot.credit = 0;
   }
 
   #removeQueued(w: Waiting): void {
     const slot = w.slot;
     slot.live--;
     slot.bytes -= w.bytes;
+    slot.queuedCost = slot.live > 0 ? slot.queuedCost - w.cost : 0;
     slot.stats.queued--;
     slot.stats.queuedBytes -= w.bytes;
     const bs = this.bandStats[slot.band]!;
@@ -800,8 +833,9 @@ export class FlowController {
    * Picks the next waiting request of a band. Continuations first (turn
    * priority) unless the band's oldest cold request has been passed over for
    * maxColdWait, in which case that request's flow goes next; among the flows
-   * of the chosen kind, the one with the smallest virtual time (pass). The
-   * flow is charged the request's cost over its weight.
+   * of the chosen kind, new flows (credit left) ahead of backlogged ones, then
+   * the one with the smallest virtual time (pass). The flow is charged the
+   * request's cost over its weight (and a new flow's credit the cost).
    */
   #nextIn(b: number): Waiting | undefined {
     const band = this.#bands[b]!;
@@ -820,7 +854,10 @@ export class FlowController {
         for (let i = 0; i < band.active.length; i++) {
           const s = band.active[i]!;
           if (warm ? s.warm === 0 : s.live === s.warm) continue;
-          if (best === null || s.pass < best.pass || (s.pass === best.pass && s.index < best.index)) best = s;
+          if (best === null) best = s;
+          else if (s.credit > 0 !== best.credit > 0) {
+            if (s.credit > 0) best = s;
+          } else if (s.pass < best.pass || (s.pass === best.pass && s.index < best.index)) best = s;
         }
       }
       if (best === null) {
@@ -833,8 +870,20 @@ export class FlowController {
       }
       const w = this.#popLive(best, warm);
       if (w === undefined) continue; // the slot was inconsistent and got repaired
-      band.vtime = best.pass;
+      if (best.credit > 0) {
+        // a new flow's dispatch may be out of virtual-time order: it moves the
+        // band's virtual time only up to the backlogged flows' (with none, it
+        // is in order and moves it as any dispatch does)
+        best.credit -= w.cost;
+        let v = best.pass;
+        for (let i = 0; i < band.active.length; i++) {
+          const s = band.active[i]!;
+          if (s.credit <= 0 && s.pass < v) v = s.pass;
+        }
+        if (v > band.vtime) band.vtime = v;
+      } else band.vtime = best.pass;
       best.pass += w.cost / best.weight;
+      band.meanCost = band.meanCost > 0 ? band.meanCost + (w.cost - band.meanCost) * MEAN_COST_RATE : w.cost;
       return w;
     }
     return undefined;
@@ -859,6 +908,7 @@ export class FlowController {
       slot.live -= slot.warm;
       slot.warm = 0;
     } else slot.live = slot.warm;
+    if (slot.live <= 0) slot.queuedCost = 0;
     if (slot.live <= 0 && slot.active) this.#deactivate(slot);
     return undefined;
   }
