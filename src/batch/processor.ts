@@ -53,6 +53,13 @@ export interface BatchEntry {
   targetName: string;
   tenant: string;
   tokens: number;
+  /** The Batches API batch this request belongs to ('' for a plain stream entry): its cancel marker is checked before dispatch. */
+  batch: string;
+}
+
+/** The key whose presence cancels a Batches API batch: its entries not yet dispatched are answered with status 0 (skipped). */
+export function cancelKey(keyPrefix: string, batchId: string): string {
+  return `${keyPrefix}:batch:${batchId}:cancel`;
 }
 
 export interface BatchStats {
@@ -99,6 +106,7 @@ export function parseEntry(entryId: string, fields: readonly string[]): BatchEnt
     targetName: m[2],
     tenant: f.get('tenant') ?? '',
     tokens: Math.ceil(raw.length / 4) + maxTokens,
+    batch: f.get('batch') ?? '',
   };
 }
 
@@ -313,6 +321,12 @@ export class BatchProcessor {
         await this.#redis.xack(this.config.stream, this.config.group, e.entryId);
         return;
       }
+      if (e.batch !== '' && (await this.#redis.exists(cancelKey(this.config.keyPrefix, e.batch))) === 1) {
+        // its batch was cancelled (POST /v1/batches/{id}/cancel): answered with status 0, not dispatched
+        this.#unstored.set(e.entryId, { e, status: 0, body: '' });
+        await this.#store(e.entryId);
+        return;
+      }
       if (!(await this.#quota(e))) {
         this.stats.deferredByQuota++;
         return; // stays pending
@@ -352,7 +366,7 @@ export class BatchProcessor {
     await this.#redis.xack(c.stream, c.group, entryId);
     this.#unstored.delete(entryId);
     this.#busy.delete(entryId);
-    if (stored === 1) this.stats.completed++;
+    if (stored === 1 && u.status !== 0) this.stats.completed++;
   }
 
   async #flushUnstored(): Promise<void> {

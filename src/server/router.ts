@@ -111,9 +111,14 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   if (config.batch !== undefined) {
     const { BatchProcessor } = await import('../batch/processor.js');
     batch = new BatchProcessor({ config: config.batch, director: core.director, endpoints: core.endpoints, log: logger, band: config.batch.band ?? config.flowControl?.bands.at(-1) });
+    const { BatchApi } = await import('../batch/api.js');
+    const api = new BatchApi({ config: config.batch, log: logger });
     try {
       await batch.start();
+      await api.start();
+      core.batchApi = api;
     } catch (err) {
+      await api.close();
       await batch.close(0);
       await admin?.close();
       await extProc?.close();
@@ -126,6 +131,7 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
     // the lease goes first: the standby takes over while this one drains
     await ha?.close();
     await admin?.close();
+    await core.batchApi?.close();
     await batch?.close(graceMs);
     await Promise.all([extProc?.close(graceMs), core.close(graceMs)]);
   };
