@@ -30,7 +30,7 @@
 // keep the simulators' per-token timers (CPU on a shared machine) low for the
 // same request time (~0.55 s).
 //
-//   node dist/bench/spare-capacity.js [--batch 10000] [--period 150] [--lo 10] [--hi 50] [--ceiling 0.9] [--slots 32] [--tokens 4] [--itl-ms 100] [--capacity-seconds 15]
+//   node dist/bench/spare-capacity.js [--batch 10000] [--period 150] [--lo 10] [--hi 50] [--ceiling 0.85] [--slots 32] [--tokens 4] [--itl-ms 100] [--capacity-seconds 15]
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -44,7 +44,7 @@ const BATCH = Number(option(argv, '--batch') ?? '10000');
 const PERIOD = Number(option(argv, '--period') ?? '150');
 const LO = Number(option(argv, '--lo') ?? '10');
 const HI = Number(option(argv, '--hi') ?? '50');
-const CEILING = Number(option(argv, '--ceiling') ?? '0.9');
+const CEILING = Number(option(argv, '--ceiling') ?? '0.85');
 const SLOTS = Number(option(argv, '--slots') ?? '32');
 const CAPACITY_SECONDS = Number(option(argv, '--capacity-seconds') ?? '15');
 const OUTPUT_TOKENS = Number(option(argv, '--tokens') ?? '4');
