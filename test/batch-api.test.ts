@@ -100,6 +100,10 @@ t.test('upload, batch, retrieve, output and error files through the openai SDK',
   t.match(await apiError(client.batches.create({ input_file_id: done.output_file_id!, endpoint: '/v1/chat/completions', completion_window: '24h' })), { status: 400, param: 'input_file_id', code: 'invalid_file_purpose' });
   t.match(await apiError(client.batches.retrieve('batch_nope')), { status: 404 });
   t.match(await apiError(client.files.retrieve('file-nope')), { status: 404 });
+  // an id that is not one of ours never names another Redis key (here: the content of the uploaded file)
+  t.match(await apiError(client.files.retrieve(`${file.id}:data`)), { status: 404 });
+  t.match(await apiError(client.files.delete(`${file.id}:data`)), { status: 404 });
+  t.match(await apiError(client.batches.retrieve(`${created.id}:out`)), { status: 404 });
 
   // lines that are JSON but not valid requests: the batch fails validation with the lines' errors
   const bad = await client.files.create({
@@ -173,7 +177,7 @@ t.test('a router SIGKILLed mid-batch: another router resumes the batch; every cu
   const file = join(dir, 'a.yaml');
   const a = config(engines.urls, redis.url, { consumer: 'a', maxInFlight: 4, reclaimIdleMs: 400 });
   writeFileSync(file, JSON.stringify({ ...a, listen: { host: '127.0.0.1', port: 0 }, logging: { level: 'info' } }));
-  const serve = await spawnServe(t, ['--config', file]);
+  const serve = await spawnServe(t, ['--config', file], 60000); // a loaded machine starts a process slowly
   const N = 120;
   const clientA = new OpenAI({ baseURL: `${serve.url}/v1`, apiKey: 'k', maxRetries: 0 });
   const f = await clientA.files.create({ file: await jsonl(Array.from({ length: N }, (_, i) => chatLine(`k${i}`))), purpose: 'batch' });

@@ -105,6 +105,9 @@ type ScriptRedis = Redis & {
 };
 
 const now = () => Math.floor(Date.now() / 1000);
+/** The ids this API hands out (anything else is unknown: never a Redis key of another kind). */
+const FILE_ID = /^file-[A-Za-z0-9-]{1,80}$/;
+const BATCH_ID = /^batch_[A-Za-z0-9]{1,64}$/;
 const num = (s: string | undefined) => (s === undefined || s === '' ? null : Number(s));
 const json = (o: unknown) => JSON.stringify(o);
 
@@ -207,6 +210,7 @@ export class BatchApi {
   }
 
   async #fileMeta(id: string): Promise<BatchHash | null> {
+    if (!FILE_ID.test(id)) return null;
     const h = await this.#redis.hgetall(this.#fileKey(id));
     return h.purpose === undefined ? null : h;
   }
@@ -218,12 +222,14 @@ export class BatchApi {
   }
 
   async fileContent(id: string): Promise<ApiAnswer> {
+    if (!FILE_ID.test(id)) throw noSuchFile(id);
     const [h, data] = await Promise.all([this.#fileMeta(id), this.#redis.getBuffer(this.#fileData(id))]);
     if (h === null || data === null) throw noSuchFile(id);
     return { status: 200, body: data, contentType: 'application/octet-stream' };
   }
 
   async deleteFile(id: string): Promise<ApiAnswer> {
+    if (!FILE_ID.test(id)) throw noSuchFile(id);
     const n = await this.#redis.del(this.#fileKey(id), this.#fileData(id));
     if (n === 0) throw noSuchFile(id);
     return { status: 200, body: json({ id, object: 'file', deleted: true }) };
@@ -277,7 +283,7 @@ export class BatchApi {
   }
 
   async #batch(id: string): Promise<BatchHash> {
-    const h = await this.#redis.hgetall(this.#batchKey(id));
+    const h = BATCH_ID.test(id) ? await this.#redis.hgetall(this.#batchKey(id)) : {};
     if (h.status === undefined) throw new BatchApiError(404, `No batch found with id ${JSON.stringify(id)}`, 'batch_id', 'not_found');
     return h;
   }
@@ -291,6 +297,7 @@ export class BatchApi {
     const after = q.get('after');
     let start = 0;
     if (after !== null) {
+      if (!BATCH_ID.test(after)) throw new BatchApiError(400, `after ${JSON.stringify(after.slice(0, 80))}: no such batch`, 'after', 'invalid_value');
       const rank = await this.#redis.zrevrank(this.#index, after);
       if (rank === null) throw new BatchApiError(400, `after ${JSON.stringify(after)}: no such batch`, 'after', 'invalid_value');
       start = rank + 1;
