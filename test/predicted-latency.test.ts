@@ -173,6 +173,20 @@ t.test('over a fast and a slow engine: learns both, meets a TTFT SLO on the chea
   t.ok(router.core.scheduler.latency);
 });
 
+t.test('non-streamed short answers train the TTFT model (total time less the predicted decode); long ones do not', async (t) => {
+  const { url, set } = await mixedRouter(t, {});
+  const fast = set.all[0].latency!;
+  const body = (i: number, kb: number, tokens: number) => ({ model: 'open-model', prompt: `${i} `.repeat(kb * 500), max_tokens: tokens });
+  const n0 = fast.ttft.n;
+  for (let i = 0; i < 8; i++) t.equal((await post(url, '/v1/completions', body(i, 1 + (i % 4), 1))).status, 200);
+  t.ok(fast.ttft.n - n0 >= 6, `${fast.ttft.n - n0} updates from 8 one-token answers`);
+  t.equal(fast.tpot.n, 0, 'the TPOT model learns nothing from them');
+  t.equal(fast.pendingBytes, 0, 'no pending work left behind');
+  const n1 = fast.ttft.n;
+  for (let i = 0; i < 4; i++) await post(url, '/v1/completions', body(50 + i, 1, 200));
+  t.equal(fast.ttft.n, n1, 'long answers (decode dominates the total) are not used');
+});
+
 t.test('band defaults: a flow-control band carries its objective; headers override it', async (t) => {
   const { url, scorer } = await mixedRouter(
     t,

@@ -53,6 +53,13 @@ export interface BatchEntry {
   targetName: string;
   tenant: string;
   tokens: number;
+  /** The Batches API batch this request belongs to ('' for a plain stream entry): its cancel marker is checked before dispatch. */
+  batch: string;
+}
+
+/** The key whose presence cancels a Batches API batch: its entries not yet dispatched are answered with status 0 (skipped). */
+export function cancelKey(keyPrefix: string, batchId: string): string {
+  return `${keyPrefix}:batch:${batchId}:cancel`;
 }
 
 export interface BatchStats {
@@ -99,6 +106,7 @@ export function parseEntry(entryId: string, fields: readonly string[]): BatchEnt
     targetName: m[2],
     tenant: f.get('tenant') ?? '',
     tokens: Math.ceil(raw.length / 4) + maxTokens,
+    batch: f.get('batch') ?? '',
   };
 }
 
@@ -165,6 +173,8 @@ export class BatchProcessor {
   #loop: Promise<void> | null = null;
   #wake: (() => void) | null = null;
   #seq = 0;
+  /** Requests in #handle before their dispatch: counted against the ceiling (the loop dispatches the next one meanwhile). */
+  #starting = 0;
 
   constructor(o: BatchProcessorOptions) {
     this.config = o.config;
@@ -190,7 +200,8 @@ export class BatchProcessor {
       occ += ep.occupancy(now);
       cap += ep.batchLimit;
     }
-    return cap === 0 ? Infinity : occ / cap;
+    // plus the batch requests taken and not yet handed to the director (their Redis checks): not in any endpoint's count yet
+    return cap === 0 ? Infinity : (occ + this.#starting) / cap;
   }
 
   async start(): Promise<void> {
@@ -306,17 +317,32 @@ export class BatchProcessor {
 
   async #handle(e: BatchEntry): Promise<void> {
     this.stats.inFlight++;
+    let starting = true;
+    this.#starting++;
     try {
-      if ((await this.#redis.exists(this.#doneKey(e))) === 1) {
+      // one round trip: the done marker and (for a Batches API line) its batch's cancel marker
+      const p = this.#redis.pipeline().exists(this.#doneKey(e));
+      if (e.batch !== '') p.exists(cancelKey(this.config.keyPrefix, e.batch));
+      const r = (await p.exec()) ?? [];
+      for (const [err] of r) if (err) throw err;
+      if (r[0]?.[1] === 1) {
         // stored before (a crash between store and ack, or a repeated id): only the ack is missing
         this.stats.duplicates++;
         await this.#redis.xack(this.config.stream, this.config.group, e.entryId);
+        return;
+      }
+      if (r[1]?.[1] === 1) {
+        // its batch was cancelled (POST /v1/batches/{id}/cancel): answered with status 0, not dispatched
+        this.#unstored.set(e.entryId, { e, status: 0, body: '' });
+        await this.#store(e.entryId);
         return;
       }
       if (!(await this.#quota(e))) {
         this.stats.deferredByQuota++;
         return; // stays pending
       }
+      starting = false;
+      this.#starting--;
       const port = await this.#dispatch(e);
       const body = Buffer.concat(port.chunks).toString('utf8');
       this.#unstored.set(e.entryId, { e, status: port.status, body });
@@ -324,6 +350,7 @@ export class BatchProcessor {
     } catch (err) {
       this.#log.warn({ err: (err as Error).message, id: e.requestId }, 'batch: request not completed; it stays pending');
     } finally {
+      if (starting) this.#starting--;
       this.stats.inFlight--;
       if (!this.#unstored.has(e.entryId)) this.#busy.delete(e.entryId);
       this.#wake?.();
@@ -352,7 +379,7 @@ export class BatchProcessor {
     await this.#redis.xack(c.stream, c.group, entryId);
     this.#unstored.delete(entryId);
     this.#busy.delete(entryId);
-    if (stored === 1) this.stats.completed++;
+    if (stored === 1 && u.status !== 0) this.stats.completed++;
   }
 
   async #flushUnstored(): Promise<void> {

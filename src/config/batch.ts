@@ -33,6 +33,8 @@ export interface BatchConfig {
   reclaimIdleMs: number;
   /** The flow-control band batch requests are admitted in (its name in x-priority); default: the lowest band. */
   band?: string;
+  /** The largest file POST /v1/files accepts, bytes (the Batches API). */
+  maxFileBytes: number;
   quotas: { windowMs: number; default: BatchQuota; tenants: Record<string, BatchQuota> };
 }
 
@@ -59,6 +61,7 @@ export const batchSchema = strict(
     maxInFlight: int(1, 65_536).default(16).describe('batch requests this router runs at once'),
     reclaimIdleMs: int(100, 86_400_000).default(60_000).describe('unacknowledged entries idle this long are claimed from their consumer'),
     band: name().optional().describe('flow-control band of batch requests; default the lowest'),
+    maxFileBytes: int(1, 512 * 1024 * 1024).default(64 * 1024 * 1024).describe('the largest JSONL file POST /v1/files accepts (bytes)'),
     quotas: strict(
       {
         windowMs: int(1000, 86_400_000).default(60_000),

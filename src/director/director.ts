@@ -352,6 +352,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   #sloTpot = 0;
   /** Timing a streamed answer for the scheduler's latency plugins: first and last chunk, SSE events after the first chunk. */
   #timing = false;
+  /** Timing a non-streamed 200 answer for the latency plugins: total time and its usage's completion_tokens. */
+  #timingWhole = false;
   #firstAt = 0;
   #lastAt = 0;
   #events = 0;
@@ -780,6 +782,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     this.#scanUsage = this.director.wantsUsage && status === 200 && (!this.#isSse || this.#streamsUsage());
     this.#errorBytes = 0;
     this.#timing = status === 200 && this.#isSse && this.director.scheduler.latency;
+    this.#timingWhole = status === 200 && !this.#isSse && this.director.scheduler.latency;
+    if (this.#timingWhole) this.#scanUsage = true;
     this.#firstAt = 0;
     this.#events = 0;
     this.#errorBody = status >= 400 && !this.#isSse && contentLength <= MAX_ERROR_BODY ? [] : null;
@@ -875,6 +879,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     }
     // tokens after the first chunk: its events less the closing [DONE]
     if (this.#timing && this.#events > 1) this.director.scheduler.streamEnd(this, this.#events - 1, this.#lastAt - this.#firstAt);
+    else if (this.#timingWhole && this.completionTokens > 0) this.director.scheduler.wholeAnswer(this, performance.now() - this.#dispatchedAt, this.completionTokens);
     this.#finish(this.#status >= 500 ? 'failed' : 'ok', this.#status);
   }
 

@@ -303,6 +303,12 @@ export class Scheduler {
     for (let p = 0; p < this.#lat.length; p++) this.#lat[p].onStreamEnd?.(d.endpoint, d as Decision & LatencyNote, tokens, decodeMs);
   }
 
+  /** A non-streamed answer of `tokens` output tokens took `totalMs` (call only when `latency`, before complete()). */
+  wholeAnswer(d: Decision, totalMs: number, tokens: number): void {
+    if (d.seq === 0) return;
+    for (let p = 0; p < this.#lat.length; p++) this.#lat[p].onAnswer?.(d.endpoint, d as Decision & LatencyNote, totalMs, tokens);
+  }
+
   /** Registers the plugins' metric families in a router's registry. */
   registerMetrics(registry: Registry): void {
     for (const p of this.#plugins) p.registerMetrics?.(registry);

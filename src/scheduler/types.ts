@@ -98,6 +98,8 @@ export interface Plugin {
   onFirstToken?(ep: Endpoint, note: LatencyNote, ms: number): void;
   /** The stream ended: `tokens` tokens after the first took `decodeMs` in all. */
   onStreamEnd?(ep: Endpoint, note: LatencyNote, tokens: number, decodeMs: number): void;
+  /** A non-streamed 200 answer of `tokens` output tokens (its usage) took `totalMs` from dispatch (before onEnd). */
+  onAnswer?(ep: Endpoint, note: LatencyNote, totalMs: number, tokens: number): void;
   /** The request ended (any outcome; after the hooks above): release what onDecision counted. */
   onEnd?(ep: Endpoint, note: LatencyNote): void;
   /** Registers the plugin's metric families (read at scrape time) in the router's registry. */

@@ -30,6 +30,7 @@ import { Counter, Gauge } from 'prom-client';
 import { RouterMetrics } from './metrics.js';
 import { ResponsesService } from '../responses/service.js';
 import { KIND_RESPONSES, mountResponseReads, ResponsesExchange } from './responses-http.js';
+import { mountBatchRoutes } from './batch-http.js';
 import type { RequestTracer } from '../telemetry/tracing.js';
 import { buildPrecise, type Precise } from './precise.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
@@ -193,6 +194,8 @@ export class RouterCore {
   readonly sessions: SessionTable;
   /** The Responses API (null when `responses.enabled` is false). */
   readonly responses: ResponsesService | null;
+  /** The Files and Batches API (set by startRouter when `config.batch` is; docs/batch.md). */
+  batchApi: import('../batch/api.js').BatchApi | null = null;
   /** P/D disaggregation (config.disaggregation), or null. */
   readonly pd: Disaggregator | null;
   readonly metrics: RouterMetrics;
@@ -349,6 +352,7 @@ export class RouterCore {
       app.post('/v1/responses', (res, req) => this.#inference(res, req, KIND_RESPONSES));
       mountResponseReads(app, this);
     }
+    mountBatchRoutes(app, this);
     app.get('/v1/models', (res, req) => {
       if (!this.#badlyFramed(res, req)) this.#json(res, 200, this.#modelsBody);
     });

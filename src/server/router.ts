@@ -132,9 +132,14 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   if (config.batch !== undefined) {
     const { BatchProcessor } = await import('../batch/processor.js');
     batch = new BatchProcessor({ config: config.batch, director: core.director, endpoints: core.endpoints, log: logger, band: config.batch.band ?? config.flowControl?.bands.at(-1) });
+    const { BatchApi } = await import('../batch/api.js');
+    const api = new BatchApi({ config: config.batch, log: logger });
     try {
       await batch.start();
+      await api.start();
+      core.batchApi = api;
     } catch (err) {
+      await api.close();
       await batch.close(0);
       await admin?.close();
       await Promise.all(discovery.map((d) => d.close()));
@@ -150,6 +155,7 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
     await ha?.close();
     await admin?.close();
     await Promise.all(discovery.map((d) => d.close())); // no endpoint changes while draining
+    await core.batchApi?.close();
     await batch?.close(graceMs);
     await Promise.all([extProc?.close(graceMs), core.close(graceMs)]);
   };

@@ -223,6 +223,21 @@ export class PredictedLatencyScorer implements Scorer {
     if (note.latSloTpotMs > 0 && note.latBand >= 0) this.#counts[note.latBand * C_N + (tpot <= note.latSloTpotMs ? C_TPOT_MET : C_TPOT_MISSED)]++;
   }
 
+  /**
+   * A non-streamed answer: its total time is TTFT + (tokens − 1) × TPOT, one
+   * equation in two unknowns. The TTFT model learns from it only when the
+   * predicted decode part is at most a quarter of the total (short answers:
+   * the TPOT model's error times the token count would otherwise land whole on
+   * the TTFT estimate); the TPOT model never does (it would need the TTFT).
+   */
+  onAnswer(ep: Endpoint, note: LatencyNote, totalMs: number, tokens: number): void {
+    if (note.latPending < 0 || tokens < 1) return;
+    const decode = (tokens - 1) * note.latPredTpotMs;
+    if (decode > 0.25 * totalMs) return;
+    // an estimate, not an observation: the model learns from it; the error statistics and SLO counts do not count it
+    ep.latency!.ttft.update(note.latWork, totalMs - decode);
+  }
+
   onEnd(ep: Endpoint, note: LatencyNote): void {
     // still counted as waiting for its prefill (no first token came: an error, an abort, a non-streamed answer)
     if (note.latPending >= 0) ep.latency!.prefilled(note.latPending);

@@ -1,0 +1,104 @@
+// The Files and Batches API on the uWS transport: reads the body (bounded by
+// batch.maxFileBytes), hands it to src/batch/api.ts and writes its answer.
+// Without a `batch:` block every route answers an OpenAI error saying so.
+import type { ApiAnswer, BatchApi } from '../batch/api.js';
+import type { HttpRequest, HttpResponse, TemplatedApp } from '../uws.js';
+import { errorBody, statusLine } from './http-errors.js';
+
+export interface BatchHost {
+  /** Set by startRouter when `config.batch` is (null until then and without it). */
+  readonly batchApi: BatchApi | null;
+  readonly draining: boolean;
+  readonly metrics: { countRequest(model: string, endpoint: number, status: number): void };
+  readonly log: { error(o: object, msg: string): void };
+}
+
+type Op = (api: BatchApi, param: string, query: string, contentType: string, body: Buffer | null) => Promise<ApiAnswer>;
+
+const NOT_CONFIGURED = 'the Files and Batches API needs a `batch:` block (a Redis) in the router config (docs/batch.md)';
+
+function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: boolean, op: Op): void {
+  const param = req.getParameter(0) ?? '';
+  const query = req.getQuery() ?? '';
+  const contentType = req.getHeader('content-type');
+  const declared = req.getHeader('content-length');
+  const bodyless = declared === '0' || (declared === '' && req.getHeader('transfer-encoding') === '');
+  let gone = false;
+  res.onAborted(() => {
+    gone = true;
+  });
+  const write = (status: number, body: string | Buffer, contentType = 'application/json', close = false) => {
+    host.metrics.countRequest('', -1, status);
+    if (gone) return;
+    gone = true;
+    res.cork(() => {
+      res.writeStatus(statusLine(status)).writeHeader('content-type', contentType).end(body, close || host.draining);
+    });
+  };
+  const api = host.batchApi;
+  if (api === null) {
+    // the body (if any) is read and dropped by uWS: no onData
+    write(404, errorBody(404, NOT_CONFIGURED, null, 'batch_not_configured'));
+    return;
+  }
+  const run = (body: Buffer | null) => {
+    op(api, param, query, contentType, body).then(
+      (a) => write(a.status, a.body, a.contentType),
+      (err: unknown) => {
+        const e = err as { status?: unknown; message?: string; param?: string | null; code?: string | null };
+        if (typeof e?.status === 'number' && 'param' in (e as object)) write(e.status, errorBody(e.status, e.message ?? '', e.param ?? null, e.code ?? undefined));
+        else if (/redis|connect|ECONNREFUSED|Connection is closed|max retries/i.test(String(e?.message)))
+          write(503, errorBody(503, `the batch store (Redis) is unavailable: ${e?.message}`, null, 'store_unavailable'));
+        else {
+          host.log.error({ err }, 'batch api: internal error');
+          write(500, errorBody(500, `internal error: ${e?.message ?? String(err)}`));
+        }
+      },
+    );
+  };
+  if (!withBody) return run(null);
+  if (bodyless) return run(Buffer.alloc(0));
+  const limit = api.maxFileBytes;
+  const tooLarge = (n: number | string) =>
+    // answered after uWS is done with this read, then the connection closes (the rest of the body is not worth reading)
+    setImmediate(() => write(413, errorBody(413, `request body of ${n} bytes exceeds the limit of ${limit} bytes (batch.maxFileBytes)`, 'file', 'file_too_large'), 'application/json', true));
+  if (declared !== '' && Number(declared) > limit) {
+    tooLarge(declared);
+    return;
+  }
+  const chunks: Buffer[] = [];
+  let size = 0;
+  let over = false;
+  res.onData((ab, last) => {
+    if (over || gone) return;
+    size += ab.byteLength;
+    if (size > limit) {
+      over = true;
+      tooLarge(`more than ${limit}`);
+      return;
+    }
+    chunks.push(Buffer.from(ab.slice(0))); // uWS reuses the memory after this call
+    if (last) run(Buffer.concat(chunks, size));
+  });
+}
+
+const upload: Op = (api, _p, _q, ct, body) => api.uploadFile(ct, body!);
+const retrieveFile: Op = (api, id) => api.retrieveFile(id);
+const fileContent: Op = (api, id) => api.fileContent(id);
+const deleteFile: Op = (api, id) => api.deleteFile(id);
+const create: Op = (api, _p, _q, _ct, body) => api.createBatch(body!);
+const retrieve: Op = (api, id) => api.retrieveBatch(id);
+const list: Op = (api, _p, query) => api.listBatches(query);
+const cancel: Op = (api, id) => api.cancelBatch(id);
+
+/** Mounts the routes (always: without `batch:` they answer that it is not configured). */
+export function mountBatchRoutes(app: TemplatedApp, host: BatchHost): void {
+  app.post('/v1/files', (res, req) => handle(host, res, req, true, upload));
+  app.get('/v1/files/:id', (res, req) => handle(host, res, req, false, retrieveFile));
+  app.get('/v1/files/:id/content', (res, req) => handle(host, res, req, false, fileContent));
+  app.del('/v1/files/:id', (res, req) => handle(host, res, req, false, deleteFile));
+  app.post('/v1/batches', (res, req) => handle(host, res, req, true, create));
+  app.get('/v1/batches', (res, req) => handle(host, res, req, false, list));
+  app.get('/v1/batches/:id', (res, req) => handle(host, res, req, false, retrieve));
+  app.post('/v1/batches/:id/cancel', (res, req) => handle(host, res, req, false, cancel));
+}
