@@ -106,6 +106,57 @@ export interface Lease {
   stop(release: boolean): Promise<void>;
 }
 
+/**
+ * How long a held lease is believed valid, on this process's own clock: the
+ * send time of the last successful acquire or renewal plus the TTL (a slow
+ * answer shortens the term, never extends it). When the term runs out with no
+ * renewal, `onExpired` is called; a timer that fires early waits out the rest.
+ * Both leases (Redis here, the Kubernetes Lease in src/k8s/lease.ts) keep their
+ * term with it.
+ */
+export class LeaseTerm {
+  #until = 0;
+  #timer: NodeJS.Timeout | null = null;
+  readonly #ttlMs: number;
+  readonly #onExpired: () => void;
+
+  constructor(ttlMs: number, onExpired: () => void) {
+    this.#ttlMs = ttlMs;
+    this.#onExpired = onExpired;
+  }
+
+  /** True once the term is over (or none was held). */
+  over(now = performance.now()): boolean {
+    return now >= this.#until;
+  }
+
+  /** An acquire or renewal sent at `sentAt` succeeded: the term runs TTL from then. */
+  hold(sentAt: number): void {
+    this.#until = sentAt + this.#ttlMs;
+    this.#arm(this.#until - performance.now());
+  }
+
+  /** No term (lost, released or stopped); the timer is cancelled. */
+  end(): void {
+    if (this.#timer !== null) clearTimeout(this.#timer);
+    this.#timer = null;
+    this.#until = 0;
+  }
+
+  #arm(ms: number): void {
+    if (this.#timer !== null) clearTimeout(this.#timer);
+    this.#timer = setTimeout(this.#fire, Math.max(1, ms));
+    this.#timer.unref();
+  }
+
+  readonly #fire = (): void => {
+    this.#timer = null;
+    const left = this.#until - performance.now();
+    if (left <= 0) this.#onExpired();
+    else this.#arm(left);
+  };
+}
+
 export class RedisLease implements Lease {
   readonly id: string;
   readonly leaseKey: string;
@@ -117,10 +168,9 @@ export class RedisLease implements Lease {
   #state: LeaseState = 'standby';
   /** The fence of the current term (0: none). */
   #fence = 0;
-  /** Local time until which the lease is believed held. */
-  #validUntil = 0;
+  /** The term this process believes it holds (local clock). */
+  readonly #term: LeaseTerm;
   #tick: NodeJS.Timeout | null = null;
-  #expiry: NodeJS.Timeout | null = null;
   #busy = false;
   #stopped = false;
   /** Stopped renewing (tests: a paused process); the timers keep their schedule but do nothing. */
@@ -133,6 +183,9 @@ export class RedisLease implements Lease {
     this.fenceKey = `${o.key}:fence`;
     this.#r = withLeaseScripts(o.redis);
     this.#ttl = o.ttlMs;
+    this.#term = new LeaseTerm(o.ttlMs, () => {
+      if (!this.#paused && this.#state === 'active') this.#lost('the lease expired without a successful renewal (Redis unreachable?)');
+    });
     this.#every = o.renewIntervalMs;
     this.#log = o.log;
   }
@@ -198,14 +251,14 @@ export class RedisLease implements Lease {
       if (this.#state === 'active') {
         const ok = await this.#r.swyRenew(this.leaseKey, `${this.id}|${this.#fence}`, this.#ttl);
         if (this.#stopped || this.#paused) return;
-        if (ok === 1) this.#held(sentAt);
+        if (ok === 1) this.#term.hold(sentAt);
         else this.#lost('the lease was taken over (renewal refused)');
       } else {
         const f = Number(await this.#r.swyAcquire(this.leaseKey, this.fenceKey, this.id, this.#ttl));
         if (this.#stopped || this.#paused) return;
         if (f > 0) {
           this.#fence = f;
-          this.#held(sentAt);
+          this.#term.hold(sentAt);
           this.#set('active', this.#state === 'alone' ? 'Redis reachable again: acquired the lease' : 'acquired the lease');
         } else if (this.#state === 'alone') this.#set('standby', 'Redis reachable again and another router holds the lease');
       }
@@ -213,35 +266,14 @@ export class RedisLease implements Lease {
       if (raise) throw err;
       // Redis unreachable: an active keeps serving until its lease would have expired (the expiry timer)
       this.#log.debug({ err }, 'high availability: lease round failed');
-      if (this.#state === 'active' && !this.#paused && performance.now() >= this.#validUntil) this.#lost('the lease expired without a successful renewal (Redis unreachable?)');
+      if (this.#state === 'active' && !this.#paused && this.#term.over()) this.#lost('the lease expired without a successful renewal (Redis unreachable?)');
     } finally {
       this.#busy = false;
     }
   }
 
-  #held(sentAt: number): void {
-    this.#validUntil = sentAt + this.#ttl;
-    if (this.#expiry !== null) clearTimeout(this.#expiry);
-    this.#expiry = setTimeout(() => this.#expired(), Math.max(1, this.#validUntil - performance.now()));
-    this.#expiry.unref();
-  }
-
-  #expired(): void {
-    this.#expiry = null;
-    if (this.#paused || this.#state !== 'active') return;
-    const left = this.#validUntil - performance.now();
-    if (left <= 0) this.#lost('the lease expired without a successful renewal (Redis unreachable?)');
-    else {
-      // a timer may fire a little early: wait out the rest
-      this.#expiry = setTimeout(() => this.#expired(), Math.max(1, left));
-      this.#expiry.unref();
-    }
-  }
-
   #lost(reason: string): void {
-    if (this.#expiry !== null) clearTimeout(this.#expiry);
-    this.#expiry = null;
-    this.#validUntil = 0;
+    this.#term.end();
     this.#set('standby', reason);
   }
 
@@ -269,8 +301,8 @@ export class RedisLease implements Lease {
   async stop(release: boolean): Promise<void> {
     this.#stopped = true;
     if (this.#tick !== null) clearInterval(this.#tick);
-    if (this.#expiry !== null) clearTimeout(this.#expiry);
-    this.#tick = this.#expiry = null;
+    this.#term.end();
+    this.#tick = null;
     if (release && this.#state === 'active') {
       try {
         await this.#r.swyRelease(this.leaseKey, `${this.id}|${this.#fence}`);

@@ -27,7 +27,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { Lease, LeaseState } from '../ha/lease.js';
+import { LeaseTerm, type Lease, type LeaseState } from '../ha/lease.js';
 import { KubeApiError, type KubeApi, type KubeObject } from './api.js';
 
 interface LeaseSpec {
@@ -77,12 +77,12 @@ export class KubernetesLease implements Lease {
   readonly #r: Scripted | null;
   #state: LeaseState = 'standby';
   #fence = 0;
-  #validUntil = 0;
+  /** The term this process believes it holds (local clock). */
+  readonly #term: LeaseTerm;
   /** The record's resourceVersion when last seen, and when (local clock) it last changed. */
   #seenRv = '';
   #seenAt = 0;
   #tick: NodeJS.Timeout | null = null;
-  #expiry: NodeJS.Timeout | null = null;
   #busy = false;
   #stopped = false;
   #paused = false;
@@ -95,6 +95,9 @@ export class KubernetesLease implements Lease {
     this.id = o.id ?? `${hostname()}-${randomBytes(4).toString('hex')}`;
     this.path = `/apis/coordination.k8s.io/v1/namespaces/${o.namespace}/leases`;
     this.#durationS = Math.max(1, Math.ceil(o.ttlMs / 1000));
+    this.#term = new LeaseTerm(o.ttlMs, () => {
+      if (!this.#paused && this.#state === 'active') this.#lost('the lease expired without a successful renewal (API server unreachable?)');
+    });
     if (o.redis) {
       const s = o.redis as Scripted;
       if (typeof s.swyFencedXaddMax !== 'function') o.redis.defineCommand('swyFencedXaddMax', { numberOfKeys: 2, lua: FENCED_XADD_MAX });
@@ -144,7 +147,7 @@ export class KubernetesLease implements Lease {
     } catch (err) {
       if (raise) throw err;
       this.#o.log.debug({ err: (err as Error).message }, 'high availability: Kubernetes lease round failed');
-      if (this.#state === 'active' && !this.#paused && performance.now() >= this.#validUntil) this.#lost('the lease expired without a successful renewal (API server unreachable?)');
+      if (this.#state === 'active' && !this.#paused && this.#term.over()) this.#lost('the lease expired without a successful renewal (API server unreachable?)');
     } finally {
       this.#busy = false;
     }
@@ -181,7 +184,7 @@ export class KubernetesLease implements Lease {
       if (renewed === null) this.#lost('the lease was taken over (renewal refused with 409 Conflict)');
       else {
         this.#seen(renewed);
-        this.#held(sentAt);
+        this.#term.hold(sentAt);
       }
       return;
     }
@@ -224,32 +227,12 @@ export class KubernetesLease implements Lease {
     if (this.#stopped || this.#paused) return;
     this.#seen(obj);
     this.#fence = (obj.spec?.leaseTransitions ?? 0) + 1;
-    this.#held(sentAt);
+    this.#term.hold(sentAt);
     this.#set('active', this.#state === 'alone' ? 'the API server is reachable again: acquired the lease' : 'acquired the Kubernetes lease');
   }
 
-  #held(sentAt: number): void {
-    this.#validUntil = sentAt + this.#o.ttlMs;
-    if (this.#expiry !== null) clearTimeout(this.#expiry);
-    this.#expiry = setTimeout(() => this.#expired(), Math.max(1, this.#validUntil - performance.now()));
-    this.#expiry.unref();
-  }
-
-  #expired(): void {
-    this.#expiry = null;
-    if (this.#paused || this.#state !== 'active') return;
-    const left = this.#validUntil - performance.now();
-    if (left <= 0) this.#lost('the lease expired without a successful renewal (API server unreachable?)');
-    else {
-      this.#expiry = setTimeout(() => this.#expired(), Math.max(1, left));
-      this.#expiry.unref();
-    }
-  }
-
   #lost(reason: string): void {
-    if (this.#expiry !== null) clearTimeout(this.#expiry);
-    this.#expiry = null;
-    this.#validUntil = 0;
+    this.#term.end();
     this.#set('standby', reason);
   }
 
@@ -287,8 +270,8 @@ export class KubernetesLease implements Lease {
   async stop(release: boolean): Promise<void> {
     this.#stopped = true;
     if (this.#tick !== null) clearInterval(this.#tick);
-    if (this.#expiry !== null) clearTimeout(this.#expiry);
-    this.#tick = this.#expiry = null;
+    this.#term.end();
+    this.#tick = null;
     if (release && this.#state === 'active') {
       const o = this.#o;
       try {
