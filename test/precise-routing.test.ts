@@ -126,6 +126,6 @@ t.test('config: precise pools need one block size; kvEvents addresses are checke
   );
   t.throws(() => validateConfig({ ...base({}), scheduling: { tierWeights: { cpu: 2 } } }, validatePlugin), /tierWeights\.cpu: must be a number in \[0, 1\]/);
   const ok = validateConfig(base({ kvEvents: { endpoint: 'tcp://127.0.0.1:5557' } }), validatePlugin);
-  t.same(ok.pools[0]!.prefix, { mode: 'precise', blockTokens: 16, tokenizer: { type: 'sim', timeoutMs: 50, cacheEntries: 4096 } });
+  t.same(ok.pools[0]!.prefix, { mode: 'precise', blockTokens: 16, tokenizer: { type: 'sim', timeoutMs: 50, cacheEntries: 4096 }, speculativeMs: 2000 });
   t.same(ok.scheduling.tierWeights, { gpu: 1, cpu: 0.875, disk: 0.5 });
 });

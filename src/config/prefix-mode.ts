@@ -26,6 +26,12 @@ export interface PoolPrefixConfig {
   /** Tokens per engine KV block (vLLM --block-size); the engine's events must use the same. */
   blockTokens: number;
   tokenizer: TokenizerConfig;
+  /**
+   * How long a pick's blocks count as held by the picked endpoint before its engine's events confirm them,
+   * ms (0 = off): the gap between routing a prompt and the engine's BlockStored event (queue + prefill +
+   * publish) during which followers of the same prefix would otherwise be spread.
+   */
+  speculativeMs: number;
 }
 
 export interface KvEventsEndpointConfig {
@@ -49,6 +55,7 @@ export const DEFAULT_POOL_PREFIX: PoolPrefixConfig = {
   mode: 'approximate',
   blockTokens: 16,
   tokenizer: { type: 'sim', timeoutMs: 50, cacheEntries: 4096 },
+  speculativeMs: 2000,
 };
 
 /** Defaults from the simulator's costs: see DEFAULT_TIER_WEIGHTS in src/scheduler/prefix-producer.ts. */
@@ -91,8 +98,11 @@ export const poolPrefixSchema = strict(
     mode: oneOf(PREFIX_MODES).default(DEFAULT_POOL_PREFIX.mode).describe('precise: score from the engines\' KV events (endpoints need kvEvents); approximate: the router\'s own record'),
     blockTokens: int(1, 4096).default(DEFAULT_POOL_PREFIX.blockTokens).describe('tokens per engine KV block (vLLM --block-size)'),
     tokenizer: tokenizerSchema,
+    speculativeMs: int(0, 60_000)
+      .default(DEFAULT_POOL_PREFIX.speculativeMs)
+      .describe("precise mode: how long a pick's blocks count as held by the picked endpoint until its engine's KV events confirm them, ms (0 = off)"),
   },
-  'must be a mapping {mode, blockTokens, tokenizer}',
+  'must be a mapping {mode, blockTokens, tokenizer, speculativeMs}',
 ).prefault({});
 
 export const kvEventsEndpointSchema = strict(

@@ -62,6 +62,8 @@ export class KvEventFeed implements DecodeCounts {
   /** applyPayloads' totals (PAYLOAD_TOTALS): blocks stored, removed, orphans, …, batches. */
   readonly totals = new Float64Array(PAYLOAD_TOTALS_LENGTH);
   drains = 0;
+  /** Precise scoring's speculative window, ms (set by the router from `prefix.speculativeMs`; 0 = off). */
+  speculativeMs = 0;
   readonly #o: Required<KvFeedOptions>;
   readonly #feeds: Feed[] = [];
   readonly #byId: (Feed | undefined)[] = [];

@@ -39,6 +39,8 @@ export interface PreciseSource {
   readonly index: PrefixIndex;
   /** Whether endpoint `id`'s entries come from a healthy event stream. */
   healthy(id: number): boolean;
+  /** How long a pick's blocks count as held before the engine's events confirm them, ms (0 or absent: off). */
+  readonly speculativeMs?: number;
 }
 
 /** Weights of a matched block by the tier it sits in: [GPU, host memory, disk]. */
@@ -57,6 +59,94 @@ export class PreciseCounters {
   precise = 0;
   fallbackUnhealthy = 0;
   fallbackNoTokens = 0;
+  /** Precise candidates whose match the speculative entries raised. */
+  speculative = 0;
+}
+
+/**
+ * Precise mode's speculative entries. Between routing a prompt and its engine's
+ * BlockStored events lie the queue, the prefill and the publish interval:
+ * seconds under load. In that gap the event-fed index does not know where the
+ * prompt went, so followers of the same prefix would be spread by the load
+ * scorers and each engine would prefill it again (the approximate mode records
+ * on the pick and has no such gap). So the pick is recorded here too, as held
+ * in GPU memory, and forgotten after `ms` whether confirmed or not: two
+ * generations of a native index, the older cleared every ms / 2, so an entry
+ * lives between ms / 2 and ms. No per-request allocation; a match is two
+ * native calls over the candidates.
+ */
+class SpeculativeEntries {
+  readonly #gens: [PrefixIndex, PrefixIndex];
+  /** Endpoint ids recorded in each generation (cleared at its rotation), and their marks. */
+  readonly #touched: [number[], number[]] = [[], []];
+  readonly #marks: [Uint8Array, Uint8Array];
+  readonly #halfMs: number;
+  readonly #a = new MatchResult(0, 16);
+  readonly #b = new MatchResult(0, 16);
+  #best = new Uint32Array(16);
+  #scratch = new BigUint64Array(256);
+  #cur = 0;
+  #since: number;
+
+  constructor(blockSize: number, maxEndpoints: number, ms: number) {
+    const o = { blockSize, maxEndpoints, defaultCapacity: [0xffffffff, 0, 0] as [number, number, number] };
+    this.#gens = [new PrefixIndex(o), new PrefixIndex(o)];
+    this.#marks = [new Uint8Array(maxEndpoints), new Uint8Array(maxEndpoints)];
+    this.#halfMs = ms / 2;
+    this.#since = performance.now();
+  }
+
+  #clear(g: number): void {
+    const ids = this.#touched[g]!;
+    const idx = this.#gens[g]!;
+    const marks = this.#marks[g]!;
+    for (let i = 0; i < ids.length; i++) {
+      idx.clear(ids[i]!);
+      marks[ids[i]!] = 0;
+    }
+    ids.length = 0;
+  }
+
+  /** Drops the older generation every halfMs (both when a whole window passed). */
+  rotate(now: number): void {
+    const age = now - this.#since;
+    if (age < this.#halfMs) return;
+    const old = 1 - this.#cur;
+    this.#clear(old);
+    if (age >= 2 * this.#halfMs) this.#clear(this.#cur);
+    this.#cur = old;
+    this.#since = now;
+  }
+
+  /** Per candidate: leading blocks of `hashes` picked for it recently (max over both generations). */
+  match(hashes: BigUint64Array, count: number, ids: Int32Array): Uint32Array {
+    const n = ids.length;
+    if (this.#best.length < n) this.#best = new Uint32Array(n * 2);
+    const a = this.#gens[0].matchHashes(hashes, count, ids, this.#a).matched;
+    const b = this.#gens[1].matchHashes(hashes, count, ids, this.#b).matched;
+    const best = this.#best;
+    for (let i = 0; i < n; i++) best[i] = a[i]! > b[i]! ? a[i]! : b[i]!;
+    return best;
+  }
+
+  record(id: number, hashes: BigUint64Array, count: number): void {
+    const g = this.#cur;
+    if (this.#marks[g]![id] === 0) {
+      this.#marks[g]![id] = 1;
+      this.#touched[g]!.push(id);
+    }
+    this.#gens[g]!.record(id, hashes, count, 0);
+  }
+
+  /** A failed dispatch: the engine never took the prompt (`tokens` hashed with `seed` as the precise index does). */
+  forget(id: number, index: PrefixIndex, tokens: Uint8Array, seed: bigint): void {
+    const need = Math.floor(tokens.length / index.blockSize);
+    if (need === 0) return;
+    if (this.#scratch.length < need) this.#scratch = new BigUint64Array(need * 2);
+    const n = index.hashPrompt(tokens, seed, this.#scratch);
+    this.#gens[0].remove(id, this.#scratch, n);
+    this.#gens[1].remove(id, this.#scratch, n);
+  }
 }
 
 export interface PrefixProducerOptions {
@@ -86,6 +176,10 @@ export class PrefixProducer {
   readonly tierWeights: TierWeights;
   readonly #pSeeds = new Map<string, bigint>();
   readonly #pResult = new MatchResult(256, 16);
+  /** Precise mode's speculative entries (null: precise mode off, or speculativeMs 0). */
+  readonly #spec: SpeculativeEntries | null;
+  /** Blocks the last produce() hashed for the precise index (0: nothing to record speculatively). */
+  #pCount = 0;
   #combined = new Uint32Array(16);
   #weighted = new Float64Array(16);
   /** subarray(0, n) views of #combined / #weighted, made once per size (no allocation per request). */
@@ -105,6 +199,8 @@ export class PrefixProducer {
     this.#ids = new Int32Array(max);
     this.precise = o.precise ?? null;
     this.tierWeights = o.tierWeights ?? DEFAULT_TIER_WEIGHTS;
+    const ms = this.precise?.speculativeMs ?? 0;
+    this.#spec = this.precise !== null && ms > 0 ? new SpeculativeEntries(this.precise.index.blockSize, max, ms) : null;
   }
 
   #preciseSeed(model: string): bigint {
@@ -138,6 +234,7 @@ export class PrefixProducer {
     const prompt = ctx.request.prompt;
     this.#hashCount = 0;
     this.#lastN = 0;
+    this.#pCount = 0;
     this.#pickedIndex = -1;
     ctx.prefixWeighted = undefined;
     if (!prompt || prompt.length < this.store.blockSize) {
@@ -167,8 +264,15 @@ export class PrefixProducer {
       if (approxTiers !== undefined) this.#weigh(ctx, n, approxTiers);
       return;
     }
-    const r = p.index.matchPrompt(tokens, this.#preciseSeed(ctx.request.model), this.#idViews[n] ?? this.#idView(n), this.#pResult);
+    const ids = this.#idViews[n] ?? this.#idView(n);
+    const r = p.index.matchPrompt(tokens, this.#preciseSeed(ctx.request.model), ids, this.#pResult);
     const count = r.hashCount;
+    let spec: Uint32Array | null = null;
+    if (this.#spec !== null && count > 0) {
+      this.#spec.rotate(performance.now());
+      spec = this.#spec.match(r.hashes, count, ids);
+      this.#pCount = count;
+    }
     if (this.#combined.length < n) {
       this.#combined = new Uint32Array(n * 2);
       this.#combinedViews = [];
@@ -185,6 +289,12 @@ export class PrefixProducer {
         tiers[3 * i] = r.tiers[3 * i]!;
         tiers[3 * i + 1] = r.tiers[3 * i + 1]!;
         tiers[3 * i + 2] = r.tiers[3 * i + 2]!;
+        // blocks picked for this endpoint that its engine has not confirmed yet count as held in GPU memory
+        if (spec !== null && spec[i]! > out[i]!) {
+          c.speculative++;
+          tiers[3 * i] += spec[i]! - out[i]!;
+          out[i] = spec[i]!;
+        }
       } else {
         c.fallbackUnhealthy++;
         const v = Math.min(count, Math.floor(approx[i]! * scale));
@@ -263,6 +373,7 @@ export class PrefixProducer {
     if (this.#hashCount === 0) return;
     ctx.matchedBlocks = this.#matched[index];
     this.store.recordLast(ep.id);
+    if (this.#pCount > 0 && this.precise!.healthy(ep.id)) this.#spec!.record(ep.id, this.#pResult.hashes, this.#pCount);
   }
 
   /**
@@ -272,6 +383,7 @@ export class PrefixProducer {
    * prefix is not drawn to an endpoint that lacks it.
    */
   forget(ep: Endpoint, blocks: PickBlocks, req: SchedRequest): void {
+    if (this.#spec !== null && req.tokens !== undefined) this.#spec.forget(ep.id, this.precise!.index, req.tokens, this.#preciseSeed(req.model));
     if (req.prompt === undefined || blocks.promptBlocks <= blocks.matchedBlocks) return;
     this.store.forget(ep.id, req.prompt, this.#seed(req.model), blocks.matchedBlocks);
   }

@@ -37,8 +37,15 @@ export function buildPrecise(cfg: RouterConfig, set: EndpointSet): Precise | nul
       throw new ConfigError([{ path: `pools[${i}].prefix.blockTokens`, message: `must equal the other precise pools' (${blockTokens}): they share one index` }]);
     }
   }
+  const speculativeMs = pools[0]!.p.prefix!.speculativeMs;
+  for (const { p, i } of pools) {
+    if (p.prefix!.speculativeMs !== speculativeMs) {
+      throw new ConfigError([{ path: `pools[${i}].prefix.speculativeMs`, message: `must equal the other precise pools' (${speculativeMs}): they share one index` }]);
+    }
+  }
   const index = new PrefixIndex({ blockSize: blockTokens * 4, maxEndpoints: MAX_ENDPOINT_IDS, defaultCapacity: [0xffffffff, 0xffffffff, 0xffffffff] });
   const feed = new KvEventFeed(index, { blockTokens });
+  feed.speculativeMs = speculativeMs;
   const byModel = new Map<string, ModelTokenizer>();
   const hf = new Map<string, Tokenizer>();
   for (const { p } of pools) {
@@ -165,6 +172,7 @@ function registerPreciseMetrics(registry: Registry, feed: KvEventFeed, tokens: T
     ['switchyard_kv_events_map_forgotten_total', 'Engine block hashes forgotten over the per-endpoint limit (their blocks left the index).', () => feed.totals[T.forgotten]!],
     ['switchyard_prefix_precise_candidates_total', 'Candidates scored from the precise (event-fed) index.', () => producer()?.preciseCounters.precise ?? 0],
     ['switchyard_prefix_fallback_unhealthy_total', 'Candidates scored by the approximate mode because their event stream was unhealthy.', () => producer()?.preciseCounters.fallbackUnhealthy ?? 0],
+    ['switchyard_prefix_speculative_candidates_total', 'Candidates whose precise match was raised by speculative entries (blocks picked for them that their engine had not yet confirmed).', () => producer()?.preciseCounters.speculative ?? 0],
     ['switchyard_prefix_fallback_no_tokens_total', 'Candidates scored by the approximate mode because the request had no tokens.', () => producer()?.preciseCounters.fallbackNoTokens ?? 0],
     ['switchyard_tokenize_cache_hits_total', 'Prompts whose tokens came from the cache.', () => tokens.counters.cacheHits],
     ['switchyard_tokenize_timeouts_total', 'Tokenizations that timed out (approximate scoring for that request).', () => tokens.counters.timeouts],
