@@ -41,6 +41,8 @@ export const POLICIES: Record<string, string> = {
   switchyard: '', // the router's defaults: prefix-cache 3, queue 2, kv-cache-utilization 2, max-score
   // the same defaults with prefix.mode precise: engines publish KV events, the router routes on them
   precise: '',
+  // precise without its speculative entries (prefix.speculativeMs: 0): the gap between a pick and its events left open
+  'precise-nospec': '',
 };
 
 export interface FleetShape {
@@ -435,7 +437,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
       for (const policy of policies) {
         if (!(policy in POLICIES)) throw new Error(`unknown policy ${policy}`);
         const base = await freePortRange(fleet.engines);
-        const precise = policy === 'precise';
+        const precise = policy === 'precise' || policy === 'precise-nospec';
         const evBase = precise ? await freePortRange(fleet.engines) : 0;
         const rpBase = precise ? await freePortRange(fleet.engines) : 0;
         const sim = start('sim', process.execPath, [
@@ -462,7 +464,9 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
           cfg,
           `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: ${port} }\n` +
             `pools:\n  - name: sim\n    engine: vllm\n    models: [open-model]\n` +
-            (precise ? '    prefix: { mode: precise, blockTokens: ' + fleet.blockSize + ', tokenizer: { type: sim } }\n' : '') +
+            (precise
+              ? '    prefix: { mode: precise, blockTokens: ' + fleet.blockSize + ', tokenizer: { type: sim }' + (policy === 'precise-nospec' ? ', speculativeMs: 0' : '') + ' }\n'
+              : '') +
             `    endpoints:\n${endpoints}\n` +
             POLICIES[policy],
         );
