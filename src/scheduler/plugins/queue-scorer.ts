@@ -6,25 +6,14 @@
 // Shortest queue scores 1, longest 0 (min-max over the candidates).
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { pluginParams, type PluginFactory } from '../registry.js';
-import type { CycleContext, Scorer } from '../types.js';
-import { ensure, inverseMinMax } from './score-util.js';
+import { FewestScorer } from './score-util.js';
 
-export class QueueScorer implements Scorer {
+export class QueueScorer extends FewestScorer {
   readonly type = 'queue';
   readonly name = 'queue';
-  #vals = new Float64Array(16);
-  #out = new Float64Array(16);
 
-  score(ctx: CycleContext, eps: readonly Endpoint[]): Float64Array {
-    const n = eps.length;
-    this.#vals = ensure(this.#vals, n);
-    this.#out = ensure(this.#out, n);
-    for (let i = 0; i < n; i++) {
-      const ep = eps[i];
-      this.#vals[i] = ep.queueEstimate(ctx.now);
-    }
-    inverseMinMax(this.#vals, n, this.#out);
-    return this.#out;
+  protected value(ep: Endpoint, now: number): number {
+    return ep.queueEstimate(now);
   }
 }
 

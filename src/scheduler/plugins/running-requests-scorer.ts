@@ -7,25 +7,14 @@
 // router's own in-flight count. Fewest scores 1, most 0 (min-max over the candidates).
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { pluginParams, type PluginFactory } from '../registry.js';
-import type { CycleContext, Scorer } from '../types.js';
-import { ensure, inverseMinMax } from './score-util.js';
+import { FewestScorer } from './score-util.js';
 
-export class RunningRequestsScorer implements Scorer {
+export class RunningRequestsScorer extends FewestScorer {
   readonly type = 'running-requests';
   readonly name = 'running-requests';
-  #vals = new Float64Array(16);
-  #out = new Float64Array(16);
 
-  score(ctx: CycleContext, eps: readonly Endpoint[]): Float64Array {
-    const n = eps.length;
-    this.#vals = ensure(this.#vals, n);
-    this.#out = ensure(this.#out, n);
-    for (let i = 0; i < n; i++) {
-      const ep = eps[i];
-      this.#vals[i] = ep.fresh(ctx.now) ? ep.metrics.running + Math.min(ep.sinceScrape, ep.inFlight) : ep.inFlight;
-    }
-    inverseMinMax(this.#vals, n, this.#out);
-    return this.#out;
+  protected value(ep: Endpoint, now: number): number {
+    return ep.fresh(now) ? ep.metrics.running + Math.min(ep.sinceScrape, ep.inFlight) : ep.inFlight;
   }
 }
 
