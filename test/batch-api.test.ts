@@ -131,10 +131,31 @@ t.test('upload, batch, retrieve, output and error files through the openai SDK',
   t.equal(page2.has_more, false);
   t.match(await apiError(client.batches.list({ limit: 1000 })), { status: 400, param: 'limit' });
 
+  // files: listed newest first (or oldest first), by purpose, with after / limit
+  const outputs = [done.output_file_id!, done.error_file_id!].sort();
+  const all = await client.files.list();
+  t.equal(all.data.length, 4, 'the input files and the two result files');
+  t.same([all.data[0]!.id, all.data[3]!.id], [bad.id, file.id], 'newest first');
+  t.same(all.data.slice(1, 3).map((f) => f.id).sort(), outputs);
+  t.equal(all.has_more, false);
+  t.same((await client.files.list({ purpose: 'batch_output' })).data.map((f) => f.id).sort(), outputs);
+  t.same((await client.files.list({ purpose: 'batch' })).data.map((f) => f.id), [bad.id, file.id]);
+  const oldest = await client.files.list({ order: 'asc', limit: 1 });
+  t.same([oldest.data.map((f) => f.id), oldest.has_more], [[file.id], true]);
+  const next = await client.files.list({ order: 'asc', limit: 2, after: file.id });
+  t.same([next.data.map((f) => f.id).sort(), next.has_more], [outputs, true]);
+  const last = await client.files.list({ purpose: 'batch', limit: 1, after: bad.id });
+  t.same([last.data.map((f) => f.id), last.has_more], [[file.id], false], 'a purpose filter pages past the other purpose');
+  t.match(await apiError(client.files.list({ limit: 0 })), { status: 400, param: 'limit' });
+  t.match(await apiError(client.files.list({ purpose: 'fine-tune' })), { status: 400, param: 'purpose' });
+  t.match(await apiError(client.files.list({ after: 'file-nope' })), { status: 400, param: 'after' });
+
   // a finished batch cannot be cancelled; files can be deleted
   t.match(await apiError(client.batches.cancel(created.id)), { status: 400 });
   t.match(await client.files.delete(bad.id), { id: bad.id, deleted: true });
   t.match(await apiError(client.files.retrieve(bad.id)), { status: 404 });
+  t.notOk((await client.files.list()).data.some((f) => f.id === bad.id), 'a deleted file leaves the list');
+  t.match(await apiError(client.files.delete(bad.id)), { status: 404 });
 });
 
 t.test('cancel: lines not yet dispatched are skipped, the batch ends cancelled with the files of what ran', async (t) => {
@@ -185,6 +206,9 @@ t.test('a router SIGKILLed mid-batch: another router resumes the batch; every cu
   const mid = await until(() => clientA.batches.retrieve(b.id), (x) => x.request_counts!.completed >= 10, 30000, 'some done');
   serve.child.kill('SIGKILL');
   await serve.exited;
+  const held = new Redis(redis.url);
+  const heldAtKill = Number(((await held.xpending('jobs', 'g')) as [number])[0]);
+  held.disconnect();
   t.equal(mid.status, 'in_progress');
   t.ok(mid.request_counts!.completed < N, `killed with ${mid.request_counts!.completed} of ${N} done`);
 
@@ -197,9 +221,13 @@ t.test('a router SIGKILLed mid-batch: another router resumes the batch; every cu
   const out = (await (await clientB.files.content(done.output_file_id!)).text()).trim().split('\n').map((l) => JSON.parse(l) as { custom_id: string });
   t.equal(out.length, N);
   t.equal(new Set(out.map((o) => o.custom_id)).size, N, 'each custom_id exactly once');
-  t.ok(routerB.batch!.stats.reclaimed > 0, `router b reclaimed ${routerB.batch!.stats.reclaimed} entries the dead router held`);
   // the request stream: one entry per line (the enqueue was not repeated)
   const r = new Redis(redis.url);
   t.teardown(() => r.disconnect());
   t.equal(await r.xlen('jobs'), N);
+  // what the dead router held: its answers may already be stored (so the batch can complete without them), but
+  // its entries stay pending until router b claims them after reclaimIdleMs and finds them done
+  t.ok(heldAtKill > 0, `router a held ${heldAtKill} entries when killed`);
+  await until(async () => Number(((await r.xpending('jobs', 'g')) as [number])[0]), (n) => n === 0, 10000, 'no entry left pending');
+  t.ok(routerB.batch!.stats.reclaimed >= heldAtKill, `router b reclaimed ${routerB.batch!.stats.reclaimed} entries (router a held ${heldAtKill})`);
 });

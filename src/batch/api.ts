@@ -180,6 +180,10 @@ export class BatchApi {
   get #active(): string {
     return `${this.#p}:batches:active`;
   }
+  /** Every file's id, scored by its upload time in ms (GET /v1/files lists it newest first). */
+  get #files(): string {
+    return `${this.#p}:files`;
+  }
 
   // ---- files
 
@@ -205,6 +209,7 @@ export class BatchApi {
       .multi()
       .set(this.#fileData(id), data)
       .hset(this.#fileKey(id), 'filename', filename, 'purpose', purpose, 'bytes', String(data.length), 'created_at', String(created))
+      .zadd(this.#files, Date.now(), id)
       .exec();
     return fileObject(id, { filename, purpose, bytes: String(data.length), created_at: String(created) });
   }
@@ -228,10 +233,58 @@ export class BatchApi {
     return { status: 200, body: data, contentType: 'application/octet-stream' };
   }
 
+  /**
+   * GET /v1/files?purpose=&limit=&order=&after=: OpenAI's list shape, newest
+   * first by default; `limit` in [1, 10000] (default 10000, as OpenAI's).
+   * A purpose filter walks the index a page at a time, so its cost is bounded
+   * by what it skips, not by the whole store.
+   */
+  async listFiles(query: string): Promise<ApiAnswer> {
+    const q = new URLSearchParams(query);
+    const limitText = q.get('limit');
+    const limit = limitText === null ? 10000 : Number(limitText);
+    if (!Number.isInteger(limit) || limit < 1 || limit > 10000) throw new BatchApiError(400, `limit must be an integer in [1, 10000] (got ${JSON.stringify(limitText)})`, 'limit', 'invalid_value');
+    const order = q.get('order') ?? 'desc';
+    if (order !== 'asc' && order !== 'desc') throw new BatchApiError(400, `order must be "asc" or "desc" (got ${JSON.stringify(order.slice(0, 80))})`, 'order', 'invalid_value');
+    const purpose = q.get('purpose');
+    if (purpose !== null && purpose !== 'batch' && purpose !== 'batch_output')
+      throw new BatchApiError(400, `purpose ${JSON.stringify(purpose.slice(0, 80))}: this router stores "batch" and "batch_output" files only`, 'purpose', 'invalid_value');
+    const after = q.get('after');
+    const asc = order === 'asc';
+    let start = 0;
+    if (after !== null) {
+      const rank = FILE_ID.test(after) ? await (asc ? this.#redis.zrank(this.#files, after) : this.#redis.zrevrank(this.#files, after)) : null;
+      if (rank === null) throw new BatchApiError(400, `after ${JSON.stringify(after.slice(0, 80))}: no such file`, 'after', 'invalid_value');
+      start = rank + 1;
+    }
+    const data: Record<string, unknown>[] = [];
+    let hasMore = false;
+    const page = Math.min(limit + 1, 1000);
+    for (;;) {
+      const ids = await (asc ? this.#redis.zrange(this.#files, start, start + page - 1) : this.#redis.zrevrange(this.#files, start, start + page - 1));
+      if (ids.length === 0) break;
+      const pipe = this.#redis.pipeline();
+      for (const id of ids) pipe.hgetall(this.#fileKey(id));
+      const rows = (await pipe.exec()) ?? [];
+      for (let i = 0; i < ids.length; i++) {
+        const h = rows[i]?.[1] as BatchHash | undefined;
+        if (h?.purpose === undefined || (purpose !== null && h.purpose !== purpose)) continue;
+        if (data.length === limit) {
+          hasMore = true;
+          break;
+        }
+        data.push(fileObject(ids[i], h));
+      }
+      if (hasMore || ids.length < page) break;
+      start += ids.length;
+    }
+    return { status: 200, body: json({ object: 'list', data, first_id: (data[0]?.id as string | undefined) ?? null, last_id: (data.at(-1)?.id as string | undefined) ?? null, has_more: hasMore }) };
+  }
+
   async deleteFile(id: string): Promise<ApiAnswer> {
     if (!FILE_ID.test(id)) throw noSuchFile(id);
-    const n = await this.#redis.del(this.#fileKey(id), this.#fileData(id));
-    if (n === 0) throw noSuchFile(id);
+    const [del] = (await this.#redis.multi().del(this.#fileKey(id), this.#fileData(id)).zrem(this.#files, id).exec()) ?? [];
+    if (del?.[1] === 0) throw noSuchFile(id);
     return { status: 200, body: json({ id, object: 'file', deleted: true }) };
   }
 

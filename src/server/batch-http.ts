@@ -83,6 +83,7 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
 }
 
 const upload: Op = (api, _p, _q, ct, body) => api.uploadFile(ct, body!);
+const listFiles: Op = (api, _p, query) => api.listFiles(query);
 const retrieveFile: Op = (api, id) => api.retrieveFile(id);
 const fileContent: Op = (api, id) => api.fileContent(id);
 const deleteFile: Op = (api, id) => api.deleteFile(id);
@@ -94,6 +95,7 @@ const cancel: Op = (api, id) => api.cancelBatch(id);
 /** Mounts the routes (always: without `batch:` they answer that it is not configured). */
 export function mountBatchRoutes(app: TemplatedApp, host: BatchHost): void {
   app.post('/v1/files', (res, req) => handle(host, res, req, true, upload));
+  app.get('/v1/files', (res, req) => handle(host, res, req, false, listFiles));
   app.get('/v1/files/:id', (res, req) => handle(host, res, req, false, retrieveFile));
   app.get('/v1/files/:id/content', (res, req) => handle(host, res, req, false, fileContent));
   app.del('/v1/files/:id', (res, req) => handle(host, res, req, false, deleteFile));
