@@ -175,6 +175,58 @@ t.test('cancel: lines not yet dispatched are skipped, the batch ends cancelled w
   t.equal(out.length, end.request_counts!.completed, 'the output file holds what ran');
 });
 
+t.test('expiry: a batch past its window ends expired; what ran is in the output file, the rest in the error file as batch_expired', async (t) => {
+  const { cfg } = await setup(t, { timeScale: 1, itlMs: 30 }, { maxInFlight: 2, expireAfterSeconds: 2 });
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => router.close(200));
+  const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'k', maxRetries: 0 });
+  const N = 60;
+  const file = await client.files.create({ file: await jsonl(Array.from({ length: N }, (_, i) => chatLine(`x${i}`))), purpose: 'batch' });
+  const b = await client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  t.equal(b.expires_at, b.created_at + 2, 'expires_at is created_at + expireAfterSeconds');
+  const end = await until(() => client.batches.retrieve(b.id), (x) => x.status === 'expired', 20000, 'expired');
+  t.ok(end.expired_at !== null && end.expired_at! >= b.created_at + 2, `expired at ${end.expired_at} (created ${b.created_at})`);
+  const ran = end.request_counts!.completed;
+  t.ok(ran > 0 && ran < N, `${ran} of ${N} ran before the window closed`);
+  const out = (await (await client.files.content(end.output_file_id!)).text()).trim().split('\n').map((l) => JSON.parse(l) as { custom_id: string });
+  const errs = (await (await client.files.content(end.error_file_id!)).text()).trim().split('\n').map((l) => JSON.parse(l) as { custom_id: string; response: unknown; error: { code: string } | null });
+  t.equal(out.length, ran, 'the output file holds what ran');
+  t.equal(errs.length, N - ran, 'every line that did not run is in the error file');
+  t.ok(errs.every((e) => e.response === null && e.error?.code === 'batch_expired'), 'as batch_expired');
+  t.equal(new Set([...out, ...errs].map((l) => l.custom_id)).size, N, 'each custom_id once across both files');
+  t.match(await apiError(client.batches.cancel(b.id)), { status: 400 }, 'an expired batch cannot be cancelled');
+});
+
+t.test("tenants: a batch's lines belong to its creator's tenant (the API key's), and count against that tenant's quota", async (t) => {
+  const redis = await startRedis(t);
+  const engines = await startFleet(2, { timeScale: 0 });
+  t.teardown(() => engines.close());
+  const raw = config(engines.urls, redis.url, { quotas: { windowMs: 60000, tenants: { acme: { requests: 3 } } }, reclaimIdleMs: 100000 });
+  const cfg = validateConfig({ ...raw, flowControl: { tenants: { 'sk-acme': 'acme' } } }, validatePlugin);
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => router.close(200));
+  const acme = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'sk-acme', maxRetries: 0 });
+  const anon = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'sk-unknown', maxRetries: 0 });
+  const lines = Array.from({ length: 6 }, (_, i) => chatLine(`t${i}`));
+  const fa = await acme.files.create({ file: await jsonl(lines), purpose: 'batch' });
+  const ba = await acme.batches.create({ input_file_id: fa.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  const fb = await anon.files.create({ file: await jsonl(lines), purpose: 'batch' });
+  const bb = await anon.batches.create({ input_file_id: fb.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  // the anonymous batch runs under the default quota (unlimited); acme's stops at its 3 requests a minute
+  const doneB = await until(() => anon.batches.retrieve(bb.id), (x) => x.status === 'completed', 20000, 'anonymous batch completed');
+  t.equal(doneB.request_counts!.completed, 6);
+  await until(async () => router.batch!.stats.deferredByQuota, (n) => n > 0, 10000, 'acme deferred by its quota');
+  const a = await acme.batches.retrieve(ba.id);
+  t.equal(a.status, 'in_progress');
+  t.equal(a.request_counts!.completed, 3, "acme's batch ran only its quota's 3 requests");
+  const r = new Redis(redis.url);
+  t.teardown(() => r.disconnect());
+  const entries = (await r.xrange('jobs', '-', '+')) as [string, string[]][];
+  const tenantOf = (batch: string) => new Set(entries.filter(([, f]) => f[f.indexOf('batch') + 1] === batch).map(([, f]) => f[f.indexOf('tenant') + 1]));
+  t.same([...tenantOf(ba.id)], ['acme']);
+  t.same([...tenantOf(bb.id)], ['']);
+});
+
 t.test('without a batch block the routes answer an OpenAI error saying so', async (t) => {
   const { url } = await startTestRouter(t, {});
   for (const [method, path] of [

@@ -85,14 +85,15 @@ type Status = 'validating' | 'failed' | 'in_progress' | 'finalizing' | 'complete
 /**
  * Appends one chunk of a batch's lines to the request stream and its count, only
  * while the batch is in progress and its count is still ARGV[1]: KEYS[1] batch
- * hash, KEYS[2] request stream; ARGV from, to, result, path, batch id, then
- * (request id, body) pairs. Returns 1 when appended.
+ * hash, KEYS[2] request stream; ARGV from, to, result, path, batch id, tenant,
+ * then (request id, body) pairs. Returns 1 when appended.
  */
 const ENQUEUE_CHUNK_LUA = `
 if redis.call('HGET', KEYS[1], 'status') ~= 'in_progress' then return 0 end
+if redis.call('HGET', KEYS[1], 'expiring') == '1' then return 0 end
 if redis.call('HGET', KEYS[1], 'enqueued') ~= ARGV[1] then return 0 end
-for i = 6, #ARGV, 2 do
-  redis.call('XADD', KEYS[2], '*', 'id', ARGV[i], 'result', ARGV[3], 'path', ARGV[4], 'batch', ARGV[5], 'body', ARGV[i + 1])
+for i = 7, #ARGV, 2 do
+  redis.call('XADD', KEYS[2], '*', 'id', ARGV[i], 'result', ARGV[3], 'path', ARGV[4], 'batch', ARGV[5], 'tenant', ARGV[6], 'body', ARGV[i + 1])
 end
 redis.call('HSET', KEYS[1], 'enqueued', ARGV[2])
 return 1`;
@@ -291,7 +292,7 @@ export class BatchApi {
   // ---- batches
 
   /** POST /v1/batches. */
-  async createBatch(raw: Buffer): Promise<ApiAnswer> {
+  async createBatch(raw: Buffer, tenant = ''): Promise<ApiAnswer> {
     let b: unknown;
     try {
       b = JSON.parse(raw.toString('utf8'));
@@ -324,15 +325,16 @@ export class BatchApi {
       failed: '0',
       skipped: '0',
       enqueued: '0',
+      tenant,
     };
     await this.#redis.multi().hset(this.#batchKey(id), h).zadd(this.#index, Date.now(), id).sadd(this.#active, id).exec();
     void this.#step(id);
-    return { status: 200, body: json(batchObject(id, h)) };
+    return { status: 200, body: json(batchObject(id, h, this.#cfg.expireAfterSeconds)) };
   }
 
   async retrieveBatch(id: string): Promise<ApiAnswer> {
     const h = await this.#batch(id);
-    return { status: 200, body: json(batchObject(id, h)) };
+    return { status: 200, body: json(batchObject(id, h, this.#cfg.expireAfterSeconds)) };
   }
 
   async #batch(id: string): Promise<BatchHash> {
@@ -363,7 +365,7 @@ export class BatchApi {
     const data = [];
     for (let i = 0; i < page.length; i++) {
       const h = rows[i]?.[1] as BatchHash | undefined;
-      if (h?.status !== undefined) data.push(batchObject(page[i], h));
+      if (h?.status !== undefined) data.push(batchObject(page[i], h, this.#cfg.expireAfterSeconds));
     }
     return { status: 200, body: json({ object: 'list', data, first_id: page[0] ?? null, last_id: page.at(-1) ?? null, has_more: ids.length > limit }) };
   }
@@ -406,11 +408,18 @@ export class BatchApi {
         await this.#validate(id, h);
         h = await this.#redis.hgetall(this.#batchKey(id));
       }
+      if (h.status === 'in_progress' && h.expiring !== '1' && now() >= Number(h.created_at) + this.#cfg.expireAfterSeconds) {
+        // past its window: what is not dispatched yet is skipped (as a cancel does), what runs finishes, then it ends expired
+        await this.#redis.set(cancelKey(this.#p, id), '1', 'EX', this.#cfg.doneTtlSeconds);
+        await this.#redis.setIfStatus(this.#batchKey(id), 'expiring', '1', 'in_progress');
+        h = await this.#redis.hgetall(this.#batchKey(id));
+      }
       if (h.status === 'in_progress') {
-        if (Number(h.enqueued) < Number(h.total)) await this.#enqueue(id, h);
+        const expiring = h.expiring === '1';
+        if (!expiring && Number(h.enqueued) < Number(h.total)) await this.#enqueue(id, h);
         h = await this.#count(id);
-        if (h.status === 'in_progress' && answered(h) >= Number(h.total)) {
-          if ((await this.#redis.setIfStatus(this.#batchKey(id), 'status', 'finalizing', 'finalizing_at', String(now()), 'final', 'completed', 'in_progress')) === 1) h.status = 'finalizing';
+        if (h.status === 'in_progress' && answered(h) >= Number(expiring ? h.enqueued : h.total)) {
+          if ((await this.#redis.setIfStatus(this.#batchKey(id), 'status', 'finalizing', 'finalizing_at', String(now()), 'final', expiring ? 'expired' : 'completed', 'in_progress')) === 1) h.status = 'finalizing';
         }
       }
       if (h.status === 'cancelling') {
@@ -420,7 +429,7 @@ export class BatchApi {
         }
       }
       if (h.status === 'finalizing') await this.#finalize(id);
-      else if (h.status === undefined || h.status === 'completed' || h.status === 'failed' || h.status === 'cancelled') await this.#redis.srem(this.#active, id);
+      else if (h.status === undefined || h.status === 'completed' || h.status === 'failed' || h.status === 'cancelled' || h.status === 'expired') await this.#redis.srem(this.#active, id);
     } catch (err) {
       if (!this.#closed) this.#log.warn({ err: (err as Error).message, batch: id }, 'batch api: step failed; retried on the next tick');
     } finally {
@@ -478,7 +487,7 @@ export class BatchApi {
     });
     while (from < bodies.length && !this.#closed) {
       const to = Math.min(from + ENQUEUE_CHUNK, bodies.length);
-      const args: string[] = [String(from), String(to), result, h.endpoint, id];
+      const args: string[] = [String(from), String(to), result, h.endpoint, id, h.tenant ?? ''];
       for (let i = from; i < to; i++) args.push(`${id}.${i}`, bodies[i]);
       // the chunk goes in only while the batch is in progress and nobody enqueued it before (another router, a cancel)
       if ((await this.#redis.enqueueChunk(this.#batchKey(id), c.stream, ...args)) === 0) return;
@@ -511,9 +520,14 @@ export class BatchApi {
     const out: string[] = [];
     const errs: string[] = [];
     const tag = id.slice('batch_'.length);
+    const expired = h.final === 'expired';
     for (let i = 0; i < customIds.length; i++) {
       const r = results.get(i);
-      if (r === undefined || r[0] === 0) continue; // not run (cancelled)
+      if (r === undefined || r[0] === 0) {
+        // not run: left out of a cancelled batch's files; in an expired batch's error file, as OpenAI does
+        if (expired) errs.push(json({ id: `batch_req_${tag}_${i}`, custom_id: customIds[i], response: null, error: { code: 'batch_expired', message: 'This request could not be executed before the completion window expired.' } }));
+        continue;
+      }
       let body: unknown;
       try {
         body = JSON.parse(r[1]);
@@ -527,7 +541,7 @@ export class BatchApi {
     const errId = errs.length > 0 ? `file-${tag}-errors` : '';
     if (outId !== '') await this.#storeFile(outId, `${id}_output.jsonl`, 'batch_output', Buffer.from(out.join('\n') + '\n'));
     if (errId !== '') await this.#storeFile(errId, `${id}_error.jsonl`, 'batch_output', Buffer.from(errs.join('\n') + '\n'));
-    const final = h.final === 'cancelled' ? 'cancelled' : 'completed';
+    const final = h.final === 'cancelled' || h.final === 'expired' ? h.final : 'completed';
     await this.#redis.setIfStatus(this.#batchKey(id), 'status', final, `${final}_at`, String(now()), 'output_file_id', outId, 'error_file_id', errId, 'finalizing');
     await this.#redis.multi().srem(this.#active, id).del(this.#outStream(id)).exec();
   }
@@ -608,7 +622,7 @@ function fileObject(id: string, h: BatchHash): Record<string, unknown> {
   return { id, object: 'file', bytes: Number(h.bytes), created_at: Number(h.created_at), filename: h.filename, purpose: h.purpose, status: 'processed', expires_at: null, status_details: null };
 }
 
-function batchObject(id: string, h: BatchHash): Record<string, unknown> {
+function batchObject(id: string, h: BatchHash, expireAfterSeconds: number): Record<string, unknown> {
   const created = Number(h.created_at);
   return {
     id,
@@ -622,11 +636,11 @@ function batchObject(id: string, h: BatchHash): Record<string, unknown> {
     error_file_id: h.error_file_id || null,
     created_at: created,
     in_progress_at: num(h.in_progress_at),
-    expires_at: created + 86400,
+    expires_at: created + expireAfterSeconds,
     finalizing_at: num(h.finalizing_at),
     completed_at: num(h.completed_at),
     failed_at: num(h.failed_at),
-    expired_at: null,
+    expired_at: num(h.expired_at),
     cancelling_at: num(h.cancelling_at),
     cancelled_at: num(h.cancelled_at),
     request_counts: { total: Number(h.total), completed: Number(h.completed), failed: Number(h.failed) },

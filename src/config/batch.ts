@@ -35,6 +35,12 @@ export interface BatchConfig {
   band?: string;
   /** The largest file POST /v1/files accepts, bytes (the Batches API). */
   maxFileBytes: number;
+  /**
+   * A Batches API batch not finished this long after its creation expires:
+   * lines not yet dispatched are not run, and go to its error file as
+   * `batch_expired` (seconds; default 86,400, OpenAI's "24h" window).
+   */
+  expireAfterSeconds: number;
   quotas: { windowMs: number; default: BatchQuota; tenants: Record<string, BatchQuota> };
 }
 
@@ -62,6 +68,9 @@ export const batchSchema = strict(
     reclaimIdleMs: int(100, 86_400_000).default(60_000).describe('unacknowledged entries idle this long are claimed from their consumer'),
     band: name().optional().describe('flow-control band of batch requests; default the lowest'),
     maxFileBytes: int(1, 512 * 1024 * 1024).default(64 * 1024 * 1024).describe('the largest JSONL file POST /v1/files accepts (bytes)'),
+    expireAfterSeconds: int(1, 30 * 86400)
+      .default(86400)
+      .describe('a Batches API batch not finished this long after creation expires; lines not yet dispatched go to its error file as batch_expired'),
     quotas: strict(
       {
         windowMs: int(1000, 86_400_000).default(60_000),

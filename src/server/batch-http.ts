@@ -11,9 +11,11 @@ export interface BatchHost {
   readonly draining: boolean;
   readonly metrics: { countRequest(model: string, endpoint: number, status: number): void };
   readonly log: { error(o: object, msg: string): void };
+  /** The tenant a request belongs to for flow control (an API key's tenant, or a trusted header); '' for none. */
+  tenantOf(get: (name: string) => string): string;
 }
 
-type Op = (api: BatchApi, param: string, query: string, contentType: string, body: Buffer | null) => Promise<ApiAnswer>;
+type Op = (api: BatchApi, param: string, query: string, contentType: string, body: Buffer | null, tenant: string) => Promise<ApiAnswer>;
 
 const NOT_CONFIGURED = 'the Files and Batches API needs a `batch:` block (a Redis) in the router config (docs/batch.md)';
 
@@ -21,6 +23,9 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
   const param = req.getParameter(0) ?? '';
   const query = req.getQuery() ?? '';
   const contentType = req.getHeader('content-type');
+  // a batch belongs to the tenant its creator is to flow control (its lines count against that tenant's quota);
+  // the request is only readable inside this call, so the identity is taken now
+  const tenant = op === create ? host.tenantOf((n) => req.getHeader(n)) : '';
   const declared = req.getHeader('content-length');
   const bodyless = declared === '0' || (declared === '' && req.getHeader('transfer-encoding') === '');
   let gone = false;
@@ -42,7 +47,7 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
     return;
   }
   const run = (body: Buffer | null) => {
-    op(api, param, query, contentType, body).then(
+    op(api, param, query, contentType, body, tenant).then(
       (a) => write(a.status, a.body, a.contentType),
       (err: unknown) => {
         const e = err as { status?: unknown; message?: string; param?: string | null; code?: string | null };
@@ -87,7 +92,7 @@ const listFiles: Op = (api, _p, query) => api.listFiles(query);
 const retrieveFile: Op = (api, id) => api.retrieveFile(id);
 const fileContent: Op = (api, id) => api.fileContent(id);
 const deleteFile: Op = (api, id) => api.deleteFile(id);
-const create: Op = (api, _p, _q, _ct, body) => api.createBatch(body!);
+const create: Op = (api, _p, _q, _ct, body, tenant) => api.createBatch(body!, tenant);
 const retrieve: Op = (api, id) => api.retrieveBatch(id);
 const list: Op = (api, _p, query) => api.listBatches(query);
 const cancel: Op = (api, id) => api.cancelBatch(id);

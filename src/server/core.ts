@@ -198,6 +198,13 @@ export class RouterCore {
   batchApi: import('../batch/api.js').BatchApi | null = null;
   /** P/D disaggregation (config.disaggregation), or null. */
   readonly pd: Disaggregator | null;
+
+  /** The tenant a request belongs to for flow control ('' without flow control or a tenant): the owner of a Batches API batch. */
+  tenantOf(get: (name: string) => string): string {
+    const classifier = (this.gate as { classifier?: import('../flow/classify.js').Classifier }).classifier;
+    const flow = classifier?.flowId(get) ?? '';
+    return flow.startsWith('tenant:') ? flow.slice('tenant:'.length) : '';
+  }
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
   /** Requests still reading their body (for the 408 sweep). */
