@@ -252,8 +252,8 @@ export class Disaggregator {
   readonly #set: EndpointSet;
   /** Pools with prefill endpoints (recomputed when the endpoints change). */
   #pdPools = new Set<string>();
-  /** `pool\0revision` of the active both endpoints (recomputed when the endpoints change). */
-  #both = new Set<string>();
+  /** Endpoints whose pool and revision have an active both endpoint (recomputed when the endpoints change). */
+  #withBoth = new Set<Endpoint>();
   readonly #req: SchedRequest = { model: '', prompt: undefined, pair: null };
   /** The decode scheduler's prefix producer: its tier-weighted cached count for the endpoint just picked. */
   readonly #decodePrefix: { pickedCachedTokens(): number } | null;
@@ -297,8 +297,10 @@ export class Disaggregator {
       if (ep.role === 'prefill') s.add(ep.pool);
       else if (ep.role === 'both') both.add(ep.pool + '\0' + ep.revision);
     }
+    const withBoth = new Set<Endpoint>();
+    for (const ep of this.#set.all) if (both.has(ep.pool + '\0' + ep.revision)) withBoth.add(ep);
     this.#pdPools = s;
-    this.#both = both;
+    this.#withBoth = withBoth;
   }
 
   #mode(ep: Endpoint): 'nixl' | 'sglang' {
@@ -317,7 +319,7 @@ export class Disaggregator {
 
   /** The pool and revision of `ep` have an active `both` endpoint (the scheduler's filters may still refuse it). */
   hasBoth(ep: Endpoint): boolean {
-    return this.#both.has(ep.pool + '\0' + ep.revision);
+    return this.#withBoth.has(ep);
   }
 
   countFallback(reason: FallbackReason): void {
