@@ -254,7 +254,7 @@ t.test('SGLang bootstrap: both legs at once with the same room; decode answers',
     { name: 'p0', url: p0!.url, role: 'prefill', bootstrapPort: p0!.port },
     { name: 'p1', url: p1!.url, role: 'prefill', bootstrapPort: p1!.port },
     { name: 'd0', url: d0!.url, role: 'decode' },
-  ], { engine: 'sglang' });
+  ], { engine: 'sglang', pd: { prefill: { picker: 'round-robin' } } }); // some pairs surely start on p0
   for (let i = 0; i < 3; i++) {
     const z = await post(r2.url, '/v1/chat/completions', chat(`${i} more: ${LONG}`, { stream: true }));
     t.equal(z.status, 200);
@@ -287,7 +287,7 @@ t.test('SGLang bootstrap: a decode leg that cannot reach its prefill engine: a n
     { name: 'p0', url: p0!.url, role: 'prefill' },
     { name: 'p1', url: p1!.url, role: 'prefill', bootstrapPort: p1!.port },
     { name: 'd0', url: d0!.url, role: 'decode' },
-  ], { engine: 'sglang', pd: { bootstrapPort: 1 } });
+  ], { engine: 'sglang', pd: { bootstrapPort: 1, prefill: { picker: 'round-robin' } } });
   for (let i = 0; i < 3; i++) {
     const y = await post(r2.url, '/v1/chat/completions', chat(`${i} ${LONG}`, { stream: true }));
     t.equal(y.status, 200);
@@ -296,6 +296,7 @@ t.test('SGLang bootstrap: a decode leg that cannot reach its prefill engine: a n
     t.equal(y.headers['x-switchyard-prefill-endpoint'], 'p1');
   }
   m = await pdMetrics(r2);
+  t.ok(metric(m, 'switchyard_pd_new_pairs_total', { reason: 'decode-transfer' }) >= 1, 'pairs on p0 were formed again');
   t.equal(metric(m, 'switchyard_pd_new_pairs_total', { reason: 'decode-transfer' }), metric(m, 'switchyard_upstream_retries_total'), 'each new pair one retry');
 });
 

@@ -52,6 +52,8 @@ const m = async (r: RunningRouter) => parseProm((await get(r.url, '/metrics')).b
 /** The simulator's bootstrap server is its HTTP port. */
 const pre = (name: string, e: SimEngine, extra: Partial<Ep> = {}): Ep => ({ name, url: e.url, role: 'prefill', bootstrapPort: e.port, ...extra });
 const served = (e: SimEngine) => e.stats().finished;
+/** Round-robin prefill picks (the default profile's scores may keep picking one engine). */
+const RR = { prefill: { picker: 'round-robin' } };
 
 t.test('the simulator refuses a request without a bootstrap room in prefill and decode mode, as SGLang does', async (t) => {
   const [p, d, b] = await engines(t, { role: 'prefill' }, { role: 'decode' }, { role: 'both' });
@@ -128,9 +130,8 @@ t.test('with a both endpoint in the revision, direct requests go to it (never pa
 t.test('a failed pair is retried as a new pair: another prefill endpoint, a fresh room, the same decode endpoint', async (t) => {
   const [p0, p1, d0] = await engines(t, { role: 'prefill' }, { role: 'prefill' }, { role: 'decode' });
   d0!.recordHeaders(['x-request-id']);
-  const r = await router(t, [pre('p0', p0!), pre('p1', p1!), { name: 'd0', url: d0!.url, role: 'decode' }], {
-    scheduling: { picker: 'round-robin' },
-  });
+  // round-robin prefill picks: some pairs surely start on p0
+  const r = await router(t, [pre('p0', p0!), pre('p1', p1!), { name: 'd0', url: d0!.url, role: 'decode' }], {}, RR);
   // p0 always answers 500: every request whose pair starts on p0 is re-paired on p1
   p0!.setFailures(1, ['500']);
   for (let i = 0; i < 4; i++) {
@@ -150,9 +151,7 @@ t.test('a failed pair is retried as a new pair: another prefill endpoint, a fres
   p0!.setFailures(0);
 
   // p0's decode side cannot reach its bootstrap server (wrong port): decode-transfer → new pair on p1
-  const r2 = await router(t, [pre('p0', p0!, { bootstrapPort: 1 }), pre('p1', p1!), { name: 'd0', url: d0!.url, role: 'decode' }], {
-    scheduling: { picker: 'round-robin' },
-  });
+  const r2 = await router(t, [pre('p0', p0!, { bootstrapPort: 1 }), pre('p1', p1!), { name: 'd0', url: d0!.url, role: 'decode' }], {}, RR);
   for (let i = 0; i < 4; i++) {
     const x = await post(r2.url, '/v1/chat/completions', chat(`b${i} ${LONG}`));
     t.equal(x.status, 200);
@@ -174,7 +173,7 @@ t.test('a failed pair is retried as a new pair: another prefill endpoint, a fres
 
 t.test('a prefill leg slower than prefillTimeoutMs: a new pair', async (t) => {
   const [p0, p1, d0] = await engines(t, { role: 'prefill', slowFirstByteMs: 5000 }, { role: 'prefill' }, { role: 'decode', bootstrapTimeoutMs: 10_000 });
-  const r = await router(t, [pre('p0', p0!), pre('p1', p1!), { name: 'd0', url: d0!.url, role: 'decode' }], { scheduling: { picker: 'round-robin' } }, { prefillTimeoutMs: 200 });
+  const r = await router(t, [pre('p0', p0!), pre('p1', p1!), { name: 'd0', url: d0!.url, role: 'decode' }], {}, { ...RR, prefillTimeoutMs: 200 });
   p0!.setFailures(1, ['slow-first-byte']);
   for (let i = 0; i < 2; i++) {
     const x = await post(r.url, '/v1/chat/completions', chat(`${i} ${LONG}`));
