@@ -11,6 +11,7 @@ import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { startRouter, type RunningRouter } from '../src/server/router.js';
 import { get, metric, parseProm, post, until } from './sim-util.js';
 import { validatePlugin } from './router-util.js';
+import { revisionStatus } from '../src/endpoints/revisions.js';
 
 const FAST: SimOptions = { timeScale: 0, engine: 'sglang' };
 const LONG = 'please summarise this long document. '.repeat(120); // ~4.4 KB ≈ 1,100 tokens
@@ -69,6 +70,7 @@ t.test('the simulator refuses a request without a bootstrap room in prefill and 
 t.test('a short prompt in a prefill + decode pool is disaggregated anyway (forced) and answered', async (t) => {
   const [p0, d0] = await engines(t, { role: 'prefill' }, { role: 'decode' });
   const r = await router(t, [pre('p0', p0!), { name: 'd0', url: d0!.url, role: 'decode' }]);
+  t.match(revisionStatus(r.core.endpoints), [{ servesAggregated: false, servesDisaggregated: true }], 'the admin API: no aggregated traffic without a both endpoint');
   const x = await post(r.url, '/v1/chat/completions', chat('short', { stream: true }));
   t.equal(x.status, 200);
   t.ok(x.body.endsWith('data: [DONE]\n\n'));
@@ -94,6 +96,7 @@ t.test('with a both endpoint in the revision, direct requests go to it (never pa
   const r = await router(t, [pre('p0', p0!), { name: 'd0', url: d0!.url, role: 'decode' }, { name: 'b0', url: b0!.url, role: 'both' }], {
     scheduling: { filters: ['model', 'healthy', { type: 'role', params: { preferBoth: false } }], picker: 'round-robin' },
   });
+  t.match(revisionStatus(r.core.endpoints), [{ servesAggregated: true, servesDisaggregated: true }]);
   for (let i = 0; i < 6; i++) {
     const x = await post(r.url, '/v1/chat/completions', chat(`short ${i}`));
     t.equal(x.status, 200);
