@@ -364,7 +364,9 @@ export class Disaggregator {
       }
       forced = true;
     }
-    const d = this.#pickPrefill(sreq, ep, f.triedPrefill);
+    let d = this.#pickPrefill(sreq, ep, f.triedPrefill);
+    // a retry whose failed pairs used every prefill endpoint: one of them again (a fresh room)
+    if (d === null && f.triedPrefill !== null) d = this.#pickPrefill(sreq, ep, null);
     if (d === null) {
       if (room) {
         if (f.toBoth(sreq)) {
