@@ -20,14 +20,21 @@
 // router share this process, so stream chunks arrive coalesced and their gaps
 // say more about the event loop than the engines.)
 //
-//   npm run build:ts && node dist/bench/pd-vs-agg.js [--rates 4,8,12] [--seconds 10] [--time-scale 0.5]
+// The noise band (--rounds N): each round measures the aggregated fleet twice,
+// A before and A' after P/D (A, P/D, A'; every fleet of a round gets the same
+// arrivals, seed 42 + round), so the summary shows P/D ÷ aggregated (against
+// the mean of A and A') next to A' ÷ A, an A/A ratio: what the same fleet
+// measured twice in the same run differs by. A P/D ratio inside the A/A range
+// is parity within noise; one below its low end is a real deficit.
+//
+//   npm run build:ts && node dist/bench/pd-vs-agg.js [--rates 4,8,12] [--seconds 10] [--time-scale 0.5] [--rounds 1]
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { startEngine, type SimEngine } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { startRouter } from '../src/server/router.js';
 import { registry } from '../src/scheduler/builtins.js';
-import { expGap, quantile, rng } from './lib/stats.js';
+import { expGap, median, quantile, rng } from './lib/stats.js';
 import http from 'node:http';
 
 const { values: a } = parseArgs({
@@ -38,6 +45,7 @@ const { values: a } = parseArgs({
     'prompt-tokens': { type: 'string', default: '8000' },
     'output-tokens': { type: 'string', default: '200' },
     prefill: { type: 'string', default: '3' },
+    rounds: { type: 'string', default: '1' },
   },
 });
 const rates = a.rates!.split(',').map(Number);
@@ -47,6 +55,8 @@ const promptTokens = Number(a['prompt-tokens']);
 const outTokens = Number(a['output-tokens']);
 /** Of the 4 engines, how many prefill in the P/D fleet (the rest decode). */
 const nPrefill = Number(a.prefill);
+/** Rounds per rate: each is A, P/D, A' (the aggregated fleet twice: the A/A noise band). */
+const rounds = Math.max(1, Number(a.rounds));
 
 const SIM = { timeScale: scale, prefillOverheadMs: 2, prefillUsPerToken: 25, prefillChunkTokens: 2048, itlMs: 15, decodeSlowdown: 0.01, maxNumSeqs: 128, kvCacheBlocks: 65536, maxModelLen: 65536, keepItlSamples: true };
 const ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0];
@@ -193,14 +203,14 @@ function itlSumCount(text: string): [number, number] {
 
 const genTokens = (es: SimEngine[]): number => es.reduce((x, e) => x + e.stats().generationTokens, 0);
 
-async function run(mode: 'agg' | 'pd', rate: number) {
+async function run(mode: 'agg' | 'pd', rate: number, seed: number) {
   const f = await fleet(mode);
   const before = new Map<SimEngine, number[]>();
   const beforeSum = new Map<SimEngine, [number, number]>();
   for (const e of f.decoders) before.set(e, bucketCounts(await e.metricsText()));
   for (const e of f.decoders) beforeSum.set(e, itlSumCount(await e.metricsText()));
   const itlFrom = new Map(f.decoders.map((e) => [e, e.itlSamples().length]));
-  const rand = rng(42);
+  const rand = rng(seed);
   const filler = 'lorem ipsum dolor sit amet '.repeat(Math.ceil((promptTokens * 4) / 27)).slice(0, promptTokens * 4);
   const pending: Promise<Sample>[] = [];
   const t0 = performance.now();
@@ -258,30 +268,81 @@ async function run(mode: 'agg' | 'pd', rate: number) {
     tokPerSec: tokens / (wall / scale),
     steadyTokPerSec: steadyTokens / ((steadyT1 - steadyT0) / 1000 / scale),
     decodeRunning: `${(runSum / Math.max(1, runN)).toFixed(0)}/${runMax}`,
+    steadyVsOffered: steadyTokens / Math.max(1, laggedArrivals(samples, steadyT0, steadyT1) * outTokens),
   };
   await f.close();
   return r;
 }
 
+type Result = Awaited<ReturnType<typeof run>>;
+
+/**
+ * Arrivals whose output falls in the steady window [w0, w1] if the fleet
+ * keeps up: those that arrived in the window shifted back by the fleet's
+ * median lag from arrival to the middle of its output ((TTFT + e2e) / 2).
+ * The steady-window output of a fleet that sustains the rate is about these
+ * arrivals' tokens whatever its latency; two fleets with different latencies
+ * see differently shifted windows of the same Poisson arrivals, which moves
+ * their steady-window tok/s apart by a few percent at 30 s runs.
+ */
+function laggedArrivals(samples: Sample[], w0: number, w1: number): number {
+  const ok = samples.filter((s) => s.ok && s.tokens > 0);
+  const lag = median(ok.map((s) => (s.ttftMs + (s.t1 - s.t0)) / 2));
+  let n = 0;
+  for (const s of samples) if (s.t0 >= w0 - lag && s.t0 < w1 - lag) n++;
+  return n;
+}
+
+function row(label: string, r: Result, extra: string): string {
+  return `| ${r.rate} | ${label} | ${r.completed}/${r.offered} | ${r.itlP90Exact.toFixed(1)} | ${r.itlP99Exact.toFixed(1)} | ${r.itlP90Engine.toFixed(1)} | ${r.itlMeanEngine.toFixed(1)} | ${r.ttftP90.toFixed(0)} | ${(r.e2eP50 / 1000).toFixed(2)} | ${r.tailS.toFixed(2)} | ${r.decodeRunning} | ${r.tokPerSec.toFixed(0)} | ${r.steadyTokPerSec.toFixed(0)} | ${r.steadyVsOffered.toFixed(3)} | ${extra} |`;
+}
+
+const range = (xs: number[]): string => `${Math.min(...xs).toFixed(2)}–${Math.max(...xs).toFixed(2)}× (median ${median(xs).toFixed(2)}×)`;
+
 async function main() {
-  console.log(`P/D vs aggregated: 4 engines each; prompts ≈${promptTokens} tokens, ${outTokens} output tokens; ${seconds} model-s of Poisson arrivals per point; time-scale ${scale}`);
+  console.log(`P/D vs aggregated: 4 engines each; prompts ≈${promptTokens} tokens, ${outTokens} output tokens; ${seconds} model-s of Poisson arrivals per point; time-scale ${scale}; ${rounds} round(s) of A, P/D, A' per rate`);
   console.log(
-    '| rate (req/s) | fleet | completed/offered | ITL p90 (ms, engines, exact) | ITL p99 (ms, exact) | ITL p90 (ms, engines\' histogram) | ITL mean (ms, engines) | TTFT p90 (ms, client) | e2e p50 (s) | tail after last arrival (s) | decode-side running (mean/max per engine) | output tok/s (whole run) | output tok/s (steady window) | ITL p90 (exact) agg ÷ P/D | tok/s P/D ÷ agg (whole run) | tok/s P/D ÷ agg (steady) |',
+    '| rate (req/s) | fleet | completed/offered | ITL p90 (ms, engines, exact) | ITL p99 (ms, exact) | ITL p90 (ms, engines\' histogram) | ITL mean (ms, engines) | TTFT p90 (ms, client) | e2e p50 (s) | tail after last arrival (s) | decode-side running (mean/max per engine) | output tok/s (whole run) | output tok/s (steady window) | steady output ÷ its lag-aligned offered | ITL p90 (exact) agg ÷ P/D | tok/s P/D ÷ agg (whole run) | tok/s P/D ÷ agg (steady) | tok/s A\' ÷ A (whole run) | tok/s A\' ÷ A (steady) |',
   );
-  console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
+  console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
+  const summary: string[] = [];
   for (const rate of rates) {
-    const agg = await run('agg', rate);
-    const pd = await run('pd', rate);
-    for (const r of [agg, pd]) {
-      const extra =
-        r === pd
-          ? `${(agg.itlP90Exact / pd.itlP90Exact).toFixed(2)}× | ${(pd.tokPerSec / agg.tokPerSec).toFixed(2)}× | ${(pd.steadyTokPerSec / agg.steadyTokPerSec).toFixed(2)}×`
-          : ' | | ';
-      console.log(
-        `| ${rate} | ${r.mode === 'agg' ? 'aggregated (4 both)' : `P/D (${nPrefill} prefill + ${4 - nPrefill} decode)`} | ${r.completed}/${r.offered} | ${r.itlP90Exact.toFixed(1)} | ${r.itlP99Exact.toFixed(1)} | ${r.itlP90Engine.toFixed(1)} | ${r.itlMeanEngine.toFixed(1)} | ${r.ttftP90.toFixed(0)} | ${(r.e2eP50 / 1000).toFixed(2)} | ${r.tailS.toFixed(2)} | ${r.decodeRunning} | ${r.tokPerSec.toFixed(0)} | ${r.steadyTokPerSec.toFixed(0)} | ${extra} |`,
-      );
+    const itl: number[] = [];
+    const pdWhole: number[] = [];
+    const pdSteady: number[] = [];
+    const aaWhole: number[] = [];
+    const aaSteady: number[] = [];
+    const keepAgg: number[] = [];
+    const keepPd: number[] = [];
+    for (let k = 0; k < rounds; k++) {
+      const seed = 42 + k;
+      const a1 = await run('agg', rate, seed);
+      const pd = await run('pd', rate, seed);
+      const a2 = await run('agg', rate, seed);
+      // P/D against the mean of the two aggregated measurements around it (drift cancels)
+      const aggWhole = (a1.tokPerSec + a2.tokPerSec) / 2;
+      const aggSteady = (a1.steadyTokPerSec + a2.steadyTokPerSec) / 2;
+      const aggItl = (a1.itlP90Exact + a2.itlP90Exact) / 2;
+      itl.push(aggItl / pd.itlP90Exact);
+      pdWhole.push(pd.tokPerSec / aggWhole);
+      pdSteady.push(pd.steadyTokPerSec / aggSteady);
+      aaWhole.push(a2.tokPerSec / a1.tokPerSec);
+      aaSteady.push(a2.steadyTokPerSec / a1.steadyTokPerSec);
+      keepAgg.push(a1.steadyVsOffered, a2.steadyVsOffered);
+      keepPd.push(pd.steadyVsOffered);
+      const tag = rounds > 1 ? ` r${k + 1}` : '';
+      console.log(row(`aggregated A (4 both)${tag}`, a1, ' | | | | '));
+      console.log(row(`P/D (${nPrefill} prefill + ${4 - nPrefill} decode)${tag}`, pd, `${itl.at(-1)!.toFixed(2)}× | ${pdWhole.at(-1)!.toFixed(2)}× | ${pdSteady.at(-1)!.toFixed(2)}× | | `));
+      console.log(row(`aggregated A' (4 both)${tag}`, a2, ` | | | ${aaWhole.at(-1)!.toFixed(2)}× | ${aaSteady.at(-1)!.toFixed(2)}×`));
     }
+    summary.push(
+      `| ${rate} | ${rounds} | ${range(itl)} | ${range(pdWhole)} | ${range(aaWhole)} | ${range(pdSteady)} | ${range(aaSteady)} | ${range(keepAgg)} | ${range(keepPd)} |`,
+    );
   }
+  console.log('');
+  console.log('| rate (req/s) | rounds | ITL p90 agg ÷ P/D | tok/s P/D ÷ agg (whole run) | tok/s A\' ÷ A (whole run, noise) | tok/s P/D ÷ agg (steady) | tok/s A\' ÷ A (steady, noise) | steady ÷ lag-aligned offered, aggregated | steady ÷ lag-aligned offered, P/D |');
+  console.log('|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
+  for (const l of summary) console.log(l);
 }
 
 main().then(

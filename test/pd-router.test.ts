@@ -225,7 +225,7 @@ t.test('revisions: prefill and decode always pair within one revision; a decode 
 });
 
 t.test('SGLang bootstrap: both legs at once with the same room; decode answers', async (t) => {
-  const [p0, d0] = await engines(t, { role: 'prefill', engine: 'sglang' }, { role: 'decode', engine: 'sglang', bootstrapTimeoutMs: 500 });
+  const [p0, p1, d0] = await engines(t, { role: 'prefill', engine: 'sglang' }, { role: 'prefill', engine: 'sglang' }, { role: 'decode', engine: 'sglang', bootstrapTimeoutMs: 500 });
   d0!.recordHeaders(['x-request-id']);
   const r = await pdRouter(t, [
     // the simulator's bootstrap server is its HTTP port
@@ -241,32 +241,63 @@ t.test('SGLang bootstrap: both legs at once with the same room; decode answers',
   t.equal(d0!.stats().promptTokens, p0!.stats().promptTokens, 'decode paired with that prefill');
   t.equal(metric(await scrape(d0!.url), 'sglang:time_to_first_token_seconds_count'), 1);
   t.equal(d0!.recorded().length, 1, 'one decode leg: it got its room\'s KV');
-  // prefill failing with 500: the decode side cannot get its KV; the client still gets decode's answer (decode alone)
+  t.equal(metric(await pdMetrics(r), 'switchyard_pd_decisions_total', { decision: 'disaggregated' }), 1);
+  // the only prefill failing with 500 every time: SGLang's decode server refuses a request without a
+  // room, so the pair is formed again (fresh rooms) until the retry budget is spent, then a clean 502
   p0!.setFailures(1, ['500']);
   const y = await post(r.url, '/v1/chat/completions', chat('another document: ' + LONG, { stream: true }));
-  t.equal(y.status, 200);
-  t.ok(y.body.endsWith('data: [DONE]\n\n'));
-  t.equal(y.headers['x-switchyard-prefill-endpoint'], undefined, 'no prefill leg served it');
+  t.equal(y.status, 502, 'no pair could be formed');
+  t.match(JSON.parse(y.body), { error: { code: 502, message: /P\/D pair/ } });
+  t.equal(d0!.recorded().length, 4, 'decode got one leg per pair (3), each with a room, none alone');
+  // with a second prefill endpoint the failed pair is formed again on it: the client gets decode's answer
+  const r2 = await pdRouter(t, [
+    { name: 'p0', url: p0!.url, role: 'prefill', bootstrapPort: p0!.port },
+    { name: 'p1', url: p1!.url, role: 'prefill', bootstrapPort: p1!.port },
+    { name: 'd0', url: d0!.url, role: 'decode' },
+  ], { engine: 'sglang', pd: { prefill: { picker: 'round-robin' } } }); // some pairs surely start on p0
+  for (let i = 0; i < 3; i++) {
+    const z = await post(r2.url, '/v1/chat/completions', chat(`${i} more: ${LONG}`, { stream: true }));
+    t.equal(z.status, 200);
+    t.ok(z.body.endsWith('data: [DONE]\n\n'));
+    t.equal(z.headers['x-switchyard-prefill-endpoint'], 'p1', 'served by the new pair');
+  }
   p0!.setFailures(0);
-  const m = await pdMetrics(r);
-  t.equal(metric(m, 'switchyard_pd_fallbacks_total', { reason: 'prefill-5xx' }) + metric(m, 'switchyard_pd_fallbacks_total', { reason: 'decode-transfer' }), 1, 'one fallback');
+  const m = await pdMetrics(r2);
+  t.ok(metric(m, 'switchyard_pd_new_pairs_total', { reason: 'prefill-5xx' }) + metric(m, 'switchyard_pd_new_pairs_total', { reason: 'decode-transfer' }) >= 1, 'new pairs counted');
+  t.equal(metric(m, 'switchyard_pd_fallbacks_total', { reason: 'prefill-5xx' }) + metric(m, 'switchyard_pd_fallbacks_total', { reason: 'decode-transfer' }), 0, 'never decode alone');
 });
 
-t.test('SGLang bootstrap: a decode leg that cannot reach its prefill engine decodes alone, counted', async (t) => {
-  const [p0, d0] = await engines(t, { role: 'prefill', engine: 'sglang' }, { role: 'decode', engine: 'sglang', bootstrapTimeoutMs: 300 });
+t.test('SGLang bootstrap: a decode leg that cannot reach its prefill engine: a new pair, or a clean error', async (t) => {
+  const [p0, p1, d0] = await engines(t, { role: 'prefill', engine: 'sglang' }, { role: 'prefill', engine: 'sglang' }, { role: 'decode', engine: 'sglang', bootstrapTimeoutMs: 300 });
   const r = await pdRouter(t, [
-    // no bootstrapPort: the default 8998, where no bootstrap server of the simulator listens
+    // no bootstrapPort: the default (1 here), where no bootstrap server of the simulator listens
     { name: 'p0', url: p0!.url, role: 'prefill' },
     { name: 'd0', url: d0!.url, role: 'decode' },
   ], { engine: 'sglang', pd: { bootstrapPort: 1 } });
   const x = await post(r.url, '/v1/chat/completions', chat(LONG, { stream: true }), { 'x-request-id': 'sg-2' });
-  t.equal(x.status, 200, 'no client sees the connector error');
-  t.ok(x.body.endsWith('data: [DONE]\n\n'));
-  t.equal(x.headers['x-switchyard-endpoint'], 'd0');
-  t.equal(x.headers['x-switchyard-prefill-endpoint'], undefined);
-  const m = await pdMetrics(r);
-  t.equal(metric(m, 'switchyard_pd_fallbacks_total', { reason: 'decode-transfer' }), 1, 'counted as a decode-transfer fallback');
-  t.equal(metric(m, 'switchyard_upstream_retries_total'), 0, 'not a retry: the decode endpoint was not at fault');
+  t.equal(x.status, 502, 'no pair can work: a clean error');
+  t.match(JSON.parse(x.body), { error: { code: 502, message: /decode-transfer/ } });
+  t.notOk(x.body.includes('KVTransferError'), 'no client sees the connector error');
+  t.equal(d0!.stats().finished, 0);
+  let m = await pdMetrics(r);
+  t.equal(metric(m, 'switchyard_pd_new_pairs_total', { reason: 'decode-transfer' }), 2, 'two new pairs (maxRetries 2)');
+  t.equal(metric(m, 'switchyard_pd_fallbacks_total', { reason: 'decode-transfer' }), 0, 'never decode alone');
+  // with a reachable prefill endpoint beside it: a new pair there
+  const r2 = await pdRouter(t, [
+    { name: 'p0', url: p0!.url, role: 'prefill' },
+    { name: 'p1', url: p1!.url, role: 'prefill', bootstrapPort: p1!.port },
+    { name: 'd0', url: d0!.url, role: 'decode' },
+  ], { engine: 'sglang', pd: { bootstrapPort: 1, prefill: { picker: 'round-robin' } } });
+  for (let i = 0; i < 3; i++) {
+    const y = await post(r2.url, '/v1/chat/completions', chat(`${i} ${LONG}`, { stream: true }));
+    t.equal(y.status, 200);
+    t.ok(y.body.endsWith('data: [DONE]\n\n'));
+    t.equal(y.headers['x-switchyard-endpoint'], 'd0', 'the same decode endpoint: it was not at fault');
+    t.equal(y.headers['x-switchyard-prefill-endpoint'], 'p1');
+  }
+  m = await pdMetrics(r2);
+  t.ok(metric(m, 'switchyard_pd_new_pairs_total', { reason: 'decode-transfer' }) >= 1, 'pairs on p0 were formed again');
+  t.equal(metric(m, 'switchyard_pd_new_pairs_total', { reason: 'decode-transfer' }), metric(m, 'switchyard_upstream_retries_total'), 'each new pair one retry');
 });
 
 t.test('the decode profile (disaggregation.decode) picks decode endpoints by its own scorers', async (t) => {

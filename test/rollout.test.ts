@@ -12,9 +12,14 @@ import { validatePlugin } from './router-util.js';
 
 const LONG = 'an eight kilobyte prompt stands in here. '.repeat(60);
 
-t.test('rollout A → B → A under streamed load: 0 failed, 0 mixed pairs', async (t) => {
-  const sim = { timeScale: 0.05, itlMs: 5, prefillOverheadMs: 2 };
+for (const engine of ['vllm', 'sglang'] as const)
+t.test(`rollout A → B → A under streamed load (${engine}): 0 failed, 0 mixed pairs`, async (t) => {
+  // SGLang: the decode engines refuse a request without a bootstrap room, as real SGLang does, so while a
+  // revision has no ready prefill endpoint its decode endpoints get nothing (the other revision pairs)
+  const sim = { timeScale: 0.05, itlMs: 5, prefillOverheadMs: 2, engine };
   const start = (role: 'prefill' | 'decode', revision: string, loadingMs = 0) => startEngine({ ...sim, role, revision, loadingMs });
+  // the simulator's bootstrap server is its HTTP port
+  const boot = (e: SimEngine) => (engine === 'sglang' ? { bootstrapPort: e.port } : {});
   const a: SimEngine[] = [await start('prefill', 'a'), await start('decode', 'a')];
   const b: SimEngine[] = [await start('prefill', 'b', 300), await start('decode', 'b', 300)];
   const a2: SimEngine[] = [await start('prefill', 'a'), await start('decode', 'a')];
@@ -27,9 +32,10 @@ t.test('rollout A → B → A under streamed load: 0 failed, 0 mixed pairs', asy
         pools: [
           {
             name: 'pd',
+            engine,
             models: ['open-model'],
             endpoints: [
-              { name: 'a-p0', url: a[0]!.url, role: 'prefill', revision: 'a' },
+              { name: 'a-p0', url: a[0]!.url, role: 'prefill', revision: 'a', ...boot(a[0]!) },
               { name: 'a-d0', url: a[1]!.url, role: 'decode', revision: 'a' },
             ],
           },
@@ -75,13 +81,13 @@ t.test('rollout A → B → A under streamed load: 0 failed, 0 mixed pairs', asy
   const opts = { admin: router.admin!.url, token: '', pool: 'pd', pollMs: 50 };
   await new Promise((r) => setTimeout(r, 300));
   const ms1 = await rollout(
-    { ...opts, to: 'b', endpoints: [{ name: 'b-p0', url: b[0]!.url, role: 'prefill' }, { name: 'b-d0', url: b[1]!.url, role: 'decode' }] },
+    { ...opts, to: 'b', endpoints: [{ name: 'b-p0', url: b[0]!.url, role: 'prefill', ...boot(b[0]!) }, { name: 'b-d0', url: b[1]!.url, role: 'decode' }] },
     (p) => steps.push(p.step),
   );
   const names = () => router.core.endpoints.all.map((e) => e.name).sort();
   t.same(names(), ['b-p0', 'b-d0'].sort(), 'the pool is on revision b');
   await new Promise((r) => setTimeout(r, 200));
-  const ms2 = await rollout({ ...opts, to: 'a', from: 'b', endpoints: [{ name: 'a2-p0', url: a2[0]!.url, role: 'prefill' }, { name: 'a2-d0', url: a2[1]!.url, role: 'decode' }] });
+  const ms2 = await rollout({ ...opts, to: 'a', from: 'b', endpoints: [{ name: 'a2-p0', url: a2[0]!.url, role: 'prefill', ...boot(a2[0]!) }, { name: 'a2-d0', url: a2[1]!.url, role: 'decode' }] });
   stop = true;
   await load;
   t.same(names(), ['a2-d0', 'a2-p0']);
@@ -91,6 +97,10 @@ t.test('rollout A → B → A under streamed load: 0 failed, 0 mixed pairs', asy
   t.ok(pd > 0);
   t.ok(steps.includes('wait-ready') && steps.at(-1) === 'done');
   t.ok(ms1 > 0 && ms2 > 0);
+  if (engine === 'sglang') {
+    // every request was paired: the decode engines refuse anything else
+    t.equal(pd, ok, 'every request served by a pair');
+  }
 });
 
 t.test('rollout refuses what it cannot do, and the old revision keeps serving', async (t) => {

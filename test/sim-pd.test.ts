@@ -80,10 +80,12 @@ t.test('P/D rules: roles, transfers that must exist on a live prefill engine, lo
   const gone = await post(decode.url, '/v1/completions', { prompt, max_tokens: 2, kv_transfer_params: pc.kv_transfer_params });
   t.equal(gone.status, 500);
   t.match(JSON.parse(gone.body).error.message, /cannot reach the prefill engine/);
-  // SGLang: a prefill server needs a bootstrap room
+  // SGLang: a prefill server (as a decode one: test/pd-sglang.test.ts) needs a bootstrap room
   const sg = await startEngine({ ...opts, engine: 'sglang', role: 'prefill' });
   t.teardown(() => sg.close());
-  t.equal((await post(sg.url, '/v1/completions', { prompt, max_tokens: 1 })).status, 400);
+  const noRoom = await post(sg.url, '/v1/completions', { prompt, max_tokens: 1 }, { 'x-request-id': 'nr' });
+  t.equal(noRoom.status, 400);
+  t.equal(JSON.parse(noRoom.body).error.message, "Invalid request: Disaggregated request received without bootstrap room id. req.rid='nr'");
   t.equal((await post(sg.url, '/v1/completions', { prompt, max_tokens: 1, bootstrap_host: '127.0.0.1', bootstrap_port: 8998, bootstrap_room: 7 })).status, 200);
 });
 

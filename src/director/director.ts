@@ -16,7 +16,7 @@ import { SseErrorRewriter } from '../proxy/sse-errors.js';
 import { appendTraceHeaders } from '../proxy/trace-context.js';
 import type { UpstreamCall, UpstreamClient, UpstreamSink } from '../proxy/upstream.js';
 import type { Decision, Outcome, Scheduler } from '../scheduler/scheduler.js';
-import type { SchedRequest } from '../scheduler/types.js';
+import type { LatencyNote, SchedRequest } from '../scheduler/types.js';
 import type { RequestTrace, RequestTracer } from '../telemetry/tracing.js';
 import { Piscina } from 'piscina';
 import { MAX_JSON_DEPTH, parseRequestBody, renderPrompt } from './body.js';
@@ -26,7 +26,7 @@ import type { SessionTable } from '../sessions/table.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
 import { PromptWriter } from './prompt.js';
 import type { TokenSource } from '../tokenize/source.js';
-import type { Disaggregator, PdFlight, PrefillLeg } from './pd.js';
+import type { Disaggregator, FallbackReason, PdFlight, PrefillLeg } from './pd.js';
 
 export { KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, isPassthrough } from './kinds.js';
 
@@ -317,6 +317,10 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   #leg: PrefillLeg | null = null;
   /** SGLang: the decode leg in flight carries a bootstrap room (its KV comes from the prefill leg's engine). */
   #paired = false;
+  /** SGLang: prefill endpoints of failed pairs (a new pair prefers another); null: none failed. */
+  #triedPrefill: Endpoint[] | null = null;
+  /** SGLang: a pick found no revision able to pair its decode endpoint: a pick that finds nothing answers 503. */
+  #noPair = false;
   /** Prompt bytes copied out of the shared writer when admission is asynchronous. */
   #promptCopy: Uint8Array | null = null;
   #ticket: unknown = null;
@@ -567,6 +571,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     sreq.sessionKey = this.sessionKey;
     sreq.tokens = this.#tokens ?? undefined;
     sreq.pair = this.prefillEndpoint; // a decode retry stays in the prefill's revision
+    sreq.role = null;
     if (d.scheduler.latency) {
       sreq.sloTtftMs = this.#sloTtft;
       sreq.sloTpotMs = this.#sloTpot;
@@ -594,7 +599,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     if (picked === null) {
       sreq.prompt = undefined;
       sreq.tokens = undefined;
-      if (this.#tried !== null) this.#reply(502, `all endpoints tried for model \`${this.model}\` failed: ${this.#errorMessage}`, null, null);
+      if (this.#noPair) this.#reply(503, `no ready endpoint for model \`${this.model}\`: no revision has a ready prefill endpoint for its SGLang decode endpoints (they refuse a request without a bootstrap room) or a ready both endpoint`, null, null);
+      else if (this.#tried !== null) this.#reply(502, `all endpoints tried for model \`${this.model}\` failed: ${this.#errorMessage}`, null, null);
       else this.#reply(503, `no ready endpoint for model \`${this.model}\``, null, null);
       return;
     }
@@ -609,7 +615,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       return;
     }
     const pd = d.pd;
-    if (pd !== null && this.#attempts === 0 && pd.begin(this, sreq)) {
+    // NIXL: a retry reuses the prefill's transfer parameters; SGLang: a decode-role endpoint only takes pairs
+    if (pd !== null && (this.#attempts === 0 || pd.needsRoom(this.endpoint)) && pd.begin(this, sreq)) {
       sreq.prompt = undefined;
       sreq.tokens = undefined; // a prefill leg runs first (or both legs are out): the collaborator calls sendDecode
       return;
@@ -682,31 +689,134 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
 
   /** The prefill leg answered 4xx: that is the client's answer. */
   prefillRejected(status: number, message: string): void {
-    if (this.#picked) {
-      // the decode endpoint never saw the prompt: its slot is released (no breaker outcome) and the blocks its pick recorded go
-      this.#picked = false;
-      const scheduler = this.director.scheduler;
-      scheduler.complete(this, 'aborted');
-      if (scheduler.prefix !== null && this.promptBlocks > this.matchedBlocks) {
-        const sreq = this.#schedRequest(true);
-        try {
-          scheduler.prefix.forget(this.endpoint, this, sreq);
-        } finally {
-          sreq.prompt = undefined;
-        }
-      }
-    }
+    // the decode endpoint never saw the prompt: its slot is released (no breaker outcome) and the blocks its pick recorded go
+    this.#unpick();
     this.#reply(status, message, null, null);
   }
 
-  /** SGLang: the prefill side failed before decode answered: decode alone, on the same endpoint. */
-  redoDecodeAlone(): void {
+  get triedPrefill(): readonly Endpoint[] | null {
+    return this.#triedPrefill;
+  }
+
+  /**
+   * SGLang: the pair failed before decode sent a byte (`prefill`: its prefill
+   * endpoint). A `both` decode endpoint decodes alone (it prefills itself); a
+   * decode-role one refuses a request without a room, so, within the retry
+   * budget, a new pair with a fresh room (another prefill endpoint when there
+   * is one, this decode endpoint: it was not at fault) or a `both` endpoint;
+   * otherwise a clean 502.
+   */
+  pairFailed(reason: FallbackReason, prefill: Endpoint | null): void {
     if (this.aborted || this.#done || this.#started) return;
+    const pd = this.director.pd!;
+    this.prefillEndpoint = null;
+    this.#leg?.abort();
     this.#call?.abort();
     this.#call = null;
     this.#status = 0;
     this.#errorBody = null;
-    this.sendDecode(this.rawBody, this.rawBody);
+    this.#paired = false;
+    if (this.trace !== null) this.trace.legEnd(performance.now(), reason);
+    if (!pd.needsRoom(this.endpoint)) {
+      pd.countFallback(reason);
+      this.sendDecode(this.rawBody, this.rawBody);
+      return;
+    }
+    const why = `the pair of decode endpoint ${this.endpoint.name} with prefill endpoint ${prefill?.name ?? '?'} failed (${reason})`;
+    if (this.#attempts >= this.director.maxRetries) {
+      this.unservable(502, `upstream P/D pair for model \`${this.model}\` failed: ${why}`);
+      return;
+    }
+    this.#attempts++;
+    this.director.metrics.retries++;
+    pd.countNewPair(reason);
+    this.#errorMessage = why;
+    if (prefill !== null && !(this.#triedPrefill ??= []).includes(prefill)) this.#triedPrefill.push(prefill);
+    const sreq = this.#schedRequest(true);
+    try {
+      pd.repair(this, sreq, why);
+    } catch (err) {
+      this.internalError(err);
+    } finally {
+      sreq.prompt = undefined;
+      sreq.tokens = undefined;
+      sreq.role = null;
+    }
+  }
+
+  /**
+   * SGLang: moves the pick to a `both` endpoint of the picked endpoint's pool
+   * and revision (the decode-role endpoint first picked would refuse the
+   * request alone). The new pick is made first, so a false answer (none ready)
+   * changes nothing; on success the first pick is released (no breaker
+   * outcome) and the prefix blocks it recorded are forgotten. Cold path.
+   */
+  toBoth(sreq: SchedRequest): boolean {
+    const d = this.director;
+    if (!this.#picked || d.pd === null || !d.pd.hasBoth(this.endpoint)) return false;
+    const old: Decision & LatencyNote = {
+      endpoint: this.endpoint,
+      seq: this.seq,
+      promptBlocks: this.promptBlocks,
+      matchedBlocks: this.matchedBlocks,
+      latPending: this.latPending,
+      latWork: this.latWork,
+      latRunning: this.latRunning,
+      latPredTtftMs: this.latPredTtftMs,
+      latPredTpotMs: this.latPredTpotMs,
+      latSloTtftMs: this.latSloTtftMs,
+      latSloTpotMs: this.latSloTpotMs,
+      latBand: this.latBand,
+    };
+    const pair = sreq.pair;
+    sreq.role = 'both';
+    sreq.pair = old.endpoint;
+    let picked: Decision | null;
+    try {
+      picked = d.scheduler.pick(sreq, this.#tried, this);
+    } finally {
+      sreq.role = null;
+      sreq.pair = pair;
+    }
+    if (picked === null) return false;
+    d.scheduler.complete(old, 'aborted');
+    if (d.scheduler.prefix !== null && old.promptBlocks > old.matchedBlocks && sreq.prompt !== undefined) d.scheduler.prefix.forget(old.endpoint, old, sreq);
+    return true;
+  }
+
+  /** SGLang: this revision cannot pair its decode endpoints: pick again without them (503 when nothing is left). */
+  noPairInRevision(): void {
+    const ep = this.endpoint;
+    this.#noPair = true;
+    this.#unpick();
+    const tried = (this.#tried ??= []);
+    for (const e of this.director.scheduler.endpoints.all) if (e.pool === ep.pool && e.revision === ep.revision && e.role !== 'both' && !tried.includes(e)) tried.push(e);
+    if (!tried.includes(ep)) tried.push(ep);
+    this.#dispatch();
+  }
+
+  /** SGLang: nothing can serve the request: `status` before any byte; the decode pick is released without a breaker failure. */
+  unservable(status: number, message: string): void {
+    if (this.aborted || this.#done) return;
+    this.#unpick();
+    this.#reply(status, message, null, null);
+  }
+
+  /** Releases the current pick as never sent (no breaker outcome) and forgets the prefix blocks it recorded. */
+  #unpick(): void {
+    if (!this.#picked) return;
+    this.#picked = false;
+    const scheduler = this.director.scheduler;
+    scheduler.complete(this, 'aborted');
+    if (scheduler.prefix !== null && this.promptBlocks > this.matchedBlocks) {
+      const sreq = this.#schedRequest(true);
+      try {
+        scheduler.prefix.forget(this.endpoint, this, sreq);
+      } finally {
+        sreq.prompt = undefined;
+        sreq.tokens = undefined;
+      }
+    }
   }
 
   #canRetry(): boolean {
@@ -716,6 +826,9 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   #retry(reason: string): void {
     this.#errorMessage = reason;
     if (this.trace !== null) this.trace.legEnd(performance.now(), reason);
+    // SGLang: the prefill leg of the failed decode leg's room goes with it (a retry forms a new pair)
+    this.#leg?.abort();
+    this.#paired = false;
     // nothing of the failed attempt's answer (status, a buffered error body) carries over
     this.#status = 0;
     this.#errorBody = null;
@@ -756,14 +869,14 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
 
   onUpstreamHeaders(status: number, contentType: string, contentLength: number): void {
     if (this.aborted) return;
-    if (status >= 500 && this.#paired && !this.#started && this.director.pd !== null) {
-      // SGLang: the decode endpoint could not get its room's KV (the prefill side failed, or never
-      // reached it): not the decode endpoint's fault, so it decodes alone, counted as a fallback
-      this.#leg?.abort();
-      this.director.pd.transferFailed();
-      this.prefillEndpoint = null;
-      this.redoDecodeAlone();
-      return;
+    if (this.#paired && !this.#started && this.director.pd !== null) {
+      if (status >= 500) {
+        // SGLang: the decode endpoint could not get its room's KV (the prefill side failed, or never
+        // reached it): not the decode endpoint's fault; a new pair (or decode alone on a both endpoint)
+        this.pairFailed('decode-transfer', this.#leg?.endpoint ?? this.prefillEndpoint);
+        return;
+      }
+      if (status < 400) this.director.pd.paired();
     }
     if (status >= 500 && this.#canRetry()) {
       if (this.trace !== null) this.trace.legFirstByte(performance.now(), status);

@@ -17,6 +17,18 @@
 // A decode failure before the first byte is retried by the flight on another
 // decode endpoint of the same revision (SchedRequest.pair).
 //
+// SGLang: a server in prefill or decode disaggregation mode refuses every
+// request without a bootstrap room (HTTP 400 "Disaggregated request received
+// without bootstrap room id", SGLang's scheduler), and sgl-router's PD mode
+// never sends decode alone: each attempt selects a new (prefill, decode) pair
+// and a new room. So in SGLang mode a decode-role endpoint is never sent a
+// request alone: "direct" goes to a `both` endpoint of its revision when one
+// is ready, else the request is disaggregated anyway (counted as forced); a
+// failed pair (prefill 5xx, error, timeout; decode-transfer) becomes a new
+// pair (fresh room, another prefill endpoint when there is one, the same
+// decode endpoint) within the retry budget, or goes to a `both` endpoint; with
+// neither, the client gets a 502/503 before any byte.
+//
 // Wire facts: vLLM's disagg proxy examples and llm-d's P/D sidecar (prefill
 // request: kv_transfer_params {do_remote_decode: true, do_remote_prefill:
 // false, remote_* null}, stream false, max_tokens 1, stream_options and
@@ -69,6 +81,12 @@ const NIXL_PREFILL_FIELDS =
 /** Why a disaggregated request went to decode alone. */
 export const FALLBACK_REASONS = ['prefill-5xx', 'prefill-error', 'prefill-timeout', 'kv-missing', 'kv-malformed', 'decode-transfer'] as const;
 export type FallbackReason = (typeof FALLBACK_REASONS)[number];
+/** Why an SGLang pair failed (and a new pair was formed): the SGLang subset of the fallback reasons. */
+export const NEW_PAIR_REASONS = ['prefill-5xx', 'prefill-error', 'prefill-timeout', 'decode-transfer'] as const;
+
+function bump(m: Map<FallbackReason, number>, reason: FallbackReason): void {
+  m.set(reason, (m.get(reason) ?? 0) + 1);
+}
 
 export class PdMetrics {
   disaggregated = 0;
@@ -76,6 +94,12 @@ export class PdMetrics {
   /** Direct because the decode endpoint's revision had no ready prefill endpoint. */
   noPrefill = 0;
   readonly fallback = new Map<FallbackReason, number>();
+  /** SGLang: failed pairs retried as a new pair (fresh room), by reason. */
+  readonly newPair = new Map<FallbackReason, number>();
+  /** SGLang: below the threshold, disaggregated anyway (a decode-role endpoint refuses a request alone; no `both` endpoint ready). */
+  forced = 0;
+  /** SGLang: direct requests sent to a `both` endpoint instead of the decode-role endpoint first picked. */
+  directToBoth = 0;
   /** A prefill 4xx returned to the client. */
   prefillRejected = 0;
   kvMissing = 0;
@@ -111,6 +135,34 @@ export class PdMetrics {
       collect() {
         this.reset();
         for (const reason of FALLBACK_REASONS) this.inc({ reason }, m.fallback.get(reason) ?? 0);
+      },
+    });
+    new Counter({
+      name: 'switchyard_pd_new_pairs_total',
+      help: 'SGLang: failed prefill/decode pairs retried as a new pair (fresh bootstrap room, another prefill endpoint when there is one), by reason.',
+      labelNames: ['reason'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const reason of NEW_PAIR_REASONS) this.inc({ reason }, m.newPair.get(reason) ?? 0);
+      },
+    });
+    new Counter({
+      name: 'switchyard_pd_forced_total',
+      help: 'SGLang: requests below thresholdTokens disaggregated anyway: their decode endpoint (disaggregation mode) refuses a request without a bootstrap room and their revision had no ready both endpoint.',
+      registers: r,
+      collect() {
+        this.reset();
+        this.inc(m.forced);
+      },
+    });
+    new Counter({
+      name: 'switchyard_pd_direct_to_both_total',
+      help: 'SGLang: direct requests (below thresholdTokens, or no ready prefill endpoint) sent to a both endpoint of the revision instead of the decode endpoint first picked.',
+      registers: r,
+      collect() {
+        this.reset();
+        this.inc(m.directToBoth);
       },
     });
     new Counter({
@@ -174,8 +226,20 @@ export interface PdFlight {
   setLeg(leg: PrefillLeg | null): void;
   /** SGLang mode: the decode leg has not sent a byte to the client yet. */
   readonly started: boolean;
-  /** SGLang mode: abandon the decode leg in flight (its accounting released) and send decode alone. */
-  redoDecodeAlone(): void;
+  /** SGLang mode: prefill endpoints whose pair failed for this request (a new pair prefers another). */
+  readonly triedPrefill: readonly Endpoint[] | null;
+  /** SGLang mode: the pair failed (`prefill` its prefill endpoint): a new pair, a `both` endpoint, or a clean error. */
+  pairFailed(reason: FallbackReason, prefill: Endpoint | null): void;
+  /**
+   * SGLang mode: re-pick a `both` endpoint of the picked endpoint's pool and
+   * revision for `sreq` (the first pick released); false (nothing changed)
+   * when none is ready.
+   */
+  toBoth(sreq: SchedRequest): boolean;
+  /** SGLang mode: the revision of the picked decode endpoint has no ready prefill endpoint and no ready both endpoint: the flight picks elsewhere or answers 503. */
+  noPairInRevision(): void;
+  /** SGLang mode: nothing can serve the request: the client gets `status` and `message` (the decode pick released, no breaker failure). */
+  unservable(status: number, message: string): void;
 }
 
 export class Disaggregator {
@@ -188,6 +252,8 @@ export class Disaggregator {
   readonly #set: EndpointSet;
   /** Pools with prefill endpoints (recomputed when the endpoints change). */
   #pdPools = new Set<string>();
+  /** Endpoints whose pool and revision have an active both endpoint (recomputed when the endpoints change). */
+  #withBoth = new Set<Endpoint>();
   readonly #req: SchedRequest = { model: '', prompt: undefined, pair: null };
   /** The decode scheduler's prefix producer: its tier-weighted cached count for the endpoint just picked. */
   readonly #decodePrefix: { pickedCachedTokens(): number } | null;
@@ -225,14 +291,48 @@ export class Disaggregator {
 
   #scan(): void {
     const s = new Set<string>();
-    for (const ep of this.#set.all) if (ep.role === 'prefill' && ep.state === 'active') s.add(ep.pool);
+    const both = new Set<string>();
+    for (const ep of this.#set.all) {
+      if (ep.state !== 'active') continue;
+      if (ep.role === 'prefill') s.add(ep.pool);
+      else if (ep.role === 'both') both.add(ep.pool + '\0' + ep.revision);
+    }
+    const withBoth = new Set<Endpoint>();
+    for (const ep of this.#set.all) if (both.has(ep.pool + '\0' + ep.revision)) withBoth.add(ep);
     this.#pdPools = s;
+    this.#withBoth = withBoth;
   }
 
-  /** SGLang: a decode leg answered 5xx before any byte (its room's KV did not arrive): the flight decodes alone. */
-  transferFailed(): void {
-    const m = this.metrics.fallback;
-    m.set('decode-transfer', (m.get('decode-transfer') ?? 0) + 1);
+  #mode(ep: Endpoint): 'nixl' | 'sglang' {
+    return this.cfg.mode === 'auto' ? (ep.engine === 'sglang' ? 'sglang' : 'nixl') : this.cfg.mode;
+  }
+
+  /**
+   * An endpoint that refuses a request without a bootstrap room: an SGLang
+   * prefill or decode server in a pool with prefill endpoints (SGLang's
+   * scheduler aborts such a request with 400). Every request it gets is one
+   * leg of a pair.
+   */
+  needsRoom(ep: Endpoint): boolean {
+    return ep.role !== 'both' && this.#pdPools.has(ep.pool) && this.#mode(ep) === 'sglang';
+  }
+
+  /** The pool and revision of `ep` have an active `both` endpoint (the scheduler's filters may still refuse it). */
+  hasBoth(ep: Endpoint): boolean {
+    return this.#withBoth.has(ep);
+  }
+
+  countFallback(reason: FallbackReason): void {
+    bump(this.metrics.fallback, reason);
+  }
+
+  countNewPair(reason: FallbackReason): void {
+    bump(this.metrics.newPair, reason);
+  }
+
+  /** SGLang: the decode leg of a pair answered (status below 500): the request was served disaggregated. */
+  paired(): void {
+    this.metrics.disaggregated++;
   }
 
   /**
@@ -244,23 +344,85 @@ export class Disaggregator {
     const ep = f.endpoint;
     if (!this.#pdPools.has(ep.pool)) return false;
     const m = this.metrics;
-    if (this.uncached(f, sreq) < this.cfg.thresholdTokens) {
+    if (ep.role === 'both' && this.#mode(ep) === 'sglang') {
+      // an SGLang server outside disaggregation mode cannot take a prefill server's KV: it prefills itself
       m.direct++;
       return false;
     }
-    const req = this.#req;
-    req.model = sreq.model;
-    req.prompt = sreq.prompt;
-    req.pair = ep;
-    const d = this.prefill.pick(req);
-    req.prompt = undefined;
-    req.pair = null;
+    const room = this.needsRoom(ep);
+    let forced = false;
+    if (this.uncached(f, sreq) < this.cfg.thresholdTokens) {
+      if (!room) {
+        m.direct++;
+        return false;
+      }
+      // an SGLang decode server would refuse it alone: a both endpoint of its revision, else a pair anyway
+      if (f.toBoth(sreq)) {
+        m.direct++;
+        m.directToBoth++;
+        return false;
+      }
+      forced = true;
+    }
+    let d = this.#pickPrefill(sreq, ep, f.triedPrefill);
+    // a retry whose failed pairs used every prefill endpoint: one of them again (a fresh room)
+    if (d === null && f.triedPrefill !== null) d = this.#pickPrefill(sreq, ep, null);
     if (d === null) {
+      if (room) {
+        if (f.toBoth(sreq)) {
+          m.direct++;
+          m.noPrefill++;
+          m.directToBoth++;
+          return false;
+        }
+        f.noPairInRevision();
+        return true;
+      }
       m.direct++;
       m.noPrefill++;
       return false;
     }
-    const mode = this.cfg.mode === 'auto' ? (ep.engine === 'sglang' ? 'sglang' : 'nixl') : this.cfg.mode;
+    if (forced) m.forced++;
+    this.#start(f, d, this.#mode(ep));
+    return true;
+  }
+
+  /**
+   * SGLang: a new pair after a failed one (the flight counted the attempt):
+   * a prefill endpoint of the decode endpoint's revision other than those that
+   * failed, with a fresh room; else a `both` endpoint of the revision alone;
+   * else the same prefill endpoint again (a fresh room); else a clean 502.
+   */
+  repair(f: PdFlight, sreq: SchedRequest, why: string): void {
+    let d = this.#pickPrefill(sreq, f.endpoint, f.triedPrefill);
+    if (d === null && f.toBoth(sreq)) {
+      f.sendDecode(f.rawBody, f.rawBody);
+      return;
+    }
+    // no other prefill endpoint and no both endpoint: the same prefill endpoint again (a new room)
+    if (d === null && f.triedPrefill !== null) d = this.#pickPrefill(sreq, f.endpoint, null);
+    if (d !== null) {
+      this.#start(f, d, 'sglang');
+      return;
+    }
+    f.unservable(502, `no prefill endpoint left to pair with decode endpoint ${f.endpoint.name} for model \`${sreq.model}\` after: ${why}`);
+  }
+
+  /** A prefill endpoint of `decode`'s pool and revision, not in `exclude`; null when none is ready. */
+  #pickPrefill(sreq: SchedRequest, decode: Endpoint, exclude: readonly Endpoint[] | null): Decision | null {
+    const req = this.#req;
+    req.model = sreq.model;
+    req.prompt = sreq.prompt;
+    req.pair = decode;
+    try {
+      return this.prefill.pick(req, exclude);
+    } finally {
+      req.prompt = undefined;
+      req.pair = null;
+    }
+  }
+
+  #start(f: PdFlight, d: Decision, mode: 'nixl' | 'sglang'): void {
     const leg = new PrefillLeg(this, f, d, mode);
     f.prefillEndpoint = d.endpoint;
     f.setLeg(leg);
@@ -273,10 +435,10 @@ export class Disaggregator {
       const fields = `"bootstrap_host":${JSON.stringify(u.hostname.replace(/^\[|\]$/g, ''))},"bootstrap_port":${port},"bootstrap_room":${room}`;
       const body = withFields(f.rawBody, fields);
       leg.send(body);
-      // both legs at once; a decode retry cannot join this room: it prefills alone
-      if (!f.aborted) f.sendDecode(body, f.rawBody);
+      // both legs at once; a retry cannot join this room: it forms a new pair (or goes alone to a both endpoint).
+      // A prefill leg that failed synchronously (a closed connection pool) already re-paired the flight.
+      if (!f.aborted && !leg.over) f.sendDecode(body, f.rawBody);
     }
-    return true;
   }
 }
 
@@ -303,6 +465,11 @@ export class PrefillLeg implements UpstreamSink {
 
   get endpoint(): Endpoint {
     return this.#d.endpoint;
+  }
+
+  /** The leg ended (answered, failed, timed out or aborted). */
+  get over(): boolean {
+    return this.#over;
   }
 
   send(body: Buffer): void {
@@ -396,11 +563,11 @@ export class PrefillLeg implements UpstreamSink {
 
   #fallback(reason: FallbackReason): void {
     const f = this.#f;
-    const m = this.#pd.metrics;
-    m.fallback.set(reason, (m.fallback.get(reason) ?? 0) + 1);
     f.prefillEndpoint = null;
-    if (this.mode === 'nixl') f.sendDecode(f.rawBody, f.rawBody);
-    else if (!f.started) f.redoDecodeAlone();
+    if (this.mode === 'nixl') {
+      this.#pd.countFallback(reason);
+      f.sendDecode(f.rawBody, f.rawBody);
+    } else if (!f.started) f.pairFailed(reason, this.#d.endpoint);
   }
 }
 

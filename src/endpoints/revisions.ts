@@ -15,9 +15,9 @@ export interface RevisionStatus {
   roles: Record<string, { endpoints: number; ready: number }>;
   /** Draining endpoints of this revision. */
   draining: number;
-  /** Ready for aggregated traffic: some ready endpoint of role both or decode. */
+  /** Ready for aggregated traffic: some ready endpoint of role both or decode (SGLang: both only). */
   servesAggregated: boolean;
-  /** Ready for disaggregated traffic: a ready prefill and a ready decode-capable endpoint. */
+  /** Ready for disaggregated traffic: a ready prefill and a ready decode-capable endpoint (SGLang: decode only). */
   servesDisaggregated: boolean;
 }
 
@@ -25,6 +25,7 @@ export interface RevisionStatus {
 export function revisionStatus(set: EndpointSet, now = performance.now()): RevisionStatus[] {
   const checks = set.dataLayer.healthIntervalMs > 0;
   const out = new Map<string, RevisionStatus>();
+  const sglang = new Set<RevisionStatus>();
   for (const ep of set.all) {
     const rev = ep.revision ?? '';
     const key = `${ep.pool}\u0000${rev}`;
@@ -33,6 +34,7 @@ export function revisionStatus(set: EndpointSet, now = performance.now()): Revis
       s = { pool: ep.pool, revision: rev, roles: {}, draining: 0, servesAggregated: false, servesDisaggregated: false };
       out.set(key, s);
     }
+    if (ep.engine === 'sglang') sglang.add(s);
     if (ep.state === 'draining') {
       s.draining++;
       continue;
@@ -43,8 +45,15 @@ export function revisionStatus(set: EndpointSet, now = performance.now()): Revis
   }
   for (const s of out.values()) {
     const ready = (role: string) => (s.roles[role]?.ready ?? 0) > 0;
-    s.servesAggregated = ready('both') || ready('decode');
-    s.servesDisaggregated = ready('prefill') && (ready('decode') || ready('both'));
+    if (sglang.has(s)) {
+      // SGLang: a decode-mode server refuses a request without a bootstrap room, a non-disaggregated
+      // (both) one cannot take a prefill server's KV (docs/disaggregation.md)
+      s.servesAggregated = ready('both');
+      s.servesDisaggregated = ready('prefill') && ready('decode');
+    } else {
+      s.servesAggregated = ready('both') || ready('decode');
+      s.servesDisaggregated = ready('prefill') && (ready('decode') || ready('both'));
+    }
   }
   return [...out.values()];
 }

@@ -223,13 +223,15 @@ export class Scheduler {
     if (base === undefined) return null;
     let eps: readonly Endpoint[] = base;
     const pair = req.pair;
-    if ((exclude && exclude.length > 0) || (pair !== undefined && pair !== null)) {
+    const role = req.role;
+    if ((exclude && exclude.length > 0) || (pair !== undefined && pair !== null) || (role !== undefined && role !== null)) {
       const c = this.#cands;
       c.length = 0;
       for (let i = 0; i < base.length; i++) {
         const ep = base[i];
         if (exclude && exclude.includes(ep)) continue;
         if (pair && (ep.pool !== pair.pool || ep.revision !== pair.revision)) continue;
+        if (role && ep.role !== role) continue;
         c.push(ep);
       }
       eps = c;

@@ -3,6 +3,7 @@
 // request completes.
 import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import type { SessionTable } from '../sessions/table.js';
+import type { Role } from '../config/schema.js';
 
 /** What the scheduler needs to know about a request. */
 export interface SchedRequest {
@@ -20,6 +21,12 @@ export interface SchedRequest {
    * or absent: no constraint.
    */
   pair?: Endpoint | null;
+  /**
+   * Only endpoints of this role are candidates (P/D: a request an SGLang
+   * disaggregation-mode endpoint would refuse goes to a `both` one). Null or
+   * absent: no constraint.
+   */
+  role?: Role | null;
   /** TTFT objective in ms from `x-slo-ttft-ms` (0 or absent: none; latency plugins may apply the band's default). */
   sloTtftMs?: number;
   /** Time-per-output-token objective in ms from `x-slo-tpot-ms` (0 or absent: none). */

@@ -14,6 +14,8 @@ export interface RolloutEndpoint {
   name: string;
   url: string;
   role: Role;
+  /** SGLang prefill endpoints: the engine's bootstrap port (absent: disaggregation.bootstrapPort). */
+  bootstrapPort?: number;
 }
 
 export interface RolloutOptions {
@@ -95,7 +97,7 @@ export async function rollout(o: RolloutOptions, progress: (p: RolloutProgress) 
   let n = 0;
   for (const ep of o.endpoints) {
     progress({ step: 'add', done: n, total: o.endpoints.length, detail: `adding ${ep.name} (${ep.role}, revision ${o.to})` });
-    const r = await call(o, 'POST', '/admin/endpoints', { pool: o.pool, name: ep.name, url: ep.url, role: ep.role, revision: o.to });
+    const r = await call(o, 'POST', '/admin/endpoints', { pool: o.pool, name: ep.name, url: ep.url, role: ep.role, revision: o.to, ...(ep.bootstrapPort !== undefined ? { bootstrapPort: ep.bootstrapPort } : {}) });
     if (r.status !== 201) throw new RolloutError(`adding ${ep.name} failed: ${errMessage(r)}`);
     n++;
   }
@@ -131,7 +133,7 @@ export async function rollout(o: RolloutOptions, progress: (p: RolloutProgress) 
   return ms;
 }
 
-const USAGE = `usage: switchyard rollout --admin URL --pool POOL --to REVISION --endpoint NAME=URL[,ROLE] ... [options]
+const USAGE = `usage: switchyard rollout --admin URL --pool POOL --to REVISION --endpoint NAME=URL[,ROLE[,BOOTSTRAP_PORT]] ... [options]
 
 Moves a pool to another revision through a running router's admin API: adds
 the new endpoints, waits until the new revision is ready for every role it has
@@ -143,7 +145,8 @@ revision's endpoints (prefill first). Requests keep flowing throughout.
   --pool POOL          the pool to move
   --to REVISION        the new revision label
   --from REVISION      the revision to replace (default: every other revision of the pool)
-  --endpoint SPEC      NAME=URL[,ROLE] of the new revision (ROLE both|prefill|decode, default both); repeat
+  --endpoint SPEC      NAME=URL[,ROLE[,BOOTSTRAP_PORT]] of the new revision (ROLE both|prefill|decode, default both;
+                       BOOTSTRAP_PORT: an SGLang prefill engine's bootstrap port); repeat
   --grace-ms MS        drain grace period per old endpoint (default: the router's admin.drainGraceMs)
   --ready-timeout-ms MS  give up (nothing removed) if the new revision is not ready by then (default 300000)
   -h, --help           show this message
@@ -182,10 +185,10 @@ export async function runRolloutCli(argv: string[]): Promise<number> {
   if (!a.to) problems.push('--to is required');
   const endpoints: RolloutEndpoint[] = [];
   for (const spec of a.endpoint ?? []) {
-    const m = /^([^=]+)=([^,]+)(?:,(.+))?$/.exec(spec);
+    const m = /^([^=]+)=([^,]+)(?:,([^,]+)(?:,(\d+))?)?$/.exec(spec);
     const role = (m?.[3] ?? 'both') as Role;
-    if (!m || !ROLES.includes(role)) problems.push(`--endpoint must be NAME=URL[,ROLE] with ROLE one of ${ROLES.join(', ')} (got ${spec})`);
-    else endpoints.push({ name: m[1]!, url: m[2]!, role });
+    if (!m || !ROLES.includes(role)) problems.push(`--endpoint must be NAME=URL[,ROLE[,BOOTSTRAP_PORT]] with ROLE one of ${ROLES.join(', ')} (got ${spec})`);
+    else endpoints.push({ name: m[1]!, url: m[2]!, role, ...(m[4] !== undefined ? { bootstrapPort: Number(m[4]) } : {}) });
   }
   if (endpoints.length === 0) problems.push('at least one --endpoint of the new revision is required');
   const num = (flag: string, v: string | undefined) => {

@@ -352,7 +352,7 @@ class Call implements RequestSink {
       else if (k.do_remote_decode === true) this.kvParams = '';
     }
     try {
-      checkRole(o.engine, o.role, body);
+      checkRole(o.engine, o.role, body, this.rid);
       if (remotePrefill) this.pullFrom = pullTarget(kv as Record<string, unknown>);
       if (o.engine === 'sglang' && o.role === 'decode') {
         // a decode server pairs with the prefill server its bootstrap fields name

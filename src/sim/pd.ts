@@ -10,8 +10,9 @@
 // 480 s by default); a decode leg whose kv_transfer_params name a transfer its
 // prefill engine does not hold (unknown, expired, already read, or the engine
 // gone) fails as vLLM's does when the KV cannot be loaded.
-// SGLang (bootstrap): a prefill server needs bootstrap_room.
+// SGLang (bootstrap): a prefill or decode server (disaggregation mode) needs bootstrap_room.
 import http from 'node:http';
+import { randomUUID } from 'node:crypto';
 
 export class PdRuleError extends Error {
   readonly status: number;
@@ -24,7 +25,7 @@ export class PdRuleError extends Error {
 }
 
 /** Checks a request's disaggregation fields against the engine's role; throws PdRuleError. */
-export function checkRole(engine: 'vllm' | 'sglang', role: 'both' | 'prefill' | 'decode', body: Record<string, unknown>): void {
+export function checkRole(engine: 'vllm' | 'sglang', role: 'both' | 'prefill' | 'decode', body: Record<string, unknown>, rid = ''): void {
   const kv = body.kv_transfer_params as Record<string, unknown> | null | undefined;
   if (engine === 'vllm' && kv !== undefined && kv !== null && typeof kv === 'object') {
     if (role === 'prefill' && kv.do_remote_prefill === true)
@@ -32,8 +33,12 @@ export function checkRole(engine: 'vllm' | 'sglang', role: 'both' | 'prefill' | 
     if (role === 'decode' && kv.do_remote_decode === true)
       throw new PdRuleError(400, 'kv_transfer_params.do_remote_decode: this engine is a KV consumer (kv_role=kv_consumer) and cannot serve KV to a remote decode', 'kv_transfer_params');
   }
-  if (engine === 'sglang' && role === 'prefill' && (body.bootstrap_room === undefined || body.bootstrap_room === null))
-    throw new PdRuleError(400, 'bootstrap_room is required by a server in prefill disaggregation mode', 'bootstrap_room');
+  // SGLang's scheduler aborts every generate request without a bootstrap room in prefill and in decode
+  // disaggregation mode with HTTP 400 (scheduler.py handle_generate_request: "Invalid request:
+  // Disaggregated request received without bootstrap room id. req.rid=..."; only its test-only fake
+  // transfer backend lets one through): a disaggregation-mode server never serves a request alone.
+  if (engine === 'sglang' && role !== 'both' && (body.bootstrap_room === undefined || body.bootstrap_room === null))
+    throw new PdRuleError(400, `Invalid request: Disaggregated request received without bootstrap room id. req.rid='${rid !== '' ? rid : randomUUID().replace(/-/g, '')}'`, 'bootstrap_room');
 }
 
 /** The transfers a prefill engine holds for decode engines, by request id, until read or expired. */
