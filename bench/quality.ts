@@ -29,13 +29,16 @@
 // front of the one fleet, each client request sent to the next router in turn
 // (active-active replicas behind an L4 balancer). Each approximate router knows
 // only its own picks; precise routers all read the same engines' KV events.
-// Every policy of a run gets the same N. After each run every router's
+// Every policy of a run gets the same N. Scenario --restart-every S: every S
+// seconds one engine in turn restarts (POST /sim/restart: its cache is gone,
+// its KV-event publisher starts at seq 0); no router is told.
+// Every policy of a run gets the same N and the same restarts. After each run every router's
 // predicted match (switchyard_prefix_matched_blocks_total / _blocks_total) and
 // every engine's vllm:prefix_cache_hits_total / _queries_total are read, so
 // predicted and engine-measured hit rates stand side by side.
 //
 //   node dist/bench/quality.js [--quick] [--kv-cache-blocks N] [--rates 5,10,20] [--workloads shared-prefix,multi-turn]
-//                              [--policies round-robin,least-request,switchyard] [--seconds 12] [--routers N]
+//                              [--policies round-robin,least-request,switchyard] [--seconds 12] [--routers N] [--restart-every S]
 //                              [--long-seconds 20 --long-from 40] [--json out.json]
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -313,7 +316,8 @@ export async function runLoad(
   n: number,
   seed: number,
   engineUrls: string[] = [],
-): Promise<Result & { samples: EngineSample[] }> {
+  restartEveryS = 0,
+): Promise<Result & { samples: EngineSample[]; restarts: number }> {
   // several routers: each request goes to the next one in turn (an L4 balancer in front of active-active replicas)
   const pools = (Array.isArray(url) ? url : [url]).map((u) => new Pool(u, { connections: 4096, pipelining: 1 }));
   let nextPool = 0;
@@ -323,6 +327,24 @@ export async function runLoad(
     ttft: [], e2e: [], promptTokens: 0, cachedTokens: 0, outputTokens: 0, errors: 0, wallS: 0, arrivalS: 0, tokenBins: [], t0, prompts: [], errorSamples: [],
   };
   const sampler = sampleEngines(engineUrls, t0, 200);
+  // --restart-every S: every S seconds of the arrival window the next engine in turn restarts (POST /sim/restart:
+  // its cache is gone, its KV-event publisher starts again at seq 0), told to no router
+  let restarts = 0;
+  let arriving = true;
+  const restarter = (async () => {
+    if (!(restartEveryS > 0) || engineUrls.length === 0) return;
+    for (let k = 0; ; k++) {
+      await new Promise((r) => setTimeout(r, restartEveryS * 1000));
+      if (!arriving) return;
+      try {
+        const r = await fetch(engineUrls[k % engineUrls.length]! + '/sim/restart', { method: 'POST' });
+        await r.text();
+        if (r.status === 200) restarts++;
+      } catch {
+        // counted only when it happened
+      }
+    }
+  })();
   const rand = rng(seed ^ 0x9e3779b9);
   const pending: Promise<unknown>[] = [];
   let at = 0;
@@ -362,11 +384,13 @@ export async function runLoad(
     }
   }
   res.arrivalS = at / 1000;
+  arriving = false;
   await Promise.all(pending);
+  await restarter;
   res.wallS = (performance.now() - t0) / 1000;
   const samples = await sampler.stop();
   await Promise.all(pools.map((p) => p.close()));
-  return { ...res, samples };
+  return { ...res, samples, restarts };
 }
 
 /** Hit-rate bound of a perfect router with an infinite cache: leading full blocks seen before / prompt tokens. */
@@ -403,6 +427,8 @@ export interface Row {
   rate: number;
   /** Router replicas in front of the fleet. */
   routers: number;
+  /** Engine restarts during the run (--restart-every). */
+  restarts: number;
   requests: number;
   ttftP50: number;
   ttftP90: number;
@@ -487,6 +513,9 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
   const seconds = Number(arg('--seconds') ?? (quick ? 4 : 12));
   // --routers N: N router replicas in front of the fleet, requests spread over them in turn
   const routers = Number(arg('--routers') ?? 1);
+  // --restart-every S: an engine restart every S seconds of arrivals, engines in turn (0: none)
+  const restartEvery = Number(arg('--restart-every') ?? 0);
+  if (!(restartEvery >= 0)) throw new Error(`--restart-every must be a number of seconds ≥ 0 (got ${arg('--restart-every')})`);
   if (!Number.isInteger(routers) || routers < 1) throw new Error(`--routers must be a positive integer (got ${arg('--routers')})`);
   // Shared-prefix past round-robin's saturation: a longer arrival window, so the steady state dominates
   // the run (the multi-turn runs keep `seconds`: no floor is read from them).
@@ -549,13 +578,13 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
         try {
           for (const u of routerUrls) await waitReady(`${u}/readyz`, 60_000);
           const engineUrls = Array.from({ length: fleet.engines }, (_, i) => `http://127.0.0.1:${base + i}`);
-          const r = await runLoad(routerUrls, workload, rate, n, 1234 + rate, engineUrls);
+          const r = await runLoad(routerUrls, workload, rate, n, 1234 + rate, engineUrls, restartEvery);
           const bound = hitBound(r.prompts, fleet.blockSize);
           const from = STEADY_FROM * r.arrivalS;
           const predicted = await predictedMatch(routerUrls);
           const measured = await engineHits(engineUrls);
           const row: Row = {
-            workload, policy, rate, routers, requests: r.prompts.length,
+            workload, policy, rate, routers, restarts: r.restarts, requests: r.prompts.length,
             ttftP50: quantile(r.ttft, 0.5), ttftP90: quantile(r.ttft, 0.9), e2eP50: quantile(r.e2e, 0.5),
             outTokS: r.outputTokens / r.wallS, steadyTokS: windowRate(r.tokenBins, from, r.arrivalS),
             offeredTokS: workload === 'shared-prefix' ? rate * SHARED.outputTokens : NaN,
@@ -568,7 +597,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
           rows.push(row);
           if (r.errorSamples.length) console.error(`  errors: ${r.errorSamples.join(' | ')}`);
           console.error(
-            `${workload} rate=${rate}/s ${policy} routers=${routers}: ttft p50 ${fmt(row.ttftP50)} ms p90 ${fmt(row.ttftP90)} ms, e2e p50 ${fmt(row.e2eP50)} ms, ` +
+            `${workload} rate=${rate}/s ${policy} routers=${routers} restarts=${r.restarts}: ttft p50 ${fmt(row.ttftP50)} ms p90 ${fmt(row.ttftP90)} ms, e2e p50 ${fmt(row.e2eP50)} ms, ` +
               `out tok/s steady ${fmt(row.steadyTokS)} overall ${fmt(row.outTokS)} (arrivals ${fmt(row.arrivalS)} s, wall ${fmt(row.wallS)} s), ` +
               `running/engine ${fmt(row.load.running)} [${fmt(row.load.runningMin)}–${fmt(row.load.runningMax)}] waiting ${fmt(row.load.waiting)} kv ${fmt(row.load.kvUsage * 100)}%, ` +
               `hit ${fmt(row.hitRate * 100)}% (bound ${fmt(row.bound * 100)}%, ${bound.distinctBlocks} distinct blocks vs fleet ${fleet.engines * fleet.kvCacheBlocks}), ` +
@@ -588,6 +617,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
     `shared-prefix: ${SHARED.groups} groups, ${SHARED.systemTokens}-token system prompt, ${SHARED.questionTokens}-token question, ${SHARED.outputTokens} output tokens; ` +
     `multi-turn: ${MULTI.turns} turns, ${MULTI.systemTokens}-token system prompt, ${MULTI.userTokens}-token user turns, ${MULTI.outputTokens} output tokens; ` +
     `${routers} router replica${routers > 1 ? 's' : ''} (requests spread over them in turn); ` +
+    (restartEvery > 0 ? `an engine restart (cache and KV-event publisher, told to no router) every ${restartEvery} s of arrivals, engines in turn; ` : '') +
     `~${seconds} s of Poisson arrivals per rate${longFrom < Infinity ? ` (shared-prefix: ~${longSeconds} s from ${longFrom} req/s)` : ''} (at least 48 requests); ` +
     `steady-state output tokens/s counted from streamed tokens between ${STEADY_FROM * 100}% of the arrival window and the last arrival`;
   const json = arg('--json');
