@@ -135,7 +135,7 @@ const INSTANT_ROUTES: [string, Kind][] = [
   ['/v1/rerank', Kind.Rerank],
   ['/v2/rerank', Kind.Rerank],
 ];
-const POST_PATHS = new Set(['/v1/completions', '/v1/chat/completions', ...INSTANT_ROUTES.map(([p]) => p)]);
+const POST_PATHS = new Set(['/v1/completions', '/v1/chat/completions', ...INSTANT_ROUTES.map(([p]) => p), '/sim/restart']);
 
 let idCounter = 0;
 const CHAT_MAX_KEYS = ['max_completion_tokens', 'max_tokens'] as const;
