@@ -936,13 +936,13 @@ export class Engine implements SimEngine {
   }
 
   /**
-   * What a restart does to the cache, without dropping connections: every idle cached block (GPU and host
+   * What a restart does to the cache, without dropping connections: every cached block (GPU and host
    * tier) is gone, and the KV-event publisher reopens at seq 0 with an empty replay buffer; the removals
    * are not published (a restarted engine knows nothing of its old blocks). Requests in flight keep
-   * running (a real restart would fail them); their blocks are not announced again.
+   * running (a real restart would fail them), but their blocks are freed when they end, not cached.
    */
   restart(): void {
-    this.sched.clearCache();
+    this.sched.cache.forgetAll();
     if (this.kvEvents !== null) void this.kvEvents.restart().catch(() => {});
   }
 
