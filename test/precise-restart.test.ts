@@ -1,8 +1,10 @@
 // An engine restart that no router is told about (the simulator's
 // POST /sim/restart: the cache is gone, the KV-event publisher starts again
 // at seq 0). The precise router sees the publisher go and come back and stops
-// claiming the blocks; the approximate router keeps claiming them, and its
-// next pick there is a predicted hit that the engine's usage shows was a miss.
+// claiming the blocks (in its event-fed index, and in the approximate record
+// it falls back to while the stream is down); the approximate router keeps
+// claiming them, and its next pick there is a predicted hit that the engine's
+// usage shows was a miss.
 // Real simulated engines, real ZMQ sockets, real routers.
 import t from 'tap';
 import { MatchResult, PrefixIndex } from '../bindings/index.js';
@@ -83,6 +85,10 @@ t.test('an engine restart: precise stops claiming its blocks, approximate keeps 
   const second = await ask(approx, 'second question');
   t.equal(second.endpoint, first.endpoint, 'approximate follows its record');
   t.ok(second.cached > 0, `a real hit before the restart (${second.cached} cached tokens)`);
+  // the precise router routes there too (from the events), so its approximate fallback records it as well
+  t.equal((await ask(precise, 'a question through the precise router')).endpoint, first.endpoint);
+  const fallbackCleared: number[] = [];
+  precise.core.scheduler.prefix!.store.observe!({ recorded() {}, removed() {}, cleared: (ep) => fallbackCleared.push(ep) });
 
   // the engine restarts; nobody tells the routers
   const stream = feed.streams[id]!.stream;
@@ -91,6 +97,10 @@ t.test('an engine restart: precise stops claiming its blocks, approximate keeps 
   await restarts.text();
   await until('precise index dropped the prefix', () => held() === 0);
   t.ok(stream.counters.clears > 0, `the stream cleared the endpoint (${stream.counters.clears} clears)`);
+  t.ok(feed.engineResets > 0, 'the publisher going away is an engine reset');
+  // while the stream is down the endpoint is scored approximately: that record is as stale, so it is cleared too
+  t.ok(fallbackCleared.includes(id), "the precise router's approximate fallback forgot the endpoint");
+  t.notOk(fallbackCleared.includes(1 - id), 'and only that endpoint');
   await until('stream healthy again', () => stream.healthy);
 
   // approximate: still claims the prefix there, picks it, and the engine computes it again

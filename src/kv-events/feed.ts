@@ -89,6 +89,14 @@ export class KvEventFeed implements DecodeCounts {
   };
   /** Drains that ran as a microtask right after a receive (the rest ran from setImmediate). */
   inlineDrains = 0;
+  /**
+   * Called with each index id of an engine whose publisher went away or restarted at seq 0 (it may have
+   * lost its cache). The router clears that endpoint's approximate entries too, since the approximate
+   * mode scores the endpoint while its stream is down and its record is as stale as the events'.
+   */
+  onEngineReset: ((id: number) => void) | null = null;
+  /** Engine resets seen (disconnects and restarts), over all streams. */
+  engineResets = 0;
   // one drain's input to applyPayloads, reused
   #data = new Uint8Array(1 << 20);
   #items = new Uint32Array(ITEM_WORDS * 512);
@@ -157,6 +165,11 @@ export class KvEventFeed implements DecodeCounts {
         replayTimeoutMs: this.#o.replayTimeoutMs,
       },
       () => this.#wake(feed),
+      () => {
+        this.engineResets++;
+        const cb = this.onEngineReset;
+        if (cb !== null) for (const h of feed.holders) cb(h);
+      },
     );
     this.#feeds.push(feed);
     for (const h of feed.holders) this.#byId[h] = feed;
