@@ -115,4 +115,22 @@ t.test('an engine restart: precise stops claiming its blocks, approximate keeps 
   const p = await ask(precise, 'fourth question');
   t.equal(p.endpoint, first.endpoint, 'precise follows the recomputed prefix');
   t.ok(p.cached > 0, 'a real hit');
+
+  // a pick the precise router just made (a speculative entry, not yet old) does not outlive a restart either
+  const other = [{ role: 'system', content: 'Another tenant entirely. '.repeat(60) }, { role: 'user', content: 'q' }];
+  const viaPrecise = async () => {
+    const res = await fetch(precise.url + '/v1/chat/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'open-model', messages: other, max_tokens: 2 }) });
+    await res.text();
+    return res.headers.get('x-switchyard-endpoint')!;
+  };
+  const placed = Number((await viaPrecise()).slice(1));
+  const s2 = feed.streams[placed]!.stream;
+  const resets = feed.engineResets;
+  await (await fetch(fleet.engines[placed]!.url + '/sim/restart', { method: 'POST' })).text();
+  await until('the reset seen', () => feed.engineResets > resets);
+  await until('stream healthy again', () => s2.healthy);
+  const producer = precise.core.scheduler.prefix!;
+  const spec = producer.preciseCounters.speculative;
+  await viaPrecise();
+  t.equal(producer.preciseCounters.speculative, spec, 'no speculative entry claimed the restarted engine');
 });
