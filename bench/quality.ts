@@ -25,8 +25,20 @@
 // running and waiting requests and KV usage; their means over the same
 // steady-state window show how many requests each policy keeps running.
 //
+// Scenario --routers N (default 1): N router processes with the same config in
+// front of the one fleet, each client request sent to the next router in turn
+// (active-active replicas behind an L4 balancer). Each approximate router knows
+// only its own picks; precise routers all read the same engines' KV events.
+// Every policy of a run gets the same N. Scenario --restart-every S: every S
+// seconds one engine in turn restarts (POST /sim/restart: its cache is gone,
+// its KV-event publisher starts at seq 0); no router is told.
+// Every policy of a run gets the same N and the same restarts. After each run every router's
+// predicted match (switchyard_prefix_matched_blocks_total / _blocks_total) and
+// every engine's vllm:prefix_cache_hits_total / _queries_total are read, so
+// predicted and engine-measured hit rates stand side by side.
+//
 //   node dist/bench/quality.js [--quick] [--kv-cache-blocks N] [--rates 5,10,20] [--workloads shared-prefix,multi-turn]
-//                              [--policies round-robin,least-request,switchyard] [--seconds 12]
+//                              [--policies round-robin,least-request,switchyard] [--seconds 12] [--routers N] [--restart-every S]
 //                              [--long-seconds 20 --long-from 40] [--json out.json]
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -298,19 +310,41 @@ async function sendStream(pool: Pool, path: string, body: string, res: Result, k
 }
 
 export async function runLoad(
-  url: string,
+  url: string | string[],
   workload: string,
   rate: number,
   n: number,
   seed: number,
   engineUrls: string[] = [],
-): Promise<Result & { samples: EngineSample[] }> {
-  const pool = new Pool(url, { connections: 4096, pipelining: 1 });
+  restartEveryS = 0,
+): Promise<Result & { samples: EngineSample[]; restarts: number }> {
+  // several routers: each request goes to the next one in turn (an L4 balancer in front of active-active replicas)
+  const pools = (Array.isArray(url) ? url : [url]).map((u) => new Pool(u, { connections: 4096, pipelining: 1 }));
+  let nextPool = 0;
+  const pool = () => pools[nextPool++ % pools.length]!;
   const t0 = performance.now();
   const res: Result = {
     ttft: [], e2e: [], promptTokens: 0, cachedTokens: 0, outputTokens: 0, errors: 0, wallS: 0, arrivalS: 0, tokenBins: [], t0, prompts: [], errorSamples: [],
   };
   const sampler = sampleEngines(engineUrls, t0, 200);
+  // --restart-every S: every S seconds of the arrival window the next engine in turn restarts (POST /sim/restart:
+  // its cache is gone, its KV-event publisher starts again at seq 0), told to no router
+  let restarts = 0;
+  let arriving = true;
+  const restarter = (async () => {
+    if (!(restartEveryS > 0) || engineUrls.length === 0) return;
+    for (let k = 0; ; k++) {
+      await new Promise((r) => setTimeout(r, restartEveryS * 1000));
+      if (!arriving) return;
+      try {
+        const r = await fetch(engineUrls[k % engineUrls.length]! + '/sim/restart', { method: 'POST' });
+        await r.text();
+        if (r.status === 200) restarts++;
+      } catch {
+        // counted only when it happened
+      }
+    }
+  })();
   const rand = rng(seed ^ 0x9e3779b9);
   const pending: Promise<unknown>[] = [];
   let at = 0;
@@ -324,7 +358,7 @@ export async function runLoad(
       await sleepUntil(at);
       res.prompts.push(turn.prompt!);
       const body = JSON.stringify({ model: 'open-model', prompt: turn.prompt, max_tokens: turn.maxTokens, stream: true, stream_options: { include_usage: true } });
-      pending.push(sendStream(pool, '/v1/completions', body, res, false));
+      pending.push(sendStream(pool(), '/v1/completions', body, res, false));
     }
   } else {
     // Sessions arrive as a Poisson process of rate / turns, so requests arrive at about `rate`.
@@ -341,7 +375,7 @@ export async function runLoad(
             messages.push({ role: 'user', content: userTexts[t]! });
             res.prompts.push(render(messages));
             const body = JSON.stringify({ model: 'open-model', messages, max_tokens: MULTI.outputTokens, stream: true, stream_options: { include_usage: true } });
-            const r = await sendStream(pool, '/v1/chat/completions', body, res, true);
+            const r = await sendStream(pool(), '/v1/chat/completions', body, res, true);
             if (!r) return;
             messages.push({ role: 'assistant', content: r.text });
           }
@@ -350,11 +384,13 @@ export async function runLoad(
     }
   }
   res.arrivalS = at / 1000;
+  arriving = false;
   await Promise.all(pending);
+  await restarter;
   res.wallS = (performance.now() - t0) / 1000;
   const samples = await sampler.stop();
-  await pool.close();
-  return { ...res, samples };
+  await Promise.all(pools.map((p) => p.close()));
+  return { ...res, samples, restarts };
 }
 
 /** Hit-rate bound of a perfect router with an infinite cache: leading full blocks seen before / prompt tokens. */
@@ -389,6 +425,10 @@ export interface Row {
   workload: string;
   policy: string;
   rate: number;
+  /** Router replicas in front of the fleet. */
+  routers: number;
+  /** Engine restarts during the run (--restart-every). */
+  restarts: number;
   requests: number;
   ttftP50: number;
   ttftP90: number;
@@ -403,8 +443,61 @@ export interface Row {
   wallS: number;
   load: EngineLoad;
   hitRate: number;
+  /** The routers' predicted match: Σ matched blocks of the picked endpoints / Σ prompt blocks, over every router. */
+  predictedMatch: number;
+  /** The engines' own counters: Σ vllm:prefix_cache_hits_total / Σ vllm:prefix_cache_queries_total (GPU and host-tier hits). */
+  engineHit: number;
+  /** Precise mode: candidates raised by speculative entries / scored by the approximate fallback, over every router. */
+  specCandidates: number;
+  fallbackCandidates: number;
   bound: number;
   errors: number;
+}
+
+/** Σ over every series of a counter in a Prometheus text (0 when absent). */
+export function counterSum(text: string, name: string): number {
+  let t = 0;
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(name)) continue;
+    const c = line.charCodeAt(name.length);
+    if (c !== 123 /* { */ && c !== 32 /* space */) continue;
+    const v = Number(line.slice(line.lastIndexOf(' ') + 1));
+    if (Number.isFinite(v)) t += v;
+  }
+  return t;
+}
+
+async function metricsOf(url: string): Promise<string> {
+  try {
+    const r = await fetch(url + '/metrics');
+    return await r.text();
+  } catch {
+    return '';
+  }
+}
+
+/** The routers' predicted match ratio (blocks the picked endpoint was believed to hold / prompt blocks), summed over routers. */
+async function predictedMatch(urls: string[]): Promise<{ ratio: number; speculative: number; fallback: number }> {
+  let blocks = 0, matched = 0, speculative = 0, fallback = 0;
+  for (const u of urls) {
+    const t = await metricsOf(u);
+    blocks += counterSum(t, 'switchyard_prefix_blocks_total');
+    matched += counterSum(t, 'switchyard_prefix_matched_blocks_total');
+    speculative += counterSum(t, 'switchyard_prefix_speculative_candidates_total');
+    fallback += counterSum(t, 'switchyard_prefix_fallback_unhealthy_total') + counterSum(t, 'switchyard_prefix_fallback_no_tokens_total');
+  }
+  return { ratio: blocks ? matched / blocks : 0, speculative, fallback };
+}
+
+/** The engines' prefix-cache counters, summed over the fleet. */
+async function engineHits(urls: string[]): Promise<{ hits: number; queries: number }> {
+  let hits = 0, queries = 0;
+  for (const u of urls) {
+    const t = await metricsOf(u);
+    hits += counterSum(t, 'vllm:prefix_cache_hits_total');
+    queries += counterSum(t, 'vllm:prefix_cache_queries_total');
+  }
+  return { hits, queries };
 }
 
 export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config: string }> {
@@ -418,6 +511,12 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
   const workloads = (arg('--workloads') ?? 'shared-prefix,multi-turn').split(',');
   const policies = (arg('--policies') ?? 'round-robin,least-request,switchyard').split(',');
   const seconds = Number(arg('--seconds') ?? (quick ? 4 : 12));
+  // --routers N: N router replicas in front of the fleet, requests spread over them in turn
+  const routers = Number(arg('--routers') ?? 1);
+  // --restart-every S: an engine restart every S seconds of arrivals, engines in turn (0: none)
+  const restartEvery = Number(arg('--restart-every') ?? 0);
+  if (!(restartEvery >= 0)) throw new Error(`--restart-every must be a number of seconds ≥ 0 (got ${arg('--restart-every')})`);
+  if (!Number.isInteger(routers) || routers < 1) throw new Error(`--routers must be a positive integer (got ${arg('--routers')})`);
   // Shared-prefix past round-robin's saturation: a longer arrival window, so the steady state dominates
   // the run (the multi-turn runs keep `seconds`: no floor is read from them).
   const longSeconds = Number(arg('--long-seconds') ?? (quick ? seconds : 20));
@@ -451,8 +550,8 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
             : []),
         ]);
         for (let i = 0; i < fleet.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`, 60_000);
-        const port = await freePort();
-        const cfg = join(dir, `${policy}.yaml`);
+        const ports: number[] = [];
+        for (let k = 0; k < routers; k++) ports.push(await freePort());
         const endpoints = Array.from(
           { length: fleet.engines },
           (_, i) =>
@@ -460,42 +559,52 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
             (precise ? `, kvEvents: { endpoint: "tcp://127.0.0.1:${evBase + i}", replayEndpoint: "tcp://127.0.0.1:${rpBase + i}" }` : '') +
             ' }',
         ).join('\n');
-        writeFileSync(
-          cfg,
-          `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: ${port} }\n` +
-            `pools:\n  - name: sim\n    engine: vllm\n    models: [open-model]\n` +
-            (precise
-              ? '    prefix: { mode: precise, blockTokens: ' + fleet.blockSize + ', tokenizer: { type: sim }' + (policy === 'precise-nospec' ? ', speculativeMs: 0' : '') + ' }\n'
-              : '') +
-            `    endpoints:\n${endpoints}\n` +
-            POLICIES[policy],
-        );
-        const router = start('router', process.execPath, [CLI, 'serve', '--config', cfg]);
+        // N replicas with one config but their own port
+        const procs = ports.map((port, k) => {
+          const cfg = join(dir, `${policy}-${k}.yaml`);
+          writeFileSync(
+            cfg,
+            `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: ${port} }\n` +
+              `pools:\n  - name: sim\n    engine: vllm\n    models: [open-model]\n` +
+              (precise
+                ? '    prefix: { mode: precise, blockTokens: ' + fleet.blockSize + ', tokenizer: { type: sim }' + (policy === 'precise-nospec' ? ', speculativeMs: 0' : '') + ' }\n'
+                : '') +
+              `    endpoints:\n${endpoints}\n` +
+              POLICIES[policy],
+          );
+          return start(`router${k}`, process.execPath, [CLI, 'serve', '--config', cfg]);
+        });
+        const routerUrls = ports.map((port) => `http://127.0.0.1:${port}`);
         try {
-          await waitReady(`http://127.0.0.1:${port}/readyz`, 60_000);
+          for (const u of routerUrls) await waitReady(`${u}/readyz`, 60_000);
           const engineUrls = Array.from({ length: fleet.engines }, (_, i) => `http://127.0.0.1:${base + i}`);
-          const r = await runLoad(`http://127.0.0.1:${port}`, workload, rate, n, 1234 + rate, engineUrls);
+          const r = await runLoad(routerUrls, workload, rate, n, 1234 + rate, engineUrls, restartEvery);
           const bound = hitBound(r.prompts, fleet.blockSize);
           const from = STEADY_FROM * r.arrivalS;
+          const predicted = await predictedMatch(routerUrls);
+          const measured = await engineHits(engineUrls);
           const row: Row = {
-            workload, policy, rate, requests: r.prompts.length,
+            workload, policy, rate, routers, restarts: r.restarts, requests: r.prompts.length,
             ttftP50: quantile(r.ttft, 0.5), ttftP90: quantile(r.ttft, 0.9), e2eP50: quantile(r.e2e, 0.5),
             outTokS: r.outputTokens / r.wallS, steadyTokS: windowRate(r.tokenBins, from, r.arrivalS),
             offeredTokS: workload === 'shared-prefix' ? rate * SHARED.outputTokens : NaN,
             arrivalS: r.arrivalS, wallS: r.wallS, load: engineLoad(r.samples, fleet.engines, from, r.arrivalS),
             hitRate: r.promptTokens ? r.cachedTokens / r.promptTokens : 0,
+            predictedMatch: predicted.ratio, engineHit: measured.hits / measured.queries,
+            specCandidates: predicted.speculative, fallbackCandidates: predicted.fallback,
             bound: bound.rate, errors: r.errors,
           };
           rows.push(row);
           if (r.errorSamples.length) console.error(`  errors: ${r.errorSamples.join(' | ')}`);
           console.error(
-            `${workload} rate=${rate}/s ${policy}: ttft p50 ${fmt(row.ttftP50)} ms p90 ${fmt(row.ttftP90)} ms, e2e p50 ${fmt(row.e2eP50)} ms, ` +
+            `${workload} rate=${rate}/s ${policy} routers=${routers} restarts=${r.restarts}: ttft p50 ${fmt(row.ttftP50)} ms p90 ${fmt(row.ttftP90)} ms, e2e p50 ${fmt(row.e2eP50)} ms, ` +
               `out tok/s steady ${fmt(row.steadyTokS)} overall ${fmt(row.outTokS)} (arrivals ${fmt(row.arrivalS)} s, wall ${fmt(row.wallS)} s), ` +
               `running/engine ${fmt(row.load.running)} [${fmt(row.load.runningMin)}–${fmt(row.load.runningMax)}] waiting ${fmt(row.load.waiting)} kv ${fmt(row.load.kvUsage * 100)}%, ` +
-              `hit ${fmt(row.hitRate * 100)}% (bound ${fmt(row.bound * 100)}%, ${bound.distinctBlocks} distinct blocks vs fleet ${fleet.engines * fleet.kvCacheBlocks}), errors ${r.errors}`,
+              `hit ${fmt(row.hitRate * 100)}% (bound ${fmt(row.bound * 100)}%, ${bound.distinctBlocks} distinct blocks vs fleet ${fleet.engines * fleet.kvCacheBlocks}), ` +
+              `predicted ${fmt(row.predictedMatch * 100)}% vs engines ${fmt(row.engineHit * 100)}%, spec ${predicted.speculative} fallback ${predicted.fallback}, errors ${r.errors}`,
           );
         } finally {
-          await router.stop();
+          await Promise.all(procs.map((p) => p.stop()));
           await sim.stop();
         }
       }
@@ -507,6 +616,8 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
     `ITL ${fleet.itlMs} ms × (1 + 1% per other running request: the simulator's default decode slowdown); ` +
     `shared-prefix: ${SHARED.groups} groups, ${SHARED.systemTokens}-token system prompt, ${SHARED.questionTokens}-token question, ${SHARED.outputTokens} output tokens; ` +
     `multi-turn: ${MULTI.turns} turns, ${MULTI.systemTokens}-token system prompt, ${MULTI.userTokens}-token user turns, ${MULTI.outputTokens} output tokens; ` +
+    `${routers} router replica${routers > 1 ? 's' : ''} (requests spread over them in turn); ` +
+    (restartEvery > 0 ? `an engine restart (cache and KV-event publisher, told to no router) every ${restartEvery} s of arrivals, engines in turn; ` : '') +
     `~${seconds} s of Poisson arrivals per rate${longFrom < Infinity ? ` (shared-prefix: ~${longSeconds} s from ${longFrom} req/s)` : ''} (at least 48 requests); ` +
     `steady-state output tokens/s counted from streamed tokens between ${STEADY_FROM * 100}% of the arrival window and the last arrival`;
   const json = arg('--json');
@@ -516,14 +627,14 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
 
 export function qualityTable(rows: Row[]): string {
   let md =
-    '| workload | rate (req/s) | policy | requests | TTFT p50 (ms) | TTFT p90 (ms) | e2e p50 (ms) | output tok/s, steady state | output tok/s, overall | ' +
-    'running / engine (min–max) | waiting / engine | KV usage | hit rate | bound | errors |\n';
-  md += '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n';
+    '| workload | rate (req/s) | policy | routers | requests | TTFT p50 (ms) | TTFT p90 (ms) | e2e p50 (ms) | output tok/s, steady state | output tok/s, overall | ' +
+    'running / engine (min–max) | waiting / engine | KV usage | hit rate | predicted match | engines\' prefix-cache hits | bound | errors |\n';
+  md += '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n';
   for (const r of rows) {
     md +=
-      `| ${r.workload} | ${r.rate} | ${r.policy} | ${r.requests} | ${fmt(r.ttftP50)} | ${fmt(r.ttftP90)} | ${fmt(r.e2eP50)} | ${fmt(r.steadyTokS, 0)} | ` +
+      `| ${r.workload} | ${r.rate} | ${r.policy} | ${r.routers} | ${r.requests} | ${fmt(r.ttftP50)} | ${fmt(r.ttftP90)} | ${fmt(r.e2eP50)} | ${fmt(r.steadyTokS, 0)} | ` +
       `${fmt(r.outTokS, 0)} | ${fmt(r.load.running)} (${fmt(r.load.runningMin)}–${fmt(r.load.runningMax)}) | ${fmt(r.load.waiting)} | ${fmt(r.load.kvUsage * 100, 0)}% | ` +
-      `${fmt(r.hitRate * 100)}% | ${fmt(r.bound * 100)}% | ${r.errors} |\n`;
+      `${fmt(r.hitRate * 100)}% | ${fmt(r.predictedMatch * 100)}% | ${fmt(r.engineHit * 100)}% | ${fmt(r.bound * 100)}% | ${r.errors} |\n`;
   }
   return md;
 }
@@ -598,9 +709,54 @@ export function floorLines(rows: Row[]): string {
   return md;
 }
 
+/**
+ * Issue 15's floors (benchmark 3), precise against the approximate mode
+ * (`switchyard`) on the shared-prefix workload: steady-state output tokens/s
+ * ≥ at every rate, and TTFT p90 ≥ 1.2× lower at the saturating rate (the
+ * lowest rate at which the approximate mode delivers < 90% of the offered
+ * output; the highest rate run if it never saturates).
+ */
+export function preciseFloors(rows: Row[]): { floors: Floor[]; notes: string[] } {
+  const sub = rows.filter((r) => r.workload === 'shared-prefix');
+  const get = (p: string, rate: number) => sub.find((r) => r.policy === p && r.rate === rate);
+  const rates = [...new Set(sub.map((r) => r.rate))].sort((a, b) => a - b).filter((q) => get('precise', q) && get('switchyard', q));
+  const floors: Floor[] = [];
+  const notes: string[] = [];
+  if (rates.length === 0) return { floors, notes: ['no shared-prefix run with both precise and switchyard: floors not checked'] };
+  const sat = rates.find((q) => get('switchyard', q)!.steadyTokS < 0.9 * get('switchyard', q)!.offeredTokS) ?? rates[rates.length - 1]!;
+  notes.push(`the approximate mode first delivers < 90% of the offered output at ${sat} req/s (the saturating rate)`);
+  for (const q of rates) {
+    const a = get('switchyard', q)!;
+    const p = get('precise', q)!;
+    floors.push({
+      ok: p.steadyTokS >= a.steadyTokS,
+      name: `output tokens/s (steady state) precise ≥ approximate at ${q} req/s`,
+      value: `${fmt(a.steadyTokS, 0)} → ${fmt(p.steadyTokS, 0)} = ${x(p.steadyTokS, a.steadyTokS)} (overall ${fmt(a.outTokS, 0)} → ${fmt(p.outTokS, 0)} = ${x(p.outTokS, a.outTokS)})`,
+    });
+  }
+  const a = get('switchyard', sat)!;
+  const p = get('precise', sat)!;
+  floors.push({
+    ok: a.ttftP90 / p.ttftP90 >= 1.2,
+    name: `TTFT p90 ≥ 1.2× lower than approximate at ${sat} req/s (saturating)`,
+    value: `${fmt(a.ttftP90)} → ${fmt(p.ttftP90)} ms = ${x(a.ttftP90, p.ttftP90)}`,
+  });
+  return { floors, notes };
+}
+
+export function preciseFloorLines(rows: Row[]): string {
+  const { floors, notes } = preciseFloors(rows);
+  let md = 'Floors (issue 15, benchmark 3, shared-prefix, precise vs approximate):\n\n';
+  for (const n of notes) md += `- ${n}\n`;
+  for (const f of floors) md += `- ${f.ok ? 'PASS' : 'MISS'} ${f.name}: ${f.value}\n`;
+  return md;
+}
+
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const { rows, config } = await runQuality(process.argv.slice(2));
+  const argv = process.argv.slice(2);
+  const { rows, config } = await runQuality(argv);
   console.log(config + '\n');
   console.log(qualityTable(rows));
-  console.log(floorLines(rows));
+  if (rows.some((r) => r.policy === 'round-robin')) console.log(floorLines(rows));
+  if (rows.some((r) => r.policy === 'precise')) console.log(preciseFloorLines(rows));
 }

@@ -1,11 +1,15 @@
 // The KV-event feed: every engine's stream (subscriber.ts) into one precise
 // prefix index. Received batches wait in their stream's bounded queue; a drain
-// (scheduled with setImmediate, so it runs between requests, never inside
-// one) copies up to `maxBatchesPerDrain` raw payloads into one buffer and hands
+// copies up to `maxBatchesPerDrain` raw payloads into one buffer and hands
 // them, with the clears queued between them, to ONE native call
 // (PrefixIndex.applyPayloads) that decodes the msgpack and applies the events;
-// then it yields to the loop again if more are waiting. A stream's health decides
-// whether the scheduler trusts this index for that engine. See docs/kv-events.md.
+// then it yields to the loop again if more are waiting. The first few drains
+// of a loop turn run as a microtask right after the receive (between
+// callbacks, never inside a request), so a batch does not wait behind the
+// rest of the turn's request work; past that the drains of the turn go to
+// setImmediate (bulk, and a flood cannot hold the loop). A stream's health
+// decides whether the scheduler trusts this index for that engine. See
+// docs/kv-events.md.
 import { APPLY_STATUS, PAYLOAD_TOTALS as T, PAYLOAD_TOTALS_LENGTH, PrefixIndex } from '../../bindings/index.js';
 import { Histogram } from '../metrics/histogram.js';
 import type { DecodeCounts } from './decode.js';
@@ -40,10 +44,15 @@ export interface KvFeedOptions {
   replayTimeoutMs?: number;
   /** Engine block hashes remembered per endpoint (PrefixIndex.setEventMapLimit; default 1 048 576). */
   eventMapLimit?: number;
+  /**
+   * Drains per loop turn run as a microtask right after a receive (default 8; 0: every drain waits for
+   * setImmediate, i.e. behind the rest of the turn's I/O callbacks). The turn's later drains go to setImmediate.
+   */
+  inlineDrainsPerTurn?: number;
 }
 
 /** Bounds of the event-to-index lag histogram, seconds. */
-export const LAG_BUCKETS = [0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1];
+export const LAG_BUCKETS = [0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.006, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.05, 0.1, 0.25, 1];
 
 interface Feed {
   ep: KvFeedEndpoint;
@@ -70,6 +79,24 @@ export class KvEventFeed implements DecodeCounts {
   readonly #ready = new Set<Feed>();
   #scheduled = false;
   #closed = false;
+  /** Microtask drains in this loop turn, and whether the setImmediate that resets the count is armed. */
+  #inline = 0;
+  #resetArmed = false;
+  readonly #drainFn = () => this.drain();
+  readonly #resetFn = () => {
+    this.#inline = 0;
+    this.#resetArmed = false;
+  };
+  /** Drains that ran as a microtask right after a receive (the rest ran from setImmediate). */
+  inlineDrains = 0;
+  /**
+   * Called with each index id of an engine whose publisher went away or restarted at seq 0 (it may have
+   * lost its cache). The router clears that endpoint's approximate entries too, since the approximate
+   * mode scores the endpoint while its stream is down and its record is as stale as the events'.
+   */
+  onEngineReset: ((id: number) => void) | null = null;
+  /** Engine resets seen (disconnects and restarts), over all streams. */
+  engineResets = 0;
   // one drain's input to applyPayloads, reused
   #data = new Uint8Array(1 << 20);
   #items = new Uint32Array(ITEM_WORDS * 512);
@@ -81,7 +108,7 @@ export class KvEventFeed implements DecodeCounts {
   constructor(index: PrefixIndex, o: KvFeedOptions) {
     if (index.blockSize !== o.blockTokens * 4) throw new RangeError(`the precise index's blockSize must be blockTokens × 4 bytes (${o.blockTokens * 4}), got ${index.blockSize}`);
     this.index = index;
-    this.#o = { maxQueuedBatches: 4096, maxBatchesPerDrain: 256, replayTimeoutMs: 1000, eventMapLimit: 1 << 20, ...o };
+    this.#o = { maxQueuedBatches: 4096, maxBatchesPerDrain: 256, replayTimeoutMs: 1000, eventMapLimit: 1 << 20, inlineDrainsPerTurn: 8, ...o };
     index.setEventMapLimit(this.#o.eventMapLimit);
   }
 
@@ -138,6 +165,11 @@ export class KvEventFeed implements DecodeCounts {
         replayTimeoutMs: this.#o.replayTimeoutMs,
       },
       () => this.#wake(feed),
+      () => {
+        this.engineResets++;
+        const cb = this.onEngineReset;
+        if (cb !== null) for (const h of feed.holders) cb(h);
+      },
     );
     this.#feeds.push(feed);
     for (const h of feed.holders) this.#byId[h] = feed;
@@ -172,10 +204,18 @@ export class KvEventFeed implements DecodeCounts {
 
   #wake(f: Feed): void {
     this.#ready.add(f);
-    if (!this.#scheduled) {
-      this.#scheduled = true;
-      setImmediate(() => this.drain());
-    }
+    if (this.#scheduled) return;
+    this.#scheduled = true;
+    if (this.#inline < this.#o.inlineDrainsPerTurn) {
+      // right after this receive's callback, before the turn's other callbacks (requests, responses)
+      this.#inline++;
+      this.inlineDrains++;
+      queueMicrotask(this.#drainFn);
+      if (!this.#resetArmed) {
+        this.#resetArmed = true;
+        setImmediate(this.#resetFn);
+      }
+    } else setImmediate(this.#drainFn);
   }
 
   /** Decodes and applies what the streams queued (bounded per call; reschedules itself for the rest). */
@@ -233,8 +273,9 @@ export class KvEventFeed implements DecodeCounts {
     }
     this.drains++;
     if (this.#ready.size > 0 && !this.#scheduled) {
+      // more than one drain's budget waiting: yield to the loop first
       this.#scheduled = true;
-      setImmediate(() => this.drain());
+      setImmediate(this.#drainFn);
     }
   }
 

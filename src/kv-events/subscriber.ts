@@ -94,11 +94,17 @@ export class KvEventStream {
   #decodeErrorsInRow = 0;
   #recentGaps: number[] = [];
   readonly #onReady: () => void;
+  readonly #onReset: (() => void) | null;
   #notified = false;
 
-  constructor(options: KvStreamOptions, onReady: () => void) {
+  /**
+   * `onReset` (optional) is called when the engine may have lost its cache: its publisher went away (a
+   * disconnect) or came back at seq 0 (a restart).
+   */
+  constructor(options: KvStreamOptions, onReady: () => void, onReset: (() => void) | null = null) {
     this.options = options;
     this.#onReady = onReady;
+    this.#onReset = onReset;
   }
 
   /** Whether the index's entries for this engine can be trusted (else: score it by the approximate mode). */
@@ -126,6 +132,7 @@ export class KvEventStream {
       this.counters.clears++;
       this.#push('clear');
       if (!this.#replaying) this.#expected = -1;
+      this.#onReset?.();
     });
     sub.connect(this.options.endpoint);
     sub.subscribe(this.options.topic);
@@ -219,6 +226,7 @@ export class KvEventStream {
       // the publisher restarted (engine restart): its cache restarted too
       this.counters.restarts++;
       this.#clearThen(b);
+      this.#onReset?.();
       return;
     }
     this.counters.duplicates++;

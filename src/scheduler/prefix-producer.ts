@@ -138,6 +138,12 @@ class SpeculativeEntries {
     this.#gens[g]!.record(id, hashes, count, 0);
   }
 
+  /** Forgets every pick recorded for endpoint `id` (its engine restarted, or it left the set). */
+  clearEndpoint(id: number): void {
+    this.#gens[0].clear(id);
+    this.#gens[1].clear(id);
+  }
+
   /** A failed dispatch: the engine never took the prompt (`tokens` hashed with `seed` as the precise index does). */
   forget(id: number, index: PrefixIndex, tokens: Uint8Array, seed: bigint): void {
     const need = Math.floor(tokens.length / index.blockSize);
@@ -396,9 +402,10 @@ export class PrefixProducer {
       this.store.setCapacity(ep.id, Math.min(MAX_BLOCKS, indexBlocksFor(ep.metrics.cacheBlocks, ep.metrics.cacheBlockTokens, this.store.blockSize)), 0, 0);
   }
 
-  /** Drops everything an endpoint is believed to hold. */
+  /** Drops everything an endpoint is believed to hold (its approximate record and precise mode's speculative entries). */
   clear(ep: Endpoint): void {
     this.store.clear(ep.id);
+    this.#spec?.clearEndpoint(ep.id);
   }
 
   /** Configured blocks (of scheduling.prefixBlockSize bytes) in the index's blocks. */

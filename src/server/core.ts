@@ -252,6 +252,13 @@ export class RouterCore {
     this.#sessionHeader = cfg.sessions.sources.includes('header') ? Buffer.from(cfg.sessions.header) : null;
     const precise = (this.precise = buildPrecise(cfg, set));
     this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, sessions, precise: precise?.feed, decodeProfile: cfg.disaggregation?.decode });
+    if (precise !== null) {
+      // an engine that may have lost its cache is not believed to hold anything by the approximate fallback either
+      precise.feed.onEngineReset = (id) => {
+        const ep = set.byId(id);
+        if (ep !== undefined) this.scheduler.prefix?.clear(ep);
+      };
+    }
     this.upstream = opts.upstream ?? newUpstreamClient(cfg.proxy, set);
     const g = opts.gate;
     const gate: AdmissionGate = (this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g);

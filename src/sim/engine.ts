@@ -48,6 +48,8 @@ export interface SimEngine {
   drain(graceMs?: number): Promise<void>;
   /** Drops every idle cached KV block. */
   clearCache(): void;
+  /** An engine restart as the fleet sees it: the cache is gone, the KV-event publisher starts again at seq 0 (POST /sim/restart). */
+  restart(): void;
   /**
    * Starts (names) or stops (null) recording the named request headers of
    * every POST, for tests that check what a router forwards; the last 256 are
@@ -133,7 +135,7 @@ const INSTANT_ROUTES: [string, Kind][] = [
   ['/v1/rerank', Kind.Rerank],
   ['/v2/rerank', Kind.Rerank],
 ];
-const POST_PATHS = new Set(['/v1/completions', '/v1/chat/completions', ...INSTANT_ROUTES.map(([p]) => p)]);
+const POST_PATHS = new Set(['/v1/completions', '/v1/chat/completions', ...INSTANT_ROUTES.map(([p]) => p), '/sim/restart']);
 
 let idCounter = 0;
 const CHAT_MAX_KEYS = ['max_completion_tokens', 'max_tokens'] as const;
@@ -759,6 +761,12 @@ export class Engine implements SimEngine {
     for (const [path, kind] of INSTANT_ROUTES) app.post(path, (res, req) => this.#post(res, req, kind));
     app.post(PULL_PATH, (res) => this.#pull(res));
     app.post(BOOTSTRAP_PATH, (res) => this.#bootstrap(res));
+    // an engine restart as the fleet sees it (docs/sim.md): the cache is gone and the publisher starts at seq 0
+    app.post('/sim/restart', (res) => {
+      res.onAborted(() => {});
+      this.restart();
+      res.writeHeader('Content-Type', JSON_TYPE).end('{"restarted":true}');
+    });
     app.get('/health', (res, req) => {
       const rid = req.getHeader('x-request-id');
       res.writeStatus(this.healthy && !this.draining && !this.loading() ? '200 OK' : '503 Service Unavailable');
@@ -925,6 +933,17 @@ export class Engine implements SimEngine {
 
   clearCache(): void {
     this.sched.clearCache();
+  }
+
+  /**
+   * What a restart does to the cache, without dropping connections: every cached block (GPU and host
+   * tier) is gone, and the KV-event publisher reopens at seq 0 with an empty replay buffer; the removals
+   * are not published (a restarted engine knows nothing of its old blocks). Requests in flight keep
+   * running (a real restart would fail them), but their blocks are freed when they end, not cached.
+   */
+  restart(): void {
+    this.sched.cache.forgetAll();
+    if (this.kvEvents !== null) void this.kvEvents.restart().catch(() => {});
   }
 
   recordHeaders(names: readonly string[] | null): void {

@@ -29,6 +29,8 @@ export interface KvBlock {
   tokens: Uint32Array | null;
   loraId: number | null;
   loraName: string | null;
+  /** Forgotten by a restart while a request held it: freed when released, never cached again. */
+  doomed: boolean;
 }
 
 /** What a request holds while it runs. */
@@ -98,6 +100,8 @@ export class KvCache {
   #idle = 0;
   #private = 0;
   #pinned = 0;
+  /** Pinned blocks a restart forgot: still allocated to their requests, no longer cached. */
+  #doomed = 0;
   evictions = 0;
   readonly host: HostTier | null;
   #events: KvEventSink | null;
@@ -157,7 +161,7 @@ export class KvCache {
       if (b === undefined) missing++;
       else if (b.refs === 0) idleHits++;
     }
-    const free = this.capacity - this.#map.size - this.#private;
+    const free = this.capacity - this.#map.size - this.#doomed - this.#private;
     return missing + privateBlocks <= free + (this.#idle - idleHits);
   }
 
@@ -196,7 +200,7 @@ export class KvCache {
         continue;
       }
       this.#makeRoom(1);
-      const b: KvBlock = { hash: hashes[i]!, refs: 1, prev: null, next: null, parent: null, tokens: null, loraId: null, loraName: null };
+      const b: KvBlock = { hash: hashes[i]!, refs: 1, prev: null, next: null, parent: null, tokens: null, loraId: null, loraName: null, doomed: false };
       if (meta !== null) {
         b.parent = i > 0 ? hashes[i - 1]! : null;
         b.tokens = meta.tokens.subarray(i * this.blockSize, (i + 1) * this.blockSize);
@@ -248,7 +252,8 @@ export class KvCache {
       const b = blocks[i]!;
       if (--b.refs === 0) {
         this.#pinned--;
-        this.#pushIdle(b);
+        if (b.doomed) this.#doomed--;
+        else this.#pushIdle(b);
       }
     }
     this.#private -= lease.privateBlocks;
@@ -263,6 +268,21 @@ export class KvCache {
     while (this.#head !== null) this.#drop(this.#head);
     host?.clear();
     if (this.#events !== null) this.#flushEvicted();
+  }
+
+  /**
+   * An engine restart: every cached block is forgotten, idle or held by a running request (those stay
+   * allocated until released, then are freed, not cached), and the host tier is emptied. The removals
+   * are queued as events like clear()'s; the caller restarts the publisher, which discards them.
+   */
+  forgetAll(): void {
+    this.clear();
+    for (const b of this.#map.values()) {
+      // only pinned blocks are left
+      b.doomed = true;
+      this.#doomed++;
+    }
+    this.#map.clear();
   }
 
   #drop(b: KvBlock): void {
@@ -280,7 +300,7 @@ export class KvCache {
   }
 
   #makeRoom(n: number): void {
-    while (this.#map.size + this.#private + n > this.capacity && this.#head !== null) this.#evictHead();
+    while (this.#map.size + this.#doomed + this.#private + n > this.capacity && this.#head !== null) this.#evictHead();
   }
 
   #evictHead(): void {
