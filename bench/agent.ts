@@ -22,7 +22,14 @@
 //                 session, plus flow control (admission off: nothing shed)
 //                 holding requests in the router while the engines are
 //                 saturated, with turn priority (on by default) dispatching a
-//                 conversation's next turn ahead of cold first turns.
+//                 conversation's next turn ahead of cold first turns. The
+//                 saturation detector's defaults, so its prefill-backlog term
+//                 (saturation.prefillBacklogTokens, 2048) is on: requests are
+//                 held while every engine has that much prefill queued.
+//   session+turn-priority/no-backlog
+//                 the same with the prefill-backlog term off
+//                 (prefillBacklogTokens: 0): the policy as it was before the
+//                 term existed (an ablation).
 //
 // Reported per run: per-turn TTFT p50/p90 (all turns, and turns 2..8),
 // conversation completion time p50/p90 (first request sent → last answer
@@ -46,6 +53,7 @@ export const AGENT_POLICIES: Record<string, string> = {
   'prefix-only': `scheduling:\n${NO_SESSION_FILTERS}`,
   session: '', // the defaults: session-affinity filter + prefix-cache 3, queue 2, kv-cache-utilization 2
   'session+turn-priority': 'flowControl:\n  admission: { mode: "off" }\n',
+  'session+turn-priority/no-backlog': 'flowControl:\n  admission: { mode: "off" }\n  saturation: { prefillBacklogTokens: 0 }\n',
   // session+turn-priority with first turns balanced over the endpoints by pinned sessions
   'session+balance': 'flowControl:\n  admission: { mode: "off" }\nscheduling:\n  filters: [model, healthy, role, { type: session-affinity, params: { balanceSlack: 0 } }]\n',
 };
