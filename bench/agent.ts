@@ -218,12 +218,14 @@ async function routerCounters(url: string): Promise<string> {
   const spread = counts.length > 0 ? `turns per endpoint ${Math.min(...counts)}–${Math.max(...counts)}, ` : '';
   const waitN = sum(/^switchyard_flow_queue_wait_seconds_count\{[^}]*\} (\S+)$/gm);
   const waitS = sum(/^switchyard_flow_queue_wait_seconds_sum\{[^}]*\} (\S+)$/gm);
+  // every request flow control lets through is observed, at once (0 s) or after waiting in its queue
+  const waited1ms = sum(/^switchyard_flow_queue_wait_seconds_bucket\{[^}]*le="0\.001"[^}]*\} (\S+)$/gm);
   return (
     spread +
     `followed ${sum(/^switchyard_session_turns_followed_total (\S+)$/gm)}, ` +
     `moved saturated ${sum(/^switchyard_session_moves_total\{reason="saturated"\} (\S+)$/gm)} / failed ${sum(/^switchyard_session_moves_total\{reason="failed"\} (\S+)$/gm)}, ` +
     `continuations ${sum(/^switchyard_session_continuations_total (\S+)$/gm)}, ` +
-    `flow-held ${waitN} (mean wait ${waitN > 0 ? fmt((waitS / waitN) * 1000) : 0} ms, continuations dispatched from the queue ${sum(/^switchyard_flow_continuations_total\{[^}]*\} (\S+)$/gm)}), ` +
+    `through flow control ${waitN} (mean wait ${waitN > 0 ? fmt((waitS / waitN) * 1000) : 0} ms; held over 1 ms ${waitN - waited1ms}; continuations dispatched from the queue ${sum(/^switchyard_flow_continuations_total\{[^}]*\} (\S+)$/gm)}), ` +
     `responses created ${sum(/^switchyard_responses_total\{result="created"\} (\S+)$/gm)} continued ${sum(/^switchyard_responses_total\{result="continued"\} (\S+)$/gm)} failed ${sum(/^switchyard_responses_total\{result="failed"\} (\S+)$/gm)}`
   );
 }
