@@ -178,3 +178,45 @@ t.test('config: default, and errors name the field', async (t) => {
   t.ok(err instanceof ConfigError, 'the router config is refused');
   t.match((err as Error).message, /flowControl\.saturation\.prefillBacklogTokens/, 'naming the path');
 });
+
+t.test('P/D: the prefill leg is counted on its prefill endpoint, not on the decode endpoint', async (t) => {
+  const p0 = await startEngine({ role: 'prefill', prefillOverheadMs: 1, prefillUsPerToken: 400, itlMs: 5 });
+  const d0 = await startEngine({ role: 'decode', prefillOverheadMs: 1, prefillUsPerToken: 400, itlMs: 5 });
+  const cfg = parseConfig(
+    `apiVersion: switchyard/v1
+kind: Router
+pools:
+  - name: p
+    engine: vllm
+    models: [open-model]
+    endpoints:
+      - { name: p0, url: "${p0.url}", role: prefill }
+      - { name: d0, url: "${d0.url}", role: decode }
+logging: { level: silent }
+disaggregation: { thresholdTokens: 256, prefillTimeoutMs: 5000 }
+flowControl: { admission: { mode: "off" } }
+`,
+    validatePlugin,
+    'prefill-backlog-pd',
+  );
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(async () => {
+    await router.close(200);
+    await p0.close();
+    await d0.close();
+  });
+  const per = async () => {
+    const m = await metrics(router.url);
+    const v = (ep: string) => m.samples.find((s) => s.name === 'switchyard_endpoint_prefill_backlog_tokens' && s.labels.endpoint === ep)?.value ?? -1;
+    return { p0: v('p0'), d0: v('d0') };
+  };
+  const r = chat(router.url, cold('long'));
+  await sleep(150);
+  const during = await per();
+  t.ok(during.p0 >= 1000, `the prefill endpoint holds the prompt's tokens while its leg runs (${during.p0})`);
+  t.equal(during.d0, 0, 'the decode endpoint is not charged for a prefill it does not run');
+  const done = await r.done;
+  t.equal(done.status, 200);
+  t.equal(done.headers['x-switchyard-prefill-endpoint'], 'p0', 'it was disaggregated');
+  t.same(await per(), { p0: 0, d0: 0 }, 'both are back to 0');
+});
