@@ -23,7 +23,12 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** ~1,500 tokens of the simulator's 4-byte tokens: 600 ms of prefill at 400 µs/token. */
 const cold = (tag: string) => `${tag} ` + 'lorem ipsum dolor sit amet '.repeat(222);
 
-async function setup(t: Tap.Test, backlogTokens: number, engineOpts: Partial<Parameters<typeof startEngine>[0]> = {}): Promise<{ router: RunningRouter; engine: SimEngine }> {
+async function setup(
+  t: Tap.Test,
+  backlogTokens: number,
+  engineOpts: Partial<Parameters<typeof startEngine>[0]> = {},
+  admission = 'admission: { mode: "off" }',
+): Promise<{ router: RunningRouter; engine: SimEngine }> {
   const engine = await startEngine({ itlMs: 5, prefillOverheadMs: 1, prefillUsPerToken: 400, maxNumSeqs: 64, seed: 5, ...engineOpts });
   const cfg = parseConfig(
     `apiVersion: switchyard/v1
@@ -36,7 +41,7 @@ pools:
       - { name: e0, url: "${engine.url}" }
 logging: { level: silent }
 flowControl:
-  admission: { mode: "off" }
+  ${admission}
   saturation: { prefillBacklogTokens: ${backlogTokens} }
   turnPriority: { enabled: true, maxColdWait: 30s }
 `,
@@ -106,6 +111,20 @@ t.test('off (prefillBacklogTokens: 0): both go to the engine at once; the contin
   t.notOk(r.agentBeforeB, `the agent's next turn waits behind the cold request (by ${(-r.gapMs).toFixed(0)} ms)`);
   t.equal(r.fromQueue, 0, 'nothing was held');
   t.equal(r.after, 0);
+});
+
+t.test('probabilistic admission (the default) does not shed for a backlog: the request waits and is served', async (t) => {
+  const { router } = await setup(t, 1000, {}, '# admission: the default (probabilistic, maxUtilisation 0.85)');
+  const url = router.url;
+  const a = firstByteAt(chat(url, cold('A')));
+  await sleep(60);
+  t.ok((await backlog(url)) >= 1000, 'every endpoint has a full backlog');
+  const b = await firstByteAt(chat(url, cold('B')));
+  const ra = await a;
+  t.equal(b.status, 200, 'the standard-band request is served, not shed');
+  t.ok(b.at > ra.at, 'after the backlog drained (it was held)');
+  const m = await metrics(url);
+  t.equal(m.samples.filter((s) => s.name === 'switchyard_flow_rejected_total').reduce((x, s) => x + s.value, 0), 0, 'nothing rejected');
 });
 
 t.test('a client that leaves during its prefill releases the backlog (and the held request it blocked goes)', async (t) => {

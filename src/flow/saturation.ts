@@ -60,18 +60,29 @@ export class SaturationDetector {
 
   /** Load of one endpoint; >= 1 means saturated. */
   load(ep: EndpointLoad, now: number): number {
+    return this.withBacklog(ep, this.baseLoad(ep, now));
+  }
+
+  /** `base` (an endpoint's baseLoad) raised to its prefill-backlog term when that is larger (the term off: `base`). */
+  withBacklog(ep: EndpointLoad, base: number): number {
+    const pb = this.#perBacklogToken;
+    if (pb === 0) return base;
+    const pending = ep.prefillPending;
+    if (pending === undefined || !(pending > 0)) return base;
+    const p = pending * (ep.prefillCostFactor ?? 1) * pb;
+    return p > base ? p : base;
+  }
+
+  /**
+   * Load of one endpoint without the prefill-backlog term: what probabilistic
+   * admission sheds by (a backlog is a reason to hold a request, which it
+   * drains in a prefill's time, not to refuse it).
+   */
+  baseLoad(ep: EndpointLoad, now: number): number {
     const c = this.#cfg;
     let u = ep.inFlight / c.maxConcurrency;
     const b = ep.occupancy(now) / ep.batchLimit;
     if (b > u) u = b;
-    const pb = this.#perBacklogToken;
-    if (pb > 0) {
-      const pending = ep.prefillPending;
-      if (pending !== undefined && pending > 0) {
-        const p = pending * (ep.prefillCostFactor ?? 1) * pb;
-        if (p > u) u = p;
-      }
-    }
     if (ep.fresh(now)) {
       const w = ep.metrics.waiting / c.queueDepthThreshold;
       if (w > u) u = w;
