@@ -26,7 +26,7 @@
 //                 saturation detector's defaults, so its prefill-backlog term
 //                 (saturation.prefillBacklogTokens, 2048) is on: requests are
 //                 held while every engine has that much prefill queued.
-//   session+turn-priority/no-backlog
+//   session+turn-priority-no-backlog
 //                 the same with the prefill-backlog term off
 //                 (prefillBacklogTokens: 0): the policy as it was before the
 //                 term existed (an ablation).
@@ -53,7 +53,7 @@ export const AGENT_POLICIES: Record<string, string> = {
   'prefix-only': `scheduling:\n${NO_SESSION_FILTERS}`,
   session: '', // the defaults: session-affinity filter + prefix-cache 3, queue 2, kv-cache-utilization 2
   'session+turn-priority': 'flowControl:\n  admission: { mode: "off" }\n',
-  'session+turn-priority/no-backlog': 'flowControl:\n  admission: { mode: "off" }\n  saturation: { prefillBacklogTokens: 0 }\n',
+  'session+turn-priority-no-backlog': 'flowControl:\n  admission: { mode: "off" }\n  saturation: { prefillBacklogTokens: 0 }\n',
   // session+turn-priority with first turns balanced over the endpoints by pinned sessions
   'session+balance': 'flowControl:\n  admission: { mode: "off" }\nscheduling:\n  filters: [model, healthy, role, { type: session-affinity, params: { balanceSlack: 0 } }]\n',
 };
