@@ -30,6 +30,10 @@
 //                 the same with the prefill-backlog term off
 //                 (prefillBacklogTokens: 0): the policy as it was before the
 //                 term existed (an ablation).
+//   prefix-only+flow
+//                 prefix-only (no session filter) with the same flow-control
+//                 block as session+turn-priority (prefill-backlog term on):
+//                 what the hold does without pins (an attribution run).
 //
 // Reported per run: per-turn TTFT p50/p90 (all turns, and turns 2..8),
 // conversation completion time p50/p90 (first request sent → last answer
@@ -53,6 +57,7 @@ export const AGENT_POLICIES: Record<string, string> = {
   'prefix-only': `scheduling:\n${NO_SESSION_FILTERS}`,
   session: '', // the defaults: session-affinity filter + prefix-cache 3, queue 2, kv-cache-utilization 2
   'session+turn-priority': 'flowControl:\n  admission: { mode: "off" }\n',
+  'prefix-only+flow': `scheduling:\n${NO_SESSION_FILTERS}flowControl:\n  admission: { mode: "off" }\n`,
   'session+turn-priority-no-backlog': 'flowControl:\n  admission: { mode: "off" }\n  saturation: { prefillBacklogTokens: 0 }\n',
   // session+turn-priority with first turns balanced over the endpoints by pinned sessions
   'session+balance': 'flowControl:\n  admission: { mode: "off" }\nscheduling:\n  filters: [model, healthy, role, { type: session-affinity, params: { balanceSlack: 0 } }]\n',
