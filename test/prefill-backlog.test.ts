@@ -3,8 +3,9 @@
 // (serial prefill, 400 µs per uncached token), the router in front of it.
 //
 // With the signal on, an endpoint with more than the threshold of uncached
-// prompt tokens dispatched and not yet answered is saturated: a cold request
-// that arrives then waits in the router, and a continuation of an active
+// prompt tokens dispatched and not yet answered (and at least two requests:
+// one prefilling, one queued behind it) is saturated: a cold request that
+// arrives then waits in the router, and a continuation of an active
 // conversation that arrives after it is dispatched first (turn priority), so
 // it is prefilled before the cold one. With it off, both go to the engine at
 // once and the continuation waits behind the cold prefill there. The backlog
@@ -77,29 +78,35 @@ async function backlog(url: string): Promise<number> {
   return m.samples.filter((s) => s.name === 'switchyard_endpoint_prefill_backlog_tokens').reduce((a, s) => a + s.value, 0);
 }
 
-/** One agent turn, then a cold request A (its prefill fills the backlog), a cold request B, and the agent's next turn. */
+/**
+ * One agent turn, then cold requests A and B (A prefills, B queues behind it
+ * at the engine: the backlog is full), a cold request C, and the agent's next
+ * turn. Returns whether the agent's turn had its first byte before C's.
+ */
 async function race(t: Tap.Test, backlogTokens: number) {
   const { router } = await setup(t, backlogTokens);
   const url = router.url;
   const first = await chat(url, 'agent turn 1', { 'x-session-id': 'agent' }).done;
   t.equal(first.status, 200);
   const a = firstByteAt(chat(url, cold('A')));
-  await sleep(60);
-  const during = await backlog(url);
+  await sleep(30);
   const b = firstByteAt(chat(url, cold('B')));
+  await sleep(30);
+  const during = await backlog(url);
+  const c = firstByteAt(chat(url, cold('C')));
   await sleep(40);
   const agent = firstByteAt(chat(url, 'agent turn 2', { 'x-session-id': 'agent' }));
-  const [ra, rb, rc] = await Promise.all([a, b, agent]);
-  t.ok(ra.status === 200 && rb.status === 200 && rc.status === 200, 'everything is served');
+  const [ra, rb, rc, rAgent] = await Promise.all([a, b, c, agent]);
+  t.ok(ra.status === 200 && rb.status === 200 && rc.status === 200 && rAgent.status === 200, 'everything is served');
   const m = await metrics(url);
   const fromQueue = m.samples.filter((s) => s.name === 'switchyard_flow_continuations_total').reduce((x, s) => x + s.value, 0);
-  return { during, agentBeforeB: rc.at < rb.at, gapMs: rb.at - rc.at, fromQueue, after: await backlog(url) };
+  return { during, agentBeforeC: rAgent.at < rc.at, gapMs: rc.at - rAgent.at, fromQueue, after: await backlog(url) };
 }
 
 t.test('on: the cold request waits in the router and the continuation is prefilled first', async (t) => {
   const r = await race(t, 1000);
-  t.ok(r.during >= 1000, `while A prefills its tokens are the backlog (${r.during})`);
-  t.ok(r.agentBeforeB, `the agent's next turn has its first byte before the cold request queued before it (by ${r.gapMs.toFixed(0)} ms)`);
+  t.ok(r.during >= 3000, `while A prefills, A and B are the backlog (${r.during})`);
+  t.ok(r.agentBeforeC, `the agent's next turn has its first byte before the cold request C queued before it (by ${r.gapMs.toFixed(0)} ms)`);
   t.ok(r.gapMs > 300, 'by about a whole cold prefill');
   t.equal(r.fromQueue, 1, 'the continuation was dispatched from the flow-control queue');
   t.equal(r.after, 0, 'the backlog is back to 0 when everything ended');
@@ -107,8 +114,8 @@ t.test('on: the cold request waits in the router and the continuation is prefill
 
 t.test('off (prefillBacklogTokens: 0): both go to the engine at once; the continuation waits behind the cold prefill', async (t) => {
   const r = await race(t, 0);
-  t.ok(r.during >= 1000, `the backlog is still counted (${r.during})`);
-  t.notOk(r.agentBeforeB, `the agent's next turn waits behind the cold request (by ${(-r.gapMs).toFixed(0)} ms)`);
+  t.ok(r.during >= 3000, `the backlog is still counted (${r.during})`);
+  t.notOk(r.agentBeforeC, `the agent's next turn waits behind the cold request C (by ${(-r.gapMs).toFixed(0)} ms)`);
   t.equal(r.fromQueue, 0, 'nothing was held');
   t.equal(r.after, 0);
 });
@@ -117,10 +124,13 @@ t.test('probabilistic admission (the default) does not shed for a backlog: the r
   const { router } = await setup(t, 1000, {}, '# admission: the default (probabilistic, maxUtilisation 0.85)');
   const url = router.url;
   const a = firstByteAt(chat(url, cold('A')));
-  await sleep(60);
-  t.ok((await backlog(url)) >= 1000, 'every endpoint has a full backlog');
-  const b = await firstByteAt(chat(url, cold('B')));
+  await sleep(30);
+  const b0 = firstByteAt(chat(url, cold('B')));
+  await sleep(30);
+  t.ok((await backlog(url)) >= 3000, 'every endpoint has a full backlog');
+  const b = await firstByteAt(chat(url, cold('C')));
   const ra = await a;
+  await b0;
   t.equal(b.status, 200, 'the standard-band request is served, not shed');
   t.ok(b.at > ra.at, 'after the backlog drained (it was held)');
   const m = await metrics(url);
@@ -131,14 +141,21 @@ t.test('a client that leaves during its prefill releases the backlog (and the he
   const { router } = await setup(t, 1000);
   const url = router.url;
   const a = chat(url, cold('A'));
-  await sleep(60);
-  t.ok((await backlog(url)) >= 1000, 'A is in the backlog');
-  const b = firstByteAt(chat(url, 'small request'));
+  await sleep(30);
+  const b = firstByteAt(chat(url, cold('B')));
+  await sleep(30);
+  const full = await backlog(url);
+  t.ok(full >= 3000, `A and B are the backlog (${full})`);
+  const c = firstByteAt(chat(url, 'small request'));
   await sleep(40);
+  t.equal(await backlog(url), full, 'the small request is held (the backlog is full)');
   a.destroy();
   await a.done;
-  const rb = await b;
-  t.equal(rb.status, 200, 'the held request is served once the backlog is released');
+  await sleep(40);
+  const left = await backlog(url);
+  t.ok(left < full - 1400 && left > 1400, `A's tokens left at once; B and the released small request remain (${left})`);
+  const [rb, rc] = await Promise.all([b, c]);
+  t.ok(rb.status === 200 && rc.status === 200, 'the others are served');
   await sleep(20);
   t.equal(await backlog(url), 0, 'nothing is left in the backlog');
 });
@@ -171,6 +188,9 @@ t.test('the detector: the backlog term, weighed by the pool prefill cost, 0 = of
   t.ok(on.saturated(ep(2048), 0));
   t.ok(on.saturated(ep(1024, 2)), 'a pool twice as slow at prefill saturates at half the tokens');
   t.equal(on.load(ep(0), 0), 1 / 16, 'no backlog: the other terms');
+  const counted = (pending: number, requests: number) => ({ ...ep(pending), prefillRequests: requests });
+  t.equal(on.load(counted(8192, 1), 0), 1 / 16, 'one request alone (prefilling, nothing queued behind it) does not saturate');
+  t.equal(on.load(counted(8192, 2), 0), 4, 'two: the term applies');
   const off = new SaturationDetector({ queueDepthThreshold: 5, kvThreshold: 0.9, maxConcurrency: 64, prefillBacklogTokens: 0 });
   t.equal(off.load(ep(1e6), 0), 1 / 16, 'off: the backlog is not read');
 });

@@ -57,6 +57,8 @@ export class Endpoint {
    * end; Scheduler.pick / prefilled / complete). Always fresh, like inFlight.
    */
   prefillPending = 0;
+  /** The router's requests counted in prefillPending (those with uncached tokens). */
+  prefillRequests = 0;
 
   readonly metrics: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0 };
   /** performance.now() of the last successful scrape; 0 = never. */

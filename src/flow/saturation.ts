@@ -17,7 +17,13 @@
 //                               another makes every new request wait for
 //                               all of it; none of the other terms sees it
 //                               (a batch half empty can have seconds of
-//                               prefill queued). 0 = off.
+//                               prefill queued). It counts only while at
+//                               least two requests wait for their first
+//                               byte there (one prefilling, one queued
+//                               behind it): the engine always has its next
+//                               prefill at hand, so holding never idles it
+//                               (one long prompt alone never saturates).
+//                               0 = off.
 // and it is saturated at load >= 1. The first term is exact between scrapes:
 // a burst that arrives right after a scrape is counted request by request as
 // the router dispatches it, so it is held once the engines' batches are full,
@@ -39,6 +45,8 @@ export interface EndpointLoad {
   readonly batchLimit: number;
   /** Uncached prompt tokens the router dispatched here without a first byte back yet (its prefill backlog); absent = 0. */
   readonly prefillPending?: number;
+  /** How many requests prefillPending counts; absent: the term applies whatever the count. */
+  readonly prefillRequests?: number;
   /** The pool's prefill cost against the reference accelerator (2 = half as fast); absent = 1. */
   readonly prefillCostFactor?: number;
 }
@@ -69,6 +77,9 @@ export class SaturationDetector {
     if (pb === 0) return base;
     const pending = ep.prefillPending;
     if (pending === undefined || !(pending > 0)) return base;
+    // one request alone (prefilling, nothing queued behind it) never holds the next: the engine would idle
+    const n = ep.prefillRequests;
+    if (n !== undefined && n < 2) return base;
     const p = pending * (ep.prefillCostFactor ?? 1) * pb;
     return p > base ? p : base;
   }

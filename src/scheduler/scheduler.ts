@@ -280,7 +280,10 @@ export class Scheduler {
     // the prefill backlog: what this request makes the engine compute before its first token
     const t = this.#uncachedTokens(req, ctx);
     d.prefillTokens = t;
-    ep.prefillPending += t;
+    if (t > 0) {
+      ep.prefillPending += t;
+      ep.prefillRequests++;
+    }
     ctx.request = EMPTY_REQUEST;
     ctx.prefixMatched = EMPTY_MATCH;
     d.endpoint = ep;
@@ -316,7 +319,8 @@ export class Scheduler {
     d.prefillTokens = 0;
     const ep = d.endpoint;
     ep.prefillPending -= t;
-    if (ep.prefillPending < 0.5) ep.prefillPending = 0;
+    if (ep.prefillRequests > 0) ep.prefillRequests--;
+    if (ep.prefillPending < 0.5 || ep.prefillRequests === 0) ep.prefillPending = 0;
     return t;
   }
 
