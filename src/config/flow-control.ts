@@ -62,7 +62,8 @@ export interface SaturationConfig {
   /**
    * An endpoint with this many uncached prompt tokens dispatched by the router
    * and not yet answered with a first byte (its prefill backlog, scaled by its
-   * pool's prefillCostFactor) is saturated. 0 = the term is off.
+   * pool's prefillCostFactor) is saturated, while at least two such requests
+   * are out there (one prefilling, one queued). 0 = the term is off.
    */
   prefillBacklogTokens: number;
 }
