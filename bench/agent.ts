@@ -22,7 +22,18 @@
 //                 session, plus flow control (admission off: nothing shed)
 //                 holding requests in the router while the engines are
 //                 saturated, with turn priority (on by default) dispatching a
-//                 conversation's next turn ahead of cold first turns.
+//                 conversation's next turn ahead of cold first turns. The
+//                 saturation detector's defaults, so its prefill-backlog term
+//                 (saturation.prefillBacklogTokens, 2048) is on: requests are
+//                 held while every engine has that much prefill queued.
+//   session+turn-priority-no-backlog
+//                 the same with the prefill-backlog term off
+//                 (prefillBacklogTokens: 0): the policy as it was before the
+//                 term existed (an ablation).
+//   prefix-only+flow
+//                 prefix-only (no session filter) with the same flow-control
+//                 block as session+turn-priority (prefill-backlog term on):
+//                 what the hold does without pins (an attribution run).
 //
 // Reported per run: per-turn TTFT p50/p90 (all turns, and turns 2..8),
 // conversation completion time p50/p90 (first request sent → last answer
@@ -46,6 +57,8 @@ export const AGENT_POLICIES: Record<string, string> = {
   'prefix-only': `scheduling:\n${NO_SESSION_FILTERS}`,
   session: '', // the defaults: session-affinity filter + prefix-cache 3, queue 2, kv-cache-utilization 2
   'session+turn-priority': 'flowControl:\n  admission: { mode: "off" }\n',
+  'prefix-only+flow': `scheduling:\n${NO_SESSION_FILTERS}flowControl:\n  admission: { mode: "off" }\n`,
+  'session+turn-priority-no-backlog': 'flowControl:\n  admission: { mode: "off" }\n  saturation: { prefillBacklogTokens: 0 }\n',
   // session+turn-priority with first turns balanced over the endpoints by pinned sessions
   'session+balance': 'flowControl:\n  admission: { mode: "off" }\nscheduling:\n  filters: [model, healthy, role, { type: session-affinity, params: { balanceSlack: 0 } }]\n',
 };
@@ -210,12 +223,14 @@ async function routerCounters(url: string): Promise<string> {
   const spread = counts.length > 0 ? `turns per endpoint ${Math.min(...counts)}–${Math.max(...counts)}, ` : '';
   const waitN = sum(/^switchyard_flow_queue_wait_seconds_count\{[^}]*\} (\S+)$/gm);
   const waitS = sum(/^switchyard_flow_queue_wait_seconds_sum\{[^}]*\} (\S+)$/gm);
+  // every request flow control lets through is observed, at once (0 s) or after waiting in its queue
+  const waited1ms = sum(/^switchyard_flow_queue_wait_seconds_bucket\{[^}]*le="0\.001"[^}]*\} (\S+)$/gm);
   return (
     spread +
     `followed ${sum(/^switchyard_session_turns_followed_total (\S+)$/gm)}, ` +
     `moved saturated ${sum(/^switchyard_session_moves_total\{reason="saturated"\} (\S+)$/gm)} / failed ${sum(/^switchyard_session_moves_total\{reason="failed"\} (\S+)$/gm)}, ` +
     `continuations ${sum(/^switchyard_session_continuations_total (\S+)$/gm)}, ` +
-    `flow-held ${waitN} (mean wait ${waitN > 0 ? fmt((waitS / waitN) * 1000) : 0} ms, continuations dispatched from the queue ${sum(/^switchyard_flow_continuations_total\{[^}]*\} (\S+)$/gm)}), ` +
+    `through flow control ${waitN} (mean wait ${waitN > 0 ? fmt((waitS / waitN) * 1000) : 0} ms; held over 1 ms ${waitN - waited1ms}; continuations dispatched from the queue ${sum(/^switchyard_flow_continuations_total\{[^}]*\} (\S+)$/gm)}), ` +
     `responses created ${sum(/^switchyard_responses_total\{result="created"\} (\S+)$/gm)} continued ${sum(/^switchyard_responses_total\{result="continued"\} (\S+)$/gm)} failed ${sum(/^switchyard_responses_total\{result="failed"\} (\S+)$/gm)}`
   );
 }

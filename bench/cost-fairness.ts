@@ -11,7 +11,8 @@
 // over the measured window (after a warm-up), the routers alternating.
 //
 //   node dist/bench/cost-fairness.js [--rounds 2] [--seconds 8] [--warmup 4] [--clients 8] [--long 8192] [--short 256]
-//                                    [--quantum N (fairness.newFlowQuantum on both routers; default: the default, 16)] [--json out.json]
+//                                    [--quantum N (fairness.newFlowQuantum on both routers; default: the default, 16)]
+//                                    [--prefill-backlog N (saturation.prefillBacklogTokens on both routers; default: the default, 2048)] [--json out.json]
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -54,12 +55,14 @@ function prompt(tokens: number, tag: string): string {
 
 /** fairness.newFlowQuantum for both routers (--quantum), undefined: the default. */
 let quantum: number | undefined;
+/** saturation.prefillBacklogTokens for both routers (--prefill-backlog), undefined: the default. */
+let backlog: number | undefined;
 
 function routerYaml(port: number, base: number, mode: Mode): string {
   return `${simRouterYaml(port, base, 1)}flowControl:
   enabled: true
   admission: { mode: "off" }
-  saturation: { maxConcurrency: 4 }
+  saturation: { maxConcurrency: 4${backlog === undefined ? '' : `, prefillBacklogTokens: ${backlog}`} }
   fairness: ${quantum === undefined ? mode : `{ mode: ${mode}, newFlowQuantum: ${quantum} }`}
 `;
 }
@@ -131,6 +134,9 @@ export async function measureCost(argv: string[]): Promise<{ shape: Shape; rows:
   const q = option(argv, '--quantum');
   quantum = q === undefined ? undefined : Number(q);
   if (quantum !== undefined && !(quantum >= 0)) throw new Error(`cost-fairness: --quantum must be a number >= 0, got ${q}`);
+  const pb = option(argv, '--prefill-backlog');
+  backlog = pb === undefined ? undefined : Number(pb);
+  if (backlog !== undefined && !(Number.isInteger(backlog) && backlog >= 0)) throw new Error(`cost-fairness: --prefill-backlog must be an integer >= 0, got ${pb}`);
   const dir = mkdtempSync(join(tmpdir(), 'swy-cost-'));
   const targets: Target[] = [];
   try {

@@ -52,7 +52,7 @@ limits:
 ttl: 30s
 sweepInterval: 100ms
 retryAfterSeconds: 3
-saturation: { queueDepthThreshold: 8, kvThreshold: 0.8, maxConcurrency: 16 }
+saturation: { queueDepthThreshold: 8, kvThreshold: 0.8, maxConcurrency: 16, prefillBacklogTokens: 512 }
 tenants: { "sk-alpha": a, "sk-beta": b }
 trustHeaders: false
 maxFlows: 64
@@ -69,7 +69,7 @@ queueCapacity: 512
   t.equal(v.ttlMs, 30_000);
   t.equal(v.sweepIntervalMs, 100);
   t.equal(v.retryAfterSeconds, 3);
-  t.same(v.saturation, { queueDepthThreshold: 8, kvThreshold: 0.8, maxConcurrency: 16 });
+  t.same(v.saturation, { queueDepthThreshold: 8, kvThreshold: 0.8, maxConcurrency: 16, prefillBacklogTokens: 512 });
   t.same(v.tenants, { 'sk-alpha': 'a', 'sk-beta': 'b' });
   t.equal(v.trustHeaders, false);
   t.equal(v.maxFlows, 64);

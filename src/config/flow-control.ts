@@ -59,6 +59,13 @@ export interface SaturationConfig {
   kvThreshold: number;
   /** An endpoint with this many router in-flight requests is saturated (also the cap when metrics are stale). */
   maxConcurrency: number;
+  /**
+   * An endpoint with this many uncached prompt tokens dispatched by the router
+   * and not yet answered with a first byte (its prefill backlog, scaled by its
+   * pool's prefillCostFactor) is saturated, while at least two such requests
+   * are out there (one prefilling, one queued). 0 = the term is off.
+   */
+  prefillBacklogTokens: number;
 }
 
 export interface FlowControlConfig {
@@ -100,7 +107,7 @@ export const FLOW_DEFAULTS = {
   sweepIntervalMs: 250,
   retryAfterSeconds: 1,
   maxUtilisation: 0.85,
-  saturation: { queueDepthThreshold: 5, kvThreshold: 0.9, maxConcurrency: 64 },
+  saturation: { queueDepthThreshold: 5, kvThreshold: 0.9, maxConcurrency: 64, prefillBacklogTokens: 2048 },
   maxFlows: 256,
   queueCapacity: 1024,
   defaultOutputTokens: 256,
@@ -342,12 +349,15 @@ export const flowControlInput = z.strictObject(
           queueDepthThreshold: num(0, 1e9, { loOpen: true }).default(FLOW_DEFAULTS.saturation.queueDepthThreshold),
           kvThreshold: num(0, 1, { loOpen: true }).default(FLOW_DEFAULTS.saturation.kvThreshold),
           maxConcurrency: num(1, 1e9, { integer: true }).default(FLOW_DEFAULTS.saturation.maxConcurrency),
+          prefillBacklogTokens: num(0, 1e9, { integer: true })
+            .default(FLOW_DEFAULTS.saturation.prefillBacklogTokens)
+            .describe('uncached prompt tokens dispatched and not yet prefilled at which an endpoint is saturated; 0 = off'),
           staleAfter: removedField(STALENESS_MOVED),
           staleAfterMs: removedField(STALENESS_MOVED),
         },
         {
           error: (i) =>
-            i.code === 'unrecognized_keys' ? unknownField('queueDepthThreshold, kvThreshold, maxConcurrency') : `must be an object, got ${describe(i.input)}`,
+            i.code === 'unrecognized_keys' ? unknownField('queueDepthThreshold, kvThreshold, maxConcurrency, prefillBacklogTokens') : `must be an object, got ${describe(i.input)}`,
         },
       )
       .prefault({}),
@@ -457,7 +467,7 @@ function finish(v: FlowInput, ctx: z.core.$RefinementCtx<FlowInput>): FlowContro
   cfg.retryAfterSeconds = v.retryAfterSeconds;
   if (isMapping(v.saturation)) {
     const s = v.saturation;
-    cfg.saturation = { queueDepthThreshold: s.queueDepthThreshold, kvThreshold: s.kvThreshold, maxConcurrency: s.maxConcurrency };
+    cfg.saturation = { queueDepthThreshold: s.queueDepthThreshold, kvThreshold: s.kvThreshold, maxConcurrency: s.maxConcurrency, prefillBacklogTokens: s.prefillBacklogTokens };
   }
 
   if (isMapping(v.tenants)) {

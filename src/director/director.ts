@@ -272,6 +272,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   seq = 0;
   promptBlocks = 0;
   matchedBlocks = 0;
+  /** Uncached prompt tokens this attempt holds in its endpoint's prefill backlog (0: released). */
+  prefillTokens = 0;
   // Decision's LatencyNote (written by latency plugins; numbers, no allocation)
   latPending = 0;
   latWork = 0;
@@ -609,7 +611,9 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     d.metrics.matchedBlocks += this.matchedBlocks;
     this.#dispatchedAt = t1;
     if (this.decideOnly) {
-      // the proxy dispatches (and retries down its own fallback list): nothing to retry here
+      // the proxy dispatches (and retries down its own fallback list): nothing to retry here;
+      // the router never sees its first byte, so it holds no prefill backlog either
+      d.scheduler.prefilled(this);
       this.#started = true;
       (this.port as DecisionPort).picked(this);
       return;
@@ -617,6 +621,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     const pd = d.pd;
     // NIXL: a retry reuses the prefill's transfer parameters; SGLang: a decode-role endpoint only takes pairs
     if (pd !== null && (this.#attempts === 0 || pd.needsRoom(this.endpoint)) && pd.begin(this, sreq)) {
+      // the prefill leg computes the prompt (counted in its prefill endpoint's backlog): the decode endpoint gets its KV
+      this.#prefilled();
       sreq.prompt = undefined;
       sreq.tokens = undefined; // a prefill leg runs first (or both legs are out): the collaborator calls sendDecode
       return;
@@ -911,6 +917,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
 
   onUpstreamData(chunk: Buffer): void {
     if (this.aborted || this.#clientEnded) return;
+    if (this.prefillTokens !== 0) this.#prefilled();
     this.responseBytes += chunk.length;
     this.responseChunks++;
     if (this.#scanUsage) {
@@ -942,6 +949,16 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       if (chunk.length === 0) return;
     }
     this.#write(chunk);
+  }
+
+  /**
+   * The attempt's prefill is over (its first body byte, or a P/D prefill leg
+   * took it): its endpoint's prefill backlog drops, and flow control may
+   * dispatch a request it held for it.
+   */
+  #prefilled(): void {
+    const d = this.director;
+    if (d.scheduler.prefilled(this) > 0) d.gate.onCapacity?.(this.model);
   }
 
   /** Times a streamed chunk: the first one is the first token; later ones count their SSE events (tokens). */

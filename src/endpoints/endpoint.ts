@@ -50,6 +50,15 @@ export class Endpoint {
   dispatched = 0;
   /** Requests dispatched since the request of the last successful scrape left (the engine's metrics cannot show them yet). */
   sinceScrape = 0;
+  /**
+   * Prefill backlog: uncached prompt tokens of the router's requests here
+   * that have not had a first body byte back (counted at the pick from the
+   * prefix producer's match, released at the first byte or the request's
+   * end; Scheduler.pick / prefilled / complete). Always fresh, like inFlight.
+   */
+  prefillPending = 0;
+  /** The router's requests counted in prefillPending (those with uncached tokens). */
+  prefillRequests = 0;
 
   readonly metrics: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0 };
   /** performance.now() of the last successful scrape; 0 = never. */

@@ -104,6 +104,13 @@ export interface FlowControllerOptions {
    * only while the utilisation is below maxUtilisation.
    */
   step?: () => number;
+  /**
+   * The utilisation probabilistic admission sheds by, read right after
+   * `utilisation()` (the same pool, without the terms that are a reason to
+   * hold a request but not to refuse it: the prefill backlog). Absent: the
+   * `utilisation()` value.
+   */
+  shedUtilisation?: () => number;
   /** Optional hard cap on requests granted and not yet released. */
   maxInFlight?: number;
   /** Clock in ms (default performance.now). */
@@ -232,6 +239,7 @@ export class FlowController {
   readonly #utilisation: () => number;
   readonly #customSaturated: (() => boolean) | null;
   readonly #step: (() => number) | null;
+  readonly #shedUtilisation: (() => number) | null;
   readonly #maxInFlight: number;
   /** Utilisation below which bands other than the top one may be dispatched. */
   readonly #ceiling: number;
@@ -273,6 +281,7 @@ export class FlowController {
     this.#utilisation = opts.utilisation;
     this.#customSaturated = opts.isSaturated ?? null;
     this.#step = opts.step ?? null;
+    this.#shedUtilisation = opts.shedUtilisation ?? null;
     this.#maxInFlight = opts.maxInFlight ?? Infinity;
     this.#ceiling = cfg.admission.maxUtilisation;
     this.#now = opts.now ?? (() => performance.now());
@@ -383,7 +392,7 @@ export class FlowController {
     if (u === Infinity) return this.#reject(band, 'rejected-no-endpoints');
     if (signal !== null && signal.aborted) return this.#refused.cancelled;
     const slot = this.#slotFor(req.flowId, band);
-    if (this.#admission !== null && !this.#admission.admit(band, u)) {
+    if (this.#admission !== null && !this.#admission.admit(band, this.#shedUtilisation !== null ? this.#shedUtilisation() : u)) {
       // the band must shed: the flow furthest over its fair share gives up a queued request, or this one is shed
       const victim = this.#fairShedding ? this.#victim(slot) : slot;
       if (victim === slot) return this.#shedArrival(slot, 'rejected-saturated');

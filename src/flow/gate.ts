@@ -29,6 +29,8 @@ export interface FlowControlGateOptions {
   utilisation: (model: string) => number;
   /** What one more request adds to the utilisation the last `utilisation` call returned (see FlowControllerOptions.step). */
   step?: () => number;
+  /** The utilisation probabilistic admission sheds by, for the last `utilisation` call (see FlowControllerOptions.shedUtilisation). */
+  shedUtilisation?: () => number;
   maxInFlight?: number;
   now?: () => number;
   rng?: Rng;
@@ -83,7 +85,7 @@ export class FlowControlGate implements AdmissionGate {
    * slot of a small batch. Prefill endpoints are not counted: in a P/D pool a
    * request is admitted against the endpoints that decode it (decode or both).
    */
-  static fromEndpoints(opts: Omit<FlowControlGateOptions, 'utilisation' | 'step'> & {
+  static fromEndpoints(opts: Omit<FlowControlGateOptions, 'utilisation' | 'step' | 'shedUtilisation'> & {
     endpointsFor: (model: string) => readonly GateEndpoint[] | undefined;
   }): FlowControlGate {
     const detector = new SaturationDetector(opts.config.saturation);
@@ -91,26 +93,33 @@ export class FlowControlGate implements AdmissionGate {
     // the step of the endpoint the last utilisation() call found least loaded
     // (the controller asks for it right after, in the same turn)
     let lastStep = 0;
+    // and the same pool's load without the prefill-backlog term (what shedding reads)
+    let lastBase = Infinity;
     const utilisation = (model: string): number => {
       const eps = opts.endpointsFor(model);
       lastStep = 0;
+      lastBase = Infinity;
       if (eps === undefined) return Infinity;
       const now = clock();
       let best = Infinity;
+      let base = Infinity;
       let limit = 0;
       for (const ep of eps) {
         if (ep.role === 'prefill' || (ep.routable !== undefined && !ep.routable(now))) continue;
-        const u = detector.load(ep, now);
+        const b = detector.baseLoad(ep, now);
+        if (b < base) base = b;
+        const u = detector.withBacklog(ep, b);
         if (u < best) {
           best = u;
           limit = ep.batchLimit;
         }
       }
       if (limit > 0) lastStep = 1 / limit;
+      lastBase = base;
       return best;
     };
     const { endpointsFor: _unused, ...rest } = opts;
-    return new FlowControlGate({ ...rest, utilisation, step: () => lastStep });
+    return new FlowControlGate({ ...rest, utilisation, step: () => lastStep, shedUtilisation: () => lastBase });
   }
 
   /** The controller of a model's pool (created on first use). */
@@ -198,6 +207,7 @@ export class FlowControlGate implements AdmissionGate {
         utilisation: () => o.utilisation(model),
         ...(o.maxInFlight !== undefined ? { maxInFlight: o.maxInFlight } : {}),
         ...(o.step !== undefined ? { step: o.step } : {}),
+        ...(o.shedUtilisation !== undefined ? { shedUtilisation: o.shedUtilisation } : {}),
         ...(o.now !== undefined ? { now: o.now } : {}),
         ...(o.rng !== undefined ? { rng: o.rng } : {}),
         pool: model,

@@ -235,6 +235,11 @@ export class PrefixProducer {
     return v;
   }
 
+  /** Prompt tokens per block of the last produce() (precise or approximate blocks, as ctx.matchedBlocks counts them). */
+  get tokensPerBlock(): number {
+    return this.#tokensPerBlock;
+  }
+
   /** Hashes and matches the cycle's prompt against `eps`; fills ctx.promptBlocks, ctx.prefixMatched and ctx.prefixWeighted. */
   produce(ctx: CycleContext, eps: readonly Endpoint[]): void {
     const prompt = ctx.request.prompt;

@@ -28,6 +28,12 @@ export interface Decision extends Partial<LatencyNote> {
   promptBlocks: number;
   /** Of those, leading blocks the picked endpoint was believed to hold. */
   matchedBlocks: number;
+  /**
+   * Uncached prompt tokens this pick added to the endpoint's prefill backlog
+   * (Endpoint.prefillPending) and has not released yet; 0 once released
+   * (Scheduler.prefilled, or complete()). Set by pick().
+   */
+  prefillTokens?: number;
 }
 
 export type Outcome = 'ok' | 'failed' | 'aborted';
@@ -270,15 +276,54 @@ export class Scheduler {
     this.lastScore = n > 1 || scorers.length > 0 ? this.#total[idx] : 0;
     if (prefix !== null) prefix.record(ctx, ep, idx);
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onPicked?.(ctx, ep, idx);
-    const d: Decision = out ?? { endpoint: ep, seq: 0, promptBlocks: 0, matchedBlocks: 0 };
+    const d: Decision = out ?? { endpoint: ep, seq: 0, promptBlocks: 0, matchedBlocks: 0, prefillTokens: 0 };
     if (this.latency) this.#decide(ctx, ep, idx, d as Decision & LatencyNote);
     d.seq = ep.onDispatch(ctx.now);
+    // the prefill backlog: what this request makes the engine compute before its first token
+    const t = this.#uncachedTokens(req, ctx);
+    d.prefillTokens = t;
+    if (t > 0) {
+      ep.prefillPending += t;
+      ep.prefillRequests++;
+    }
     ctx.request = EMPTY_REQUEST;
     ctx.prefixMatched = EMPTY_MATCH;
     d.endpoint = ep;
     d.promptBlocks = ctx.promptBlocks;
     d.matchedBlocks = ctx.matchedBlocks;
     return d;
+  }
+
+  /**
+   * Prompt tokens the picked endpoint must compute: the prompt (its tokens in
+   * precise mode, else its bytes / 4, the conversion the prefix index uses)
+   * less the leading blocks the prefix producer matched there. Without prefix
+   * matching, the whole prompt.
+   */
+  #uncachedTokens(req: SchedRequest, ctx: CycleContext): number {
+    const tokens = req.tokens;
+    const total = tokens !== undefined ? tokens.length >>> 2 : req.prompt !== undefined ? req.prompt.length / BYTES_PER_TOKEN : 0;
+    const p = this.prefix;
+    if (p === null || ctx.matchedBlocks === 0) return total;
+    const cached = ctx.matchedBlocks * p.tokensPerBlock;
+    return cached >= total ? 0 : total - cached;
+  }
+
+  /**
+   * The picked request no longer waits for its prefill (its first body byte
+   * arrived, or its prefill ran elsewhere: a P/D prefill leg): releases what
+   * it added to its endpoint's prefill backlog. Returns the tokens released
+   * (0 when nothing was left). complete() releases it too, on every path.
+   */
+  prefilled(d: Decision): number {
+    const t = d.prefillTokens;
+    if (t === undefined || t === 0 || d.seq === 0) return 0;
+    d.prefillTokens = 0;
+    const ep = d.endpoint;
+    ep.prefillPending -= t;
+    if (ep.prefillRequests > 0) ep.prefillRequests--;
+    if (ep.prefillPending < 0.5 || ep.prefillRequests === 0) ep.prefillPending = 0;
+    return t;
   }
 
   #decide(ctx: CycleContext, ep: Endpoint, idx: number, note: LatencyNote): void {
@@ -335,6 +380,7 @@ export class Scheduler {
   complete(d: Decision, outcome: Outcome, req?: SchedRequest): void {
     // a second complete() would release another request's in-flight slot and count its outcome twice
     if (d.seq === 0) return;
+    this.prefilled(d);
     const seq = d.seq;
     d.seq = 0;
     const ep = d.endpoint;
@@ -353,6 +399,8 @@ export class Scheduler {
 }
 
 const EMPTY_REQUEST: SchedRequest = { model: '' };
+/** Bytes of prompt text per token: the prefix index's conversion (docs/config.md). */
+const BYTES_PER_TOKEN = 4;
 const EMPTY_MATCH = new Uint32Array(0);
 
 /** Input for createScheduler: the `pools`, `scheduling` and `dataLayer` parts of a Router config. */

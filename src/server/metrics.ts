@@ -244,6 +244,16 @@ export class RouterMetrics {
       },
     });
     new Gauge({
+      name: 'switchyard_endpoint_prefill_backlog_tokens',
+      help: "Uncached prompt tokens this router dispatched per endpoint that have not had a first byte back (flow control's prefill-backlog signal).",
+      labelNames: ['endpoint'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const ep of set.all) this.set(epLabels(ep.id), ep.prefillPending);
+      },
+    });
+    new Gauge({
       name: 'switchyard_endpoint_ready',
       help: '1 when the endpoint is healthy and its circuit breaker closed.',
       labelNames: ['endpoint'],
