@@ -6,49 +6,21 @@
 // `--routers N` scenario (bench/quality.ts) measures what this costs and buys.
 import t from 'tap';
 import { MatchResult, PrefixIndex } from '../bindings/index.js';
-import { API_VERSION, validateConfig } from '../src/config/schema.js';
 import { startRouter } from '../src/server/router.js';
 import { startFleet, type SimFleet } from '../src/sim/index.js';
 import { renderChat } from '../src/sim/tokenizer.js';
-import { validatePlugin } from './router-util.js';
+import { fleetConfig, waitFor } from './precise-util.js';
 
-async function until(what: string, cond: () => boolean, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
 
 // distinct system prompts, so each one is a prefix nobody has placed yet
 const SYSTEMS = Array.from({ length: 6 }, (_, k) => `[tenant ${k}] ` + 'You are a careful assistant who answers in short sentences. '.repeat(30));
 
 async function replica(fleet: SimFleet, mode: 'precise' | 'approximate') {
-  const cfg = validateConfig(
-    {
-      apiVersion: API_VERSION,
-      kind: 'Router',
-      pools: [
-        {
-          name: 'p',
-          models: ['open-model'],
-          ...(mode === 'precise' ? { prefix: { mode: 'precise', blockTokens: 16, tokenizer: { type: 'sim' } } } : {}),
-          endpoints: fleet.engines.map((e, i) => ({
-            name: `e${i}`,
-            url: e.url,
-            ...(mode === 'precise' ? { kvEvents: { endpoint: e.kvEvents!.endpoint, replayEndpoint: e.kvEvents!.replayEndpoint! } } : {}),
-          })),
-        },
-      ],
-      scheduling: { scorers: [{ type: 'prefix-cache', weight: 3 }, { type: 'load', weight: 1 }] },
-      logging: { level: 'silent' },
-    },
-    validatePlugin,
-  );
+  const cfg = fleetConfig(fleet, mode, { scheduling: { scorers: [{ type: 'prefix-cache', weight: 3 }, { type: 'load', weight: 1 }] } });
   const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
   if (mode === 'precise') {
     const p = router.core.precise!;
-    await until('streams connected', () => p.feed.streams.every((s) => s.stream.healthy));
+    await waitFor('streams connected', () => p.feed.streams.every((s) => s.stream.healthy));
   }
   const ask = async (k: number, q: string) => {
     const r = await fetch(router.url + '/v1/chat/completions', {
@@ -91,7 +63,7 @@ t.test('precise replicas share one view: a prefix placed by one router is follow
     // what the engine stored for A's prompt is in B's event-fed index (not only some earlier batch)
     const tokens = Buffer.from(renderChat([{ role: 'system', content: SYSTEMS[k]! }, { role: 'user', content: 'first question, through replica A' }]));
     const on = Int32Array.of(Number(first.endpoint!.slice(1)));
-    await until(`B applied prefix ${k}'s events`, () => bFeed.index.matchPrompt(tokens, PrefixIndex.seedFor('open-model'), on, new MatchResult()).matched[0]! > 0);
+    await waitFor(`B applied prefix ${k}'s events`, () => bFeed.index.matchPrompt(tokens, PrefixIndex.seedFor('open-model'), on, new MatchResult()).matched[0]! > 0);
     const matched = b.router.core.metrics.matchedBlocks;
     const r = await b.ask(k, 'follower, through replica B');
     t.equal(r.status, 200);

@@ -8,19 +8,10 @@
 // Real simulated engines, real ZMQ sockets, real routers.
 import t from 'tap';
 import { MatchResult, PrefixIndex } from '../bindings/index.js';
-import { API_VERSION, validateConfig } from '../src/config/schema.js';
 import { startRouter } from '../src/server/router.js';
 import { startFleet } from '../src/sim/index.js';
 import { renderChat } from '../src/sim/tokenizer.js';
-import { validatePlugin } from './router-util.js';
-
-async function until(what: string, cond: () => boolean, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
+import { fleetConfig, waitFor } from './precise-util.js';
 
 const SYSTEM = 'You are a careful assistant who answers in short sentences. '.repeat(30);
 const messages = (q: string) => [
@@ -36,26 +27,7 @@ t.test('an engine restart: precise stops claiming its blocks, approximate keeps 
   });
   t.teardown(() => fleet.close());
   const router = async (mode: 'precise' | 'approximate') => {
-    const cfg = validateConfig(
-      {
-        apiVersion: API_VERSION,
-        kind: 'Router',
-        pools: [
-          {
-            name: 'p',
-            models: ['open-model'],
-            ...(mode === 'precise' ? { prefix: { mode: 'precise', blockTokens: 16, tokenizer: { type: 'sim' } } } : {}),
-            endpoints: fleet.engines.map((e, i) => ({
-              name: `e${i}`,
-              url: e.url,
-              ...(mode === 'precise' ? { kvEvents: { endpoint: e.kvEvents!.endpoint, replayEndpoint: e.kvEvents!.replayEndpoint! } } : {}),
-            })),
-          },
-        ],
-        logging: { level: 'silent' },
-      },
-      validatePlugin,
-    );
+    const cfg = fleetConfig(fleet, mode);
     const r = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
     t.teardown(() => r.close(200));
     return r;
@@ -63,7 +35,7 @@ t.test('an engine restart: precise stops claiming its blocks, approximate keeps 
   const precise = await router('precise');
   const approx = await router('approximate');
   const feed = precise.core.precise!.feed;
-  await until('streams connected', () => feed.streams.every((s) => s.stream.healthy));
+  await waitFor('streams connected', () => feed.streams.every((s) => s.stream.healthy));
   await new Promise((r) => setTimeout(r, 150));
   const ask = async (r: typeof precise, q: string) => {
     const res = await fetch(r.url + '/v1/chat/completions', {
@@ -81,7 +53,7 @@ t.test('an engine restart: precise stops claiming its blocks, approximate keeps 
   const id = Number(first.endpoint.slice(1));
   const tokens = Buffer.from(renderChat(messages('first question')));
   const held = () => feed.index.matchPrompt(tokens, PrefixIndex.seedFor('open-model'), Int32Array.of(id), new MatchResult()).matched[0]!;
-  await until('precise index holds the prefix', () => held() > 0);
+  await waitFor('precise index holds the prefix', () => held() > 0);
   const second = await ask(approx, 'second question');
   t.equal(second.endpoint, first.endpoint, 'approximate follows its record');
   t.ok(second.cached > 0, `a real hit before the restart (${second.cached} cached tokens)`);
@@ -95,13 +67,13 @@ t.test('an engine restart: precise stops claiming its blocks, approximate keeps 
   const restarts = await fetch(fleet.engines[id]!.url + '/sim/restart', { method: 'POST' });
   t.equal(restarts.status, 200);
   await restarts.text();
-  await until('precise index dropped the prefix', () => held() === 0);
+  await waitFor('precise index dropped the prefix', () => held() === 0);
   t.ok(stream.counters.clears > 0, `the stream cleared the endpoint (${stream.counters.clears} clears)`);
   t.ok(feed.engineResets > 0, 'the publisher going away is an engine reset');
   // while the stream is down the endpoint is scored approximately: that record is as stale, so it is cleared too
   t.ok(fallbackCleared.includes(id), "the precise router's approximate fallback forgot the endpoint");
   t.notOk(fallbackCleared.includes(1 - id), 'and only that endpoint');
-  await until('stream healthy again', () => stream.healthy);
+  await waitFor('stream healthy again', () => stream.healthy);
 
   // approximate: still claims the prefix there, picks it, and the engine computes it again
   const before = approx.core.metrics.matchedBlocks;
@@ -111,7 +83,7 @@ t.test('an engine restart: precise stops claiming its blocks, approximate keeps 
   t.equal(third.cached, 0, 'the engine measured a miss');
 
   // precise: the follower's pick claims nothing it was told was gone (its match is what the events say now)
-  await until('precise index holds the recomputed prefix', () => held() > 0);
+  await waitFor('precise index holds the recomputed prefix', () => held() > 0);
   const p = await ask(precise, 'fourth question');
   t.equal(p.endpoint, first.endpoint, 'precise follows the recomputed prefix');
   t.ok(p.cached > 0, 'a real hit');
@@ -127,8 +99,8 @@ t.test('an engine restart: precise stops claiming its blocks, approximate keeps 
   const s2 = feed.streams[placed]!.stream;
   const resets = feed.engineResets;
   await (await fetch(fleet.engines[placed]!.url + '/sim/restart', { method: 'POST' })).text();
-  await until('the reset seen', () => feed.engineResets > resets);
-  await until('stream healthy again', () => s2.healthy);
+  await waitFor('the reset seen', () => feed.engineResets > resets);
+  await waitFor('stream healthy again', () => s2.healthy);
   const producer = precise.core.scheduler.prefix!;
   const spec = producer.preciseCounters.speculative;
   await viaPrecise();

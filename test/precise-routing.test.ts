@@ -12,14 +12,8 @@ import { startRouter } from '../src/server/router.js';
 import { startFleet } from '../src/sim/index.js';
 import { renderChat } from '../src/sim/tokenizer.js';
 import { validatePlugin } from './router-util.js';
+import { waitFor } from './precise-util.js';
 
-async function until(what: string, cond: () => boolean, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
 
 const SYSTEM = 'You are a careful assistant. '.repeat(40);
 const messages = (q: string) => [
@@ -60,7 +54,7 @@ t.test('precise mode routes on the engines\' KV events and falls back when a str
   });
   const precise = router.core.precise!;
   t.ok(precise, 'precise mode is built');
-  await until('streams connected', () => precise.feed.streams.every((s) => s.stream.healthy));
+  await waitFor('streams connected', () => precise.feed.streams.every((s) => s.stream.healthy));
   await new Promise((r) => setTimeout(r, 150));
 
   const ask = async (q: string) => {
@@ -78,7 +72,7 @@ t.test('precise mode routes on the engines\' KV events and falls back when a str
   t.ok(first === 'e0' || first === 'e1', `served by ${first}`);
   const idx = first === 'e0' ? 0 : 1;
   const other = 1 - idx;
-  await until('events applied', () => precise.feed.totals[0]! > 0);
+  await waitFor('events applied', () => precise.feed.totals[0]! > 0);
   // the rendered system prompt is cached on `first`: the next questions follow it
   for (let i = 0; i < 4; i++) t.equal(await ask(`question ${i}`), first, 'affinity from events');
   const m = router.core.metrics;
@@ -94,13 +88,13 @@ t.test('precise mode routes on the engines\' KV events and falls back when a str
 
   // the engine drops its cache: the precise index follows, the router stops claiming the blocks
   fleet.engines[idx]!.clearCache();
-  await until('removal applied', () => match(idx) === 0);
+  await waitFor('removal applied', () => match(idx) === 0);
   t.ok(precise.feed.totals[1]! > 0, 'BlockRemoved applied');
 
   // a stream that goes down: that endpoint is scored approximately, counted
   const before = producer.preciseCounters.fallbackUnhealthy;
   fleet.engines[other]!.kvEvents!.close();
-  await until('stream unhealthy', () => !precise.feed.healthy(other));
+  await waitFor('stream unhealthy', () => !precise.feed.healthy(other));
   await ask('after the stream went down');
   t.ok(producer.preciseCounters.fallbackUnhealthy > before, 'fallback counted');
   const text = await (await fetch(router.url + '/metrics')).text();

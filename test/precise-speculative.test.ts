@@ -9,14 +9,8 @@ import { API_VERSION, validateConfig } from '../src/config/schema.js';
 import { startRouter } from '../src/server/router.js';
 import { startFleet } from '../src/sim/index.js';
 import { validatePlugin } from './router-util.js';
+import { waitFor } from './precise-util.js';
 
-async function until(what: string, cond: () => boolean, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
 
 const SYSTEM = 'You are a careful assistant who answers in full sentences. '.repeat(60);
 
@@ -61,7 +55,7 @@ async function scenario(t: any, speculativeMs: number | undefined) {
     await fleet.close();
   });
   const precise = router.core.precise!;
-  await until('streams connected', () => precise.feed.streams.every((s) => s.stream.healthy));
+  await waitFor('streams connected', () => precise.feed.streams.every((s) => s.stream.healthy));
   await new Promise((r) => setTimeout(r, 150));
   const ask = (q: string) =>
     fetch(router.url + '/v1/chat/completions', {
