@@ -17,7 +17,7 @@ import { ConfigError } from '../src/errors.js';
 import { startRouter, type RunningRouter } from '../src/server/router.js';
 import { SaturationDetector } from '../src/flow/saturation.js';
 import { validateFlowControl } from '../src/flow/config.js';
-import { validatePlugin } from './router-util.js';
+import { routerOverEngine, validatePlugin } from './router-util.js';
 import { parseProm, send } from './sim-util.js';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -30,31 +30,16 @@ async function setup(
   engineOpts: Partial<Parameters<typeof startEngine>[0]> = {},
   admission = 'admission: { mode: "off" }',
 ): Promise<{ router: RunningRouter; engine: SimEngine }> {
-  const engine = await startEngine({ itlMs: 5, prefillOverheadMs: 1, prefillUsPerToken: 400, maxNumSeqs: 64, seed: 5, ...engineOpts });
-  const cfg = parseConfig(
-    `apiVersion: switchyard/v1
-kind: Router
-pools:
-  - name: p
-    engine: vllm
-    models: [open-model]
-    endpoints:
-      - { name: e0, url: "${engine.url}" }
-logging: { level: silent }
-flowControl:
+  return routerOverEngine(
+    t,
+    { itlMs: 5, prefillOverheadMs: 1, prefillUsPerToken: 400, maxNumSeqs: 64, seed: 5, ...engineOpts },
+    `flowControl:
   ${admission}
   saturation: { prefillBacklogTokens: ${backlogTokens} }
   turnPriority: { enabled: true, maxColdWait: 30s }
 `,
-    validatePlugin,
     'prefill-backlog',
   );
-  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(async () => {
-    await router.close(200);
-    await engine.close();
-  });
-  return { router, engine };
 }
 
 function chat(url: string, content: string, headers: Record<string, string> = {}, maxTokens = 2) {

@@ -3,7 +3,8 @@
 import { createServer, type Socket } from 'node:net';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
 import type { UpstreamClient, UpstreamSink } from '../src/proxy/upstream.js';
-import { startFleet, type SimFleet, type FleetOptions } from '../src/sim/index.js';
+import { startEngine, startFleet, type SimEngine, type SimFleet, type FleetOptions } from '../src/sim/index.js';
+import { parseConfig } from '../src/config/load.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { registry } from '../src/scheduler/builtins.js';
 import { startRouter, type RunningRouter } from '../src/server/router.js';
@@ -190,4 +191,38 @@ export function collect(client: UpstreamClient, set: EndpointSet, path = '/x'): 
     };
     client.send(set.all[0]!, { method: 'POST', path, headers: ['content-type', 'application/json'], body: Buffer.from('{}') }, sink);
   });
+}
+
+/**
+ * One simulated engine and a router in front of it (pool `p`, endpoint `e0`,
+ * model `open-model`, logging silent), `tail` appended to the router's YAML
+ * (a flowControl block, …); both closed with the test.
+ */
+export async function routerOverEngine(
+  t: Tap.Test,
+  engineOpts: Parameters<typeof startEngine>[0],
+  tail: string,
+  source: string,
+): Promise<{ router: RunningRouter; engine: SimEngine }> {
+  const engine = await startEngine(engineOpts);
+  const cfg = parseConfig(
+    `apiVersion: switchyard/v1
+kind: Router
+pools:
+  - name: p
+    engine: vllm
+    models: [open-model]
+    endpoints:
+      - { name: e0, url: "${engine.url}" }
+logging: { level: silent }
+${tail}`,
+    validatePlugin,
+    source,
+  );
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(async () => {
+    await router.close(200);
+    await engine.close();
+  });
+  return { router, engine };
 }

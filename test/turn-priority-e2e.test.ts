@@ -3,39 +3,22 @@
 // control dispatches it ahead of cold requests queued earlier in its band;
 // with the feature off, the same request waits its turn.
 import t from 'tap';
-import { startEngine } from '../src/sim/index.js';
-import { parseConfig } from '../src/config/load.js';
-import { startRouter } from '../src/server/router.js';
-import { validatePlugin } from './router-util.js';
+import { routerOverEngine } from './router-util.js';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function setup(t: Tap.Test, turnPriority: boolean) {
   // one engine, 10 ms per output token: max_tokens sets a request's duration
-  const engine = await startEngine({ itlMs: 10, prefillOverheadMs: 1, prefillUsPerToken: 0, seed: 3 });
-  const cfg = parseConfig(
-    `apiVersion: switchyard/v1
-kind: Router
-pools:
-  - name: p
-    engine: vllm
-    models: [open-model]
-    endpoints:
-      - { name: e0, url: "${engine.url}" }
-logging: { level: silent }
-flowControl:
+  const { router } = await routerOverEngine(
+    t,
+    { itlMs: 10, prefillOverheadMs: 1, prefillUsPerToken: 0, seed: 3 },
+    `flowControl:
   admission: { mode: "off" }
   saturation: { maxConcurrency: 1 }
   turnPriority: { enabled: ${turnPriority}, maxColdWait: 30s }
 `,
-    validatePlugin,
     'turn-priority-e2e',
   );
-  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(async () => {
-    await router.close(200);
-    await engine.close();
-  });
   return router;
 }
 
