@@ -55,6 +55,8 @@ export const POLICIES: Record<string, string> = {
   precise: '',
   // precise without its speculative entries (prefix.speculativeMs: 0): the gap between a pick and its events left open
   'precise-nospec': '',
+  // precise with host-memory and disk blocks weighted 0 (a diagnostic: affinity to GPU-resident copies only, as the approximate record models)
+  'precise-gpu': 'scheduling:\n  tierWeights: { gpu: 1, cpu: 0, disk: 0 }\n',
 };
 
 export interface FleetShape {
@@ -537,7 +539,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
       for (const policy of policies) {
         if (!(policy in POLICIES)) throw new Error(`unknown policy ${policy}`);
         const base = await freePortRange(fleet.engines);
-        const precise = policy === 'precise' || policy === 'precise-nospec';
+        const precise = policy === 'precise' || policy === 'precise-nospec' || policy === 'precise-gpu';
         const evBase = precise ? await freePortRange(fleet.engines) : 0;
         const rpBase = precise ? await freePortRange(fleet.engines) : 0;
         const sim = start('sim', process.execPath, [
