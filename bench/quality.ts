@@ -55,6 +55,8 @@ export const POLICIES: Record<string, string> = {
   precise: '',
   // precise without its speculative entries (prefix.speculativeMs: 0): the gap between a pick and its events left open
   'precise-nospec': '',
+  // precise with host-memory and disk blocks weighted 0 (a diagnostic: affinity to GPU-resident copies only, as the approximate record models)
+  'precise-gpu': 'scheduling:\n  tierWeights: { gpu: 1, cpu: 0, disk: 0 }\n',
 };
 
 export interface FleetShape {
@@ -477,16 +479,17 @@ async function metricsOf(url: string): Promise<string> {
 }
 
 /** The routers' predicted match ratio (blocks the picked endpoint was believed to hold / prompt blocks), summed over routers. */
-async function predictedMatch(urls: string[]): Promise<{ ratio: number; speculative: number; fallback: number }> {
-  let blocks = 0, matched = 0, speculative = 0, fallback = 0;
+async function predictedMatch(urls: string[]): Promise<{ ratio: number; speculative: number; fallback: number; noRoom: number }> {
+  let blocks = 0, matched = 0, speculative = 0, fallback = 0, noRoom = 0;
   for (const u of urls) {
     const t = await metricsOf(u);
     blocks += counterSum(t, 'switchyard_prefix_blocks_total');
     matched += counterSum(t, 'switchyard_prefix_matched_blocks_total');
     speculative += counterSum(t, 'switchyard_prefix_speculative_candidates_total');
     fallback += counterSum(t, 'switchyard_prefix_fallback_unhealthy_total') + counterSum(t, 'switchyard_prefix_fallback_no_tokens_total');
+    noRoom += counterSum(t, 'switchyard_prefix_no_room_candidates_total');
   }
-  return { ratio: blocks ? matched / blocks : 0, speculative, fallback };
+  return { ratio: blocks ? matched / blocks : 0, speculative, fallback, noRoom };
 }
 
 /** The engines' prefix-cache counters, summed over the fleet. */
@@ -536,7 +539,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
       for (const policy of policies) {
         if (!(policy in POLICIES)) throw new Error(`unknown policy ${policy}`);
         const base = await freePortRange(fleet.engines);
-        const precise = policy === 'precise' || policy === 'precise-nospec';
+        const precise = policy === 'precise' || policy === 'precise-nospec' || policy === 'precise-gpu';
         const evBase = precise ? await freePortRange(fleet.engines) : 0;
         const rpBase = precise ? await freePortRange(fleet.engines) : 0;
         const sim = start('sim', process.execPath, [
@@ -601,7 +604,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
               `out tok/s steady ${fmt(row.steadyTokS)} overall ${fmt(row.outTokS)} (arrivals ${fmt(row.arrivalS)} s, wall ${fmt(row.wallS)} s), ` +
               `running/engine ${fmt(row.load.running)} [${fmt(row.load.runningMin)}–${fmt(row.load.runningMax)}] waiting ${fmt(row.load.waiting)} kv ${fmt(row.load.kvUsage * 100)}%, ` +
               `hit ${fmt(row.hitRate * 100)}% (bound ${fmt(row.bound * 100)}%, ${bound.distinctBlocks} distinct blocks vs fleet ${fleet.engines * fleet.kvCacheBlocks}), ` +
-              `predicted ${fmt(row.predictedMatch * 100)}% vs engines ${fmt(row.engineHit * 100)}%, spec ${predicted.speculative} fallback ${predicted.fallback}, errors ${r.errors}`,
+              `predicted ${fmt(row.predictedMatch * 100)}% vs engines ${fmt(row.engineHit * 100)}%, spec ${predicted.speculative} fallback ${predicted.fallback} no-room ${predicted.noRoom}, errors ${r.errors}`,
           );
         } finally {
           await Promise.all(procs.map((p) => p.stop()));

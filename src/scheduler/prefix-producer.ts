@@ -61,6 +61,8 @@ export class PreciseCounters {
   fallbackNoTokens = 0;
   /** Precise candidates whose match the speculative entries raised. */
   speculative = 0;
+  /** Candidates whose host-memory / disk blocks were not counted: no GPU room to load them while another candidate had room. */
+  noRoom = 0;
 }
 
 /**
@@ -194,6 +196,8 @@ export class PrefixProducer {
   /** Per candidate of the last produce(): tiers[3i + t] of its matched blocks, and the tokens per block of the answer. */
   #tiers = new Uint32Array(48);
   #tokensPerBlock = 0;
+  /** Per candidate of the last precise produce(): 1 when it can admit the prompt now (#roomCheck). */
+  #fits = new Uint8Array(16);
   #lastN = 0;
   /** Candidate index the last pick chose (-1: none since the last produce()). */
   #pickedIndex = -1;
@@ -323,6 +327,57 @@ export class PrefixProducer {
     this.#matched = ctx.prefixMatched;
     this.#tokensPerBlock = p.index.blockSize / 4;
     this.#weigh(ctx, n, tiers);
+    this.#roomCheck(ctx, eps, count);
+  }
+
+  /**
+   * Host-memory and disk blocks save their recompute only once the engine can
+   * load them into GPU memory, i.e. admit the request. An engine whose GPU is
+   * full of running requests' blocks (vLLM's kv_cache_usage_perc counts the
+   * blocks in use, not the idle cached ones), or that already has requests
+   * waiting, queues the request until running ones finish — seconds, a whole
+   * decode — while an engine with room prefills it now. So when some candidate
+   * can admit the prompt at once, a candidate that cannot has its non-GPU
+   * blocks weighted 0 (its GPU-resident match still counts): a group whose
+   * prefix survives only in a busy engine's host tier is not pulled onto it.
+   * When no candidate has room, the request waits wherever it goes and the
+   * weights stay as they are. Room is read from fresh metrics and the engine's
+   * block count (cache_config_info); without them a candidate counts as having
+   * room. Predicted matches (ctx.prefixMatched, the tiers for cachedTokens)
+   * are unchanged: the blocks are there, they are only not worth the wait.
+   */
+  #roomCheck(ctx: CycleContext, eps: readonly Endpoint[], count: number): void {
+    const n = eps.length;
+    const tiers = this.#tiers;
+    const tpb = this.#tokensPerBlock;
+    const now = ctx.now;
+    let roomy = false;
+    let tight = false;
+    const fits = this.#fits.length >= n ? this.#fits : (this.#fits = new Uint8Array(n * 2));
+    for (let i = 0; i < n; i++) {
+      const ep = eps[i];
+      const m = ep.metrics;
+      let f = 1;
+      if (ep.fresh(now) && m.cacheBlocks > 0 && m.kvUsage === m.kvUsage) {
+        if (m.waiting > 0) f = 0;
+        else {
+          const ebt = m.cacheBlockTokens > 0 ? m.cacheBlockTokens : tpb;
+          const need = Math.ceil(((count - tiers[3 * i]!) * tpb) / ebt);
+          if (need > m.cacheBlocks * (1 - m.kvUsage)) f = 0;
+        }
+      }
+      fits[i] = f;
+      if (f === 1) roomy = true;
+      else if (tiers[3 * i + 1]! + tiers[3 * i + 2]! > 0) tight = true;
+    }
+    if (!roomy || !tight) return;
+    const w0 = this.tierWeights[0];
+    const weighted = this.#weighted;
+    for (let i = 0; i < n; i++) {
+      if (fits[i] === 1 || tiers[3 * i + 1]! + tiers[3 * i + 2]! === 0) continue;
+      weighted[i] = tiers[3 * i]! * w0;
+      this.preciseCounters.noRoom++;
+    }
   }
 
   /** ctx.prefixWeighted[i] = Σ_t weight[t] × tiers[3i + t] (and remembers the tiers for cachedTokens()). */

@@ -173,6 +173,7 @@ function registerPreciseMetrics(registry: Registry, feed: KvEventFeed, tokens: T
     ['switchyard_prefix_precise_candidates_total', 'Candidates scored from the precise (event-fed) index.', () => producer()?.preciseCounters.precise ?? 0],
     ['switchyard_prefix_fallback_unhealthy_total', 'Candidates scored by the approximate mode because their event stream was unhealthy.', () => producer()?.preciseCounters.fallbackUnhealthy ?? 0],
     ['switchyard_prefix_speculative_candidates_total', 'Candidates whose precise match was raised by speculative entries (blocks picked for them that their engine had not yet confirmed).', () => producer()?.preciseCounters.speculative ?? 0],
+    ['switchyard_prefix_no_room_candidates_total', 'Candidates whose host-memory and disk blocks were weighted 0: no GPU room to admit the prompt while another candidate had room.', () => producer()?.preciseCounters.noRoom ?? 0],
     ['switchyard_prefix_fallback_no_tokens_total', 'Candidates scored by the approximate mode because the request had no tokens.', () => producer()?.preciseCounters.fallbackNoTokens ?? 0],
     ['switchyard_tokenize_cache_hits_total', 'Prompts whose tokens came from the cache.', () => tokens.counters.cacheHits],
     ['switchyard_tokenize_timeouts_total', 'Tokenizations that timed out (approximate scoring for that request).', () => tokens.counters.timeouts],
