@@ -11,14 +11,8 @@ import { API_VERSION, validateConfig } from '../src/config/schema.js';
 import { startRouter } from '../src/server/router.js';
 import { startFleet } from '../src/sim/index.js';
 import { validatePlugin } from './router-util.js';
+import { waitFor } from './precise-util.js';
 
-async function until(what: string, cond: () => boolean, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
 
 // the simulator's tokenizer: 4 bytes a token; blocks of 16 tokens = 64 bytes
 const block = (tag: string, n: number) => tag.padEnd(64, '.').repeat(n);
@@ -53,9 +47,9 @@ t.test('precise: a host-tier prefix on an engine without GPU room does not win o
   t.teardown(() => router.close(200));
   const feed = router.core.precise!.feed;
   const producer = router.core.scheduler.prefix!;
-  await until('streams connected', () => feed.streams.every((s) => s.stream.healthy));
+  await waitFor('streams connected', () => feed.streams.every((s) => s.stream.healthy));
   const e0 = router.core.endpoints.byName('e0')!;
-  await until('e0 scraped with its cache geometry', () => e0.metrics.cacheBlocks === 64);
+  await waitFor('e0 scraped with its cache geometry', () => e0.metrics.cacheBlocks === 64);
 
   const complete = async (url: string, prompt: string, maxTokens: number) => {
     const res = await fetch(url + '/v1/completions', {
@@ -77,11 +71,11 @@ t.test('precise: a host-tier prefix on an engine without GPU room does not win o
 
   // the group's prefix is computed on e0 (sent to the engine directly: the router learns it from the events)
   await complete(fleet.engines[0]!.url, GROUP + 'first question', 1);
-  await until('the prefix on e0 in GPU memory', () => tiersOnE0()[0] === 32);
+  await waitFor('the prefix on e0 in GPU memory', () => tiersOnE0()[0] === 32);
   // a long request of another tenant takes all of e0's GPU: the idle prefix moves to the host tier
   const busy = complete(fleet.engines[0]!.url, BUSY, 112);
-  await until('the prefix on e0 in host memory only', () => tiersOnE0()[0] === 0 && tiersOnE0()[1] === 32);
-  await until('e0 scraped as full', () => e0.metrics.kvUsage === 1 && e0.metrics.running === 1);
+  await waitFor('the prefix on e0 in host memory only', () => tiersOnE0()[0] === 0 && tiersOnE0()[1] === 32);
+  await waitFor('e0 scraped as full', () => e0.metrics.kvUsage === 1 && e0.metrics.running === 1);
 
   const noRoom = producer.preciseCounters.noRoom;
   const during = await complete(router.url, GROUP + 'second question', 1);
@@ -91,7 +85,7 @@ t.test('precise: a host-tier prefix on an engine without GPU room does not win o
 
   await busy;
   // e0 has room again: its host-tier copy counts as before (0.875 a block) and e1's GPU copy beats it
-  await until('e0 scraped with room', () => e0.metrics.kvUsage === 0 && e0.metrics.running === 0);
+  await waitFor('e0 scraped with room', () => e0.metrics.kvUsage === 0 && e0.metrics.running === 0);
   const after = await complete(router.url, GROUP + 'third question', 1);
   t.equal(after.endpoint, 'e1', "e1's GPU copy is worth more than e0's host copy");
   t.ok(after.cached > 0, 'a real hit');
@@ -124,9 +118,9 @@ t.test('precise: with room on the engine, a host-tier prefix still wins over an 
   const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
   t.teardown(() => router.close(200));
   const feed = router.core.precise!.feed;
-  await until('streams connected', () => feed.streams.every((s) => s.stream.healthy));
+  await waitFor('streams connected', () => feed.streams.every((s) => s.stream.healthy));
   const e0 = router.core.endpoints.byName('e0')!;
-  await until('e0 scraped with its cache geometry', () => e0.metrics.cacheBlocks === 64);
+  await waitFor('e0 scraped with its cache geometry', () => e0.metrics.cacheBlocks === 64);
   const send = async (url: string, prompt: string, maxTokens: number) => {
     const res = await fetch(url + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'open-model', prompt, max_tokens: maxTokens }) });
     const body = (await res.json()) as { usage: { prompt_tokens_details?: { cached_tokens?: number } | null } };
@@ -137,8 +131,8 @@ t.test('precise: with room on the engine, a host-tier prefix still wins over an 
   const hostOnE0 = () => feed.index.matchPrompt(tokens, PrefixIndex.seedFor('open-model'), Int32Array.of(e0.id), r).tiers[1]!;
   await send(fleet.engines[0]!.url, GROUP + 'first question', 1);
   await send(fleet.engines[0]!.url, BUSY, 112); // runs to the end: the prefix is pushed to the host tier, then the GPU is free
-  await until('the prefix on e0 in host memory', () => hostOnE0() === 32);
-  await until('e0 scraped with room', () => e0.metrics.kvUsage === 0 && e0.metrics.running === 0);
+  await waitFor('the prefix on e0 in host memory', () => hostOnE0() === 32);
+  await waitFor('e0 scraped with room', () => e0.metrics.kvUsage === 0 && e0.metrics.running === 0);
   const got = await send(router.url, GROUP + 'second question', 1);
   t.equal(got.endpoint, 'e0', 'the host-tier copy draws the group to e0');
   t.ok(got.cached > 0, 'a real (host-tier) hit');
