@@ -244,3 +244,29 @@ flowControl: { admission: { mode: "off" } }
   t.equal(done.headers['x-switchyard-prefill-endpoint'], 'p0', 'it was disaggregated');
   t.same(await per(), { p0: 0, d0: 0 }, 'both are back to 0');
 });
+
+t.test('a non-streamed answer is not in the backlog: its only chunk comes after the decode, the engine gets the next prefill at once', async (t) => {
+  const { router, engine } = await setup(t, 1000);
+  const url = router.url;
+  // three cold prompts of ~600 ms of prefill each, 200 output tokens (~1 s of decode), answered whole
+  const whole = (tag: string, maxTokens: number) =>
+    send(url, 'POST', '/v1/chat/completions', { model: 'open-model', messages: [{ role: 'user', content: cold(tag) }], max_tokens: maxTokens });
+  const reqs = [whole('A', 200)];
+  await sleep(30);
+  reqs.push(whole('B', 200));
+  await sleep(30);
+  reqs.push(whole('C', 200));
+  await sleep(100);
+  const s = engine.stats();
+  t.equal(await backlog(url), 0, 'nothing counted: the router cannot see these prefills end');
+  t.equal(s.running + s.waiting, 3, `all three are at the engine, none held in the router (running ${s.running}, waiting ${s.waiting})`);
+  for (const r of await Promise.all(reqs.map((p) => p.done))) t.equal(r.status, 200);
+  // a non-streamed request for one token answers right after its prefill: still counted
+  const one = [whole('D', 1)];
+  await sleep(30);
+  one.push(whole('E', 1));
+  await sleep(30);
+  t.ok((await backlog(url)) >= 3000, 'max_tokens 1: its answer is its first token, so it is in the backlog');
+  for (const r of await Promise.all(one.map((p) => p.done))) t.equal(r.status, 200);
+  t.equal(await backlog(url), 0, 'and released');
+});

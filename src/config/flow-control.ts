@@ -63,7 +63,9 @@ export interface SaturationConfig {
    * An endpoint with this many uncached prompt tokens dispatched by the router
    * and not yet answered with a first byte (its prefill backlog, scaled by its
    * pool's prefillCostFactor) is saturated, while at least two such requests
-   * are out there (one prefilling, one queued). 0 = the term is off.
+   * are out there (one prefilling, one queued). Only streamed requests and
+   * one-token answers are counted (a non-streamed answer's first byte comes
+   * after its decode). 0 = the term is off.
    */
   prefillBacklogTokens: number;
 }

@@ -20,7 +20,7 @@ import type { LatencyNote, SchedRequest } from '../scheduler/types.js';
 import type { RequestTrace, RequestTracer } from '../telemetry/tracing.js';
 import { Piscina } from 'piscina';
 import { MAX_JSON_DEPTH, parseRequestBody, renderPrompt } from './body.js';
-import { KIND_PATHS, isPassthrough } from './kinds.js';
+import { KIND_CHAT, KIND_PATHS, isPassthrough } from './kinds.js';
 import { SessionResolver } from '../sessions/resolve.js';
 import type { SessionTable } from '../sessions/table.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
@@ -607,6 +607,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       return;
     }
     this.#picked = true;
+    // its first body byte is the whole answer, long after the prefill: not in the backlog
+    if (this.prefillTokens !== 0 && this.#answersAfterDecode()) d.scheduler.prefilled(this);
     d.metrics.promptBlocks += this.promptBlocks;
     d.metrics.matchedBlocks += this.matchedBlocks;
     this.#dispatchedAt = t1;
@@ -785,6 +787,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       sreq.pair = pair;
     }
     if (picked === null) return false;
+    if (this.prefillTokens !== 0 && this.#answersAfterDecode()) d.scheduler.prefilled(this);
     d.scheduler.complete(old, 'aborted');
     if (d.scheduler.prefix !== null && old.promptBlocks > old.matchedBlocks && sreq.prompt !== undefined) d.scheduler.prefix.forget(old.endpoint, old, sreq);
     return true;
@@ -949,6 +952,24 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       if (chunk.length === 0) return;
     }
     this.#write(chunk);
+  }
+
+  /**
+   * True when the answer's first body byte does not mark the end of the
+   * prefill: a non-streamed generation of more than one token, whose only
+   * chunk comes after the whole decode. Such a request is not counted in its
+   * endpoint's prefill backlog (released at the pick, like an ext_proc
+   * decision): counted until its answer, it would make the flow-control term
+   * hold the next request through a decode while the engine has no prefill
+   * queued, down to two requests per engine when the outputs are long
+   * (bench/RESULTS.md, issue 13 session 8, "what the prefill-backlog term
+   * costs").
+   */
+  #answersAfterDecode(): boolean {
+    const b = this.body;
+    if (b.stream === true) return false;
+    const m = this.kind === KIND_CHAT ? (b.max_completion_tokens ?? b.max_tokens) : b.max_tokens;
+    return !(typeof m === 'number' && m <= 1);
   }
 
   /**

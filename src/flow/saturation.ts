@@ -12,7 +12,9 @@
 //                               them at the pick from the prefix producer's
 //                               match and releases them at the first body
 //                               byte or the request's end, whichever comes
-//                               first), weighed by the pool's prefill speed.
+//                               first; a non-streamed generation, whose
+//                               first byte comes after its decode, is not
+//                               counted), weighed by the pool's prefill speed.
 //                               An engine that prefills one request after
 //                               another makes every new request wait for
 //                               all of it; none of the other terms sees it
