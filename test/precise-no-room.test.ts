@@ -7,11 +7,9 @@
 // Real simulated engines (GPU + host tier, KV events over ZMQ), a real router.
 import t from 'tap';
 import { MatchResult, PrefixIndex } from '../bindings/index.js';
-import { API_VERSION, validateConfig } from '../src/config/schema.js';
 import { startRouter } from '../src/server/router.js';
 import { startFleet } from '../src/sim/index.js';
-import { validatePlugin } from './router-util.js';
-import { waitFor } from './precise-util.js';
+import { fleetConfig, waitFor } from './precise-util.js';
 
 
 // the simulator's tokenizer: 4 bytes a token; blocks of 16 tokens = 64 bytes
@@ -27,22 +25,7 @@ t.test('precise: a host-tier prefix on an engine without GPU room does not win o
     kvEventsConfig: { enable_kv_cache_events: true, publisher: 'zmq', endpoint: 'tcp://127.0.0.1:*', replay_endpoint: 'tcp://127.0.0.1:*' },
   });
   t.teardown(() => fleet.close());
-  const cfg = validateConfig(
-    {
-      apiVersion: API_VERSION,
-      kind: 'Router',
-      pools: [
-        {
-          name: 'p',
-          models: ['open-model'],
-          prefix: { mode: 'precise', blockTokens: 16, tokenizer: { type: 'sim' } },
-          endpoints: fleet.engines.map((e, i) => ({ name: `e${i}`, url: e.url, kvEvents: { endpoint: e.kvEvents!.endpoint, replayEndpoint: e.kvEvents!.replayEndpoint! } })),
-        },
-      ],
-      logging: { level: 'silent' },
-    },
-    validatePlugin,
-  );
+  const cfg = fleetConfig(fleet, 'precise');
   const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
   t.teardown(() => router.close(200));
   const feed = router.core.precise!.feed;
@@ -99,22 +82,7 @@ t.test('precise: with room on the engine, a host-tier prefix still wins over an 
     kvEventsConfig: { enable_kv_cache_events: true, publisher: 'zmq', endpoint: 'tcp://127.0.0.1:*', replay_endpoint: 'tcp://127.0.0.1:*' },
   });
   t.teardown(() => fleet.close());
-  const cfg = validateConfig(
-    {
-      apiVersion: API_VERSION,
-      kind: 'Router',
-      pools: [
-        {
-          name: 'p',
-          models: ['open-model'],
-          prefix: { mode: 'precise', blockTokens: 16, tokenizer: { type: 'sim' } },
-          endpoints: fleet.engines.map((e, i) => ({ name: `e${i}`, url: e.url, kvEvents: { endpoint: e.kvEvents!.endpoint, replayEndpoint: e.kvEvents!.replayEndpoint! } })),
-        },
-      ],
-      logging: { level: 'silent' },
-    },
-    validatePlugin,
-  );
+  const cfg = fleetConfig(fleet, 'precise');
   const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
   t.teardown(() => router.close(200));
   const feed = router.core.precise!.feed;
