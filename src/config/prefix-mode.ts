@@ -127,3 +127,49 @@ export const tierWeightsSchema = strict(
 )
   .prefault({})
   .describe('what a matched prefix block is worth by the KV tier it sits in');
+
+type AddIssue = (path: PropertyKey[], message: string) => void;
+
+/**
+ * Rules across the precise pools (they share one event-fed index and one
+ * KV-event subscription per publisher address): one `blockTokens` and one
+ * `speculativeMs` for all of them, and endpoints that share a publisher
+ * address are that publisher's data-parallel ranks, each rank held once.
+ * `nameOf` gives an endpoint's name as the router will call it. Runs on whatever parsed (raw values are guarded), so its problems are
+ * reported with the rest of the config's.
+ */
+export function preciseRules(pools: unknown[], add: AddIssue, nameOf: (endpoint: unknown) => string): void {
+  const isMap = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+  let first: { blockTokens: unknown; speculativeMs: unknown } | undefined;
+  const byAddr = new Map<string, { name: string; ranked: boolean; ranks: Map<number, string> }>();
+  pools.forEach((pool, i) => {
+    if (!isMap(pool) || !isMap(pool.prefix) || pool.prefix.mode !== 'precise') return;
+    const blockTokens = pool.prefix.blockTokens ?? DEFAULT_POOL_PREFIX.blockTokens;
+    const speculativeMs = pool.prefix.speculativeMs ?? DEFAULT_POOL_PREFIX.speculativeMs;
+    if (first === undefined) first = { blockTokens, speculativeMs };
+    else {
+      if (blockTokens !== first.blockTokens) add(['pools', i, 'prefix', 'blockTokens'], `must equal the other precise pools' (${String(first.blockTokens)}): they share one index`);
+      if (speculativeMs !== first.speculativeMs) add(['pools', i, 'prefix', 'speculativeMs'], `must equal the other precise pools' (${String(first.speculativeMs)}): they share one index`);
+    }
+    if (!Array.isArray(pool.endpoints)) return;
+    pool.endpoints.forEach((e, j) => {
+      if (!isMap(e) || !isMap(e.kvEvents) || typeof e.kvEvents.endpoint !== 'string') return;
+      const addr = e.kvEvents.endpoint;
+      const rank = typeof e.kvEvents.dataParallelRank === 'number' ? e.kvEvents.dataParallelRank : undefined;
+      const name = nameOf(e) || `pools[${i}].endpoints[${j}]`;
+      const have = byAddr.get(addr);
+      if (!have) {
+        byAddr.set(addr, { name, ranked: rank !== undefined, ranks: rank !== undefined ? new Map([[rank, name]]) : new Map() });
+        return;
+      }
+      const path = ['pools', i, 'endpoints', j, 'kvEvents'];
+      if (rank === undefined || !have.ranked) {
+        add([...path, 'endpoint'], `${addr} is also ${have.name}'s publisher: endpoints sharing a publisher need distinct dataParallelRank values`);
+        return;
+      }
+      const holder = have.ranks.get(rank);
+      if (holder !== undefined) add([...path, 'dataParallelRank'], `rank ${rank} of ${addr} is already ${holder}'s`);
+      else have.ranks.set(rank, name);
+    });
+  });
+}

@@ -10,7 +10,7 @@ import { ConfigError } from '../errors.js';
 import { flowControlSchema, type FlowControlConfig } from './flow-control.js';
 import { SESSION_DEFAULTS, sessionsSchema, type SessionsConfig } from './sessions.js';
 import { responsesSchema, type ResponsesConfig } from './responses.js';
-import { kvEventsEndpointSchema, poolPrefixSchema, tierWeightsSchema, type KvEventsEndpointConfig, type PoolPrefixConfig, type TierWeightsConfig } from './prefix-mode.js';
+import { kvEventsEndpointSchema, poolPrefixSchema, preciseRules, tierWeightsSchema, type KvEventsEndpointConfig, type PoolPrefixConfig, type TierWeightsConfig } from './prefix-mode.js';
 import { extProcSchema, haSchema, type ExtProcConfig, type HaConfig } from './ha.js';
 import { ALWAYS, isMapping, strict, toConfigIssues, z } from './schema-kit.js';
 import { tracingSchema, type TracingConfig } from './tracing.js';
@@ -580,6 +580,9 @@ function crossFieldRules(validatePlugin?: PluginCheck) {
         epNames.add(name);
       });
     });
+
+    // the precise pools share one index and one subscription per publisher (what buildPrecise relies on)
+    preciseRules(pools, add, endpointName);
 
     const s = isMapping(v.scheduling) ? v.scheduling : undefined;
     if (s) {

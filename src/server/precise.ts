@@ -8,7 +8,6 @@ import { PAYLOAD_TOTALS as T, PrefixIndex } from '../../bindings/index.js';
 import type { RouterConfig } from '../config/schema.js';
 import { DEFAULT_TIER_WEIGHTS_CONFIG } from '../config/prefix-mode.js';
 import { MAX_ENDPOINT_IDS, type EndpointSet } from '../endpoints/endpoint.js';
-import { ConfigError } from '../errors.js';
 import { KvEventFeed, LAG_BUCKETS, type KvFeedEndpoint } from '../kv-events/feed.js';
 import { HistogramMetric, scrapeCounter, type Registry } from '../metrics/prom.js';
 import type { PrefixProducer, TierWeights } from '../scheduler/prefix-producer.js';
@@ -31,18 +30,9 @@ export function tierWeightsOf(cfg: RouterConfig): TierWeights {
 export function buildPrecise(cfg: RouterConfig, set: EndpointSet): Precise | null {
   const pools = cfg.pools.map((p, i) => ({ p, i })).filter(({ p }) => p.prefix?.mode === 'precise');
   if (pools.length === 0) return null;
+  // validateConfig (src/config/prefix-mode.ts preciseRules) made every precise pool's blockTokens and speculativeMs equal
   const blockTokens = pools[0]!.p.prefix!.blockTokens;
-  for (const { p, i } of pools) {
-    if (p.prefix!.blockTokens !== blockTokens) {
-      throw new ConfigError([{ path: `pools[${i}].prefix.blockTokens`, message: `must equal the other precise pools' (${blockTokens}): they share one index` }]);
-    }
-  }
   const speculativeMs = pools[0]!.p.prefix!.speculativeMs;
-  for (const { p, i } of pools) {
-    if (p.prefix!.speculativeMs !== speculativeMs) {
-      throw new ConfigError([{ path: `pools[${i}].prefix.speculativeMs`, message: `must equal the other precise pools' (${speculativeMs}): they share one index` }]);
-    }
-  }
   const index = new PrefixIndex({ blockSize: blockTokens * 4, maxEndpoints: MAX_ENDPOINT_IDS, defaultCapacity: [0xffffffff, 0xffffffff, 0xffffffff] });
   const feed = new KvEventFeed(index, { blockTokens });
   feed.speculativeMs = speculativeMs;
@@ -88,9 +78,9 @@ export function buildPrecise(cfg: RouterConfig, set: EndpointSet): Precise | nul
  */
 export function kvFeedEndpoints(cfg: RouterConfig, set: EndpointSet): KvFeedEndpoint[] {
   const byAddr = new Map<string, KvFeedEndpoint & { ranks: Record<number, number> }>();
-  cfg.pools.forEach((p, pi) => {
+  cfg.pools.forEach((p) => {
     if (p.prefix?.mode !== 'precise') return;
-    p.endpoints.forEach((ec, ei) => {
+    p.endpoints.forEach((ec) => {
       if (!ec.kvEvents) return;
       const ep = set.byName(ec.name)!;
       const rank = ec.kvEvents.dataParallelRank;
@@ -107,11 +97,8 @@ export function kvFeedEndpoints(cfg: RouterConfig, set: EndpointSet): KvFeedEndp
         });
         return;
       }
-      const path = `pools[${pi}].endpoints[${ei}].kvEvents`;
-      if (rank === undefined || Object.keys(have.ranks).length === 0) {
-        throw new ConfigError([{ path: `${path}.endpoint`, message: `${ec.kvEvents.endpoint} is also ${have.name}'s publisher: endpoints sharing a publisher need distinct dataParallelRank values` }]);
-      }
-      if (have.ranks[rank] !== undefined) throw new ConfigError([{ path: `${path}.dataParallelRank`, message: `rank ${rank} of ${ec.kvEvents.endpoint} is already ${have.name}'s` }]);
+      // validateConfig (preciseRules) refused a shared publisher without distinct ranks
+      if (rank === undefined || have.ranks[rank] !== undefined) return;
       have.ranks[rank] = ep.id;
       if (rank === 0) {
         have.id = ep.id;
