@@ -2,7 +2,7 @@
 // InferencePool's selector, or a plain label selector) instead of, or beside,
 // its static `endpoints` list (docs/operations.md "Kubernetes discovery").
 // Types, defaults and the zod schema; schema.ts adds it to the pool.
-import { strict, z } from './schema-kit.js';
+import { got, int, nonEmpty, strict, z } from './schema-kit.js';
 
 export interface KubernetesDiscoveryConfig {
   /** Namespace of the pods (and the InferencePool); default: the router's own (in-cluster), else the kubeconfig context's, else "default". */
@@ -42,14 +42,6 @@ export const KUBERNETES_DISCOVERY_DEFAULTS = {
   backoffMaxMs: 30_000,
   initialSyncTimeoutMs: 10_000,
 };
-
-const got = (v: unknown) => JSON.stringify(v);
-function int(min: number, max: number) {
-  const error = (i: { input?: unknown }) => `must be an integer in [${min}, ${max}] (got ${got(i.input)})`;
-  return z.int({ error }).gte(min, { error }).lte(max, { error });
-}
-const nonEmpty = () =>
-  z.string({ error: (i) => (i.input === undefined ? 'is required' : 'must be a non-empty string') }).min(1, { error: 'must be a non-empty string' });
 
 // RFC 1123 label (namespaces) and subdomain (object names), as the API server checks them
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;

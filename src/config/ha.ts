@@ -1,8 +1,7 @@
-// The `ha` and `extProc` blocks of the router config: a hot-standby pair over
-// a Redis lease (docs/operations.md "High availability") and the Envoy
-// ext_proc listener (docs/operations.md "Envoy ext_proc"). Types, defaults and
-// their zod schemas; schema.ts adds them to the Router config.
-import { strict, z } from './schema-kit.js';
+// The `ha` block of the router config: a hot-standby pair over a Redis lease
+// (docs/operations.md "High availability"). Types, defaults and the zod
+// schema; schema.ts adds it to the Router config.
+import { got, int, nonEmpty, strict, z } from './schema-kit.js';
 
 export const ON_REDIS_DOWN = ['serve-alone', 'refuse'] as const;
 
@@ -38,26 +37,7 @@ export interface HaKubernetesConfig {
   identity?: string;
 }
 
-export interface ExtProcConfig {
-  host: string;
-  /** gRPC port for envoy.service.ext_proc.v3.ExternalProcessor and grpc.health.v1.Health (0: one the OS picks). */
-  port: number;
-  /** The dynamic-metadata namespace of the picked endpoint (Gateway API Inference Extension: envoy.lb). */
-  metadataNamespace: string;
-  /** Other candidates of the pick sent after it (`ip:port,ip:port,...`), best first, for the proxy's retries; 0: the pick alone. */
-  fallbacks: number;
-}
-
 export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, streamMaxLen: 1000, warmStandby: true };
-export const EXT_PROC_DEFAULTS = { host: '127.0.0.1', port: 9002, metadataNamespace: 'envoy.lb', fallbacks: 0 };
-
-const got = (v: unknown) => JSON.stringify(v);
-function int(min: number, max: number) {
-  const error = (i: { input?: unknown }) => `must be an integer in [${min}, ${max}] (got ${got(i.input)})`;
-  return z.int({ error }).gte(min, { error }).lte(max, { error });
-}
-const nonEmpty = () =>
-  z.string({ error: (i) => (i.input === undefined ? 'is required' : 'must be a non-empty string') }).min(1, { error: 'must be a non-empty string' });
 
 const redisUrl = nonEmpty().refine(
   (s) => {
@@ -112,12 +92,5 @@ export const haSchema = strict(
   }
 });
 
-export const extProcSchema = strict(
-  {
-    host: nonEmpty().default(EXT_PROC_DEFAULTS.host),
-    port: int(0, 65535).default(EXT_PROC_DEFAULTS.port).describe('gRPC listen port (0: one the OS picks)'),
-    metadataNamespace: nonEmpty().default(EXT_PROC_DEFAULTS.metadataNamespace).describe('dynamic-metadata namespace of the picked endpoint'),
-    fallbacks: int(0, 7).default(EXT_PROC_DEFAULTS.fallbacks).describe('other candidates sent after the pick for the proxy to retry on (0: the pick alone)'),
-  },
-  'must be a mapping',
-);
+// the ext_proc block moved to extproc.ts (re-exported here for older imports)
+export { EXT_PROC_DEFAULTS, extProcSchema, type ExtProcConfig } from './extproc.js';

@@ -3,7 +3,7 @@
 // its engine publishes KV events) and `scheduling.tierWeights`. The router
 // config (schema.ts) embeds these schemas; docs/config.md documents each field
 // and docs/kv-events.md the feed.
-import { strict, z } from './schema-kit.js';
+import { got, int, isMapping, strict, z } from './schema-kit.js';
 
 export const PREFIX_MODES = ['approximate', 'precise'] as const;
 export type PrefixMode = (typeof PREFIX_MODES)[number];
@@ -61,11 +61,6 @@ export const DEFAULT_POOL_PREFIX: PoolPrefixConfig = {
 /** Defaults from the simulator's costs: see DEFAULT_TIER_WEIGHTS in src/scheduler/prefix-producer.ts. */
 export const DEFAULT_TIER_WEIGHTS_CONFIG: TierWeightsConfig = { gpu: 1, cpu: 0.875, disk: 0.5 };
 
-const got = (v: unknown) => JSON.stringify(v);
-const int = (min: number, max: number) => {
-  const error = (i: { input?: unknown }) => `must be an integer in [${min}, ${max}] (got ${got(i.input)})`;
-  return z.int({ error }).gte(min, { error }).lte(max, { error });
-};
 const weight = () => {
   const error = (i: { input?: unknown }) => `must be a number in [0, 1] (got ${got(i.input)})`;
   return z.number({ error }).gte(0, { error }).lte(1, { error });
@@ -139,11 +134,10 @@ type AddIssue = (path: PropertyKey[], message: string) => void;
  * reported with the rest of the config's.
  */
 export function preciseRules(pools: unknown[], add: AddIssue, nameOf: (endpoint: unknown) => string): void {
-  const isMap = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
   let first: { blockTokens: unknown; speculativeMs: unknown } | undefined;
   const byAddr = new Map<string, { name: string; ranked: boolean; ranks: Map<number, string> }>();
   pools.forEach((pool, i) => {
-    if (!isMap(pool) || !isMap(pool.prefix) || pool.prefix.mode !== 'precise') return;
+    if (!isMapping(pool) || !isMapping(pool.prefix) || pool.prefix.mode !== 'precise') return;
     const blockTokens = pool.prefix.blockTokens ?? DEFAULT_POOL_PREFIX.blockTokens;
     const speculativeMs = pool.prefix.speculativeMs ?? DEFAULT_POOL_PREFIX.speculativeMs;
     if (first === undefined) first = { blockTokens, speculativeMs };
@@ -153,7 +147,7 @@ export function preciseRules(pools: unknown[], add: AddIssue, nameOf: (endpoint:
     }
     if (!Array.isArray(pool.endpoints)) return;
     pool.endpoints.forEach((e, j) => {
-      if (!isMap(e) || !isMap(e.kvEvents) || typeof e.kvEvents.endpoint !== 'string') return;
+      if (!isMapping(e) || !isMapping(e.kvEvents) || typeof e.kvEvents.endpoint !== 'string') return;
       const addr = e.kvEvents.endpoint;
       const rank = typeof e.kvEvents.dataParallelRank === 'number' ? e.kvEvents.dataParallelRank : undefined;
       const name = nameOf(e) || `pools[${i}].endpoints[${j}]`;

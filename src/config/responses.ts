@@ -1,7 +1,7 @@
 // The `responses` block of the router config: the Responses API's store and
 // bounds (docs/responses.md). Lives in config/ so the router config validates
 // it with the rest; config/ imports nothing of ours but schema-kit.
-import { strict, z } from './schema-kit.js';
+import { got, int, strict, z } from './schema-kit.js';
 
 export const RESPONSE_STORES = ['memory', 'sqlite', 'redis'] as const;
 export type ResponseStoreType = (typeof RESPONSE_STORES)[number];
@@ -38,13 +38,6 @@ export const RESPONSES_DEFAULTS = {
   maxBytes: 512 * 1024 * 1024,
   maxInputBytes: 8 * 1024 * 1024,
 };
-
-const got = (v: unknown) => JSON.stringify(v);
-
-function int(min: number, max = Number.MAX_SAFE_INTEGER) {
-  const error = (i: { input?: unknown }) => `must be an integer in [${min}, ${max}] (got ${got(i.input)})`;
-  return z.int({ error }).gte(min, { error }).lte(max, { error });
-}
 
 const str = () =>
   z.string({ error: (i) => (i.input === undefined ? 'is required' : 'must be a non-empty string') }).min(1, { error: 'must be a non-empty string' });

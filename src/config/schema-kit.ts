@@ -109,3 +109,28 @@ export function removedField(message: string) {
 export function isMapping(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
+
+// ---- field helpers shared by the config modules. Messages keep the router
+// config's style: "must be ... (got <value>)", "is required".
+
+export const got = (v: unknown) => JSON.stringify(v);
+export const listError = (i: { input?: unknown }) => (i.input === undefined ? 'is required' : 'must be a list');
+
+export const nonEmpty = () =>
+  z.string({ error: (i) => (i.input === undefined ? 'is required' : 'must be a non-empty string') }).min(1, { error: 'must be a non-empty string' });
+
+export function oneOf<const T extends readonly [string, ...string[]]>(allowed: T) {
+  return z.enum(allowed, {
+    error: (i) => (i.input === undefined ? `is required (one of: ${allowed.join(', ')})` : `must be one of: ${allowed.join(', ')} (got ${got(i.input)})`),
+  });
+}
+
+export function int(min: number, max = Number.MAX_SAFE_INTEGER) {
+  const error = (i: { input?: unknown }) => `must be an integer in [${min}, ${max}] (got ${got(i.input)})`;
+  return z.int({ error }).gte(min, { error }).lte(max, { error });
+}
+
+export function num(min: number, max: number) {
+  const error = (i: { input?: unknown }) => `must be a number in [${min}, ${max}] (got ${got(i.input)})`;
+  return z.number({ error }).gte(min, { error }).lte(max, { error });
+}

@@ -3,7 +3,7 @@
 // conversation moves, the turn-priority window, and where pins live (this
 // process, or Redis shared by several routers). docs/config.md and
 // docs/responses.md ("Sessions", "Turn priority") document each field.
-import { strict, z } from './schema-kit.js';
+import { got, int, strict, z } from './schema-kit.js';
 
 /** Where a session key may come from, tried in the configured order: the session header, the body's `prompt_cache_key`, the body's `user`. */
 export const SESSION_SOURCES = ['header', 'prompt_cache_key', 'user'] as const;
@@ -60,12 +60,6 @@ export function defaultSessions(): SessionsConfig {
     continuationWindowMs: SESSION_DEFAULTS.continuationWindowMs,
     store: 'memory',
   };
-}
-
-const got = (v: unknown) => JSON.stringify(v);
-function int(min: number, max: number) {
-  const error = (i: { input?: unknown }) => `must be an integer in [${min}, ${max}] (got ${got(i.input)})`;
-  return z.int({ error }).gte(min, { error }).lte(max, { error });
 }
 
 const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9a-z-]+$/;

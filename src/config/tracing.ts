@@ -1,6 +1,6 @@
 // The `tracing` block of the router config: OpenTelemetry spans exported over
 // OTLP. Off by default; docs/observability.md documents each field.
-import { strict, z } from './schema-kit.js';
+import { got, int, strict, z } from './schema-kit.js';
 
 export const OTLP_PROTOCOLS = ['http/protobuf', 'grpc'] as const;
 export type OtlpProtocol = (typeof OTLP_PROTOCOLS)[number];
@@ -43,11 +43,6 @@ export const TRACING_DEFAULTS: TracingConfig = {
   exportTimeoutMs: 10_000,
 };
 
-const got = (v: unknown) => JSON.stringify(v);
-function int(min: number, max: number) {
-  const error = (i: { input?: unknown }) => `must be an integer in [${min}, ${max}] (got ${got(i.input)})`;
-  return z.int({ error }).gte(min, { error }).lte(max, { error });
-}
 const bool = () => z.boolean({ error: (i) => `must be true or false (got ${got(i.input)})` });
 const d = TRACING_DEFAULTS;
 
