@@ -10,6 +10,7 @@ import type { FailureKind } from './options.js';
 import { ReqState, SimRequest, type RequestSink, type Scheduler } from './scheduler.js';
 import { PoolingError, detokenize, embeddings, rerank, score } from './pooling.js';
 import { BadRequest, ENGINE_MAX_JSON_DEPTH, Kind, parseGeneration, resolveModel, tokenizeIds, type RequestContext } from './request.js';
+import type { ToolCall } from './tools.js';
 import { cutsGeneration, failAtToken, type FailureInjector } from './failures.js';
 import { word, words } from './text.js';
 import { DONE, JSON_TYPE, SSE_TYPE, STATUS, echoId, errorBody } from './wire.js';
@@ -55,6 +56,9 @@ export class Call implements RequestSink {
   /** SGLang prefill leg: its bootstrap room (open in the engine's RoomTable until this request ends). */
   room: string | null = null;
   delay: NodeJS.Timeout | null = null;
+  /** The tool this chat request calls (tools.ts), or null; toolId its JSON-quoted call id. */
+  tool: ToolCall | null = null;
+  toolId = '';
 
   constructor(
     readonly engine: CallHost,
@@ -144,11 +148,13 @@ export class Call implements RequestSink {
     this.bootFrom = p.bootFrom;
     this.room = p.room;
     if (p.remoteDecode) this.kvParams = '';
+    this.tool = p.tool;
     const outTokens = p.outTokens;
     // Identity.
     const prefix = this.kind === Kind.Chat ? 'chatcmpl-' : 'cmpl-';
     this.id = JSON.stringify(prefix + (this.rid !== '' ? this.rid : e.idPrefix + (++idCounter).toString(16)));
     this.created = Math.floor(Date.now() / 1000);
+    if (this.tool !== null) this.toolId = `"chatcmpl-tool-${e.idPrefix}${(++idCounter).toString(16)}"`;
     if (this.room !== null) e.rooms.open(this.room); // from here on its decode side waits for it (or learns it failed)
     // Failure injection.
     const failure = e.failures.draw();
@@ -301,11 +307,22 @@ export class Call implements RequestSink {
   }
 
   chunk(req: SimRequest, i: number): string {
-    const w = word(this.textSeed, i);
     const last = i === req.maxTokens - 1;
+    if (this.tool !== null) return this.toolChunk(this.tool, req.maxTokens, i, last);
+    const w = word(this.textSeed, i);
     const fr = last ? `"${req.finishReason}"` : 'null';
     if (this.kind === Kind.Chat) return `${this.head}{"content":"${w}"},"logprobs":null,"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
     return `${this.head}${w}","logprobs":null,"finish_reason":${fr},"stop_reason":null}]}\n\n`;
+  }
+
+  /** Token i of a streamed tool call: the call's id and name first, then argument fragment i of n. */
+  toolChunk(tool: ToolCall, n: number, i: number, last: boolean): string {
+    const a = tool.args;
+    const piece = a.slice(Math.floor((i * a.length) / n), last ? a.length : Math.floor(((i + 1) * a.length) / n));
+    const fr = last ? '"tool_calls","stop_reason":null' : 'null';
+    const frag = `${this.head}{"tool_calls":[{"index":0,"function":{"arguments":${JSON.stringify(piece)}}}]},"logprobs":null,"finish_reason":${fr}}]}\n\n`;
+    if (i !== 0) return frag;
+    return `${this.head}{"tool_calls":[{"index":0,"id":${this.toolId},"type":"function","function":{"name":${tool.nameJson},"arguments":""}}]},"logprobs":null,"finish_reason":null}]}\n\n${frag}`;
   }
 
   usage(req: SimRequest): string {
@@ -328,11 +345,16 @@ export class Call implements RequestSink {
       });
       return;
     }
-    const text = words(this.textSeed, 0, req.out);
     const kvp = this.kvParams !== null ? `,"kv_transfer_params":${this.kvParams}` : '';
+    const tool = this.tool;
+    const text = tool === null ? words(this.textSeed, 0, req.out) : '';
+    const message =
+      tool === null
+        ? `{"role":"assistant","content":"${text}","refusal":null,"tool_calls":[]}`
+        : `{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":${this.toolId},"type":"function","function":{"name":${tool.nameJson},"arguments":${JSON.stringify(tool.args)}}}]}`;
     const body =
       this.kind === Kind.Chat
-        ? `{"id":${this.id},"object":"chat.completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"message":{"role":"assistant","content":"${text}","tool_calls":[]},"logprobs":null,"finish_reason":"${req.finishReason}","stop_reason":null}],"usage":${this.usage(req)},"prompt_logprobs":null${kvp}}`
+        ? `{"id":${this.id},"object":"chat.completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"message":${message},"logprobs":null,"finish_reason":"${tool === null ? req.finishReason : 'tool_calls'}","stop_reason":null}],"usage":${this.usage(req)},"prompt_logprobs":null${kvp}}`
         : `{"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"text":"${text}","logprobs":null,"finish_reason":"${req.finishReason}","stop_reason":null,"prompt_logprobs":null}],"usage":${this.usage(req)}${kvp}}`;
     res.cork(() => {
       this.writeHead(res, JSON_TYPE);

@@ -45,6 +45,7 @@ options (--name value or --name=value):
   --failure-kinds K,K         kinds drawn from: ${FAILURE_KINDS.join(', ')}
                               (default ${D.failureKinds.join(',')})
   --slow-first-byte-ms F      real delay of the slow-first-byte failure (default ${D.slowFirstByteMs})
+  --tool-call-rate P          tool_choice "auto": share in [0,1] of requests with tools that call one (default ${D.toolCallRate})
   --max-model-len N           longest prompt + completion in tokens (default ${D.maxModelLen})
   --default-max-tokens N      completion length when a request sets no max_tokens (default ${D.defaultMaxTokens})
   --max-body-bytes N          largest request body (default ${D.maxBodyBytes})
@@ -142,6 +143,7 @@ const FLAGS: Record<string, { type: 'string' | 'boolean'; set: Setter }> = {
   'failure-kinds': { type: 'string', set: failureKinds },
   'failure-kind': { type: 'string', set: failureKinds },
   'slow-first-byte-ms': { type: 'string', set: (o, v, f) => (o.slowFirstByteMs = number(f, v)) },
+  'tool-call-rate': { type: 'string', set: (o, v, f) => (o.toolCallRate = number(f, v)) },
   'max-model-len': { type: 'string', set: (o, v, f) => (o.maxModelLen = integer(f, v)) },
   'default-max-tokens': { type: 'string', set: (o, v, f) => (o.defaultMaxTokens = integer(f, v)) },
   'max-body-bytes': { type: 'string', set: (o, v, f) => (o.maxBodyBytes = integer(f, v)) },

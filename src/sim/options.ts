@@ -51,6 +51,8 @@ export interface SimOptions {
   failureKinds?: FailureKind[];
   /** Real (unscaled) delay of the 'slow-first-byte' failure, milliseconds. */
   slowFirstByteMs?: number;
+  /** tool_choice "auto": the share of requests with tools that call one (a seeded hash of the last user message decides which). */
+  toolCallRate?: number;
   maxModelLen?: number;
   /** Completion length when the request sets no max_tokens (finish_reason "stop"). */
   defaultMaxTokens?: number;
@@ -103,6 +105,7 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   failureRate: 0,
   failureKinds: [...DEFAULT_FAILURE_KINDS],
   slowFirstByteMs: 1000,
+  toolCallRate: 0.5,
   maxModelLen: 32768,
   defaultMaxTokens: 16,
   maxBodyBytes: 32 * 1024 * 1024,
@@ -176,6 +179,7 @@ export const simOptionsSchema = z
       .min(1)
       .default(() => [...SIM_DEFAULTS.failureKinds]),
     slowFirstByteMs: num(0).default(SIM_DEFAULTS.slowFirstByteMs),
+    toolCallRate: num(0, 1).default(SIM_DEFAULTS.toolCallRate),
     maxModelLen: int(1).default(SIM_DEFAULTS.maxModelLen),
     defaultMaxTokens: int(1).default(SIM_DEFAULTS.defaultMaxTokens),
     maxBodyBytes: int(1).default(SIM_DEFAULTS.maxBodyBytes),

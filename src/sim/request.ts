@@ -6,6 +6,7 @@ import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
 import type { ResolvedSimOptions } from './options.js';
 import { BYTES_PER_TOKEN, renderChat, type ChatMessage } from './tokenizer.js';
 import { mix32 } from './text.js';
+import { planToolCall, type ToolCall } from './tools.js';
 
 /** A request the engine refuses: answered with `status` and the OpenAI error body. */
 export class BadRequest {
@@ -88,6 +89,8 @@ export interface ParsedGeneration {
   pullFrom: PullTarget | null;
   bootFrom: BootstrapTarget | null;
   room: string | null;
+  /** Chat: the tool this request calls (tools.ts), or null. */
+  tool: ToolCall | null;
 }
 const parsed: ParsedGeneration = {
   stream: false,
@@ -105,6 +108,7 @@ const parsed: ParsedGeneration = {
   pullFrom: null,
   bootFrom: null,
   room: null,
+  tool: null,
 };
 
 /**
@@ -120,6 +124,7 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
   p.pullFrom = null;
   p.bootFrom = null;
   p.room = null;
+  p.tool = null;
   // Stream flags.
   const stream = body.stream;
   if (stream !== undefined && stream !== null && typeof stream !== 'boolean') throw new BadRequest(400, "'stream' must be a boolean", 'stream');
@@ -142,11 +147,13 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
   let nBlocks: number;
   let metaTokens: Uint32Array | null = null;
   let seed = o.seed;
+  let chat: ChatMessage[] | null = null;
   if (kind === Kind.Chat) {
     const messages = body.messages;
     if (!Array.isArray(messages) || messages.length === 0) throw new BadRequest(400, "'messages' must be a non-empty array", 'messages');
     for (let i = 0; i < messages.length; i++) checkMessage(messages[i], i);
-    const text = renderChat(messages as ChatMessage[]);
+    chat = messages as ChatMessage[];
+    const text = renderChat(chat);
     const len = writeScratch(text);
     promptTokens = Math.ceil(len / BYTES_PER_TOKEN);
     nBlocks = hashByteBlocks(scratch, len, o.blockSize * BYTES_PER_TOKEN, hashes);
@@ -203,7 +210,7 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
   }
   const finishReason = maxTokens === undefined ? 'stop' : 'length';
   let outTokens = maxTokens ?? Math.min(o.defaultMaxTokens, o.maxModelLen - promptTokens);
-  const needBlocks = ctx.sched.blocksNeeded(promptTokens, outTokens);
+  let needBlocks = ctx.sched.blocksNeeded(promptTokens, outTokens);
   if (needBlocks > o.kvCacheBlocks) {
     throw new BadRequest(400, `the request needs ${needBlocks} KV blocks but the cache holds ${o.kvCacheBlocks}`, 'max_tokens');
   }
@@ -213,6 +220,15 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
     seed = mix32(o.seed ^ rs);
   }
   p.textSeed = mix32(seed);
+  if (chat !== null) {
+    const tool = planToolCall(body, chat, p.textSeed, o.toolCallRate);
+    if (tool !== null) {
+      // the call's arguments are the generated text: one fragment per token, no longer than max_tokens allows
+      p.tool = tool;
+      outTokens = Math.min(outTokens, Math.max(1, Math.ceil(tool.args.length / BYTES_PER_TOKEN)));
+      needBlocks = ctx.sched.blocksNeeded(promptTokens, outTokens);
+    }
+  }
   // P/D: a prefill leg answers with kv_transfer_params; a decode leg skips the prefill work.
   let remotePrefill = false;
   const kv = body.kv_transfer_params;
@@ -243,7 +259,7 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
   p.metaTokens = metaTokens;
   p.outTokens = outTokens;
   p.needBlocks = needBlocks;
-  p.finishReason = finishReason;
+  p.finishReason = p.tool !== null ? 'stop' : finishReason;
   p.remotePrefill = remotePrefill;
   return p;
 }

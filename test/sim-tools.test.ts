@@ -1,0 +1,232 @@
+// The simulator calls tools as vLLM's OpenAI server does (tools + tool_choice): the non-streamed and
+// streamed shapes, arguments valid for the function's JSON Schema, the seeded "auto" rule, errors, and
+// the official openai SDK doing a tool call against the simulator on loopback.
+import t from 'tap';
+import OpenAI from 'openai';
+import { startEngine } from '../src/sim/index.js';
+import { post, sseData } from './sim-util.js';
+
+const weather = {
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'the weather in a city',
+    parameters: {
+      type: 'object',
+      properties: {
+        city: { type: 'string', minLength: 3 },
+        unit: { type: 'string', enum: ['celsius', 'fahrenheit'] },
+        days: { type: 'integer', minimum: 1, maximum: 7 },
+        hourly: { type: 'boolean' },
+        spots: { type: 'array', items: { type: 'number', minimum: -5, maximum: 5 }, minItems: 2, maxItems: 3 },
+        where: { type: 'object', properties: { lat: { type: 'number' }, lon: { type: 'number' } }, required: ['lat', 'lon'] },
+      },
+      required: ['city', 'unit', 'days'],
+    },
+  },
+};
+const lookup = { type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: { q: { type: 'string' } }, required: ['q'] } } };
+const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+
+/** Checks a get_weather argument object against the schema above. */
+function checkWeather(t: Tap.Test, a: Record<string, any>): void {
+  t.type(a.city, 'string');
+  t.ok(a.city.length >= 3, 'minLength');
+  t.ok(['celsius', 'fahrenheit'].includes(a.unit), 'enum');
+  t.ok(Number.isInteger(a.days) && a.days >= 1 && a.days <= 7, 'integer in bounds');
+  t.type(a.hourly, 'boolean');
+  t.ok(Array.isArray(a.spots) && a.spots.length >= 2 && a.spots.length <= 3, 'array length');
+  for (const s of a.spots) t.ok(typeof s === 'number' && s >= -5 && s <= 5, 'item bounds');
+  t.type(a.where.lat, 'number');
+  t.type(a.where.lon, 'number');
+}
+
+t.test('a forced function: message.tool_calls, content null, finish_reason tool_calls', async (t) => {
+  const e = await startEngine({ timeScale: 0 });
+  t.teardown(() => e.close());
+  const body = { messages, tools: [lookup, weather], tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 500 };
+  const r = await post(e.url, '/v1/chat/completions', body);
+  t.equal(r.status, 200, r.body);
+  const j = JSON.parse(r.body);
+  const ch = j.choices[0];
+  t.equal(ch.finish_reason, 'tool_calls');
+  t.equal(ch.message.role, 'assistant');
+  t.equal(ch.message.content, null);
+  t.equal(ch.message.refusal, null);
+  t.equal(ch.message.tool_calls.length, 1);
+  const call = ch.message.tool_calls[0];
+  t.match(call.id, /^chatcmpl-tool-/);
+  t.equal(call.type, 'function');
+  t.equal(call.function.name, 'get_weather');
+  t.type(call.function.arguments, 'string');
+  checkWeather(t, JSON.parse(call.function.arguments));
+  t.ok(j.usage.completion_tokens >= 1);
+  t.equal(j.usage.completion_tokens, Math.ceil(call.function.arguments.length / 4), 'the arguments are the completion');
+  // without max_tokens, at most the default output length of tokens (the arguments stay whole)
+  const short = JSON.parse((await post(e.url, '/v1/chat/completions', { ...body, max_tokens: undefined })).body);
+  t.equal(short.usage.completion_tokens, 16);
+  t.equal(short.choices[0].message.tool_calls[0].function.arguments, call.function.arguments);
+  // deterministic: the same request, the same arguments
+  const again = JSON.parse((await post(e.url, '/v1/chat/completions', body)).body);
+  t.equal(again.choices[0].message.tool_calls[0].function.arguments, call.function.arguments);
+  t.not(again.choices[0].message.tool_calls[0].id, call.id, 'a fresh call id');
+});
+
+t.test('required always calls; none never; no tools: plain text with refusal null', async (t) => {
+  const e = await startEngine({ timeScale: 0, toolCallRate: 0 });
+  t.teardown(() => e.close());
+  for (let i = 0; i < 5; i++) {
+    const r = JSON.parse((await post(e.url, '/v1/chat/completions', { messages: [{ role: 'user', content: `q${i}` }], tools: [lookup], tool_choice: 'required' })).body);
+    t.equal(r.choices[0].finish_reason, 'tool_calls');
+    t.equal(r.choices[0].message.tool_calls[0].function.name, 'lookup');
+    t.type(JSON.parse(r.choices[0].message.tool_calls[0].function.arguments).q, 'string');
+  }
+  const none = JSON.parse((await post(e.url, '/v1/chat/completions', { messages, tools: [lookup], tool_choice: 'none', max_tokens: 3 })).body);
+  t.equal(none.choices[0].finish_reason, 'length');
+  t.same(none.choices[0].message.tool_calls, []);
+  t.type(none.choices[0].message.content, 'string');
+  t.equal(none.choices[0].message.refusal, null);
+  // toolCallRate 0: auto never calls
+  const auto = JSON.parse((await post(e.url, '/v1/chat/completions', { messages, tools: [lookup] })).body);
+  t.equal(auto.choices[0].finish_reason, 'stop');
+});
+
+t.test('auto: a seeded rule on the last user message, at about the configured rate', async (t) => {
+  const e = await startEngine({ timeScale: 0, toolCallRate: 0.3 });
+  t.teardown(() => e.close());
+  let called = 0;
+  const n = 200;
+  const first: boolean[] = [];
+  for (let i = 0; i < n; i++) {
+    const r = JSON.parse((await post(e.url, '/v1/chat/completions', { messages: [{ role: 'user', content: `question ${i}` }], tools: [lookup, weather], tool_choice: 'auto' })).body);
+    const c = r.choices[0].finish_reason === 'tool_calls';
+    first.push(c);
+    if (c) called++;
+  }
+  t.ok(called > n * 0.18 && called < n * 0.42, `about 30 % call a tool (${called}/${n})`);
+  // the same message decides the same way
+  for (let i = 0; i < 20; i++) {
+    const r = JSON.parse((await post(e.url, '/v1/chat/completions', { messages: [{ role: 'user', content: `question ${i}` }], tools: [lookup, weather] })).body);
+    t.equal(r.choices[0].finish_reason === 'tool_calls', first[i], `question ${i} decides as before`);
+  }
+  const all = await startEngine({ timeScale: 0, toolCallRate: 1 });
+  t.teardown(() => all.close());
+  const r = JSON.parse((await post(all.url, '/v1/chat/completions', { messages, tools: [lookup, weather] })).body);
+  t.equal(r.choices[0].finish_reason, 'tool_calls');
+});
+
+t.test('streamed: id and name first, argument fragments after, finish_reason tool_calls', async (t) => {
+  const e = await startEngine({ timeScale: 0 });
+  t.teardown(() => e.close());
+  const r = await post(e.url, '/v1/chat/completions', { messages, tools: [weather], tool_choice: 'required', stream: true, stream_options: { include_usage: true } });
+  t.equal(r.status, 200);
+  const events = sseData(r.body);
+  t.equal(events.at(-1), '[DONE]');
+  const chunks = events.slice(0, -1).map((d) => JSON.parse(d));
+  t.same(chunks[0].choices[0].delta, { role: 'assistant', content: '' });
+  const calls = chunks.filter((c) => c.choices.length > 0 && c.choices[0].delta.tool_calls);
+  const head = calls[0].choices[0].delta.tool_calls[0];
+  t.equal(head.index, 0);
+  t.match(head.id, /^chatcmpl-tool-/);
+  t.equal(head.type, 'function');
+  t.equal(head.function.name, 'get_weather');
+  t.equal(head.function.arguments, '');
+  let args = '';
+  for (const c of calls.slice(1)) {
+    const d = c.choices[0].delta.tool_calls[0];
+    t.equal(d.index, 0);
+    t.equal(d.id, undefined, 'fragments carry no id');
+    args += d.function.arguments;
+  }
+  t.ok(calls.length > 2, 'several fragments');
+  checkWeather(t, JSON.parse(args));
+  const last = calls.at(-1);
+  t.equal(last.choices[0].finish_reason, 'tool_calls');
+  for (const c of calls.slice(0, -1)) t.equal(c.choices[0].finish_reason, null);
+  const usage = chunks.at(-1).usage;
+  t.equal(usage.completion_tokens, calls.length - 1, 'one fragment per token');
+  // the streamed arguments are the non-streamed ones
+  const ns = JSON.parse((await post(e.url, '/v1/chat/completions', { messages, tools: [weather], tool_choice: 'required' })).body);
+  t.equal(ns.choices[0].message.tool_calls[0].function.arguments, args);
+});
+
+t.test('a history with assistant tool_calls and tool results is accepted and answered', async (t) => {
+  const e = await startEngine({ timeScale: 0 });
+  t.teardown(() => e.close());
+  const history = [
+    ...messages,
+    { role: 'assistant', content: null, tool_calls: [{ id: 'chatcmpl-tool-1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'chatcmpl-tool-1', content: '{"temp": 21}' },
+  ];
+  const r = await post(e.url, '/v1/chat/completions', { messages: history, tools: [weather], tool_choice: 'none', max_tokens: 4 });
+  t.equal(r.status, 200, r.body);
+  t.equal(JSON.parse(r.body).choices[0].message.content.length, 16);
+});
+
+t.test('bad tools and tool_choice: 400 naming the field', async (t) => {
+  const e = await startEngine({ timeScale: 0 });
+  t.teardown(() => e.close());
+  const cases: [unknown, string][] = [
+    [{ messages, tools: 'x' }, 'tools'],
+    [{ messages, tools: [{ type: 'function' }] }, 'tools'],
+    [{ messages, tools: [{ type: 'retrieval', function: { name: 'a' } }] }, 'tools'],
+    [{ messages, tools: [{ type: 'function', function: { name: '' } }] }, 'tools'],
+    [{ messages, tools: [{ type: 'function', function: { name: 'a', parameters: 3 } }] }, 'tools'],
+    [{ messages, tools: Array.from({ length: 129 }, () => lookup) }, 'tools'],
+    [{ messages, tool_choice: 'required' }, 'tool_choice'],
+    [{ messages, tools: [lookup], tool_choice: 'sometimes' }, 'tool_choice'],
+    [{ messages, tools: [lookup], tool_choice: { type: 'function', function: { name: 'nope' } } }, 'tool_choice'],
+    [{ messages, tools: [lookup], tool_choice: { type: 'function' } }, 'tool_choice'],
+  ];
+  for (const [body, param] of cases) {
+    const r = await post(e.url, '/v1/chat/completions', body);
+    t.equal(r.status, 400, JSON.stringify(body).slice(0, 80));
+    const err = JSON.parse(r.body).error;
+    t.equal(err.param, param);
+    t.type(err.message, 'string');
+  }
+  // a schema far deeper than sense: answered, bounded
+  let deep: Record<string, unknown> = { type: 'string' };
+  for (let i = 0; i < 200; i++) deep = { type: 'object', properties: { a: deep }, required: ['a'] };
+  const r = await post(e.url, '/v1/chat/completions', { messages, tools: [{ type: 'function', function: { name: 'deep', parameters: deep } }], tool_choice: 'required' });
+  t.equal(r.status, 200);
+  JSON.parse(JSON.parse(r.body).choices[0].message.tool_calls[0].function.arguments);
+});
+
+t.test('the openai SDK: a tool call, not streamed and streamed', async (t) => {
+  const e = await startEngine({ timeScale: 0, models: ['m'] });
+  t.teardown(() => e.close());
+  const client = new OpenAI({ baseURL: `${e.url}/v1`, apiKey: 'none', maxRetries: 0 });
+  const tools = [weather] as OpenAI.Chat.Completions.ChatCompletionTool[];
+  const c = await client.chat.completions.create({ model: 'm', messages: messages as any, tools, tool_choice: 'required' });
+  t.equal(c.choices[0]!.finish_reason, 'tool_calls');
+  const call = c.choices[0]!.message.tool_calls![0]! as OpenAI.Chat.Completions.ChatCompletionMessageFunctionToolCall;
+  t.equal(call.function.name, 'get_weather');
+  checkWeather(t, JSON.parse(call.function.arguments));
+
+  const stream = await client.chat.completions.create({ model: 'm', messages: messages as any, tools, tool_choice: 'required', stream: true });
+  let name = '';
+  let args = '';
+  let id = '';
+  let finish: string | null = null;
+  for await (const chunk of stream) {
+    const ch = chunk.choices[0];
+    if (ch === undefined) continue;
+    for (const tc of ch.delta.tool_calls ?? []) {
+      if (tc.id) id = tc.id;
+      if (tc.function?.name) name += tc.function.name;
+      if (tc.function?.arguments) args += tc.function.arguments;
+    }
+    if (ch.finish_reason) finish = ch.finish_reason;
+  }
+  t.equal(finish, 'tool_calls');
+  t.equal(name, 'get_weather');
+  t.match(id, /^chatcmpl-tool-/);
+  t.equal(args, call.function.arguments);
+  // the SDK's stream helper assembles the same call
+  const runner = client.chat.completions.stream({ model: 'm', messages: messages as any, tools, tool_choice: 'required' });
+  const final = await runner.finalChatCompletion();
+  const fc = final.choices[0]!.message.tool_calls![0]! as OpenAI.Chat.Completions.ChatCompletionMessageFunctionToolCall;
+  t.equal(fc.function.name, 'get_weather');
+  t.equal(fc.function.arguments, call.function.arguments);
+});
