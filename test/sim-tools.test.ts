@@ -230,3 +230,28 @@ t.test('the openai SDK: a tool call, not streamed and streamed', async (t) => {
   t.equal(fc.function.name, 'get_weather');
   t.equal(fc.function.arguments, call.function.arguments);
 });
+
+t.test('response_format json_object and json_schema: the content is valid JSON, streamed and not', async (t) => {
+  const e = await startEngine({ timeScale: 0 });
+  t.teardown(() => e.close());
+  const obj = JSON.parse((await post(e.url, '/v1/chat/completions', { messages, response_format: { type: 'json_object' } })).body);
+  const o = JSON.parse(obj.choices[0].message.content);
+  t.type(o.answer, 'string');
+  t.equal(obj.choices[0].message.refusal, null);
+  const schema = weather.function.parameters;
+  const body = { messages, response_format: { type: 'json_schema', json_schema: { name: 'w', schema } }, max_tokens: 400 };
+  const r = JSON.parse((await post(e.url, '/v1/chat/completions', body)).body);
+  checkWeather(t, JSON.parse(r.choices[0].message.content));
+  t.equal(r.usage.completion_tokens, Math.ceil(r.choices[0].message.content.length / 4));
+  const s = await post(e.url, '/v1/chat/completions', { ...body, stream: true });
+  const chunks = sseData(s.body).slice(0, -1).map((d) => JSON.parse(d));
+  const text = chunks.map((c) => c.choices[0].delta.content ?? '').join('');
+  t.equal(text, r.choices[0].message.content, 'streamed content is the same JSON');
+  const text2 = JSON.parse((await post(e.url, '/v1/chat/completions', { messages, response_format: { type: 'text' }, max_tokens: 2 })).body);
+  t.equal(text2.choices[0].message.content.length, 8, 'text: free text');
+  for (const rf of ['json', { type: 'yaml' }, { type: 'json_schema' }, { type: 'json_schema', json_schema: { schema: [] } }]) {
+    const bad = await post(e.url, '/v1/chat/completions', { messages, response_format: rf });
+    t.equal(bad.status, 400);
+    t.equal(JSON.parse(bad.body).error.param, 'response_format');
+  }
+});

@@ -59,6 +59,8 @@ export class Call implements RequestSink {
   /** The tool this chat request calls (tools.ts), or null; toolId its JSON-quoted call id. */
   tool: ToolCall | null = null;
   toolId = '';
+  /** Structured output: the JSON content (response_format), or null. */
+  json: string | null = null;
 
   constructor(
     readonly engine: CallHost,
@@ -149,6 +151,7 @@ export class Call implements RequestSink {
     this.room = p.room;
     if (p.remoteDecode) this.kvParams = '';
     this.tool = p.tool;
+    this.json = p.json;
     const outTokens = p.outTokens;
     // Identity.
     const prefix = this.kind === Kind.Chat ? 'chatcmpl-' : 'cmpl-';
@@ -309,16 +312,19 @@ export class Call implements RequestSink {
   chunk(req: SimRequest, i: number): string {
     const last = i === req.maxTokens - 1;
     if (this.tool !== null) return this.toolChunk(this.tool, req.maxTokens, i, last);
-    const w = word(this.textSeed, i);
     const fr = last ? `"${req.finishReason}"` : 'null';
+    if (this.json !== null) {
+      const piece = fragment(this.json, req.maxTokens, i, last);
+      return `${this.head}{"content":${JSON.stringify(piece)}},"logprobs":null,"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
+    }
+    const w = word(this.textSeed, i);
     if (this.kind === Kind.Chat) return `${this.head}{"content":"${w}"},"logprobs":null,"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
     return `${this.head}${w}","logprobs":null,"finish_reason":${fr},"stop_reason":null}]}\n\n`;
   }
 
   /** Token i of a streamed tool call: the call's id and name first, then argument fragment i of n. */
   toolChunk(tool: ToolCall, n: number, i: number, last: boolean): string {
-    const a = tool.args;
-    const piece = a.slice(Math.floor((i * a.length) / n), last ? a.length : Math.floor(((i + 1) * a.length) / n));
+    const piece = fragment(tool.args, n, i, last);
     const fr = last ? '"tool_calls","stop_reason":null' : 'null';
     const frag = `${this.head}{"tool_calls":[{"index":0,"function":{"arguments":${JSON.stringify(piece)}}}]},"logprobs":null,"finish_reason":${fr}}]}\n\n`;
     if (i !== 0) return frag;
@@ -347,15 +353,14 @@ export class Call implements RequestSink {
     }
     const kvp = this.kvParams !== null ? `,"kv_transfer_params":${this.kvParams}` : '';
     const tool = this.tool;
-    const text = tool === null ? words(this.textSeed, 0, req.out) : '';
     const message =
       tool === null
-        ? `{"role":"assistant","content":"${text}","refusal":null,"tool_calls":[]}`
+        ? `{"role":"assistant","content":${this.json !== null ? JSON.stringify(this.json) : `"${words(this.textSeed, 0, req.out)}"`},"refusal":null,"tool_calls":[]}`
         : `{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":${this.toolId},"type":"function","function":{"name":${tool.nameJson},"arguments":${JSON.stringify(tool.args)}}}]}`;
     const body =
       this.kind === Kind.Chat
         ? `{"id":${this.id},"object":"chat.completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"message":${message},"logprobs":null,"finish_reason":"${tool === null ? req.finishReason : 'tool_calls'}","stop_reason":null}],"usage":${this.usage(req)},"prompt_logprobs":null${kvp}}`
-        : `{"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"text":"${text}","logprobs":null,"finish_reason":"${req.finishReason}","stop_reason":null,"prompt_logprobs":null}],"usage":${this.usage(req)}${kvp}}`;
+        : `{"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"text":"${words(this.textSeed, 0, req.out)}","logprobs":null,"finish_reason":"${req.finishReason}","stop_reason":null,"prompt_logprobs":null}],"usage":${this.usage(req)}${kvp}}`;
     res.cork(() => {
       this.writeHead(res, JSON_TYPE);
       res.end(body);
@@ -389,4 +394,9 @@ export class Call implements RequestSink {
       res.end(errorBody(status, message, param, this.engine.options.legacy));
     });
   }
+}
+
+/** Fragment i of n of a fixed text (the last one takes the rest). */
+function fragment(text: string, n: number, i: number, last: boolean): string {
+  return text.slice(Math.floor((i * text.length) / n), last ? text.length : Math.floor(((i + 1) * text.length) / n));
 }

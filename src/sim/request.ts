@@ -6,7 +6,7 @@ import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
 import type { ResolvedSimOptions } from './options.js';
 import { BYTES_PER_TOKEN, renderChat, type ChatMessage } from './tokenizer.js';
 import { mix32 } from './text.js';
-import { planToolCall, type ToolCall } from './tools.js';
+import { planJsonContent, planToolCall, type ToolCall } from './tools.js';
 
 /** A request the engine refuses: answered with `status` and the OpenAI error body. */
 export class BadRequest {
@@ -91,6 +91,8 @@ export interface ParsedGeneration {
   room: string | null;
   /** Chat: the tool this request calls (tools.ts), or null. */
   tool: ToolCall | null;
+  /** Chat with response_format json_object/json_schema: the JSON content, or null. */
+  json: string | null;
 }
 const parsed: ParsedGeneration = {
   stream: false,
@@ -109,6 +111,7 @@ const parsed: ParsedGeneration = {
   bootFrom: null,
   room: null,
   tool: null,
+  json: null,
 };
 
 /**
@@ -125,6 +128,7 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
   p.bootFrom = null;
   p.room = null;
   p.tool = null;
+  p.json = null;
   // Stream flags.
   const stream = body.stream;
   if (stream !== undefined && stream !== null && typeof stream !== 'boolean') throw new BadRequest(400, "'stream' must be a boolean", 'stream');
@@ -226,6 +230,13 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
       // the call's arguments are the generated text: one fragment per token, no longer than max_tokens allows
       p.tool = tool;
       outTokens = Math.min(outTokens, Math.max(1, Math.ceil(tool.args.length / BYTES_PER_TOKEN)));
+      needBlocks = ctx.sched.blocksNeeded(promptTokens, outTokens);
+    }
+    const json = planJsonContent(body, p.textSeed);
+    if (json !== null && tool === null) {
+      // structured output: the content is this JSON text, one fragment per token (whole even when max_tokens is short)
+      p.json = json;
+      outTokens = Math.min(outTokens, Math.max(1, Math.ceil(json.length / BYTES_PER_TOKEN)));
       needBlocks = ctx.sched.blocksNeeded(promptTokens, outTokens);
     }
   }

@@ -1,6 +1,7 @@
 // Tool calling as vLLM's OpenAI server answers it (with --enable-auto-tool-choice): which tool a chat
 // request calls (tools + tool_choice, a seeded rule for "auto") and its arguments, generated to satisfy
-// the function's JSON Schema parameters (types, required properties, enums, bounds; simple).
+// the function's JSON Schema parameters (types, required properties, enums, bounds; simple). Structured
+// output (response_format json_object / json_schema) draws its JSON content the same way.
 
 import { BadRequest } from './request.js';
 import { messageText, type ChatMessage } from './tokenizer.js';
@@ -62,6 +63,34 @@ export function planToolCall(body: Record<string, unknown>, messages: readonly C
   // a function's arguments are an object, whatever its schema says
   const args = value !== null && typeof value === 'object' && !Array.isArray(value) ? value : {};
   return { nameJson: JSON.stringify(fn.name), args: JSON.stringify(args) };
+}
+
+/**
+ * response_format: null (free text: absent or "text"), or the JSON text the answer holds: an object for
+ * "json_object", a value satisfying json_schema.schema for "json_schema".
+ */
+export function planJsonContent(body: Record<string, unknown>, seed: number): string | null {
+  const rf = body.response_format;
+  if (rf === undefined || rf === null) return null;
+  if (typeof rf !== 'object' || Array.isArray(rf)) throw new BadRequest(400, "'response_format' must be an object", 'response_format');
+  const f = rf as Record<string, unknown>;
+  const g = new ArgGen(seed ^ 0x150);
+  switch (f.type) {
+    case 'text':
+      return null;
+    case 'json_object':
+      return JSON.stringify(g.value({ type: 'object', properties: { answer: { type: 'string' } }, required: ['answer'] }, 0));
+    case 'json_schema': {
+      const js = f.json_schema;
+      const schema = typeof js === 'object' && js !== null && !Array.isArray(js) ? (js as Record<string, unknown>).schema : undefined;
+      if (typeof schema !== 'object' || schema === null || Array.isArray(schema)) {
+        throw new BadRequest(400, "'response_format.json_schema.schema' must be a JSON Schema object", 'response_format');
+      }
+      return JSON.stringify(g.value(schema, 0));
+    }
+    default:
+      throw new BadRequest(400, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"", 'response_format');
+  }
 }
 
 function checkTool(t: unknown, i: number): void {
