@@ -255,3 +255,38 @@ t.test('response_format json_object and json_schema: the content is valid JSON, 
     t.equal(JSON.parse(bad.body).error.param, 'response_format');
   }
 });
+
+t.test('stop strings: the text ends before the first one, finish_reason stop, stop_reason names it', async (t) => {
+  const e = await startEngine({ timeScale: 0 });
+  t.teardown(() => e.close());
+  const prompt = 'Tell me a story about the sea.';
+  for (const kind of ['chat', 'completion'] as const) {
+    const path = kind === 'chat' ? '/v1/chat/completions' : '/v1/completions';
+    const base = kind === 'chat' ? { messages: [{ role: 'user', content: prompt }], max_tokens: 12 } : { prompt, max_tokens: 12 };
+    const content = (j: any) => (kind === 'chat' ? j.choices[0].message.content : j.choices[0].text);
+    const full = content(JSON.parse((await post(e.url, path, base)).body)) as string;
+    t.equal(full.length, 48);
+    const stop = full.slice(21, 26); // spans two tokens
+    const at = full.indexOf(stop);
+    const r = JSON.parse((await post(e.url, path, { ...base, stop: [stop, 'never there'] })).body);
+    t.equal(content(r), full.slice(0, at), `${kind}: the text before the stop string`);
+    t.equal(r.choices[0].finish_reason, 'stop');
+    t.equal(r.choices[0].stop_reason, stop);
+    t.equal(r.usage.completion_tokens, Math.floor(at / 4) + 1);
+    const s = await post(e.url, path, { ...base, stop, stream: true });
+    const chunks = sseData(s.body).slice(0, -1).map((d) => JSON.parse(d));
+    const text = chunks.map((c) => (kind === 'chat' ? c.choices[0].delta.content ?? '' : c.choices[0].text)).join('');
+    t.equal(text, full.slice(0, at), `${kind}: streamed the same`);
+    t.equal(chunks.at(-1).choices[0].finish_reason, 'stop');
+    t.equal(chunks.at(-1).choices[0].stop_reason, stop);
+    // a stop string the text does not hold changes nothing
+    const none = JSON.parse((await post(e.url, path, { ...base, stop: 'zzzz' })).body);
+    t.equal(content(none), full);
+    t.equal(none.choices[0].finish_reason, 'length');
+  }
+  for (const stop of [3, [''], ['a', 4], Array.from({ length: 17 }, () => 'x'), 'y'.repeat(1025)]) {
+    const bad = await post(e.url, '/v1/completions', { prompt, stop });
+    t.equal(bad.status, 400);
+    t.equal(JSON.parse(bad.body).error.param, 'stop');
+  }
+});

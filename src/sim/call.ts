@@ -59,8 +59,10 @@ export class Call implements RequestSink {
   /** The tool this chat request calls (tools.ts), or null; toolId its JSON-quoted call id. */
   tool: ToolCall | null = null;
   toolId = '';
-  /** Structured output: the JSON content (response_format), or null. */
-  json: string | null = null;
+  /** A fixed content text (response_format's JSON, the text before a stop string), or null. */
+  fixed: string | null = null;
+  /** The stop string that ended the text (JSON), or "null". */
+  stopJson = 'null';
 
   constructor(
     readonly engine: CallHost,
@@ -151,7 +153,8 @@ export class Call implements RequestSink {
     this.room = p.room;
     if (p.remoteDecode) this.kvParams = '';
     this.tool = p.tool;
-    this.json = p.json;
+    this.fixed = p.fixed;
+    this.stopJson = p.stopJson;
     const outTokens = p.outTokens;
     // Identity.
     const prefix = this.kind === Kind.Chat ? 'chatcmpl-' : 'cmpl-';
@@ -313,9 +316,10 @@ export class Call implements RequestSink {
     const last = i === req.maxTokens - 1;
     if (this.tool !== null) return this.toolChunk(this.tool, req.maxTokens, i, last);
     const fr = last ? `"${req.finishReason}"` : 'null';
-    if (this.json !== null) {
-      const piece = fragment(this.json, req.maxTokens, i, last);
-      return `${this.head}{"content":${JSON.stringify(piece)}},"logprobs":null,"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
+    if (this.fixed !== null) {
+      const piece = JSON.stringify(fragment(this.fixed, req.maxTokens, i, last));
+      if (this.kind === Kind.Chat) return `${this.head}{"content":${piece}},"logprobs":null,"finish_reason":${fr}${last ? `,"stop_reason":${this.stopJson}` : ''}}]}\n\n`;
+      return `${this.head}${piece.slice(1, -1)}","logprobs":null,"finish_reason":${fr},"stop_reason":${last ? this.stopJson : 'null'}}]}\n\n`;
     }
     const w = word(this.textSeed, i);
     if (this.kind === Kind.Chat) return `${this.head}{"content":"${w}"},"logprobs":null,"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
@@ -355,16 +359,21 @@ export class Call implements RequestSink {
     const tool = this.tool;
     const message =
       tool === null
-        ? `{"role":"assistant","content":${this.json !== null ? JSON.stringify(this.json) : `"${words(this.textSeed, 0, req.out)}"`},"refusal":null,"tool_calls":[]}`
+        ? `{"role":"assistant","content":${this.text(req)},"refusal":null,"tool_calls":[]}`
         : `{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":${this.toolId},"type":"function","function":{"name":${tool.nameJson},"arguments":${JSON.stringify(tool.args)}}}]}`;
     const body =
       this.kind === Kind.Chat
-        ? `{"id":${this.id},"object":"chat.completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"message":${message},"logprobs":null,"finish_reason":"${tool === null ? req.finishReason : 'tool_calls'}","stop_reason":null}],"usage":${this.usage(req)},"prompt_logprobs":null${kvp}}`
-        : `{"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"text":"${words(this.textSeed, 0, req.out)}","logprobs":null,"finish_reason":"${req.finishReason}","stop_reason":null,"prompt_logprobs":null}],"usage":${this.usage(req)}${kvp}}`;
+        ? `{"id":${this.id},"object":"chat.completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"message":${message},"logprobs":null,"finish_reason":"${tool === null ? req.finishReason : 'tool_calls'}","stop_reason":${this.stopJson}}],"usage":${this.usage(req)},"prompt_logprobs":null${kvp}}`
+        : `{"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"text":${this.text(req)},"logprobs":null,"finish_reason":"${req.finishReason}","stop_reason":${this.stopJson},"prompt_logprobs":null}],"usage":${this.usage(req)}${kvp}}`;
     res.cork(() => {
       this.writeHead(res, JSON_TYPE);
       res.end(body);
     });
+  }
+
+  /** The whole content as a JSON string. */
+  text(req: SimRequest): string {
+    return this.fixed !== null ? JSON.stringify(this.fixed) : `"${words(this.textSeed, 0, req.out)}"`;
   }
 
   writeHead(res: HttpResponse, type: string, status = '200 OK'): void {

@@ -5,7 +5,7 @@ import { bootstrapTarget, checkRole, PdRuleError, pullTarget, roomKey, type Boot
 import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
 import type { ResolvedSimOptions } from './options.js';
 import { BYTES_PER_TOKEN, renderChat, type ChatMessage } from './tokenizer.js';
-import { mix32 } from './text.js';
+import { mix32, words } from './text.js';
 import { planJsonContent, planToolCall, type ToolCall } from './tools.js';
 
 /** A request the engine refuses: answered with `status` and the OpenAI error body. */
@@ -91,8 +91,10 @@ export interface ParsedGeneration {
   room: string | null;
   /** Chat: the tool this request calls (tools.ts), or null. */
   tool: ToolCall | null;
-  /** Chat with response_format json_object/json_schema: the JSON content, or null. */
-  json: string | null;
+  /** A fixed content text (response_format's JSON, or the text before a stop string), or null: generated words. */
+  fixed: string | null;
+  /** The stop string that ended the text (JSON), or "null". */
+  stopJson: string;
 }
 const parsed: ParsedGeneration = {
   stream: false,
@@ -111,7 +113,8 @@ const parsed: ParsedGeneration = {
   bootFrom: null,
   room: null,
   tool: null,
-  json: null,
+  fixed: null,
+  stopJson: 'null',
 };
 
 /**
@@ -128,7 +131,8 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
   p.bootFrom = null;
   p.room = null;
   p.tool = null;
-  p.json = null;
+  p.fixed = null;
+  p.stopJson = 'null';
   // Stream flags.
   const stream = body.stream;
   if (stream !== undefined && stream !== null && typeof stream !== 'boolean') throw new BadRequest(400, "'stream' must be a boolean", 'stream');
@@ -235,9 +239,33 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
     const json = planJsonContent(body, p.textSeed);
     if (json !== null && tool === null) {
       // structured output: the content is this JSON text, one fragment per token (whole even when max_tokens is short)
-      p.json = json;
+      p.fixed = json;
       outTokens = Math.min(outTokens, Math.max(1, Math.ceil(json.length / BYTES_PER_TOKEN)));
       needBlocks = ctx.sched.blocksNeeded(promptTokens, outTokens);
+    }
+  }
+  let stopped = false;
+  if (p.tool === null && p.fixed === null) {
+    const stop = parseStop(body.stop);
+    if (stop !== null) {
+      // the text ends before the first stop string it holds (vLLM leaves the stop string out)
+      const text = words(p.textSeed, 0, outTokens);
+      let at = -1;
+      let which = '';
+      for (const s of stop) {
+        const k = text.indexOf(s);
+        if (k >= 0 && (at < 0 || k < at)) {
+          at = k;
+          which = s;
+        }
+      }
+      if (at >= 0) {
+        stopped = true;
+        p.fixed = text.slice(0, at);
+        p.stopJson = JSON.stringify(which);
+        outTokens = Math.floor(at / BYTES_PER_TOKEN) + 1;
+        needBlocks = ctx.sched.blocksNeeded(promptTokens, outTokens);
+      }
     }
   }
   // P/D: a prefill leg answers with kv_transfer_params; a decode leg skips the prefill work.
@@ -270,9 +298,22 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
   p.metaTokens = metaTokens;
   p.outTokens = outTokens;
   p.needBlocks = needBlocks;
-  p.finishReason = p.tool !== null ? 'stop' : finishReason;
+  p.finishReason = p.tool !== null || stopped ? 'stop' : finishReason;
   p.remotePrefill = remotePrefill;
   return p;
+}
+
+const MAX_STOP = 16;
+const MAX_STOP_LEN = 1024;
+
+/** body.stop: null (none), or its strings. */
+function parseStop(v: unknown): string[] | null {
+  if (v === undefined || v === null) return null;
+  const list = typeof v === 'string' ? [v] : v;
+  if (!Array.isArray(list) || list.length > MAX_STOP || !list.every((s) => typeof s === 'string' && s.length > 0 && s.length <= MAX_STOP_LEN)) {
+    throw new BadRequest(400, `'stop' must be a non-empty string or a list of at most ${MAX_STOP} (each 1 to ${MAX_STOP_LEN} characters)`, 'stop');
+  }
+  return list.length === 0 ? null : (list as string[]);
 }
 
 /** vLLM's POST /tokenize: the prompt's (or rendered messages') simulated token ids. */
