@@ -290,3 +290,43 @@ t.test('stop strings: the text ends before the first one, finish_reason stop, st
     t.equal(JSON.parse(bad.body).error.param, 'stop');
   }
 });
+
+t.test('echo on completions: the prompt precedes the text, streamed and not', async (t) => {
+  const e = await startEngine({ timeScale: 0 });
+  t.teardown(() => e.close());
+  const prompt = 'Say "hi"\n\tthen stop';
+  const plain = JSON.parse((await post(e.url, '/v1/completions', { prompt, max_tokens: 5 })).body);
+  const r = JSON.parse((await post(e.url, '/v1/completions', { prompt, max_tokens: 5, echo: true })).body);
+  t.equal(r.choices[0].text, prompt + plain.choices[0].text);
+  t.equal(r.usage.completion_tokens, 5, 'the echo is not completion');
+  const s = await post(e.url, '/v1/completions', { prompt, max_tokens: 5, echo: true, stream: true });
+  const chunks = sseData(s.body).slice(0, -1).map((d) => JSON.parse(d));
+  t.equal(chunks[0].choices[0].text, prompt, 'the first chunk is the prompt');
+  t.equal(chunks.map((c) => c.choices[0].text).join(''), prompt + plain.choices[0].text);
+  const st = JSON.parse((await post(e.url, '/v1/completions', { prompt, max_tokens: 5, echo: true, stop: plain.choices[0].text.slice(6, 9) })).body);
+  t.equal(st.choices[0].text, prompt + plain.choices[0].text.slice(0, plain.choices[0].text.indexOf(plain.choices[0].text.slice(6, 9))));
+  t.equal((await post(e.url, '/v1/completions', { prompt, echo: 'yes' })).status, 400);
+  t.equal((await post(e.url, '/v1/completions', { prompt: [1, 2, 3], echo: true })).status, 400);
+  const off = JSON.parse((await post(e.url, '/v1/completions', { prompt, max_tokens: 5, echo: false })).body);
+  t.equal(off.choices[0].text, plain.choices[0].text);
+});
+
+t.test('--reasoning: reasoning_content before content, streamed and not', async (t) => {
+  const plain = await startEngine({ timeScale: 0 });
+  const e = await startEngine({ timeScale: 0, reasoning: true });
+  t.teardown(() => Promise.all([e.close(), plain.close()]));
+  const body = { messages, max_tokens: 8 };
+  const base = JSON.parse((await post(plain.url, '/v1/chat/completions', body)).body).choices[0].message;
+  t.equal(base.reasoning_content, undefined, 'off by default');
+  const m = JSON.parse((await post(e.url, '/v1/chat/completions', body)).body).choices[0].message;
+  t.equal(m.reasoning_content, base.content.slice(0, 16), 'the first half thinks');
+  t.equal(m.content, base.content.slice(16));
+  const s = await post(e.url, '/v1/chat/completions', { ...body, stream: true });
+  const deltas = sseData(s.body).slice(1, -1).map((d) => JSON.parse(d).choices[0].delta);
+  t.equal(deltas.map((d) => d.reasoning_content ?? '').join(''), m.reasoning_content);
+  t.equal(deltas.map((d) => d.content ?? '').join(''), m.content);
+  t.ok(deltas.slice(0, 4).every((d) => d.reasoning_content !== undefined && d.content === undefined), 'reasoning deltas first');
+  // a tool call does not think
+  const tc = JSON.parse((await post(e.url, '/v1/chat/completions', { messages, tools: [lookup], tool_choice: 'required' })).body);
+  t.equal(tc.choices[0].finish_reason, 'tool_calls');
+});

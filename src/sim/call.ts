@@ -63,6 +63,10 @@ export class Call implements RequestSink {
   fixed: string | null = null;
   /** The stop string that ended the text (JSON), or "null". */
   stopJson = 'null';
+  /** Completions with echo: the prompt (JSON-escaped, unquoted) before the text. */
+  echo = '';
+  /** --reasoning, chat with generated text: the first `think` tokens are reasoning_content (0: none). */
+  think = 0;
 
   constructor(
     readonly engine: CallHost,
@@ -155,6 +159,8 @@ export class Call implements RequestSink {
     this.tool = p.tool;
     this.fixed = p.fixed;
     this.stopJson = p.stopJson;
+    this.echo = p.echo;
+    if (o.reasoning && this.kind === Kind.Chat && this.tool === null && this.fixed === null) this.think = Math.floor(p.outTokens / 2);
     const outTokens = p.outTokens;
     // Identity.
     const prefix = this.kind === Kind.Chat ? 'chatcmpl-' : 'cmpl-';
@@ -313,6 +319,14 @@ export class Call implements RequestSink {
   }
 
   chunk(req: SimRequest, i: number): string {
+    if (i === 0 && this.echo !== '') {
+      // the echoed prompt comes first, as its own chunk
+      return `${this.head}${this.echo}","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n${this.tokenChunk(req, i)}`;
+    }
+    return this.tokenChunk(req, i);
+  }
+
+  tokenChunk(req: SimRequest, i: number): string {
     const last = i === req.maxTokens - 1;
     if (this.tool !== null) return this.toolChunk(this.tool, req.maxTokens, i, last);
     const fr = last ? `"${req.finishReason}"` : 'null';
@@ -322,7 +336,7 @@ export class Call implements RequestSink {
       return `${this.head}${piece.slice(1, -1)}","logprobs":null,"finish_reason":${fr},"stop_reason":${last ? this.stopJson : 'null'}}]}\n\n`;
     }
     const w = word(this.textSeed, i);
-    if (this.kind === Kind.Chat) return `${this.head}{"content":"${w}"},"logprobs":null,"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
+    if (this.kind === Kind.Chat) return `${this.head}{"${i < this.think ? 'reasoning_content' : 'content'}":"${w}"},"logprobs":null,"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
     return `${this.head}${w}","logprobs":null,"finish_reason":${fr},"stop_reason":null}]}\n\n`;
   }
 
@@ -359,7 +373,9 @@ export class Call implements RequestSink {
     const tool = this.tool;
     const message =
       tool === null
-        ? `{"role":"assistant","content":${this.text(req)},"refusal":null,"tool_calls":[]}`
+        ? this.think > 0
+          ? `{"role":"assistant","reasoning_content":"${words(this.textSeed, 0, Math.min(this.think, req.out))}","content":"${words(this.textSeed, this.think, req.out)}","refusal":null,"tool_calls":[]}`
+          : `{"role":"assistant","content":${this.text(req)},"refusal":null,"tool_calls":[]}`
         : `{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":${this.toolId},"type":"function","function":{"name":${tool.nameJson},"arguments":${JSON.stringify(tool.args)}}}]}`;
     const body =
       this.kind === Kind.Chat
@@ -373,7 +389,8 @@ export class Call implements RequestSink {
 
   /** The whole content as a JSON string. */
   text(req: SimRequest): string {
-    return this.fixed !== null ? JSON.stringify(this.fixed) : `"${words(this.textSeed, 0, req.out)}"`;
+    if (this.fixed !== null) return this.echo === '' ? JSON.stringify(this.fixed) : `"${this.echo}${JSON.stringify(this.fixed).slice(1)}`;
+    return `"${this.echo}${words(this.textSeed, 0, req.out)}"`;
   }
 
   writeHead(res: HttpResponse, type: string, status = '200 OK'): void {

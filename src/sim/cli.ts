@@ -57,6 +57,7 @@ options (--name value or --name=value):
                               "endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv"}';
                               also "layout":"array"|"map", "block_hash_format":"int"|"bytes" (docs/kv-events.md)
   --legacy                    mimic an older vLLM (gpu_cache_usage_perc, flat error bodies)
+  --reasoning                 a reasoning model: chat answers carry reasoning_content (the first half of the tokens)
   --fleet N                   start N engines on consecutive ports (default 1)
   --base-port P               first port of the fleet (default: --port)
   -h, --help                  show this message
@@ -156,6 +157,7 @@ const FLAGS: Record<string, { type: 'string' | 'boolean'; set: Setter }> = {
   'max-loras': { type: 'string', set: (o, v, f) => (o.maxLoras = integer(f, v)) },
   // a switch: `--legacy`; `--legacy=false` also works
   legacy: { type: 'boolean', set: (o, v, f) => (o.legacy = trueFalse(f, v)) },
+  reasoning: { type: 'boolean', set: (o, v, f) => (o.reasoning = trueFalse(f, v)) },
   fleet: {
     type: 'string',
     set: (o, v, f) => {

@@ -53,6 +53,8 @@ export interface SimOptions {
   slowFirstByteMs?: number;
   /** tool_choice "auto": the share of requests with tools that call one (a seeded hash of the last user message decides which). */
   toolCallRate?: number;
+  /** Answer as a reasoning model behind vLLM's --reasoning-parser: the first half of a chat's tokens are reasoning_content. */
+  reasoning?: boolean;
   maxModelLen?: number;
   /** Completion length when the request sets no max_tokens (finish_reason "stop"). */
   defaultMaxTokens?: number;
@@ -106,6 +108,7 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   failureKinds: [...DEFAULT_FAILURE_KINDS],
   slowFirstByteMs: 1000,
   toolCallRate: 0.5,
+  reasoning: false,
   maxModelLen: 32768,
   defaultMaxTokens: 16,
   maxBodyBytes: 32 * 1024 * 1024,
@@ -180,6 +183,7 @@ export const simOptionsSchema = z
       .default(() => [...SIM_DEFAULTS.failureKinds]),
     slowFirstByteMs: num(0).default(SIM_DEFAULTS.slowFirstByteMs),
     toolCallRate: num(0, 1).default(SIM_DEFAULTS.toolCallRate),
+    reasoning: bool().default(SIM_DEFAULTS.reasoning),
     maxModelLen: int(1).default(SIM_DEFAULTS.maxModelLen),
     defaultMaxTokens: int(1).default(SIM_DEFAULTS.defaultMaxTokens),
     maxBodyBytes: int(1).default(SIM_DEFAULTS.maxBodyBytes),

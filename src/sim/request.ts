@@ -95,6 +95,8 @@ export interface ParsedGeneration {
   fixed: string | null;
   /** The stop string that ended the text (JSON), or "null". */
   stopJson: string;
+  /** Completions with echo: the prompt, JSON-escaped without quotes, that precedes the text ('' without). */
+  echo: string;
 }
 const parsed: ParsedGeneration = {
   stream: false,
@@ -115,6 +117,7 @@ const parsed: ParsedGeneration = {
   tool: null,
   fixed: null,
   stopJson: 'null',
+  echo: '',
 };
 
 /**
@@ -133,6 +136,7 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
   p.tool = null;
   p.fixed = null;
   p.stopJson = 'null';
+  p.echo = '';
   // Stream flags.
   const stream = body.stream;
   if (stream !== undefined && stream !== null && typeof stream !== 'boolean') throw new BadRequest(400, "'stream' must be a boolean", 'stream');
@@ -170,6 +174,12 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
   } else {
     let prompt = body.prompt;
     if (Array.isArray(prompt) && prompt.length === 1 && (typeof prompt[0] === 'string' || Array.isArray(prompt[0]))) prompt = prompt[0];
+    const echo = body.echo;
+    if (echo !== undefined && echo !== null && typeof echo !== 'boolean') throw new BadRequest(400, "'echo' must be a boolean", 'echo');
+    if (echo === true) {
+      if (typeof prompt !== 'string') throw new BadRequest(400, "the simulator echoes string prompts only", 'echo');
+      p.echo = JSON.stringify(prompt).slice(1, -1);
+    }
     if (typeof prompt === 'string') {
       const len = writeScratch(prompt);
       promptTokens = Math.ceil(len / BYTES_PER_TOKEN);
