@@ -330,3 +330,47 @@ t.test('--reasoning: reasoning_content before content, streamed and not', async 
   const tc = JSON.parse((await post(e.url, '/v1/chat/completions', { messages, tools: [lookup], tool_choice: 'required' })).body);
   t.equal(tc.choices[0].finish_reason, 'tool_calls');
 });
+
+t.test('logprobs: chat logprobs/top_logprobs and completions logprobs in vLLM shapes', async (t) => {
+  const e = await startEngine({ timeScale: 0 });
+  t.teardown(() => e.close());
+  const c = JSON.parse((await post(e.url, '/v1/chat/completions', { messages, max_tokens: 4, logprobs: true, top_logprobs: 3 })).body);
+  const content = c.choices[0].logprobs.content;
+  t.equal(content.length, 4);
+  t.equal(content.map((x: any) => x.token).join(''), c.choices[0].message.content);
+  for (const x of content) {
+    t.ok(x.logprob <= 0 && x.logprob > -2);
+    t.same(x.bytes, [...Buffer.from(x.token)]);
+    t.equal(x.top_logprobs.length, 3);
+    t.equal(x.top_logprobs[0].token, x.token, 'the sampled token first');
+    t.ok(x.top_logprobs[1].logprob < x.logprob && x.top_logprobs[2].logprob < x.top_logprobs[1].logprob, 'in descending order');
+    t.not(x.top_logprobs[1].token, x.token);
+  }
+  const only = JSON.parse((await post(e.url, '/v1/chat/completions', { messages, max_tokens: 2, logprobs: true })).body);
+  t.same(only.choices[0].logprobs.content[0].top_logprobs, []);
+  t.equal(JSON.parse((await post(e.url, '/v1/chat/completions', { messages, max_tokens: 2 })).body).choices[0].logprobs, null);
+  const s = await post(e.url, '/v1/chat/completions', { messages, max_tokens: 4, logprobs: true, top_logprobs: 3, stream: true });
+  const chunks = sseData(s.body).slice(1, -1).map((d) => JSON.parse(d));
+  t.same(chunks.map((ch) => ch.choices[0].logprobs.content[0]), content, 'streamed: one entry per chunk, the same');
+
+  const p = JSON.parse((await post(e.url, '/v1/completions', { prompt: 'once upon', max_tokens: 3, logprobs: 2 })).body);
+  const lp = p.choices[0].logprobs;
+  t.equal(lp.tokens.join(''), p.choices[0].text);
+  t.same(lp.text_offset, [0, 4, 8]);
+  t.equal(lp.token_logprobs.length, 3);
+  t.equal(Object.keys(lp.top_logprobs[0]).length, 2);
+  t.equal(lp.top_logprobs[0][lp.tokens[0]], lp.token_logprobs[0]);
+  const echoed = JSON.parse((await post(e.url, '/v1/completions', { prompt: 'once upon', max_tokens: 3, logprobs: 0, echo: true })).body);
+  t.same(echoed.choices[0].logprobs.text_offset, [9, 13, 17], 'offsets after the echoed prompt');
+  for (const [path, body, param] of [
+    ['/v1/chat/completions', { messages, logprobs: 3 }, 'logprobs'],
+    ['/v1/chat/completions', { messages, top_logprobs: 2 }, 'top_logprobs'],
+    ['/v1/chat/completions', { messages, logprobs: true, top_logprobs: 21 }, 'top_logprobs'],
+    ['/v1/completions', { prompt: 'x', logprobs: 21 }, 'logprobs'],
+    ['/v1/completions', { prompt: 'x', logprobs: 'yes' }, 'logprobs'],
+  ] as const) {
+    const r = await post(e.url, path, body);
+    t.equal(r.status, 400, JSON.stringify(body));
+    t.equal(JSON.parse(r.body).error.param, param);
+  }
+});

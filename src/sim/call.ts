@@ -13,6 +13,7 @@ import { BadRequest, ENGINE_MAX_JSON_DEPTH, Kind, parseGeneration, resolveModel,
 import type { ToolCall } from './tools.js';
 import { cutsGeneration, failAtToken, type FailureInjector } from './failures.js';
 import { word, words } from './text.js';
+import { chatEntry, chatLogprobs, completionLogprobs } from './logprobs.js';
 import { DONE, JSON_TYPE, SSE_TYPE, STATUS, echoId, errorBody } from './wire.js';
 
 /** What a call needs of its engine (server.ts's Engine). */
@@ -67,6 +68,10 @@ export class Call implements RequestSink {
   echo = '';
   /** --reasoning, chat with generated text: the first `think` tokens are reasoning_content (0: none). */
   think = 0;
+  /** Log probabilities: -1 none, else alternatives per token (generated words only). */
+  logprobs = -1;
+  /** Completions with echo: the prompt's length (text offsets start after it). */
+  echoLen = 0;
 
   constructor(
     readonly engine: CallHost,
@@ -160,6 +165,8 @@ export class Call implements RequestSink {
     this.fixed = p.fixed;
     this.stopJson = p.stopJson;
     this.echo = p.echo;
+    if (p.echo !== '') this.echoLen = (JSON.parse(`"${p.echo}"`) as string).length;
+    if (this.tool === null && this.fixed === null) this.logprobs = p.logprobs;
     if (o.reasoning && this.kind === Kind.Chat && this.tool === null && this.fixed === null) this.think = Math.floor(p.outTokens / 2);
     const outTokens = p.outTokens;
     // Identity.
@@ -336,8 +343,13 @@ export class Call implements RequestSink {
       return `${this.head}${piece.slice(1, -1)}","logprobs":null,"finish_reason":${fr},"stop_reason":${last ? this.stopJson : 'null'}}]}\n\n`;
     }
     const w = word(this.textSeed, i);
-    if (this.kind === Kind.Chat) return `${this.head}{"${i < this.think ? 'reasoning_content' : 'content'}":"${w}"},"logprobs":null,"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
-    return `${this.head}${w}","logprobs":null,"finish_reason":${fr},"stop_reason":null}]}\n\n`;
+    const k = this.logprobs;
+    if (this.kind === Kind.Chat) {
+      const lp = k < 0 ? 'null' : `{"content":[${chatEntry(this.textSeed, i, k)}]}`;
+      return `${this.head}{"${i < this.think ? 'reasoning_content' : 'content'}":"${w}"},"logprobs":${lp},"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
+    }
+    const lp = k < 0 ? 'null' : completionLogprobs(this.textSeed, i, i + 1, k, this.echoLen + 4 * i);
+    return `${this.head}${w}","logprobs":${lp},"finish_reason":${fr},"stop_reason":null}]}\n\n`;
   }
 
   /** Token i of a streamed tool call: the call's id and name first, then argument fragment i of n. */
@@ -379,8 +391,8 @@ export class Call implements RequestSink {
         : `{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":${this.toolId},"type":"function","function":{"name":${tool.nameJson},"arguments":${JSON.stringify(tool.args)}}}]}`;
     const body =
       this.kind === Kind.Chat
-        ? `{"id":${this.id},"object":"chat.completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"message":${message},"logprobs":null,"finish_reason":"${tool === null ? req.finishReason : 'tool_calls'}","stop_reason":${this.stopJson}}],"usage":${this.usage(req)},"prompt_logprobs":null${kvp}}`
-        : `{"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"text":${this.text(req)},"logprobs":null,"finish_reason":"${req.finishReason}","stop_reason":${this.stopJson},"prompt_logprobs":null}],"usage":${this.usage(req)}${kvp}}`;
+        ? `{"id":${this.id},"object":"chat.completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"message":${message},"logprobs":${this.logprobs < 0 ? 'null' : chatLogprobs(this.textSeed, 0, req.out, this.logprobs)},"finish_reason":"${tool === null ? req.finishReason : 'tool_calls'}","stop_reason":${this.stopJson}}],"usage":${this.usage(req)},"prompt_logprobs":null${kvp}}`
+        : `{"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"text":${this.text(req)},"logprobs":${this.logprobs < 0 ? 'null' : completionLogprobs(this.textSeed, 0, req.out, this.logprobs, this.echoLen)},"finish_reason":"${req.finishReason}","stop_reason":${this.stopJson},"prompt_logprobs":null}],"usage":${this.usage(req)}${kvp}}`;
     res.cork(() => {
       this.writeHead(res, JSON_TYPE);
       res.end(body);

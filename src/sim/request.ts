@@ -6,6 +6,7 @@ import { hashByteBlocks, hashTokenBlocks } from './kv-cache.js';
 import type { ResolvedSimOptions } from './options.js';
 import { BYTES_PER_TOKEN, renderChat, type ChatMessage } from './tokenizer.js';
 import { mix32, words } from './text.js';
+import { MAX_LOGPROBS } from './logprobs.js';
 import { planJsonContent, planToolCall, type ToolCall } from './tools.js';
 
 /** A request the engine refuses: answered with `status` and the OpenAI error body. */
@@ -97,6 +98,8 @@ export interface ParsedGeneration {
   stopJson: string;
   /** Completions with echo: the prompt, JSON-escaped without quotes, that precedes the text ('' without). */
   echo: string;
+  /** Log probabilities asked for: -1 none, else the alternatives per token (chat top_logprobs, completions logprobs). */
+  logprobs: number;
 }
 const parsed: ParsedGeneration = {
   stream: false,
@@ -118,6 +121,7 @@ const parsed: ParsedGeneration = {
   fixed: null,
   stopJson: 'null',
   echo: '',
+  logprobs: -1,
 };
 
 /**
@@ -137,6 +141,7 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
   p.fixed = null;
   p.stopJson = 'null';
   p.echo = '';
+  p.logprobs = parseLogprobs(kind, body);
   // Stream flags.
   const stream = body.stream;
   if (stream !== undefined && stream !== null && typeof stream !== 'boolean') throw new BadRequest(400, "'stream' must be a boolean", 'stream');
@@ -311,6 +316,23 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
   p.finishReason = p.tool !== null || stopped ? 'stop' : finishReason;
   p.remotePrefill = remotePrefill;
   return p;
+}
+
+/** Chat's logprobs (boolean) + top_logprobs, or completions' logprobs (an integer): -1 (none) or the count. */
+function parseLogprobs(kind: Kind, body: Record<string, unknown>): number {
+  const lp = body.logprobs;
+  const inRange = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= MAX_LOGPROBS;
+  if (kind === Kind.Chat) {
+    if (lp !== undefined && lp !== null && typeof lp !== 'boolean') throw new BadRequest(400, "'logprobs' must be a boolean", 'logprobs');
+    const top = body.top_logprobs;
+    if (top === undefined || top === null) return lp === true ? 0 : -1;
+    if (!inRange(top)) throw new BadRequest(400, `'top_logprobs' must be an integer in [0, ${MAX_LOGPROBS}]`, 'top_logprobs');
+    if (lp !== true && top > 0) throw new BadRequest(400, 'when using `top_logprobs`, `logprobs` must be set to true.', 'top_logprobs');
+    return lp === true ? top : -1;
+  }
+  if (lp === undefined || lp === null || lp === false) return -1;
+  if (!inRange(lp)) throw new BadRequest(400, `'logprobs' must be an integer in [0, ${MAX_LOGPROBS}]`, 'logprobs');
+  return lp;
 }
 
 const MAX_STOP = 16;
