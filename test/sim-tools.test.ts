@@ -374,3 +374,33 @@ t.test('logprobs: chat logprobs/top_logprobs and completions logprobs in vLLM sh
     t.equal(JSON.parse(r.body).error.param, param);
   }
 });
+
+t.test('n > 1: n choices with their own text, streamed and not; usage counts them all', async (t) => {
+  const e = await startEngine({ timeScale: 0 });
+  t.teardown(() => e.close());
+  const one = JSON.parse((await post(e.url, '/v1/chat/completions', { messages, max_tokens: 4 })).body);
+  const r = JSON.parse((await post(e.url, '/v1/chat/completions', { messages, max_tokens: 4, n: 3 })).body);
+  t.equal(r.choices.length, 3);
+  t.same(r.choices.map((c: any) => c.index), [0, 1, 2]);
+  t.equal(r.choices[0].message.content, one.choices[0].message.content, 'choice 0 is the n=1 text');
+  t.equal(new Set(r.choices.map((c: any) => c.message.content)).size, 3, 'the choices differ');
+  t.equal(r.usage.completion_tokens, 12);
+  t.equal(r.usage.total_tokens, r.usage.prompt_tokens + 12);
+  const s = await post(e.url, '/v1/chat/completions', { messages, max_tokens: 4, n: 3, stream: true, stream_options: { include_usage: true } });
+  const chunks = sseData(s.body).slice(0, -1).map((d) => JSON.parse(d));
+  for (let j = 0; j < 3; j++) {
+    const mine = chunks.filter((c) => c.choices.length > 0 && c.choices[0].index === j);
+    t.same(mine[0].choices[0].delta, { role: 'assistant', content: '' });
+    t.equal(mine.map((c) => c.choices[0].delta.content).join(''), r.choices[j].message.content, `choice ${j} streamed`);
+    t.equal(mine.at(-1).choices[0].finish_reason, 'length');
+  }
+  t.equal(chunks.at(-1).usage.completion_tokens, 12);
+  const c = JSON.parse((await post(e.url, '/v1/completions', { prompt: 'abc', max_tokens: 2, n: 2 })).body);
+  t.equal(c.choices.length, 2);
+  t.equal(c.choices[1].index, 1);
+  for (const body of [{ n: 0 }, { n: 1.5 }, { n: 65 }, { n: 2, tools: [lookup], tool_choice: 'required' }, { n: 2, response_format: { type: 'json_object' } }]) {
+    const bad = await post(e.url, '/v1/chat/completions', { messages, ...body });
+    t.equal(bad.status, 400, JSON.stringify(body));
+    t.equal(JSON.parse(bad.body).error.param, 'n');
+  }
+});

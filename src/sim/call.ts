@@ -12,7 +12,7 @@ import { PoolingError, detokenize, embeddings, rerank, score } from './pooling.j
 import { BadRequest, ENGINE_MAX_JSON_DEPTH, Kind, parseGeneration, resolveModel, tokenizeIds, type RequestContext } from './request.js';
 import type { ToolCall } from './tools.js';
 import { cutsGeneration, failAtToken, type FailureInjector } from './failures.js';
-import { word, words } from './text.js';
+import { mix32, word, words } from './text.js';
 import { chatEntry, chatLogprobs, completionLogprobs } from './logprobs.js';
 import { DONE, JSON_TYPE, SSE_TYPE, STATUS, echoId, errorBody } from './wire.js';
 
@@ -72,6 +72,9 @@ export class Call implements RequestSink {
   logprobs = -1;
   /** Completions with echo: the prompt's length (text offsets start after it). */
   echoLen = 0;
+  /** Choices (n > 1: free text only); choice j > 0 has its own text seed and stream head. */
+  n = 1;
+  heads: string[] | null = null;
 
   constructor(
     readonly engine: CallHost,
@@ -167,6 +170,7 @@ export class Call implements RequestSink {
     this.echo = p.echo;
     if (p.echo !== '') this.echoLen = (JSON.parse(`"${p.echo}"`) as string).length;
     if (this.tool === null && this.fixed === null) this.logprobs = p.logprobs;
+    this.n = p.n;
     if (o.reasoning && this.kind === Kind.Chat && this.tool === null && this.fixed === null) this.think = Math.floor(p.outTokens / 2);
     const outTokens = p.outTokens;
     // Identity.
@@ -196,6 +200,11 @@ export class Call implements RequestSink {
         this.kind === Kind.Chat
           ? `data: {"id":${this.id},"object":"chat.completion.chunk","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"delta":`
           : `data: {"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"text":"`;
+    }
+    if (this.stream && this.n > 1) {
+      const heads: string[] = [];
+      for (let j = 0; j < this.n; j++) heads.push(this.head.replace('"choices":[{"index":0,', `"choices":[{"index":${j},`));
+      this.heads = heads;
     }
     if (this.failure === 'slow-first-byte' && o.slowFirstByteMs > 0) {
       this.delay = setTimeout(() => {
@@ -292,7 +301,9 @@ export class Call implements RequestSink {
       res.cork(() => {
         if (from === 0) {
           this.writeHead(res, SSE_TYPE);
-          if (this.kind === Kind.Chat) res.write(this.head + '{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n');
+          if (this.kind === Kind.Chat) {
+            for (let j = 0; j < this.n; j++) res.write(this.headOf(j) + '{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n');
+          }
         }
         for (let i = from; i < upTo; i++) res.write(this.chunk(req, i));
       });
@@ -342,14 +353,31 @@ export class Call implements RequestSink {
       if (this.kind === Kind.Chat) return `${this.head}{"content":${piece}},"logprobs":null,"finish_reason":${fr}${last ? `,"stop_reason":${this.stopJson}` : ''}}]}\n\n`;
       return `${this.head}${piece.slice(1, -1)}","logprobs":null,"finish_reason":${fr},"stop_reason":${last ? this.stopJson : 'null'}}]}\n\n`;
     }
-    const w = word(this.textSeed, i);
+    if (this.n === 1) return this.wordChunk(this.head, this.textSeed, i, fr, last);
+    let out = '';
+    for (let j = 0; j < this.n; j++) out += this.wordChunk(this.headOf(j), this.seedOf(j), i, fr, last);
+    return out;
+  }
+
+  /** Generated token i of one choice. */
+  wordChunk(head: string, seed: number, i: number, fr: string, last: boolean): string {
+    const w = word(seed, i);
     const k = this.logprobs;
     if (this.kind === Kind.Chat) {
-      const lp = k < 0 ? 'null' : `{"content":[${chatEntry(this.textSeed, i, k)}]}`;
-      return `${this.head}{"${i < this.think ? 'reasoning_content' : 'content'}":"${w}"},"logprobs":${lp},"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
+      const lp = k < 0 ? 'null' : `{"content":[${chatEntry(seed, i, k)}]}`;
+      return `${head}{"${i < this.think ? 'reasoning_content' : 'content'}":"${w}"},"logprobs":${lp},"finish_reason":${fr}${last ? ',"stop_reason":null' : ''}}]}\n\n`;
     }
-    const lp = k < 0 ? 'null' : completionLogprobs(this.textSeed, i, i + 1, k, this.echoLen + 4 * i);
-    return `${this.head}${w}","logprobs":${lp},"finish_reason":${fr},"stop_reason":null}]}\n\n`;
+    const lp = k < 0 ? 'null' : completionLogprobs(seed, i, i + 1, k, this.echoLen + 4 * i);
+    return `${head}${w}","logprobs":${lp},"finish_reason":${fr},"stop_reason":null}]}\n\n`;
+  }
+
+  headOf(j: number): string {
+    return j === 0 || this.heads === null ? this.head : this.heads[j]!;
+  }
+
+  /** Choice j's text seed (choice 0: the request's). */
+  seedOf(j: number): number {
+    return j === 0 ? this.textSeed : mix32((this.textSeed + Math.imul(j, 0x9e3779b9)) | 0);
   }
 
   /** Token i of a streamed tool call: the call's id and name first, then argument fragment i of n. */
@@ -362,7 +390,8 @@ export class Call implements RequestSink {
   }
 
   usage(req: SimRequest): string {
-    return `{"prompt_tokens":${req.promptTokens},"total_tokens":${req.promptTokens + req.out},"completion_tokens":${req.out},"prompt_tokens_details":{"cached_tokens":${req.cachedTokens}}}`;
+    const out = req.out * this.n;
+    return `{"prompt_tokens":${req.promptTokens},"total_tokens":${req.promptTokens + out},"completion_tokens":${out},"prompt_tokens_details":{"cached_tokens":${req.cachedTokens}}}`;
   }
 
   finish(req: SimRequest): void {
@@ -382,27 +411,37 @@ export class Call implements RequestSink {
       return;
     }
     const kvp = this.kvParams !== null ? `,"kv_transfer_params":${this.kvParams}` : '';
-    const tool = this.tool;
-    const message =
-      tool === null
-        ? this.think > 0
-          ? `{"role":"assistant","reasoning_content":"${words(this.textSeed, 0, Math.min(this.think, req.out))}","content":"${words(this.textSeed, this.think, req.out)}","refusal":null,"tool_calls":[]}`
-          : `{"role":"assistant","content":${this.text(req)},"refusal":null,"tool_calls":[]}`
-        : `{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":${this.toolId},"type":"function","function":{"name":${tool.nameJson},"arguments":${JSON.stringify(tool.args)}}}]}`;
+    let choices = this.choice(req, 0, this.textSeed);
+    for (let j = 1; j < this.n; j++) choices += ',' + this.choice(req, j, this.seedOf(j));
     const body =
       this.kind === Kind.Chat
-        ? `{"id":${this.id},"object":"chat.completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"message":${message},"logprobs":${this.logprobs < 0 ? 'null' : chatLogprobs(this.textSeed, 0, req.out, this.logprobs)},"finish_reason":"${tool === null ? req.finishReason : 'tool_calls'}","stop_reason":${this.stopJson}}],"usage":${this.usage(req)},"prompt_logprobs":null${kvp}}`
-        : `{"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[{"index":0,"text":${this.text(req)},"logprobs":${this.logprobs < 0 ? 'null' : completionLogprobs(this.textSeed, 0, req.out, this.logprobs, this.echoLen)},"finish_reason":"${req.finishReason}","stop_reason":${this.stopJson},"prompt_logprobs":null}],"usage":${this.usage(req)}${kvp}}`;
+        ? `{"id":${this.id},"object":"chat.completion","created":${this.created},"model":${this.modelJson},"choices":[${choices}],"usage":${this.usage(req)},"prompt_logprobs":null${kvp}}`
+        : `{"id":${this.id},"object":"text_completion","created":${this.created},"model":${this.modelJson},"choices":[${choices}],"usage":${this.usage(req)}${kvp}}`;
     res.cork(() => {
       this.writeHead(res, JSON_TYPE);
       res.end(body);
     });
   }
 
+  /** Choice j of a non-streamed answer. */
+  choice(req: SimRequest, j: number, seed: number): string {
+    const tool = this.tool;
+    const message =
+      tool === null
+        ? this.think > 0
+          ? `{"role":"assistant","reasoning_content":"${words(seed, 0, Math.min(this.think, req.out))}","content":"${words(seed, this.think, req.out)}","refusal":null,"tool_calls":[]}`
+          : `{"role":"assistant","content":${this.text(req, seed)},"refusal":null,"tool_calls":[]}`
+        : `{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":${this.toolId},"type":"function","function":{"name":${tool.nameJson},"arguments":${JSON.stringify(tool.args)}}}]}`;
+    if (this.kind === Kind.Chat) {
+      return `{"index":${j},"message":${message},"logprobs":${this.logprobs < 0 ? 'null' : chatLogprobs(seed, 0, req.out, this.logprobs)},"finish_reason":"${tool === null ? req.finishReason : 'tool_calls'}","stop_reason":${this.stopJson}}`;
+    }
+    return `{"index":${j},"text":${this.text(req, seed)},"logprobs":${this.logprobs < 0 ? 'null' : completionLogprobs(seed, 0, req.out, this.logprobs, this.echoLen)},"finish_reason":"${req.finishReason}","stop_reason":${this.stopJson},"prompt_logprobs":null}`;
+  }
+
   /** The whole content as a JSON string. */
-  text(req: SimRequest): string {
+  text(req: SimRequest, seed: number): string {
     if (this.fixed !== null) return this.echo === '' ? JSON.stringify(this.fixed) : `"${this.echo}${JSON.stringify(this.fixed).slice(1)}`;
-    return `"${this.echo}${words(this.textSeed, 0, req.out)}"`;
+    return `"${this.echo}${words(seed, 0, req.out)}"`;
   }
 
   writeHead(res: HttpResponse, type: string, status = '200 OK'): void {

@@ -100,6 +100,8 @@ export interface ParsedGeneration {
   echo: string;
   /** Log probabilities asked for: -1 none, else the alternatives per token (chat top_logprobs, completions logprobs). */
   logprobs: number;
+  /** Choices to generate (n). */
+  n: number;
 }
 const parsed: ParsedGeneration = {
   stream: false,
@@ -122,6 +124,7 @@ const parsed: ParsedGeneration = {
   stopJson: 'null',
   echo: '',
   logprobs: -1,
+  n: 1,
 };
 
 /**
@@ -157,7 +160,10 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
     p.includeUsage = iu === true;
   }
   const n = body.n;
-  if (n !== undefined && n !== null && n !== 1) throw new BadRequest(400, "the simulator supports only 'n': 1", 'n');
+  if (n !== undefined && n !== null && (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > MAX_N)) {
+    throw new BadRequest(400, `'n' must be an integer in [1, ${MAX_N}]`, 'n');
+  }
+  p.n = typeof n === 'number' ? n : 1;
   // Prompt → bytes or token ids → block hashes.
   const hashes = hashScratch;
   let promptTokens: number;
@@ -283,6 +289,9 @@ export function parseGeneration(ctx: RequestContext, kind: Kind, rid: string, bo
       }
     }
   }
+  if (p.n > 1 && (p.tool !== null || p.fixed !== null || p.echo !== '')) {
+    throw new BadRequest(400, "the simulator supports 'n' > 1 for free text only (no tool call, response_format, stop match or echo)", 'n');
+  }
   // P/D: a prefill leg answers with kv_transfer_params; a decode leg skips the prefill work.
   let remotePrefill = false;
   const kv = body.kv_transfer_params;
@@ -335,6 +344,8 @@ function parseLogprobs(kind: Kind, body: Record<string, unknown>): number {
   return lp;
 }
 
+/** The most choices (n) a request may ask for. */
+const MAX_N = 64;
 const MAX_STOP = 16;
 const MAX_STOP_LEN = 1024;
 
