@@ -215,8 +215,21 @@ void Core::ClosePool(uint32_t id) {
   Pool* p = GetPool(id);
   if (p == nullptr || p->closed) return;
   p->closed = true;
-  for (int32_t cid : p->queue) {
-    Call* c = Waiting(cid, p);
+  CancelWaitingAndIdle(p);
+  Schedule();
+}
+
+void Core::CloseClient() {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& p : pools_)
+    if (p) CancelWaitingAndIdle(p.get());
+  Schedule();
+}
+
+void Core::CancelWaitingAndIdle(Pool* p) {
+  for (int32_t id : p->queue) {
+    Call* c = Waiting(id, p);
     if (c == nullptr) continue;
     PushError(c, UV_ECANCELED, kRClientClosed, false);
     FreeCall(c);
@@ -228,29 +241,6 @@ void Core::ClosePool(uint32_t id) {
     k->in_idle = false;
     k->Close();
   }
-  Schedule();
-}
-
-void Core::CloseClient() {
-  if (closed_) return;
-  closed_ = true;
-  for (auto& p : pools_) {
-    if (!p) continue;
-    for (int32_t id : p->queue) {
-      Call* c = Waiting(id, p.get());
-      if (c == nullptr) continue;
-      PushError(c, UV_ECANCELED, kRClientClosed, false);
-      FreeCall(c);
-    }
-    p->queue.clear();
-    std::vector<Conn*> idle;
-    idle.swap(p->idle);
-    for (Conn* k : idle) {
-      k->in_idle = false;
-      k->Close();
-    }
-  }
-  Schedule();
 }
 
 void Core::Link(Conn* k) {

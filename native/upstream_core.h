@@ -257,6 +257,8 @@ class Core {
   // a queue is in sending order, so the scan stops at the first one still in time).
   void ExpireQueued(uint64_t now);
   void NewConn(Pool* pool, Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl);
+  // A pool's waiting calls fail (the client or the endpoint closed); its idle connections close.
+  void CancelWaitingAndIdle(Pool* p);
   void Link(Conn* k);
   void Schedule();
   void Flush();

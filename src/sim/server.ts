@@ -228,12 +228,7 @@ export class Engine implements SimEngine, CallHost {
 
   /** A decode engine reads a transfer this engine holds (the simulator's stand-in for the NIXL read). */
   #pull(res: HttpResponse): void {
-    let text = '';
-    let gone = false;
-    res.onAborted(() => (gone = true));
-    res.onData((chunk, isLast) => {
-      text += Buffer.from(chunk).toString('utf8');
-      if (!isLast || gone) return;
+    readSideBody(res, this.options.maxBodyBytes, (text) => {
       let id: unknown;
       try {
         id = (JSON.parse(text) as Record<string, unknown>).remote_request_id;
@@ -258,12 +253,7 @@ export class Engine implements SimEngine, CallHost {
    * or failed, expired, was taken, or never arrived within the wait (404).
    */
   #bootstrap(res: HttpResponse): void {
-    let text = '';
-    let gone = false;
-    res.onAborted(() => (gone = true));
-    res.onData((chunk, isLast) => {
-      text += Buffer.from(chunk).toString('utf8');
-      if (!isLast || gone) return;
+    readSideBody(res, this.options.maxBodyBytes, (text, gone) => {
       let room: string;
       let timeoutMs = this.options.bootstrapTimeoutMs;
       try {
@@ -275,7 +265,7 @@ export class Engine implements SimEngine, CallHost {
         return;
       }
       const answer = (problem: string | null): void => {
-        if (gone) return;
+        if (gone()) return;
         res.cork(() => {
           if (problem === null) res.writeHeader('Content-Type', JSON_TYPE).end('{"ok":true}');
           else res.writeStatus(STATUS[404]!).writeHeader('Content-Type', JSON_TYPE).end(errorBody(404, `bootstrap room ${room} on engine ${this.engineId}: ${problem}`, null));
@@ -379,6 +369,28 @@ export class Engine implements SimEngine, CallHost {
     });
     return this.#closed;
   }
+}
+
+/**
+ * Reads the small JSON body of a side-door POST (P/D pull, bootstrap) and hands it over once whole, unless
+ * the client left; a body over `max` bytes is answered 413 at once. `gone()` tells later whether it left.
+ */
+function readSideBody(res: HttpResponse, max: number, onBody: (text: string, gone: () => boolean) => void): void {
+  let text = '';
+  let bytes = 0;
+  let gone = false;
+  res.onAborted(() => (gone = true));
+  res.onData((chunk, isLast) => {
+    if (gone) return;
+    bytes += chunk.byteLength;
+    if (bytes > max) {
+      gone = true;
+      res.cork(() => res.writeStatus(STATUS[413]!).writeHeader('Content-Type', JSON_TYPE).end(errorBody(413, `request body exceeds ${max} bytes`, null), true));
+      return;
+    }
+    text += Buffer.from(chunk).toString('utf8');
+    if (isLast) onBody(text, () => gone);
+  });
 }
 
 /** Starts one simulated engine; resolves once it listens. */
