@@ -135,7 +135,7 @@ for (const client of ['h1', 'native'] as const) {
       const events = text.split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
       t.same(events.length, 3, `${label}: token, error, [DONE] (${JSON.stringify(text)})`);
       t.equal(JSON.parse(events[0]!).choices[0].text, 'hi', `${label}: the token event unchanged`);
-      t.same(JSON.parse(events[1]!), { error: { message: 'engine fell over', type: 'InternalServerError', param: null, code: 500 } }, `${label}: the error in the current shape`);
+      t.same(JSON.parse(events[1]!), { error: { message: 'engine fell over', type: 'server_error', param: null, code: null } }, `${label}: the error in the current shape`);
       t.equal(events[2], '[DONE]', `${label}: then [DONE]`);
     }
   });

@@ -6,6 +6,7 @@
 // and never re-parses or re-renders its chain; eviction of any record cannot
 // break another (docs/responses.md: the trade-off).
 import type { ResponsesConfig } from '../config/responses.js';
+import { SwitchyardError } from '../errors.js';
 
 export interface StoredResponse {
   readonly id: string;
@@ -28,7 +29,9 @@ export function isPromise<T>(v: T | Promise<T>): v is Promise<T> {
 }
 
 /** The store cannot be reached or failed: the API answers 503 (chat completions are not affected). */
-export class StoreUnavailableError extends Error {}
+export class StoreUnavailableError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_STORE_UNAVAILABLE';
+}
 
 /** Approximate bytes a record holds (UTF-16 code units of its strings, plus a fixed overhead). */
 export function recordBytes(r: StoredResponse): number {

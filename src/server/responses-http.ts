@@ -10,7 +10,7 @@ import { errorBody, statusLine } from './http-errors.js';
 import { HttpExchange, type ExchangeFlight, type ExchangeHost } from './http-exchange.js';
 
 /** The exchange kind of POST /v1/responses: a transport kind, never a director kind. */
-export const KIND_RESPONSES = -1;
+export { KIND_RESPONSES } from '../director/kinds.js';
 
 export interface ResponsesHost extends ExchangeHost {
   readonly responses: ResponsesService | null;

@@ -5,6 +5,7 @@ import { startFleet, type FleetOptions } from './index.js';
 import { kvEventsConfigProblem, type KvEventsConfig } from './kv-events.js';
 import { ACCELERATOR_NAMES } from '../accelerators.js';
 import { FAILURE_KINDS, SIM_DEFAULTS, SimOptionError, resolveSimOptions, type FailureKind } from './options.js';
+import { SwitchyardError } from '../errors.js';
 
 const D = SIM_DEFAULTS;
 export const SIM_USAGE = `usage: switchyard sim [options]
@@ -73,7 +74,9 @@ Exit codes: 0 after SIGINT/SIGTERM, 1 when it cannot listen, 2 on bad options.`;
 type Parsed = FleetOptions & { fleet: number };
 type Setter = (o: Parsed, v: string, flag: string) => void;
 
-class FlagError extends Error {}
+class FlagError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_SIM_FLAG';
+}
 
 function number(flag: string, v: string): number {
   const n = Number(v);

@@ -2,6 +2,7 @@
 import { ALWAYS, z } from '../config/schema-kit.js';
 import { kvEventsConfigProblem, type KvEventsConfig } from './kv-events.js';
 import { ACCELERATOR_NAMES, acceleratorProfile } from '../accelerators.js';
+import { SwitchyardError } from '../errors.js';
 
 export type FailureKind = '500' | '429' | '503' | 'reset-mid-stream' | 'slow-first-byte' | 'error-mid-stream';
 export const FAILURE_KINDS: readonly FailureKind[] = ['500', '429', '503', 'reset-mid-stream', 'slow-first-byte', 'error-mid-stream'];
@@ -124,8 +125,8 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
 }) as ResolvedSimOptions;
 
 /** Thrown for an invalid option; `option` names it. */
-export class SimOptionError extends RangeError {
-  readonly code = 'SWY_ERR_SIM_OPTION';
+export class SimOptionError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_SIM_OPTION';
   constructor(readonly option: string, message: string) {
     super(`sim option ${option}: ${message}`);
     this.name = 'SimOptionError';
