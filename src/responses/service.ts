@@ -12,7 +12,7 @@ import { messagesIn, registerResponsesMetrics, ResponsesStats, STORE_DELETE, STO
 import { inputItem } from './render.js';
 import { ResponsesError } from './request.js';
 import { isPromise, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
-import { ResponsesTurn } from './turn.js';
+import { ResponsesTurn, type TurnHost } from './turn.js';
 
 export interface ResponsesServiceOptions {
   config: ResponsesConfig;
@@ -34,7 +34,7 @@ function notFound(id: string): ResponsesError {
   return new ResponsesError(404, `Response with id '${id}' not found.`, 'response_id', 'not_found');
 }
 
-export class ResponsesService {
+export class ResponsesService implements TurnHost {
   readonly config: ResponsesConfig;
   readonly director: Director;
   readonly log: Logger;

@@ -5,8 +5,6 @@
 // as rendered chat messages, so a turn reads ONE record (one Redis round trip)
 // and never re-parses or re-renders its chain; eviction of any record cannot
 // break another (docs/responses.md: the trade-off).
-import type { ResponsesConfig } from '../config/responses.js';
-
 export interface StoredResponse {
   readonly id: string;
   /** The first response of the conversation (its own id for a first turn): the session key. */
@@ -51,22 +49,4 @@ export interface ResponseStore {
   /** Responses held (memory, sqlite; -1 where the store cannot say cheaply). */
   size(): number;
   close(): Promise<void>;
-}
-
-/** The store `config.store.type` names. SQLite and Redis are loaded only when configured. */
-export async function openStore(cfg: ResponsesConfig): Promise<ResponseStore> {
-  switch (cfg.store.type) {
-    case 'memory': {
-      const { MemoryStore } = await import('./memory-store.js');
-      return new MemoryStore(cfg);
-    }
-    case 'sqlite': {
-      const { SqliteStore } = await import('./sqlite-store.js');
-      return SqliteStore.open(cfg);
-    }
-    case 'redis': {
-      const { RedisStore } = await import('./redis-store.js');
-      return new RedisStore(cfg);
-    }
-  }
 }

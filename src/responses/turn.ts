@@ -6,14 +6,33 @@
 // the turn, and answer. It is the director's ClientPort for the chat
 // completion and the transport's flight (abort, backpressure) for the client.
 import { StringDecoder } from 'node:string_decoder';
+import type { Logger } from 'pino';
 import type { Rejected } from '../admission.js';
-import { KIND_CHAT, type ClientPort, type Flight } from '../director/director.js';
+import { KIND_CHAT, type ClientPort, type Director, type Flight } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { newItemId, newResponseId } from './ids.js';
 import { assistantMessage, deltaEvent, messageItem, outputText, responseObject, sseEvent, usageOf, type ResponseHead, type ResponseStatus, type Usage } from './render.js';
 import { parseTurnRequest, ResponsesError, type TurnRequest } from './request.js';
-import type { ResponsesService } from './service.js';
-import { isPromise, StoreUnavailableError, type StoredResponse } from './store.js';
+import type { ResponsesStats } from './metrics.js';
+import { isPromise, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
+
+/**
+ * What a turn needs of the service that runs it (ResponsesService implements
+ * it): the store and its timed operations, the director, limits, counters.
+ * turn.ts depends on this interface, never on service.ts.
+ */
+export interface TurnHost {
+  readonly store: ResponseStore | null;
+  readonly director: Pick<Director, 'begin'>;
+  readonly log: Logger;
+  readonly stats: ResponsesStats;
+  readonly maxInputBytes: number;
+  readonly maxJsonDepth: number;
+  storeGet(id: string): StoredResponse | null | Promise<StoredResponse | null>;
+  storePut(r: StoredResponse): void | Promise<void>;
+  unavailable(): StoreUnavailableError;
+  countRequest(model: string, status: number): void;
+}
 
 const MODE_NONE = 0;
 /** Buffering the engine's JSON answer (200). */
@@ -36,7 +55,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   req!: TurnRequest;
   readonly msgId = newItemId();
 
-  readonly #svc: ResponsesService;
+  readonly #svc: TurnHost;
   readonly #client: ClientPort;
   readonly #requestId: string;
   readonly #authorization: string;
@@ -64,7 +83,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   /** The client's stream ended (completed or failed). */
   #streamEnded = false;
 
-  constructor(svc: ResponsesService, client: ClientPort, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
+  constructor(svc: TurnHost, client: ClientPort, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
     this.#svc = svc;
     this.#client = client;
     this.#requestId = requestId;
