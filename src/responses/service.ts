@@ -39,6 +39,7 @@ export class ResponsesService implements TurnHost {
   readonly director: Director;
   readonly log: Logger;
   readonly maxInputBytes: number;
+  readonly maxRecordBytes: number;
   readonly #count: ResponsesServiceOptions['countRequest'];
   /** The store (null until open() for sqlite and redis). */
   store: ResponseStore | null = null;
@@ -50,6 +51,7 @@ export class ResponsesService implements TurnHost {
     this.director = o.director;
     this.log = o.log;
     this.maxInputBytes = o.config.maxInputBytes;
+    this.maxRecordBytes = o.config.store.type === 'redis' ? Infinity : o.config.maxBytes;
     this.#count = o.countRequest;
     if (o.config.store.type === 'memory') this.store = new MemoryStore(o.config);
     if (o.registry !== undefined) registerResponsesMetrics(o.registry, this.stats, () => this.store, o.config.store.type);
@@ -57,11 +59,11 @@ export class ResponsesService implements TurnHost {
 
   // ---- the store's operations, timed and counted (a synchronous store costs no promise) ----
 
-  storeGet(id: string): StoredResponse | null | Promise<StoredResponse | null> {
+  storeGet(tenant: string, id: string): StoredResponse | null | Promise<StoredResponse | null> {
     const t0 = performance.now();
     let v: StoredResponse | null | Promise<StoredResponse | null>;
     try {
-      v = this.store!.get(id);
+      v = this.store!.get(tenant, id);
     } catch (err) {
       this.stats.op(STORE_GET, t0, true);
       throw err;
@@ -69,10 +71,10 @@ export class ResponsesService implements TurnHost {
     return this.#timed(STORE_GET, t0, v);
   }
 
-  storePut(r: StoredResponse): void | Promise<void> {
+  storePut(r: StoredResponse): boolean | Promise<boolean> {
     this.stats.chain.observe(messagesIn(r.ids));
     const t0 = performance.now();
-    let v: void | Promise<void>;
+    let v: boolean | Promise<boolean>;
     try {
       v = this.store!.put(r);
     } catch (err) {
@@ -82,11 +84,11 @@ export class ResponsesService implements TurnHost {
     return this.#timed(STORE_PUT, t0, v);
   }
 
-  storeDelete(id: string): boolean | Promise<boolean> {
+  storeDelete(tenant: string, id: string): boolean | Promise<boolean> {
     const t0 = performance.now();
     let v: boolean | Promise<boolean>;
     try {
-      v = this.store!.delete(id);
+      v = this.store!.delete(tenant, id);
     } catch (err) {
       this.stats.op(STORE_DELETE, t0, true);
       throw err;
@@ -145,8 +147,8 @@ export class ResponsesService implements TurnHost {
   }
 
   /** POST /v1/responses with its complete body; never throws (failures are answers through `port`). */
-  begin(port: ClientPort, requestId: string, authorization: string, headers: Readonly<Record<string, string>>, raw: Buffer): ResponsesTurn {
-    const t = new ResponsesTurn(this, port, requestId, authorization, headers);
+  begin(port: ClientPort, tenant: string, requestId: string, authorization: string, headers: Readonly<Record<string, string>>, raw: Buffer): ResponsesTurn {
+    const t = new ResponsesTurn(this, port, tenant, requestId, authorization, headers);
     try {
       t.start(raw);
     } catch (err) {
@@ -157,24 +159,24 @@ export class ResponsesService implements TurnHost {
     return t;
   }
 
-  async #read(id: string): Promise<StoredResponse> {
+  async #read(tenant: string, id: string): Promise<StoredResponse> {
     const s = this.store;
     if (s === null || !s.available) throw this.unavailable();
-    const r = await this.storeGet(id);
+    const r = await this.storeGet(tenant, id);
     if (r === null) throw notFound(id);
     return r;
   }
 
-  /** GET /v1/responses/{id}. */
-  async retrieve(id: string): Promise<Answer> {
-    return { status: 200, body: (await this.#read(id)).response };
+  /** GET /v1/responses/{id} (of `tenant`: another tenant's id is a 404, like a missing one). */
+  async retrieve(tenant: string, id: string): Promise<Answer> {
+    return { status: 200, body: (await this.#read(tenant, id)).response };
   }
 
-  /** DELETE /v1/responses/{id}. */
-  async remove(id: string): Promise<Answer> {
+  /** DELETE /v1/responses/{id} (of `tenant`). */
+  async remove(tenant: string, id: string): Promise<Answer> {
     const s = this.store;
     if (s === null || !s.available) throw this.unavailable();
-    if (!(await this.storeDelete(id))) throw notFound(id);
+    if (!(await this.storeDelete(tenant, id))) throw notFound(id);
     return { status: 200, body: JSON.stringify({ id, object: 'response.deleted', deleted: true }) };
   }
 
@@ -184,14 +186,14 @@ export class ResponsesService implements TurnHost {
    * output, not instructions), newest first unless `order=asc`, paged by
    * `limit` (1-100, default 20) and `after` (an item id).
    */
-  async inputItems(id: string, query: string): Promise<Answer> {
+  async inputItems(tenant: string, id: string, query: string): Promise<Answer> {
     const q = new URLSearchParams(query);
     const limitText = q.get('limit');
     const limit = limitText === null ? 20 : Number(limitText);
     if (!Number.isInteger(limit) || limit < 1 || limit > 100) throw new ResponsesError(400, "'limit' must be an integer in [1, 100]", 'limit');
     const order = q.get('order') ?? 'desc';
     if (order !== 'asc' && order !== 'desc') throw new ResponsesError(400, "'order' must be asc or desc", 'order');
-    const r = await this.#read(id);
+    const r = await this.#read(tenant, id);
     const messages = JSON.parse(`[${r.conv}]`) as { role?: unknown; content?: unknown }[];
     const ids = r.ids === '' ? [] : r.ids.split(',');
     // the last message is this response's own output

@@ -6,6 +6,8 @@
 // and never re-parses or re-renders its chain; eviction of any record cannot
 // break another (docs/responses.md: the trade-off).
 export interface StoredResponse {
+  /** The tenant that owns it ('' = the anonymous scope): part of the record's key in every store. */
+  readonly tenant: string;
   readonly id: string;
   /** The first response of the conversation (its own id for a first turn): the session key. */
   readonly root: string;
@@ -42,10 +44,12 @@ export interface ResponseStore {
   readonly type: 'memory' | 'sqlite' | 'redis';
   /** False while the backing service is known to be unreachable: new turns get 503 before an engine is spent. */
   readonly available: boolean;
-  get(id: string): StoredResponse | null | Promise<StoredResponse | null>;
-  put(r: StoredResponse): void | Promise<void>;
-  /** True if it was there. */
-  delete(id: string): boolean | Promise<boolean>;
+  /** The record `id` of `tenant` (another tenant's record with that id is not there: null). */
+  get(tenant: string, id: string): StoredResponse | null | Promise<StoredResponse | null>;
+  /** Stores `r` under (r.tenant, r.id); answers false when it was not kept (larger than a tenant's whole budget). */
+  put(r: StoredResponse): boolean | Promise<boolean>;
+  /** True if it was there (for this tenant). */
+  delete(tenant: string, id: string): boolean | Promise<boolean>;
   /** Responses held (memory, sqlite; -1 where the store cannot say cheaply). */
   size(): number;
   close(): Promise<void>;

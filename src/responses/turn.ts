@@ -14,7 +14,7 @@ import { newItemId, newResponseId } from './ids.js';
 import { assistantMessage, deltaEvent, messageItem, outputText, responseObject, sseEvent, usageOf, type ResponseHead, type ResponseStatus, type Usage } from './render.js';
 import { parseTurnRequest, ResponsesError, type TurnRequest } from './request.js';
 import type { ResponsesStats } from './metrics.js';
-import { isPromise, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
+import { isPromise, recordBytes, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
 
 /**
  * What a turn needs of the service that runs it (ResponsesService implements
@@ -28,8 +28,11 @@ export interface TurnHost {
   readonly stats: ResponsesStats;
   readonly maxInputBytes: number;
   readonly maxJsonDepth: number;
-  storeGet(id: string): StoredResponse | null | Promise<StoredResponse | null>;
-  storePut(r: StoredResponse): void | Promise<void>;
+  /** The largest record the store keeps (a tenant's whole byte budget; Infinity where the store bounds itself). */
+  readonly maxRecordBytes: number;
+  storeGet(tenant: string, id: string): StoredResponse | null | Promise<StoredResponse | null>;
+  /** False: the record was not kept (over a tenant's byte budget). */
+  storePut(r: StoredResponse): boolean | Promise<boolean>;
   unavailable(): StoreUnavailableError;
   countRequest(model: string, status: number): void;
 }
@@ -54,9 +57,12 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   readonly createdAt = Math.floor(Date.now() / 1000);
   req!: TurnRequest;
   readonly msgId = newItemId();
+  stored = false;
 
   readonly #svc: TurnHost;
   readonly #client: ClientPort;
+  /** The tenant the turn belongs to ('' = anonymous): the scope of every store key it reads and writes. */
+  readonly #tenant: string;
   readonly #requestId: string;
   readonly #authorization: string;
   readonly #headers: Readonly<Record<string, string>>;
@@ -83,9 +89,10 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   /** The client's stream ended (completed or failed). */
   #streamEnded = false;
 
-  constructor(svc: TurnHost, client: ClientPort, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
+  constructor(svc: TurnHost, client: ClientPort, tenant: string, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
     this.#svc = svc;
     this.#client = client;
+    this.#tenant = tenant;
     this.#requestId = requestId;
     this.#authorization = authorization;
     this.#headers = headers;
@@ -98,6 +105,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     let req: TurnRequest;
     try {
       req = this.req = parseTurnRequest(raw, svc.maxJsonDepth);
+      this.stored = req.store;
     } catch (err) {
       this.#fail(err);
       return;
@@ -114,7 +122,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     }
     let got: StoredResponse | null | Promise<StoredResponse | null>;
     try {
-      got = svc.storeGet(req.previousResponseId);
+      got = svc.storeGet(this.#tenant, req.previousResponseId);
     } catch (err) {
       this.#fail(err);
       return;
@@ -170,7 +178,9 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     if (req.topP !== null) body += `,"top_p":${req.topP}`;
     if (req.user !== null) body += `,"user":${JSON.stringify(req.user)}`;
     body += '}';
-    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#authorization, this.#headers, Buffer.from(body), this.#root);
+    // the session key: the chain's root, within the tenant (the store keys are tenant-scoped, so is the pin)
+    const session = this.#tenant === '' ? this.#root : `${this.#tenant.length}:${this.#tenant}:${this.#root}`;
+    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#authorization, this.#headers, Buffer.from(body), session);
   }
 
   /** An answer of the Responses layer itself (bad input, no previous response, store down). */
@@ -343,8 +353,8 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     }
     const text = typeof choice.message?.content === 'string' ? choice.message.content : '';
     const status: ResponseStatus = choice.finish_reason === 'length' ? 'incomplete' : 'completed';
-    const body = JSON.stringify(responseObject(this, status, text, usageOf(o.usage), null));
-    this.#store(text, body, () => {
+    const usage = usageOf(o.usage);
+    this.#store(text, () => JSON.stringify(responseObject(this, status, text, usage, null)), (body) => {
       this.#answered();
       this.#client.head(200, 'application/json', this.endpoint!, Buffer.byteLength(body));
       this.#client.end(body);
@@ -401,9 +411,9 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
         sseEvent('response.content_part.done', this.#seq++, { item_id: id, output_index: 0, content_index: 0, part }) +
         sseEvent('response.output_item.done', this.#seq++, { output_index: 0, item: messageItem(id, status === 'incomplete' ? 'incomplete' : 'completed', text) }),
     );
-    const final = responseObject(this, status, text, this.#usage, null);
-    const body = JSON.stringify(final);
-    this.#store(text, body, () => {
+    let final: Record<string, unknown> | null = null;
+    const render = () => JSON.stringify((final = responseObject(this, status, text, this.#usage, null)));
+    this.#store(text, render, () => {
       this.#answered();
       this.#streamEnded = true;
       this.#client.end(sseEvent(status === 'incomplete' ? 'response.incomplete' : 'response.completed', this.#seq++, { response: final }));
@@ -426,16 +436,23 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     this.#svc.stats.failed++;
   }
 
-  /** Stores the turn (when `store`), then sends; a store failure answers 503 (or response.failed) instead. */
-  #store(text: string, responseJson: string, send: () => void): void {
+  /**
+   * Renders the Response, stores the turn (when `store`), then sends; a store
+   * failure answers 503 (or response.failed) instead. A turn too large for
+   * the tenant's byte budget is not stored and its object says `store: false`
+   * (never an id that would 404).
+   */
+  #store(text: string, render: () => string, send: (body: string) => void): void {
     const req = this.req;
     if (!req.store) {
-      send();
+      send(render());
       return;
     }
+    const responseJson = render();
     const p = this.#parent;
     const turn = `${req.inputFragment},${assistantMessage(text)}`;
     const rec: StoredResponse = {
+      tenant: this.#tenant,
       id: this.id,
       root: this.#root,
       parent: p === null ? '' : p.id,
@@ -444,6 +461,11 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
       ids: p === null || p.ids === '' ? `${req.inputIds},${this.msgId}` : `${p.ids},${req.inputIds},${this.msgId}`,
       response: responseJson,
     };
+    if (recordBytes(rec) > this.#svc.maxRecordBytes) {
+      this.stored = false;
+      send(render());
+      return;
+    }
     const failed = (err: unknown) => {
       const msg = `the response was generated but could not be stored (store: true), so it cannot be continued: ${(err as Error).message}`;
       if (this.#mode === MODE_SSE) this.#streamFailed('store_unavailable', msg);
@@ -452,7 +474,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
         this.#client.error(503, msg, null, this.endpoint, null, 'store_unavailable');
       }
     };
-    let r: void | Promise<void>;
+    let r: boolean | Promise<boolean>;
     try {
       r = this.#svc.storePut(rec);
     } catch (err) {
@@ -460,7 +482,8 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
       return;
     }
     if (!isPromise(r)) {
-      send();
+      if (!r) this.stored = false; // not kept: re-rendered as store: false
+      send(r ? responseJson : render());
       return;
     }
     this.#storing = true;
@@ -469,8 +492,9 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
       if (this.#flightDone >= 0) this.#end(this.#flightDone);
     };
     r.then(
-      () => {
-        if (!this.#aborted) send();
+      (kept) => {
+        if (!kept) this.stored = false;
+        if (!this.#aborted) send(kept ? responseJson : render());
         after();
       },
       (err: unknown) => {
