@@ -46,6 +46,8 @@ const MODE_SSE = 2;
 const MODE_ERROR = 3;
 
 const SSE_TYPE = 'text/event-stream';
+/** CRLF or a lone CR: an SSE line end like LF. */
+const CR_EOL = /\r\n?/g;
 
 export class ResponsesTurn implements ClientPort, ResponseHead {
   // what the transport reads of its flight
@@ -82,6 +84,8 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   // streaming
   #decoder: StringDecoder | null = null;
   #sseBuf = '';
+  /** A chunk ended in '\r': held until the next shows whether it is CRLF or a lone CR. */
+  #sseCr = false;
   #seq = 0;
   #text = '';
   #finishReason: string | null = null;
@@ -362,6 +366,18 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   }
 
   #onSse(text: string): void {
+    // SSE lines end in LF, CRLF or CR: normalise to LF (a CR at a chunk's end waits for the next chunk)
+    if (this.#sseCr) {
+      text = '\r' + text;
+      this.#sseCr = false;
+    }
+    if (text.indexOf('\r') >= 0) {
+      if (text.charCodeAt(text.length - 1) === 13) {
+        this.#sseCr = true;
+        text = text.slice(0, -1);
+      }
+      text = text.replace(CR_EOL, '\n');
+    }
     let buf = this.#sseBuf + text;
     let out = '';
     let at: number;
