@@ -35,6 +35,10 @@ export interface TurnHost {
   storePut(r: StoredResponse): boolean | Promise<boolean>;
   unavailable(): StoreUnavailableError;
   countRequest(model: string, status: number): void;
+  /** Bodies larger than this are parsed off the event loop (parseOffLoop). */
+  readonly parseOffloadBytes: number;
+  /** Parses a large body in a worker; rejects with the ResponsesError a bad body gets. */
+  parseOffLoop(raw: Buffer): Promise<TurnRequest>;
 }
 
 const MODE_NONE = 0;
@@ -106,14 +110,35 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
 
   start(raw: Buffer): void {
     const svc = this.#svc;
+    if (raw.length > svc.parseOffloadBytes) {
+      // a large body: parsed and rendered in a worker, the event loop stays free
+      svc.parseOffLoop(raw).then(
+        (req) => {
+          if (this.#aborted || this.#over) return;
+          try {
+            this.#parsed(req);
+          } catch (err) {
+            this.#fail(err);
+          }
+        },
+        (err: unknown) => this.#fail(err),
+      );
+      return;
+    }
     let req: TurnRequest;
     try {
-      req = this.req = parseTurnRequest(raw, svc.maxJsonDepth);
-      this.stored = req.store;
+      req = parseTurnRequest(raw, svc.maxJsonDepth);
     } catch (err) {
       this.#fail(err);
       return;
     }
+    this.#parsed(req);
+  }
+
+  #parsed(req: TurnRequest): void {
+    const svc = this.#svc;
+    this.req = req;
+    this.stored = req.store;
     this.model = req.model;
     const store = svc.store;
     if ((req.store || req.previousResponseId !== null) && (store === null || !store.available)) {
