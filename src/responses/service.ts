@@ -220,7 +220,7 @@ export class ResponsesService implements TurnHost {
     return this.director.parseOffloadBytes;
   }
 
-  /** Parses a large body in the worker pool (created on first use, up to two threads, as the director's). */
+  /** Parses a large body in the worker pool (created on first use, up to two threads, as the director's); `raw` is unusable afterwards. */
   async parseOffLoop(raw: Buffer): Promise<TurnRequest> {
     this.#pool ??= new Piscina<TurnParseTask, TurnParseReply>({
       filename: new URL('./parse-worker.js', import.meta.url).href,
@@ -232,7 +232,10 @@ export class ResponsesService implements TurnHost {
     this.offloadedParses++;
     let r: TurnParseReply;
     try {
-      r = await this.#pool.run({ raw, maxDepth: this.maxJsonDepth });
+      // moved, not copied: the body is the turn's alone (the exchange handed it over), and a large one
+      // has an ArrayBuffer of its own (Buffer's shared pool holds only small allocations)
+      const own = raw.buffer.byteLength > Buffer.poolSize;
+      r = await this.#pool.run({ raw, maxDepth: this.maxJsonDepth }, own ? { transferList: [raw.buffer as ArrayBuffer] } : undefined);
     } catch (err) {
       throw new ResponsesError(413, `the request body could not be parsed within the router's limits (${(err as Error).message})`);
     }

@@ -37,7 +37,7 @@ export interface TurnHost {
   countRequest(model: string, status: number): void;
   /** Bodies larger than this are parsed off the event loop (parseOffLoop). */
   readonly parseOffloadBytes: number;
-  /** Parses a large body in a worker; rejects with the ResponsesError a bad body gets. */
+  /** Parses a large body in a worker (its memory moves there: `raw` is unusable afterwards); rejects with the ResponsesError a bad body gets. */
   parseOffLoop(raw: Buffer): Promise<TurnRequest>;
 }
 
