@@ -11,7 +11,7 @@ import http from 'node:http';
 import { connect } from 'node:net';
 import { startFleet } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
-import { registry } from '../src/scheduler/builtins.js';
+import { registry } from '../src/scheduler/plugins/index.js';
 import { startRouter } from '../src/server/router.js';
 import { sseData, until, sleep } from './sim-util.js';
 

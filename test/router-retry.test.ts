@@ -141,7 +141,7 @@ for (const client of ['h1', 'native'] as const) {
   });
 
   t.test(`${client}: a plugin that throws while a retry is picked: 500 with OpenAI error JSON, the router keeps serving`, async (t) => {
-    const { registry } = await import('../src/scheduler/builtins.js');
+    const { registry } = await import('../src/scheduler/plugins/index.js');
     let calls = 0;
     registry.register({
       kind: 'scorer',
