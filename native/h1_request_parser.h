@@ -47,6 +47,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "h1_parser.h"
+
 namespace switchyard {
 namespace h1req {
 
@@ -110,34 +112,14 @@ struct TcharTable {
 inline constexpr TcharTable kTchar{};
 
 inline bool Tchar(unsigned char c) { return kTchar.t[c]; }
-inline char Lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; }
-inline bool IEq(const char* a, size_t n, const char* lower, size_t m) {
-  if (n != m) return false;
-  for (size_t i = 0; i < n; i++)
-    if (Lower(a[i]) != lower[i]) return false;
-  return true;
-}
-inline bool Ows(char c) { return c == ' ' || c == '\t'; }
+using h1::detail::ForEachToken;  // the list, case and OWS helpers of the response parser
+using h1::detail::IEq;
+using h1::detail::Lower;
+using h1::detail::Ows;
 // A byte allowed in a field value (HTAB, SP, VCHAR, obs-text).
 inline bool ValueByte(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
 // A byte allowed in a request target (no CTL, SP or DEL; >= 0x80 kept).
 inline bool TargetByte(unsigned char c) { return c > 0x20 && c != 0x7f; }
-
-// Calls f(token, len) for each element of a comma-separated list (OWS trimmed, empty ones skipped);
-// stops early when f returns false.
-template <class F>
-void ForEachToken(const char* v, size_t n, F&& f) {
-  size_t i = 0;
-  while (i <= n) {
-    size_t j = i;
-    while (j < n && v[j] != ',') j++;
-    size_t a = i, b = j;
-    while (a < b && Ows(v[a])) a++;
-    while (b > a && Ows(v[b - 1])) b--;
-    if (b > a && !f(v + a, b - a)) return;
-    i = j + 1;
-  }
-}
 
 }  // namespace detail
 
@@ -362,7 +344,6 @@ class RequestParser {
           detail::ForEachToken(v, vn, [&](const char* tok, size_t tn) {
             if (detail::IEq(tok, tn, "100-continue", 12)) h_.expect_continue = true;
             else other = true;
-            return true;
           });
           if (other) return 417;
         }
@@ -372,7 +353,6 @@ class RequestParser {
           detail::ForEachToken(v, vn, [&](const char* tok, size_t tn) {
             if (detail::IEq(tok, tn, "close", 5)) conn_close_ = true;
             else if (detail::IEq(tok, tn, "keep-alive", 10)) conn_keep_ = true;
-            return true;
           });
         }
         break;
@@ -405,7 +385,6 @@ class RequestParser {
               if (!token) te_bad_ = true;
               te_unknown_ = true;
             }
-            return true;
           });
           if (!last_chunked) te_bad_ = true;
           h_.chunked = true;
