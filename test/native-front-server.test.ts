@@ -155,6 +155,18 @@ t.test('a body over the limit: 413, readable by fetch (undici), not EPIPE', asyn
   t.equal(res.status, 413);
   t.match(await res.json(), { error: { message: 'Payload Too Large' } });
   t.equal(f.requests.length, 0);
+  // a client that is still sending when the 413 goes out (a streamed 20 MB body, 1 MiB at a time)
+  let sent = 0;
+  const body = new ReadableStream<Uint8Array>({
+    async pull(c) {
+      if (sent >= 20) return c.close();
+      sent++;
+      await new Promise((r) => setTimeout(r, 5));
+      c.enqueue(new Uint8Array(1024 * 1024));
+    },
+  });
+  const res2 = await fetch(`http://127.0.0.1:${f.port}/v1/files`, { method: 'POST', body, duplex: 'half' } as RequestInit);
+  t.equal(res2.status, 413, 'a streamed body gets the 413 too');
 });
 
 t.test('a client that leaves: its pending requests are aborted', async (t) => {
