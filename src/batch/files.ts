@@ -1,0 +1,98 @@
+// The Files half of the API: POST /v1/files (multipart, JSONL checked),
+// GET /v1/files[/{id}[/content]], DELETE /v1/files/{id}.
+import { randomBytes } from 'node:crypto';
+import { checkJsonl } from './jsonl.js';
+import { parseMultipart } from './multipart.js';
+import { BatchApiError, FILE_ID, fileObject, json, noSuchFile, type ApiAnswer, type BatchHash, type BatchStore } from './store.js';
+
+export class Files {
+  readonly #s: BatchStore;
+
+  constructor(s: BatchStore) {
+    this.#s = s;
+  }
+
+  /** POST /v1/files: a multipart body with `purpose` = batch and a JSONL `file`. */
+  async uploadFile(contentType: string, body: Buffer): Promise<ApiAnswer> {
+    const parts = parseMultipart(contentType, body);
+    if (typeof parts === 'string') throw new BatchApiError(400, parts, null, 'invalid_request_body');
+    const purpose = parts.get('purpose');
+    if (purpose === undefined) throw new BatchApiError(400, "missing required parameter 'purpose'", 'purpose', 'missing_required_parameter');
+    const p = purpose.data.toString('utf8');
+    if (p !== 'batch') throw new BatchApiError(400, `purpose must be "batch": this router stores batch input files only (got ${JSON.stringify(p.slice(0, 64))})`, 'purpose', 'invalid_value');
+    const file = parts.get('file');
+    if (file === undefined || file.filename === null) throw new BatchApiError(400, "missing required parameter 'file' (a part with a filename)", 'file', 'missing_required_parameter');
+    const problem = checkJsonl(file.data);
+    if (problem !== null) throw new BatchApiError(400, `file is not valid JSONL for a batch: ${problem}`, 'file', 'invalid_file_format');
+    const meta = await this.#s.storeFile(`file-${randomBytes(12).toString('hex')}`, file.filename, 'batch', file.data);
+    return { status: 200, body: json(meta) };
+  }
+
+  async retrieveFile(id: string): Promise<ApiAnswer> {
+    const h = await this.#s.fileMeta(id);
+    if (h === null) throw noSuchFile(id);
+    return { status: 200, body: json(fileObject(id, h)) };
+  }
+
+  async fileContent(id: string): Promise<ApiAnswer> {
+    if (!FILE_ID.test(id)) throw noSuchFile(id);
+    const [h, data] = await Promise.all([this.#s.fileMeta(id), this.#s.redis.getBuffer(this.#s.fileData(id))]);
+    if (h === null || data === null) throw noSuchFile(id);
+    return { status: 200, body: data, contentType: 'application/octet-stream' };
+  }
+
+  /**
+   * GET /v1/files?purpose=&limit=&order=&after=: OpenAI's list shape, newest
+   * first by default; `limit` in [1, 10000] (default 10000, as OpenAI's).
+   * A purpose filter walks the index a page at a time, so its cost is bounded
+   * by what it skips, not by the whole store.
+   */
+  async listFiles(query: string): Promise<ApiAnswer> {
+    const q = new URLSearchParams(query);
+    const limitText = q.get('limit');
+    const limit = limitText === null ? 10000 : Number(limitText);
+    if (!Number.isInteger(limit) || limit < 1 || limit > 10000) throw new BatchApiError(400, `limit must be an integer in [1, 10000] (got ${JSON.stringify(limitText)})`, 'limit', 'invalid_value');
+    const order = q.get('order') ?? 'desc';
+    if (order !== 'asc' && order !== 'desc') throw new BatchApiError(400, `order must be "asc" or "desc" (got ${JSON.stringify(order.slice(0, 80))})`, 'order', 'invalid_value');
+    const purpose = q.get('purpose');
+    if (purpose !== null && purpose !== 'batch' && purpose !== 'batch_output')
+      throw new BatchApiError(400, `purpose ${JSON.stringify(purpose.slice(0, 80))}: this router stores "batch" and "batch_output" files only`, 'purpose', 'invalid_value');
+    const after = q.get('after');
+    const asc = order === 'asc';
+    let start = 0;
+    if (after !== null) {
+      const rank = FILE_ID.test(after) ? await (asc ? this.#s.redis.zrank(this.#s.files, after) : this.#s.redis.zrevrank(this.#s.files, after)) : null;
+      if (rank === null) throw new BatchApiError(400, `after ${JSON.stringify(after.slice(0, 80))}: no such file`, 'after', 'invalid_value');
+      start = rank + 1;
+    }
+    const data: Record<string, unknown>[] = [];
+    let hasMore = false;
+    const page = Math.min(limit + 1, 1000);
+    for (;;) {
+      const ids = await (asc ? this.#s.redis.zrange(this.#s.files, start, start + page - 1) : this.#s.redis.zrevrange(this.#s.files, start, start + page - 1));
+      if (ids.length === 0) break;
+      const pipe = this.#s.redis.pipeline();
+      for (const id of ids) pipe.hgetall(this.#s.fileKey(id));
+      const rows = (await pipe.exec()) ?? [];
+      for (let i = 0; i < ids.length; i++) {
+        const h = rows[i]?.[1] as BatchHash | undefined;
+        if (h?.purpose === undefined || (purpose !== null && h.purpose !== purpose)) continue;
+        if (data.length === limit) {
+          hasMore = true;
+          break;
+        }
+        data.push(fileObject(ids[i], h));
+      }
+      if (hasMore || ids.length < page) break;
+      start += ids.length;
+    }
+    return { status: 200, body: json({ object: 'list', data, first_id: (data[0]?.id as string | undefined) ?? null, last_id: (data.at(-1)?.id as string | undefined) ?? null, has_more: hasMore }) };
+  }
+
+  async deleteFile(id: string): Promise<ApiAnswer> {
+    if (!FILE_ID.test(id)) throw noSuchFile(id);
+    const [del] = (await this.#s.redis.multi().del(this.#s.fileKey(id), this.#s.fileData(id)).zrem(this.#s.files, id).exec()) ?? [];
+    if (del?.[1] === 0) throw noSuchFile(id);
+    return { status: 200, body: json({ id, object: 'file', deleted: true }) };
+  }
+}

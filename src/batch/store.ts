@@ -1,0 +1,115 @@
+// What the Files, Batches and tracker parts of the API share: the Redis
+// client (with the scripts), the key layout, the answer and error types, and
+// the file and batch records as Redis holds them.
+import { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import type { BatchConfig } from '../config/batch.js';
+import { defineScripts, type ScriptRedis } from './lua.js';
+
+/** An answer of the API: status, JSON (or file bytes) and its content type. */
+export interface ApiAnswer {
+  status: number;
+  body: string | Buffer;
+  contentType?: string;
+}
+
+/** A request the API refuses: the OpenAI error fields. */
+export class BatchApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly param: string | null = null,
+    readonly code: string | null = null,
+  ) {
+    super(message);
+  }
+}
+
+export type BatchHash = Record<string, string>;
+
+export const now = () => Math.floor(Date.now() / 1000);
+export const json = (o: unknown) => JSON.stringify(o);
+/** The ids this API hands out (anything else is unknown: never a Redis key of another kind). */
+export const FILE_ID = /^file-[A-Za-z0-9-]{1,80}$/;
+export const BATCH_ID = /^batch_[A-Za-z0-9]{1,64}$/;
+
+export function noSuchFile(id: string): BatchApiError {
+  return new BatchApiError(404, `No such File object: ${JSON.stringify(id)}`, 'file_id', 'not_found');
+}
+
+export function fileObject(id: string, h: BatchHash): Record<string, unknown> {
+  return { id, object: 'file', bytes: Number(h.bytes), created_at: Number(h.created_at), filename: h.filename, purpose: h.purpose, status: 'processed', expires_at: null, status_details: null };
+}
+
+/** The Redis side of the API: one client, the key layout, the file writes both Files and the tracker make. */
+export class BatchStore {
+  readonly redis: ScriptRedis;
+  readonly cfg: BatchConfig;
+  readonly log: Logger;
+  readonly #p: string;
+
+  constructor(cfg: BatchConfig, log: Logger) {
+    this.cfg = cfg;
+    this.log = log;
+    this.#p = cfg.keyPrefix;
+    const r = new Redis(cfg.redis, { lazyConnect: true, maxRetriesPerRequest: 1, retryStrategy: (n: number) => Math.min(50 * n, 1000) });
+    r.on('error', (err: Error) => log.debug({ err }, 'batch api: redis error'));
+    this.redis = defineScripts(r);
+  }
+
+  get prefix(): string {
+    return this.#p;
+  }
+
+  // ---- keys
+
+  fileKey(id: string): string {
+    return `${this.#p}:file:${id}`;
+  }
+  fileData(id: string): string {
+    return `${this.#p}:file:${id}:data`;
+  }
+  batchKey(id: string): string {
+    return `${this.#p}:batch:${id}`;
+  }
+  outStream(id: string): string {
+    return `${this.#p}:batch:${id}:out`;
+  }
+  /** Every batch's id, scored by its creation time in ms. */
+  get index(): string {
+    return `${this.#p}:batches`;
+  }
+  /** The batches the tracker still works on. */
+  get active(): string {
+    return `${this.#p}:batches:active`;
+  }
+  /** Every file's id, scored by its upload time in ms (GET /v1/files lists it newest first). */
+  get files(): string {
+    return `${this.#p}:files`;
+  }
+
+  // ---- records
+
+  async storeFile(id: string, filename: string, purpose: string, data: Buffer): Promise<Record<string, unknown>> {
+    const created = now();
+    await this.redis
+      .multi()
+      .set(this.fileData(id), data)
+      .hset(this.fileKey(id), 'filename', filename, 'purpose', purpose, 'bytes', String(data.length), 'created_at', String(created))
+      .zadd(this.files, Date.now(), id)
+      .exec();
+    return fileObject(id, { filename, purpose, bytes: String(data.length), created_at: String(created) });
+  }
+
+  async fileMeta(id: string): Promise<BatchHash | null> {
+    if (!FILE_ID.test(id)) return null;
+    const h = await this.redis.hgetall(this.fileKey(id));
+    return h.purpose === undefined ? null : h;
+  }
+
+  async batch(id: string): Promise<BatchHash> {
+    const h = BATCH_ID.test(id) ? await this.redis.hgetall(this.batchKey(id)) : {};
+    if (h.status === undefined) throw new BatchApiError(404, `No batch found with id ${JSON.stringify(id)}`, 'batch_id', 'not_found');
+    return h;
+  }
+}
