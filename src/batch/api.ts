@@ -64,31 +64,33 @@ export class BatchApi {
     this.#s.redis.disconnect();
   }
 
-  uploadFile(contentType: string, body: Buffer): Promise<ApiAnswer> {
-    return this.#files.uploadFile(contentType, body);
+  // every call names the caller's tenant ('' = the anonymous scope): another tenant's objects are unknown (404)
+
+  uploadFile(contentType: string, body: Buffer, tenant: string): Promise<ApiAnswer> {
+    return this.#files.uploadFile(contentType, body, tenant);
   }
-  retrieveFile(id: string): Promise<ApiAnswer> {
-    return this.#files.retrieveFile(id);
+  retrieveFile(id: string, tenant: string): Promise<ApiAnswer> {
+    return this.#files.retrieveFile(id, tenant);
   }
-  fileContent(id: string): Promise<ApiAnswer> {
-    return this.#files.fileContent(id);
+  fileContent(id: string, tenant: string): Promise<ApiAnswer> {
+    return this.#files.fileContent(id, tenant);
   }
-  listFiles(query: string): Promise<ApiAnswer> {
-    return this.#files.listFiles(query);
+  listFiles(query: string, tenant: string): Promise<ApiAnswer> {
+    return this.#files.listFiles(query, tenant);
   }
-  deleteFile(id: string): Promise<ApiAnswer> {
-    return this.#files.deleteFile(id);
+  deleteFile(id: string, tenant: string): Promise<ApiAnswer> {
+    return this.#files.deleteFile(id, tenant);
   }
-  createBatch(raw: Buffer, tenant = ''): Promise<ApiAnswer> {
+  createBatch(raw: Buffer, tenant: string): Promise<ApiAnswer> {
     return this.#batches.createBatch(raw, tenant);
   }
-  retrieveBatch(id: string): Promise<ApiAnswer> {
-    return this.#batches.retrieveBatch(id);
+  retrieveBatch(id: string, tenant: string): Promise<ApiAnswer> {
+    return this.#batches.retrieveBatch(id, tenant);
   }
-  listBatches(query: string): Promise<ApiAnswer> {
-    return this.#batches.listBatches(query);
+  listBatches(query: string, tenant: string): Promise<ApiAnswer> {
+    return this.#batches.listBatches(query, tenant);
   }
-  cancelBatch(id: string): Promise<ApiAnswer> {
-    return this.#batches.cancelBatch(id);
+  cancelBatch(id: string, tenant: string): Promise<ApiAnswer> {
+    return this.#batches.cancelBatch(id, tenant);
   }
 }

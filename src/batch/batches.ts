@@ -21,7 +21,7 @@ export class Batches {
   }
 
   /** POST /v1/batches. */
-  async createBatch(raw: Buffer, tenant = ''): Promise<ApiAnswer> {
+  async createBatch(raw: Buffer, tenant: string): Promise<ApiAnswer> {
     let b: unknown;
     try {
       b = JSON.parse(raw.toString('utf8'));
@@ -39,10 +39,10 @@ export class Batches {
       const ok = typeof md === 'object' && !Array.isArray(md) && Object.keys(md).length <= 16 && Object.entries(md).every(([k, v]) => k.length <= 64 && typeof v === 'string' && v.length <= 512);
       if (!ok) throw new BatchApiError(400, 'metadata must be an object of at most 16 string values (keys ≤ 64, values ≤ 512 characters)', 'metadata', 'invalid_value');
     }
-    const file = await this.#s.fileMeta(o.input_file_id);
+    const file = await this.#s.fileMeta(o.input_file_id, tenant);
     if (file === null) throw new BatchApiError(400, `input_file_id ${JSON.stringify(o.input_file_id)}: no such file`, 'input_file_id', 'file_not_found');
     if (file.purpose !== 'batch') throw new BatchApiError(400, `input_file_id ${JSON.stringify(o.input_file_id)} has purpose "${file.purpose}", not "batch"`, 'input_file_id', 'invalid_file_purpose');
-    const id = `batch_${randomBytes(12).toString('hex')}`;
+    const id = `batch_${randomBytes(16).toString('hex')}`;
     const h: BatchHash = {
       status: 'validating',
       endpoint: o.endpoint,
@@ -56,18 +56,19 @@ export class Batches {
       enqueued: '0',
       tenant,
     };
-    await this.#s.redis.multi().hset(this.#s.batchKey(id), h).zadd(this.#s.index, Date.now(), id).sadd(this.#s.active, id).exec();
+    await this.#s.redis.multi().hset(this.#s.batchKey(id), h).zadd(this.#s.batches(tenant), Date.now(), id).sadd(this.#s.active, id).exec();
     this.#kick(id);
     return { status: 200, body: json(batchObject(id, h, this.#s.cfg.expireAfterSeconds)) };
   }
 
-  async retrieveBatch(id: string): Promise<ApiAnswer> {
-    const h = await this.#s.batch(id);
+  async retrieveBatch(id: string, tenant: string): Promise<ApiAnswer> {
+    const h = await this.#s.batch(id, tenant);
     return { status: 200, body: json(batchObject(id, h, this.#s.cfg.expireAfterSeconds)) };
   }
 
   /** GET /v1/batches?after=&limit=: newest first. */
-  async listBatches(query: string): Promise<ApiAnswer> {
+  async listBatches(query: string, tenant: string): Promise<ApiAnswer> {
+    const index = this.#s.batches(tenant);
     const q = new URLSearchParams(query);
     const limitText = q.get('limit');
     const limit = limitText === null ? 20 : Number(limitText);
@@ -76,11 +77,11 @@ export class Batches {
     let start = 0;
     if (after !== null) {
       if (!BATCH_ID.test(after)) throw new BatchApiError(400, `after ${JSON.stringify(after.slice(0, 80))}: no such batch`, 'after', 'invalid_value');
-      const rank = await this.#s.redis.zrevrank(this.#s.index, after);
+      const rank = await this.#s.redis.zrevrank(index, after);
       if (rank === null) throw new BatchApiError(400, `after ${JSON.stringify(after)}: no such batch`, 'after', 'invalid_value');
       start = rank + 1;
     }
-    const ids = await this.#s.redis.zrevrange(this.#s.index, start, start + limit); // one more: has_more
+    const ids = await this.#s.redis.zrevrange(index, start, start + limit); // one more: has_more
     const page = ids.slice(0, limit);
     const pipe = this.#s.redis.pipeline();
     for (const id of page) pipe.hgetall(this.#s.batchKey(id));
@@ -94,18 +95,18 @@ export class Batches {
   }
 
   /** POST /v1/batches/{id}/cancel. */
-  async cancelBatch(id: string): Promise<ApiAnswer> {
-    const h = await this.#s.batch(id);
+  async cancelBatch(id: string, tenant: string): Promise<ApiAnswer> {
+    const h = await this.#s.batch(id, tenant);
     const st = h.status as Status;
     if (st === 'validating' || st === 'in_progress') {
       await this.#s.redis.set(cancelKey(this.#s.prefix, id), '1', 'EX', this.#s.cfg.doneTtlSeconds);
       const set = await move(this.#s, id, st, 'cancelling', 'cancelling_at', String(now()));
-      if (set === 0) return this.cancelBatch(id); // it moved on meanwhile: answer for its new status
+      if (set === 0) return this.cancelBatch(id, tenant); // it moved on meanwhile: answer for its new status
       this.#kick(id);
     } else if (st !== 'cancelling' && st !== 'cancelled') {
       throw new BatchApiError(400, `cannot cancel a batch whose status is ${st}`, 'batch_id', 'invalid_state');
     }
-    return this.retrieveBatch(id);
+    return this.retrieveBatch(id, tenant);
   }
 }
 

@@ -13,7 +13,7 @@ export class Files {
   }
 
   /** POST /v1/files: a multipart body with `purpose` = batch and a JSONL `file`. */
-  async uploadFile(contentType: string, body: Buffer): Promise<ApiAnswer> {
+  async uploadFile(contentType: string, body: Buffer, tenant: string): Promise<ApiAnswer> {
     const parts = parseMultipart(contentType, body);
     if (typeof parts === 'string') throw new BatchApiError(400, parts, null, 'invalid_request_body');
     const purpose = parts.get('purpose');
@@ -24,19 +24,19 @@ export class Files {
     if (file === undefined || file.filename === null) throw new BatchApiError(400, "missing required parameter 'file' (a part with a filename)", 'file', 'missing_required_parameter');
     const problem = checkJsonl(file.data);
     if (problem !== null) throw new BatchApiError(400, `file is not valid JSONL for a batch: ${problem}`, 'file', 'invalid_file_format');
-    const meta = await this.#s.storeFile(`file-${randomBytes(12).toString('hex')}`, file.filename, 'batch', file.data);
+    const meta = await this.#s.storeFile(`file-${randomBytes(16).toString('hex')}`, file.filename, 'batch', file.data, tenant, true);
     return { status: 200, body: json(meta) };
   }
 
-  async retrieveFile(id: string): Promise<ApiAnswer> {
-    const h = await this.#s.fileMeta(id);
+  async retrieveFile(id: string, tenant: string): Promise<ApiAnswer> {
+    const h = await this.#s.fileMeta(id, tenant);
     if (h === null) throw noSuchFile(id);
     return { status: 200, body: json(fileObject(id, h)) };
   }
 
-  async fileContent(id: string): Promise<ApiAnswer> {
+  async fileContent(id: string, tenant: string): Promise<ApiAnswer> {
     if (!FILE_ID.test(id)) throw noSuchFile(id);
-    const [h, data] = await Promise.all([this.#s.fileMeta(id), this.#s.redis.getBuffer(this.#s.fileData(id))]);
+    const [h, data] = await Promise.all([this.#s.fileMeta(id, tenant), this.#s.redis.getBuffer(this.#s.fileData(id))]);
     if (h === null || data === null) throw noSuchFile(id);
     return { status: 200, body: data, contentType: 'application/octet-stream' };
   }
@@ -47,7 +47,8 @@ export class Files {
    * A purpose filter walks the index a page at a time, so its cost is bounded
    * by what it skips, not by the whole store.
    */
-  async listFiles(query: string): Promise<ApiAnswer> {
+  async listFiles(query: string, tenant: string): Promise<ApiAnswer> {
+    const index = this.#s.files(tenant);
     const q = new URLSearchParams(query);
     const limitText = q.get('limit');
     const limit = limitText === null ? 10000 : Number(limitText);
@@ -61,7 +62,7 @@ export class Files {
     const asc = order === 'asc';
     let start = 0;
     if (after !== null) {
-      const rank = FILE_ID.test(after) ? await (asc ? this.#s.redis.zrank(this.#s.files, after) : this.#s.redis.zrevrank(this.#s.files, after)) : null;
+      const rank = FILE_ID.test(after) ? await (asc ? this.#s.redis.zrank(index, after) : this.#s.redis.zrevrank(index, after)) : null;
       if (rank === null) throw new BatchApiError(400, `after ${JSON.stringify(after.slice(0, 80))}: no such file`, 'after', 'invalid_value');
       start = rank + 1;
     }
@@ -69,7 +70,7 @@ export class Files {
     let hasMore = false;
     const page = Math.min(limit + 1, 1000);
     for (;;) {
-      const ids = await (asc ? this.#s.redis.zrange(this.#s.files, start, start + page - 1) : this.#s.redis.zrevrange(this.#s.files, start, start + page - 1));
+      const ids = await (asc ? this.#s.redis.zrange(index, start, start + page - 1) : this.#s.redis.zrevrange(index, start, start + page - 1));
       if (ids.length === 0) break;
       const pipe = this.#s.redis.pipeline();
       for (const id of ids) pipe.hgetall(this.#s.fileKey(id));
@@ -89,10 +90,10 @@ export class Files {
     return { status: 200, body: json({ object: 'list', data, first_id: (data[0]?.id as string | undefined) ?? null, last_id: (data.at(-1)?.id as string | undefined) ?? null, has_more: hasMore }) };
   }
 
-  async deleteFile(id: string): Promise<ApiAnswer> {
-    if (!FILE_ID.test(id)) throw noSuchFile(id);
-    const [del] = (await this.#s.redis.multi().del(this.#s.fileKey(id), this.#s.fileData(id)).zrem(this.#s.files, id).exec()) ?? [];
-    if (del?.[1] === 0) throw noSuchFile(id);
+  async deleteFile(id: string, tenant: string): Promise<ApiAnswer> {
+    if ((await this.#s.fileMeta(id, tenant)) === null) throw noSuchFile(id);
+    // the record is checked to be this tenant's first, and the tenant never changes: the delete cannot reach another's file
+    if ((await this.#s.redis.deleteFile(this.#s.fileKey(id), this.#s.fileData(id), this.#s.files(tenant), this.#s.usage(tenant), id)) === 0) throw noSuchFile(id);
     return { status: 200, body: json({ id, object: 'file', deleted: true }) };
   }
 }

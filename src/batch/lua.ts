@@ -49,10 +49,40 @@ end
 redis.call('HSET', KEYS[1], 'enqueued', ARGV[2])
 return 1`;
 
+/**
+ * Charges one file of ARGV[3] bytes to a tenant's usage (KEYS[1], a hash of
+ * files and bytes) if it stays within ARGV[1] files and ARGV[2] bytes, or
+ * whatever it is when ARGV[4] is '0' (batch output). Returns 1 when charged.
+ */
+const CHARGE_FILE = `
+local files = tonumber(redis.call('HGET', KEYS[1], 'files') or '0')
+local bytes = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
+local n = tonumber(ARGV[3])
+if ARGV[4] == '1' and (files + 1 > tonumber(ARGV[1]) or bytes + n > tonumber(ARGV[2])) then return 0 end
+redis.call('HINCRBY', KEYS[1], 'files', 1)
+redis.call('HINCRBY', KEYS[1], 'bytes', n)
+return 1`;
+
+/**
+ * Deletes a file's record (KEYS[1]) and data (KEYS[2]), takes it out of its
+ * tenant's list (KEYS[3]) and usage (KEYS[4]); ARGV[1] the file id. Only the
+ * call that deleted the record gives its bytes back. Returns 1 when deleted.
+ */
+const DELETE_FILE = `
+local bytes = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HINCRBY', KEYS[4], 'files', -1)
+redis.call('HINCRBY', KEYS[4], 'bytes', -bytes)
+return 1`;
+
 export type ScriptRedis = Redis & {
   advance(hash: string, stream: string, count: number): Promise<number>;
   setIfStatus(hash: string, ...args: string[]): Promise<number>;
   enqueueChunk(hash: string, stream: string, ...args: string[]): Promise<number>;
+  chargeFile(usage: string, maxFiles: number, maxBytes: number, bytes: number, enforce: string): Promise<number>;
+  deleteFile(meta: string, data: string, index: string, usage: string, id: string): Promise<number>;
 };
 
 /** Defines the scripts on a client (ioredis loads each by its digest, once per connection). */
@@ -60,5 +90,7 @@ export function defineScripts(r: Redis): ScriptRedis {
   r.defineCommand('advance', { numberOfKeys: 2, lua: ADVANCE });
   r.defineCommand('setIfStatus', { numberOfKeys: 1, lua: SET_IF_STATUS });
   r.defineCommand('enqueueChunk', { numberOfKeys: 2, lua: ENQUEUE_CHUNK_LUA });
+  r.defineCommand('chargeFile', { numberOfKeys: 1, lua: CHARGE_FILE });
+  r.defineCommand('deleteFile', { numberOfKeys: 4, lua: DELETE_FILE });
   return r as ScriptRedis;
 }

@@ -1,6 +1,7 @@
 // What the Files, Batches and tracker parts of the API share: the Redis
 // client (with the scripts), the key layout, the answer and error types, and
 // the file and batch records as Redis holds them.
+import { createHash } from 'node:crypto';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { BatchConfig } from '../config/batch.js';
@@ -75,41 +76,69 @@ export class BatchStore {
   outStream(id: string): string {
     return `${this.#p}:batch:${id}:out`;
   }
-  /** Every batch's id, scored by its creation time in ms. */
-  get index(): string {
-    return `${this.#p}:batches`;
+  /**
+   * A tenant's part of the key space: its lists and usage live under
+   * `<prefix>:t:<tag>:`, the tag a digest of the tenant name ('' — the
+   * anonymous scope — is `anon`), so no tenant name can reach another's keys.
+   */
+  #tenant(tenant: string): string {
+    return `${this.#p}:t:${tenant === '' ? 'anon' : createHash('sha256').update(tenant).digest('hex').slice(0, 32)}`;
+  }
+  /** A tenant's batches, scored by their creation time in ms (GET /v1/batches lists it newest first). */
+  batches(tenant: string): string {
+    return `${this.#tenant(tenant)}:batches`;
+  }
+  /** A tenant's files, scored by their upload time in ms (GET /v1/files lists it newest first). */
+  files(tenant: string): string {
+    return `${this.#tenant(tenant)}:files`;
+  }
+  /** A tenant's file usage: a hash of `files` and `bytes` (batch.fileQuota). */
+  usage(tenant: string): string {
+    return `${this.#tenant(tenant)}:usage`;
   }
   /** The batches the tracker still works on. */
   get active(): string {
     return `${this.#p}:batches:active`;
   }
-  /** Every file's id, scored by its upload time in ms (GET /v1/files lists it newest first). */
-  get files(): string {
-    return `${this.#p}:files`;
-  }
 
   // ---- records
 
-  async storeFile(id: string, filename: string, purpose: string, data: Buffer): Promise<Record<string, unknown>> {
+  /**
+   * Stores a file for `tenant`, charged to its usage; with `enforce` (an
+   * upload) refused (429) beyond batch.fileQuota, without (a batch's output
+   * and error files) always stored: a batch must be able to finish.
+   */
+  async storeFile(id: string, filename: string, purpose: string, data: Buffer, tenant: string, enforce: boolean): Promise<Record<string, unknown>> {
+    const q = this.cfg.fileQuota;
+    const exists = !enforce && (await this.redis.exists(this.fileKey(id))) === 1; // a finalisation rerun: charged once
+    if (!exists && (await this.redis.chargeFile(this.usage(tenant), q.files, q.bytes, data.length, enforce ? '1' : '0')) === 0)
+      throw new BatchApiError(429, `this tenant's files are at the limit of ${q.files} files or ${q.bytes} bytes (batch.fileQuota): delete some first`, 'file', 'file_quota_exceeded');
     const created = now();
-    await this.redis
-      .multi()
-      .set(this.fileData(id), data)
-      .hset(this.fileKey(id), 'filename', filename, 'purpose', purpose, 'bytes', String(data.length), 'created_at', String(created))
-      .zadd(this.files, Date.now(), id)
-      .exec();
+    try {
+      await this.redis
+        .multi()
+        .set(this.fileData(id), data)
+        .hset(this.fileKey(id), 'filename', filename, 'purpose', purpose, 'bytes', String(data.length), 'created_at', String(created), 'tenant', tenant)
+        .zadd(this.files(tenant), Date.now(), id)
+        .exec();
+    } catch (err) {
+      if (!exists) await this.redis.multi().hincrby(this.usage(tenant), 'files', -1).hincrby(this.usage(tenant), 'bytes', -data.length).exec().catch(() => undefined);
+      throw err;
+    }
     return fileObject(id, { filename, purpose, bytes: String(data.length), created_at: String(created) });
   }
 
-  async fileMeta(id: string): Promise<BatchHash | null> {
+  /** A file's record if it exists and belongs to `tenant` (another tenant's is unknown: 404, never 403). */
+  async fileMeta(id: string, tenant: string): Promise<BatchHash | null> {
     if (!FILE_ID.test(id)) return null;
     const h = await this.redis.hgetall(this.fileKey(id));
-    return h.purpose === undefined ? null : h;
+    return h.purpose === undefined || (h.tenant ?? '') !== tenant ? null : h;
   }
 
-  async batch(id: string): Promise<BatchHash> {
+  /** A batch's record if it exists and belongs to `tenant`; 404 otherwise. */
+  async batch(id: string, tenant: string): Promise<BatchHash> {
     const h = BATCH_ID.test(id) ? await this.redis.hgetall(this.batchKey(id)) : {};
-    if (h.status === undefined) throw new BatchApiError(404, `No batch found with id ${JSON.stringify(id)}`, 'batch_id', 'not_found');
+    if (h.status === undefined || (h.tenant ?? '') !== tenant) throw new BatchApiError(404, `No batch found with id ${JSON.stringify(id)}`, 'batch_id', 'not_found');
     return h;
   }
 }

@@ -224,8 +224,8 @@ export class Tracker {
     }
     const outId = out.length > 0 ? `file-${tag}-output` : '';
     const errId = errs.length > 0 ? `file-${tag}-errors` : '';
-    if (outId !== '') await this.#s.storeFile(outId, `${id}_output.jsonl`, 'batch_output', Buffer.from(out.join('\n') + '\n'));
-    if (errId !== '') await this.#s.storeFile(errId, `${id}_error.jsonl`, 'batch_output', Buffer.from(errs.join('\n') + '\n'));
+    if (outId !== '') await this.#s.storeFile(outId, `${id}_output.jsonl`, 'batch_output', Buffer.from(out.join('\n') + '\n'), h.tenant ?? '', false);
+    if (errId !== '') await this.#s.storeFile(errId, `${id}_error.jsonl`, 'batch_output', Buffer.from(errs.join('\n') + '\n'), h.tenant ?? '', false);
     const final = h.final === 'cancelled' || h.final === 'expired' ? h.final : 'completed';
     await move(this.#s, id, 'finalizing', final, `${final}_at`, String(now()), 'output_file_id', outId, 'error_file_id', errId);
     await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).exec();

@@ -23,9 +23,10 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
   const param = req.getParameter(0) ?? '';
   const query = req.getQuery() ?? '';
   const contentType = req.getHeader('content-type');
-  // a batch belongs to the tenant its creator is to flow control (its lines count against that tenant's quota);
-  // the request is only readable inside this call, so the identity is taken now
-  const tenant = op === create ? host.tenantOf((n) => req.getHeader(n)) : '';
+  // every file and batch belongs to a tenant (the caller's flow-control tenant: an API key's, or a trusted header;
+  // '' = the anonymous scope), and every call is scoped to the caller's: another tenant's objects answer 404.
+  // The request is only readable inside this call, so the identity is taken now.
+  const tenant = host.tenantOf((n) => req.getHeader(n));
   const declared = req.getHeader('content-length');
   const bodyless = declared === '0' || (declared === '' && req.getHeader('transfer-encoding') === '');
   let gone = false;
@@ -87,15 +88,15 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
   });
 }
 
-const upload: Op = (api, _p, _q, ct, body) => api.uploadFile(ct, body!);
-const listFiles: Op = (api, _p, query) => api.listFiles(query);
-const retrieveFile: Op = (api, id) => api.retrieveFile(id);
-const fileContent: Op = (api, id) => api.fileContent(id);
-const deleteFile: Op = (api, id) => api.deleteFile(id);
+const upload: Op = (api, _p, _q, ct, body, tenant) => api.uploadFile(ct, body!, tenant);
+const listFiles: Op = (api, _p, query, _ct, _b, tenant) => api.listFiles(query, tenant);
+const retrieveFile: Op = (api, id, _q, _ct, _b, tenant) => api.retrieveFile(id, tenant);
+const fileContent: Op = (api, id, _q, _ct, _b, tenant) => api.fileContent(id, tenant);
+const deleteFile: Op = (api, id, _q, _ct, _b, tenant) => api.deleteFile(id, tenant);
 const create: Op = (api, _p, _q, _ct, body, tenant) => api.createBatch(body!, tenant);
-const retrieve: Op = (api, id) => api.retrieveBatch(id);
-const list: Op = (api, _p, query) => api.listBatches(query);
-const cancel: Op = (api, id) => api.cancelBatch(id);
+const retrieve: Op = (api, id, _q, _ct, _b, tenant) => api.retrieveBatch(id, tenant);
+const list: Op = (api, _p, query, _ct, _b, tenant) => api.listBatches(query, tenant);
+const cancel: Op = (api, id, _q, _ct, _b, tenant) => api.cancelBatch(id, tenant);
 
 /** Mounts the routes (always: without `batch:` they answer that it is not configured). */
 export function mountBatchRoutes(app: TemplatedApp, host: BatchHost): void {
