@@ -6,6 +6,7 @@
 // from filling the store for another.
 import t from 'tap';
 import OpenAI, { toFile } from 'openai';
+import { Redis } from 'ioredis';
 import { API_VERSION, validateConfig } from '../src/config/schema.js';
 import { startFleet } from '../src/sim/index.js';
 import { startRouter } from '../src/server/router.js';
@@ -53,7 +54,7 @@ async function setup(t: Tap.Test, batch: Record<string, unknown> = {}) {
   const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
   t.teardown(() => router.close(200));
   const client = (key: string) => new OpenAI({ baseURL: `${router.url}/v1`, apiKey: key, maxRetries: 0 });
-  return { a: client('key-a'), b: client('key-b'), anon: client('no-such-key'), router };
+  return { a: client('key-a'), b: client('key-b'), anon: client('no-such-key'), router, redisUrl: redis.url };
 }
 
 t.test("tenant b cannot reach a's files, batches, output and error files; a can", async (t) => {
@@ -137,4 +138,23 @@ t.test('per-tenant byte quota', async (t) => {
   }
   t.equal(st, 429, 'over the byte quota');
   t.ok(await b.files.create({ file: await jsonl([chatLine('1')]), purpose: 'batch' }));
+});
+
+t.test('F12: a frozen Redis: the Batches API answers 503 with an OpenAI error after batch.commandTimeoutMs, not never', async (t) => {
+  const { a, router, redisUrl } = await setup(t, { commandTimeoutMs: 300 });
+  const file = await a.files.create({ file: await jsonl([chatLine('x')]), purpose: 'batch' });
+  const admin = new Redis(redisUrl);
+  t.teardown(() => admin.disconnect());
+  await admin.call('CLIENT', 'PAUSE', '2500', 'ALL');
+  for (const path of ['/v1/batches', `/v1/files/${file.id}`]) {
+    const t0 = Date.now();
+    const res = await fetch(`${router.url}${path}`, { headers: { authorization: 'Bearer key-a' } });
+    const ms = Date.now() - t0;
+    const body = (await res.json()) as { error?: { code?: string; type?: string } };
+    t.equal(res.status, 503, `${path}: 503 while Redis is frozen`);
+    t.match(body, { error: { code: 'store_unavailable', message: String } }, 'an OpenAI error body');
+    t.ok(ms < 1500, `${path}: answered after ${ms} ms (the 300 ms timeout), not after the freeze`);
+  }
+  await new Promise((r) => setTimeout(r, 2600));
+  t.equal((await a.files.retrieve(file.id)).id, file.id, 'served again once Redis answers');
 });

@@ -53,7 +53,8 @@ export class BatchStore {
     this.cfg = cfg;
     this.log = log;
     this.#p = cfg.keyPrefix;
-    const r = new Redis(cfg.redis, { lazyConnect: true, maxRetriesPerRequest: 1, retryStrategy: (n: number) => Math.min(50 * n, 1000) });
+    // every command has a deadline (a frozen Redis answers 503 after it, not never)
+    const r = new Redis(cfg.redis, { lazyConnect: true, maxRetriesPerRequest: 1, commandTimeout: cfg.commandTimeoutMs, retryStrategy: (n: number) => Math.min(50 * n, 1000) });
     r.on('error', (err: Error) => log.debug({ err }, 'batch api: redis error'));
     this.redis = defineScripts(r);
   }

@@ -53,7 +53,7 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
       (err: unknown) => {
         const e = err as { status?: unknown; message?: string; param?: string | null; code?: string | null };
         if (typeof e?.status === 'number' && 'param' in (e as object)) write(e.status, errorBody(e.status, e.message ?? '', e.param ?? null, e.code ?? undefined));
-        else if (/redis|connect|ECONNREFUSED|Connection is closed|max retries/i.test(String(e?.message)))
+        else if (/redis|connect|ECONNREFUSED|Connection is closed|max retries|timed out/i.test(String(e?.message)))
           write(503, errorBody(503, `the batch store (Redis) is unavailable: ${e?.message}`, null, 'store_unavailable'));
         else {
           host.log.error({ err }, 'batch api: internal error');
