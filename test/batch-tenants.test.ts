@@ -36,9 +36,9 @@ async function status(p: Promise<unknown>): Promise<number> {
   }
 }
 
-async function setup(t: Tap.Test, batch: Record<string, unknown> = {}) {
+async function setup(t: Tap.Test, batch: Record<string, unknown> = {}, timeScale = 0) {
   const redis = await startRedis(t);
-  const engines = await startFleet(1, { timeScale: 0 });
+  const engines = await startFleet(1, { timeScale });
   t.teardown(() => engines.close());
   const cfg = validateConfig(
     {
@@ -157,4 +157,38 @@ t.test('F12: a frozen Redis: the Batches API answers 503 with an OpenAI error af
   }
   await new Promise((r) => setTimeout(r, 2600));
   t.equal((await a.files.retrieve(file.id)).id, file.id, 'served again once Redis answers');
+});
+
+t.test('F5: the input file of an active batch cannot be deleted (409 file_in_use); once the batch ended it can', async (t) => {
+  const { a } = await setup(t, { maxInFlight: 1 }, 1);
+  const file = await a.files.create({ file: await jsonl(Array.from({ length: 40 }, (_, i) => chatLine(`d${i}`))), purpose: 'batch' });
+  const batch = await a.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  let err: { status?: number; error?: { code?: string } } = {};
+  try {
+    await a.files.delete(file.id);
+  } catch (e) {
+    err = e as typeof err;
+  }
+  t.equal(err.status, 409, 'refused while the batch runs');
+  t.equal(err.error?.code, 'file_in_use');
+  const done = await until(() => a.batches.retrieve(batch.id), (x) => x.status === 'completed', 60000);
+  t.equal(done.request_counts?.completed, 40, 'the batch finished');
+  t.equal((await a.files.delete(file.id)).deleted, true, 'deletable once the batch ended');
+});
+
+t.test('F4/F5: a batch whose input is lost mid-run ends failed, saying why, with an error file (not finalizing forever)', async (t) => {
+  const { a, redisUrl } = await setup(t, { maxInFlight: 1 }, 1);
+  const file = await a.files.create({ file: await jsonl(Array.from({ length: 30 }, (_, i) => chatLine(`l${i}`))), purpose: 'batch' });
+  const batch = await a.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  await until(() => a.batches.retrieve(batch.id), (x) => x.status === 'in_progress', 10000);
+  const r = new Redis(redisUrl);
+  t.teardown(() => r.disconnect());
+  t.equal(await r.del(`swy:file:${file.id}:data`), 1, 'the input bytes lost behind the API');
+  const end = await until(() => a.batches.retrieve(batch.id), (x) => x.status !== 'in_progress' && x.status !== 'finalizing', 30000);
+  t.equal(end.status, 'failed');
+  t.match(end.errors?.data?.[0], { code: 'batch_failed', message: /deleted/ }, 'the reason in errors');
+  t.ok(end.error_file_id, 'an error file');
+  const lines = (await (await a.files.content(end.error_file_id!)).text()).trim().split('\n').map((l) => JSON.parse(l));
+  t.match(lines[0], { error: { code: 'batch_failed', message: /deleted/ } }, 'the error file says why');
+  t.equal(await r.sismember('swy:batches:active', batch.id), 0, 'no longer worked on');
 });

@@ -103,6 +103,9 @@ export class Batches {
       const set = await move(this.#s, id, st, 'cancelling', 'cancelling_at', String(now()));
       if (set === 0) return this.cancelBatch(id, tenant); // it moved on meanwhile: answer for its new status
       this.#kick(id);
+    } else if (st === 'finalizing') {
+      // its files are being written: it ends cancelled (with the files of what ran) instead of completed or expired
+      if ((await this.#s.redis.setIfStatus(this.#s.batchKey(id), 'final', 'cancelled', 'cancelling_at', String(now()), 'finalizing')) === 0) return this.cancelBatch(id, tenant);
     } else if (st !== 'cancelling' && st !== 'cancelled') {
       throw new BatchApiError(400, `cannot cancel a batch whose status is ${st}`, 'batch_id', 'invalid_state');
     }

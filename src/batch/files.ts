@@ -91,9 +91,27 @@ export class Files {
   }
 
   async deleteFile(id: string, tenant: string): Promise<ApiAnswer> {
-    if ((await this.#s.fileMeta(id, tenant)) === null) throw noSuchFile(id);
+    const h = await this.#s.fileMeta(id, tenant);
+    if (h === null) throw noSuchFile(id);
+    if (h.purpose === 'batch') {
+      const by = await this.#activeBatchUsing(id);
+      if (by !== null) throw new BatchApiError(409, `file ${id} is the input of batch ${by}, which is not finished: cancel it or wait for it to end, then delete the file`, 'file_id', 'file_in_use');
+    }
     // the record is checked to be this tenant's first, and the tenant never changes: the delete cannot reach another's file
     if ((await this.#s.redis.deleteFile(this.#s.fileKey(id), this.#s.fileData(id), this.#s.files(tenant), this.#s.usage(tenant), id)) === 0) throw noSuchFile(id);
     return { status: 200, body: json({ id, object: 'file', deleted: true }) };
+  }
+
+  /** The active batch (of any tenant: a file is only ever its owner's batches' input) that reads `fileId`, or null. */
+  async #activeBatchUsing(fileId: string): Promise<string | null> {
+    const ids = await this.#s.redis.smembers(this.#s.active);
+    for (let i = 0; i < ids.length; i += 500) {
+      const pipe = this.#s.redis.pipeline();
+      const page = ids.slice(i, i + 500);
+      for (const b of page) pipe.hget(this.#s.batchKey(b), 'input_file_id');
+      const rows = (await pipe.exec()) ?? [];
+      for (let j = 0; j < page.length; j++) if (rows[j]?.[1] === fileId) return page[j];
+    }
+    return null;
   }
 }

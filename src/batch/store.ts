@@ -129,6 +129,26 @@ export class BatchStore {
     return fileObject(id, { filename, purpose, bytes: String(data.length), created_at: String(created) });
   }
 
+  /**
+   * A file written a chunk at a time (a batch's output and error files): the
+   * lines are appended to its data key in pieces of about FILE_CHUNK bytes, its
+   * record written last (a reader sees the whole file or none), so no single
+   * string ever holds the whole file. Charged to `tenant`, never refused.
+   */
+  chunkedFile(id: string, filename: string, tenant: string): ChunkedFile {
+    return new ChunkedFile(this, id, filename, tenant);
+  }
+
+  /** Records a file whose bytes are written (charged once: a rerun of a finalisation finds the record). */
+  async recordFile(id: string, filename: string, purpose: string, bytes: number, tenant: string): Promise<void> {
+    if ((await this.redis.exists(this.fileKey(id))) === 0) await this.redis.chargeFile(this.usage(tenant), 0, 0, bytes, '0');
+    await this.redis
+      .multi()
+      .hset(this.fileKey(id), 'filename', filename, 'purpose', purpose, 'bytes', String(bytes), 'created_at', String(now()), 'tenant', tenant)
+      .zadd(this.files(tenant), Date.now(), id)
+      .exec();
+  }
+
   /** A file's record if it exists and belongs to `tenant` (another tenant's is unknown: 404, never 403). */
   async fileMeta(id: string, tenant: string): Promise<BatchHash | null> {
     if (!FILE_ID.test(id)) return null;
@@ -141,5 +161,57 @@ export class BatchStore {
     const h = BATCH_ID.test(id) ? await this.redis.hgetall(this.batchKey(id)) : {};
     if (h.status === undefined || (h.tenant ?? '') !== tenant) throw new BatchApiError(404, `No batch found with id ${JSON.stringify(id)}`, 'batch_id', 'not_found');
     return h;
+  }
+}
+
+/** About this many bytes of lines go to Redis in one APPEND. */
+const FILE_CHUNK = 4 * 1024 * 1024;
+
+export class ChunkedFile {
+  readonly #s: BatchStore;
+  readonly id: string;
+  readonly #filename: string;
+  readonly #tenant: string;
+  #lines: string[] = [];
+  #pending = 0;
+  #bytes = 0;
+  #started = false;
+
+  constructor(s: BatchStore, id: string, filename: string, tenant: string) {
+    this.#s = s;
+    this.id = id;
+    this.#filename = filename;
+    this.#tenant = tenant;
+  }
+
+  get empty(): boolean {
+    return this.#bytes === 0 && this.#lines.length === 0;
+  }
+
+  async add(line: string): Promise<void> {
+    this.#lines.push(line);
+    this.#pending += line.length + 1;
+    if (this.#pending >= FILE_CHUNK) await this.#flush();
+  }
+
+  async #flush(): Promise<void> {
+    if (this.#lines.length === 0) return;
+    const chunk = Buffer.from(this.#lines.join('\n') + '\n');
+    this.#lines = [];
+    this.#pending = 0;
+    const key = this.#s.fileData(this.id);
+    if (!this.#started) {
+      this.#started = true;
+      await this.#s.redis.multi().del(key).append(key, chunk).exec(); // a rerun starts the data over
+    } else await this.#s.redis.append(key, chunk);
+    this.#bytes += chunk.length;
+  }
+
+  /** Writes what is left and the record; '' when the file has no line (nothing stored). */
+  async close(): Promise<string> {
+    if (this.empty) return '';
+    await this.#flush();
+    await this.#s.recordFile(this.id, this.#filename, 'batch_output', this.#bytes, this.#tenant);
+    return this.id;
   }
 }

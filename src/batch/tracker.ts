@@ -17,9 +17,10 @@ export type Status = 'validating' | 'failed' | 'in_progress' | 'finalizing' | 'c
  */
 export const TRANSITIONS: Readonly<Record<Status, readonly Status[]>> = {
   validating: ['in_progress', 'failed', 'cancelling'],
-  in_progress: ['finalizing', 'cancelling'],
-  cancelling: ['finalizing'],
-  finalizing: ['completed', 'expired', 'cancelled'],
+  // → failed from here on: a step that fails MAX_FAILURES times (the batch cannot go on: its input lost, a file not writable)
+  in_progress: ['finalizing', 'cancelling', 'failed'],
+  cancelling: ['finalizing', 'failed'],
+  finalizing: ['completed', 'expired', 'cancelled', 'failed'],
   completed: [],
   failed: [],
   expired: [],
@@ -40,6 +41,10 @@ export function move(s: BatchStore, id: string, from: Status, to: Status, ...fie
 const ENQUEUE_CHUNK = 500;
 const READ_CHUNK = 1000;
 const MAX_ERRORS = 100;
+/** A batch whose step fails this many times (not for Redis being away) ends `failed`, saying why. */
+export const MAX_FAILURES = 3;
+/** Errors of Redis being away or slow: retried on the next tick for as long as it takes, never counted. */
+const TRANSIENT = /Connection is closed|timed out|max retries|ECONNREFUSED|ECONNRESET|Stream isn't writeable|LOADING|BUSY/i;
 
 export class Tracker {
   readonly #s: BatchStore;
@@ -116,10 +121,43 @@ export class Tracker {
       if (h.status === 'finalizing') await this.#finalize(id);
       else if (h.status === undefined || h.status === 'completed' || h.status === 'failed' || h.status === 'cancelled' || h.status === 'expired') await this.#s.redis.srem(this.#s.active, id);
     } catch (err) {
-      if (!this.#closed) this.#s.log.warn({ err: (err as Error).message, batch: id }, 'batch api: step failed; retried on the next tick');
+      if (!this.#closed) await this.#failed(id, err as Error).catch(() => undefined);
     } finally {
       this.#working.delete(id);
     }
+  }
+
+  /**
+   * A step threw: retried on the next tick, unless it is the MAX_FAILURES-th
+   * failure that is not Redis being away; then the batch ends `failed` with
+   * the reason in `errors` and in an error file, and leaves the active set
+   * (no retry loop that re-reads its results forever).
+   */
+  async #failed(id: string, err: Error): Promise<void> {
+    const msg = err.message ?? String(err);
+    if (TRANSIENT.test(msg)) {
+      this.#s.log.warn({ err: msg, batch: id }, 'batch api: step failed (Redis); retried on the next tick');
+      return;
+    }
+    const n = await this.#s.redis.hincrby(this.#s.batchKey(id), 'failures', 1);
+    this.#s.log.warn({ err: msg, batch: id, failures: n }, 'batch api: step failed');
+    if (n < MAX_FAILURES) return;
+    const h = await this.#s.redis.hgetall(this.#s.batchKey(id));
+    const st = h.status as Status;
+    if (!TRANSITIONS[st]?.includes('failed')) return;
+    const why = `the batch could not go on (${st}): ${msg.slice(0, 500)} (${n} attempts)`;
+    const tag = id.slice('batch_'.length);
+    let errId = '';
+    try {
+      const f = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, h.tenant ?? '');
+      await f.add(json({ id: `batch_req_${tag}_failed`, custom_id: null, response: null, error: { code: 'batch_failed', message: why } }));
+      errId = await f.close();
+    } catch {
+      // the error file cannot be written either: the reason stays in `errors`
+    }
+    const errors = json([{ code: 'batch_failed', message: why, param: null, line: null }]);
+    if ((await move(this.#s, id, st, 'failed', 'failed_at', String(now()), 'errors', errors, 'error_file_id', errId)) === 1)
+      await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).exec();
   }
 
   async #count(id: string): Promise<BatchHash> {
@@ -202,15 +240,16 @@ export class Tracker {
       if (es.length < READ_CHUNK) break;
       cur = es.at(-1)![0];
     }
-    const out: string[] = [];
-    const errs: string[] = [];
     const tag = id.slice('batch_'.length);
+    const tenant = h.tenant ?? '';
+    const out = this.#s.chunkedFile(`file-${tag}-output`, `${id}_output.jsonl`, tenant);
+    const errs = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, tenant);
     const expired = h.final === 'expired';
     for (let i = 0; i < customIds.length; i++) {
       const r = results.get(i);
       if (r === undefined || r[0] === 0) {
         // not run: left out of a cancelled batch's files; in an expired batch's error file, as OpenAI does
-        if (expired) errs.push(json({ id: `batch_req_${tag}_${i}`, custom_id: customIds[i], response: null, error: { code: 'batch_expired', message: 'This request could not be executed before the completion window expired.' } }));
+        if (expired) await errs.add(json({ id: `batch_req_${tag}_${i}`, custom_id: customIds[i], response: null, error: { code: 'batch_expired', message: 'This request could not be executed before the completion window expired.' } }));
         continue;
       }
       let body: unknown;
@@ -219,13 +258,12 @@ export class Tracker {
       } catch {
         body = r[1];
       }
+      results.delete(i); // its memory goes as its line is written
       const line = json({ id: `batch_req_${tag}_${i}`, custom_id: customIds[i], response: { status_code: r[0], request_id: `${id}.${i}`, body }, error: null });
-      (r[0] >= 200 && r[0] < 300 ? out : errs).push(line);
+      await (r[0] >= 200 && r[0] < 300 ? out : errs).add(line);
     }
-    const outId = out.length > 0 ? `file-${tag}-output` : '';
-    const errId = errs.length > 0 ? `file-${tag}-errors` : '';
-    if (outId !== '') await this.#s.storeFile(outId, `${id}_output.jsonl`, 'batch_output', Buffer.from(out.join('\n') + '\n'), h.tenant ?? '', false);
-    if (errId !== '') await this.#s.storeFile(errId, `${id}_error.jsonl`, 'batch_output', Buffer.from(errs.join('\n') + '\n'), h.tenant ?? '', false);
+    const outId = await out.close();
+    const errId = await errs.close();
     const final = h.final === 'cancelled' || h.final === 'expired' ? h.final : 'completed';
     await move(this.#s, id, 'finalizing', final, `${final}_at`, String(now()), 'output_file_id', outId, 'error_file_id', errId);
     await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).exec();
