@@ -23,7 +23,7 @@
 // endpoint) and the stream bookkeeping; codec.ts the wire, health.ts the
 // health service, stream.ts one stream.
 import * as grpc from '@grpc/grpc-js';
-import type { ExtProcConfig } from '../config/ha.js';
+import { EXT_PROC_DEFAULTS, type ExtProcConfig } from '../config/ha.js';
 import type { Director, Flight } from '../director/director.js';
 import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import type { Logger } from 'pino';
@@ -69,12 +69,27 @@ export class ExtProcServer {
   readonly #health: ExtProcHealth;
   /** Streams ended on a message the server could not make sense of. */
   malformed = 0;
+  /** Request body bytes buffered awaiting a decision, over all streams. */
+  buffered = 0;
+  readonly maxBuffered: number;
+  readonly #maxStreams: number;
+  readonly #idleMs: number;
+  readonly #decisionMs: number;
+  /** One sweep over the open streams for the idle and decision timeouts (no timer per stream). */
+  #sweepTimer: NodeJS.Timeout | null = null;
+  /** Streams ended by a timeout, and streams refused over extProc.maxStreams. */
+  timedOut = 0;
+  refused = 0;
 
   private constructor(core: ExtProcHost, cfg: ExtProcConfig) {
     this.#core = core;
     this.host = cfg.host;
     this.#ns = cfg.metadataNamespace;
     this.fallbacks = cfg.fallbacks ?? 0;
+    this.maxBuffered = cfg.maxBufferedBytes ?? EXT_PROC_DEFAULTS.maxBufferedBytes;
+    this.#maxStreams = cfg.maxStreams ?? EXT_PROC_DEFAULTS.maxStreams;
+    this.#idleMs = cfg.idleTimeoutMs ?? EXT_PROC_DEFAULTS.idleTimeoutMs;
+    this.#decisionMs = cfg.decisionTimeoutMs ?? EXT_PROC_DEFAULTS.decisionTimeoutMs;
     this.#health = new ExtProcHealth(() => this.ready);
     encodeConstants();
     this.#enc = encoder(extProcCodec().response);
@@ -163,12 +178,36 @@ export class ExtProcServer {
     return !this.#core.draining && (l === null || l.leading);
   }
 
+  /** Ends the streams past their idle or decision timeout (their decisions released). */
+  #sweep(): void {
+    const now = Date.now();
+    for (const st of this.#streams) {
+      if (st.decidedAt > 0 && now - st.decidedAt > this.#decisionMs) {
+        this.timedOut++;
+        st.expire(`the response did not complete within extProc.decisionTimeoutMs (${this.#decisionMs} ms) of the decision`);
+      } else if (now - st.lastMessageAt > this.#idleMs) {
+        this.timedOut++;
+        st.expire(`no message for extProc.idleTimeoutMs (${this.#idleMs} ms)`);
+      }
+    }
+  }
+
   #process(call: grpc.ServerDuplexStream<ProcessingRequest, unknown>): void {
+    if (this.#streams.size >= this.#maxStreams) {
+      this.refused++;
+      call.emit('error', Object.assign(new Error('too many ext_proc streams'), { code: grpc.status.RESOURCE_EXHAUSTED, details: `more than extProc.maxStreams (${this.#maxStreams}) streams open` }));
+      return;
+    }
+    if (this.#sweepTimer === null) {
+      const every = Math.max(20, Math.min(1000, Math.floor(Math.min(this.#idleMs, this.#decisionMs) / 4)));
+      this.#sweepTimer = setInterval(() => this.#sweep(), every);
+      this.#sweepTimer.unref();
+    }
     const st = new ExtProcStream(this, call);
     this.#streams.add(st);
     call.on('data', (m: ProcessingRequest) => {
       try {
-        st.onMessage(m);
+        st.onMessage(m, Date.now());
       } catch (err) {
         this.#core.log.error({ err }, 'ext_proc: internal error on a message');
         st.abort(grpc.status.INTERNAL, `internal error: ${(err as Error).message}`);
@@ -189,6 +228,8 @@ export class ExtProcServer {
   /** Stops accepting streams; open ones get up to `graceMs` to end. */
   async close(graceMs = 10_000): Promise<void> {
     this.#health.close();
+    if (this.#sweepTimer !== null) clearInterval(this.#sweepTimer);
+    this.#sweepTimer = null;
     await new Promise<void>((resolve) => {
       const t = setTimeout(() => {
         this.server.forceShutdown();

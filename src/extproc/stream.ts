@@ -20,6 +20,9 @@ export interface StreamHost {
   readonly namespace: string;
   /** Streams ended on a message the server could not make sense of (a counter). */
   malformed: number;
+  /** Request body bytes buffered awaiting a decision, over all streams (extProc.maxBufferedBytes). */
+  buffered: number;
+  readonly maxBuffered: number;
   destinationFor(f: Flight): Destination;
   endpointAt(address: string): Endpoint | undefined;
 }
@@ -47,10 +50,38 @@ export class ExtProcStream implements DecisionPort {
   #servedBy: Endpoint | null = null;
   #ended = false;
   #closed = false;
+  /** When the last message came (ms, the server's clock tick), for the idle timeout. */
+  lastMessageAt: number;
+  /** When the decision was answered (0: not yet), for the decision timeout. */
+  decidedAt = 0;
 
   constructor(s: StreamHost, call: grpc.ServerDuplexStream<ProcessingRequest, unknown>) {
     this.#s = s;
     this.#call = call;
+    this.lastMessageAt = Date.now();
+  }
+
+  /** This stream's part of the global buffered-body budget, given back. */
+  #unbuffer(): void {
+    this.#s.buffered -= this.#charged;
+    this.#charged = 0;
+  }
+  #charged = 0;
+
+  /**
+   * The stream outlived a timeout (idle, or decision without a completed
+   * response): the decision is released as a client abort (its in-flight slot
+   * freed now, not when the connection closes) and the stream ends with
+   * DEADLINE_EXCEEDED.
+   */
+  expire(why: string): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#unbuffer();
+    const f = this.#flight;
+    this.#flight = null;
+    f?.clientAborted();
+    this.#call.emit('error', Object.assign(new Error(why), { code: grpc.status.DEADLINE_EXCEEDED, details: why }));
   }
 
   #send(m: unknown): void {
@@ -63,13 +94,15 @@ export class ExtProcStream implements DecisionPort {
     if (this.#closed) return;
     this.#s.malformed++;
     this.#closed = true;
+    this.#unbuffer();
     this.#flight?.clientAborted();
     // grpc-js: an 'error' on a server stream becomes its status, then the stream ends
     this.#call.emit('error', Object.assign(new Error(details), { code, details }));
   }
 
-  onMessage(m: ProcessingRequest): void {
+  onMessage(m: ProcessingRequest, at: number): void {
     if (this.#closed) return;
+    this.lastMessageAt = at;
     if (m.protocol_config) {
       this.#duplex = m.protocol_config.request_body_mode === FULL_DUPLEX_STREAMED;
       this.#duplexResponse = m.protocol_config.response_body_mode === FULL_DUPLEX_STREAMED;
@@ -138,9 +171,19 @@ export class ExtProcStream implements DecisionPort {
       this.#bodyBytes += chunk.length;
       const max = this.#s.core.limits.maxBodyBytes;
       if (this.#bodyBytes > max) {
+        this.#unbuffer();
+        this.#body = [];
         this.#immediate(413, `request body of more than ${max} bytes exceeds the limit`, null, null);
         return;
       }
+      if (this.#s.buffered + chunk.length > this.#s.maxBuffered) {
+        this.#unbuffer();
+        this.#body = [];
+        this.#immediate(503, `the router's buffer for ext_proc request bodies (extProc.maxBufferedBytes, ${this.#s.maxBuffered} bytes) is full: retry shortly`, null, null);
+        return;
+      }
+      this.#s.buffered += chunk.length;
+      this.#charged += chunk.length;
       this.#body.push(chunk);
     }
     if (b?.end_of_stream) this.#endOfRequest();
@@ -174,6 +217,8 @@ export class ExtProcStream implements DecisionPort {
   picked(f: Flight): void {
     if (this.#closed) return;
     this.#decided = true;
+    this.decidedAt = Date.now();
+    this.#unbuffer();
     const d = this.#s.destinationFor(f);
     if (this.#duplex) {
       // the headers answer carries the decision; then the body goes back unchanged, whole
@@ -217,6 +262,7 @@ export class ExtProcStream implements DecisionPort {
     }
     this.#headersOwed = false;
     this.#decided = true;
+    this.#unbuffer();
     this.#send({ immediate_response: { status: { code: status }, headers: { set_headers }, body: Buffer.from(errorBody(status, message, param)), details } });
   }
 
@@ -254,6 +300,7 @@ export class ExtProcStream implements DecisionPort {
     if (this.#ended) return;
     this.#ended = true;
     this.#closed = true;
+    this.#unbuffer();
     const f = this.#flight;
     if (f === null) return;
     if (this.#status > 0) f.served(this.#status, this.#servedBy);
