@@ -66,8 +66,9 @@ export class BatchApi {
 
   // every call names the caller's tenant ('' = the anonymous scope): another tenant's objects are unknown (404)
 
-  uploadFile(contentType: string, body: Buffer, tenant: string): Promise<ApiAnswer> {
-    return this.#files.uploadFile(contentType, body, tenant);
+  /** `owned`: the caller gives up `body`'s memory (it may be moved to a worker thread and back). */
+  uploadFile(contentType: string, body: Buffer, tenant: string, owned = false): Promise<ApiAnswer> {
+    return this.#files.uploadFile(contentType, body, tenant, owned);
   }
   retrieveFile(id: string, tenant: string): Promise<ApiAnswer> {
     return this.#files.retrieveFile(id, tenant);

@@ -1,7 +1,7 @@
 // The Files half of the API: POST /v1/files (multipart, JSONL checked),
 // GET /v1/files[/{id}[/content]], DELETE /v1/files/{id}.
 import { randomBytes } from 'node:crypto';
-import { checkJsonl } from './jsonl.js';
+import { checkJsonlOffLoop } from './jsonl-check.js';
 import { parseMultipart } from './multipart.js';
 import { BatchApiError, FILE_ID, fileObject, json, noSuchFile, type ApiAnswer, type BatchHash, type BatchStore } from './store.js';
 
@@ -13,7 +13,7 @@ export class Files {
   }
 
   /** POST /v1/files: a multipart body with `purpose` = batch and a JSONL `file`. */
-  async uploadFile(contentType: string, body: Buffer, tenant: string): Promise<ApiAnswer> {
+  async uploadFile(contentType: string, body: Buffer, tenant: string, owned = false): Promise<ApiAnswer> {
     const parts = parseMultipart(contentType, body);
     if (typeof parts === 'string') throw new BatchApiError(400, parts, null, 'invalid_request_body');
     const purpose = parts.get('purpose');
@@ -22,9 +22,10 @@ export class Files {
     if (p !== 'batch') throw new BatchApiError(400, `purpose must be "batch": this router stores batch input files only (got ${JSON.stringify(p.slice(0, 64))})`, 'purpose', 'invalid_value');
     const file = parts.get('file');
     if (file === undefined || file.filename === null) throw new BatchApiError(400, "missing required parameter 'file' (a part with a filename)", 'file', 'missing_required_parameter');
-    const problem = checkJsonl(file.data);
+    // a large file is checked in a worker thread (the body's memory is this call's alone: batch-http built it)
+    const { problem, data } = await checkJsonlOffLoop(file.data, owned);
     if (problem !== null) throw new BatchApiError(400, `file is not valid JSONL for a batch: ${problem}`, 'file', 'invalid_file_format');
-    const meta = await this.#s.storeFile(`file-${randomBytes(16).toString('hex')}`, file.filename, 'batch', file.data, tenant, true);
+    const meta = await this.#s.storeFile(`file-${randomBytes(16).toString('hex')}`, file.filename, 'batch', data, tenant);
     return { status: 200, body: json(meta) };
   }
 

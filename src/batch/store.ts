@@ -105,25 +105,27 @@ export class BatchStore {
   // ---- records
 
   /**
-   * Stores a file for `tenant`, charged to its usage; with `enforce` (an
-   * upload) refused (429) beyond batch.fileQuota, without (a batch's output
-   * and error files) always stored: a batch must be able to finish.
+   * Stores an uploaded file for `tenant`, charged to its usage and refused
+   * (429) beyond batch.fileQuota. The bytes go to Redis in FILE_CHUNK pieces
+   * (the client builds each command in one buffer: a 64 MiB file in one
+   * command would be a 64 MiB copy on the loop), the record last.
    */
-  async storeFile(id: string, filename: string, purpose: string, data: Buffer, tenant: string, enforce: boolean): Promise<Record<string, unknown>> {
+  async storeFile(id: string, filename: string, purpose: string, data: Buffer, tenant: string): Promise<Record<string, unknown>> {
     const q = this.cfg.fileQuota;
-    const exists = !enforce && (await this.redis.exists(this.fileKey(id))) === 1; // a finalisation rerun: charged once
-    if (!exists && (await this.redis.chargeFile(this.usage(tenant), q.files, q.bytes, data.length, enforce ? '1' : '0')) === 0)
+    if ((await this.redis.chargeFile(this.usage(tenant), q.files, q.bytes, data.length, '1')) === 0)
       throw new BatchApiError(429, `this tenant's files are at the limit of ${q.files} files or ${q.bytes} bytes (batch.fileQuota): delete some first`, 'file', 'file_quota_exceeded');
     const created = now();
+    const key = this.fileData(id);
     try {
+      await this.redis.set(key, data.subarray(0, FILE_CHUNK));
+      for (let at = FILE_CHUNK; at < data.length; at += FILE_CHUNK) await this.redis.append(key, data.subarray(at, at + FILE_CHUNK));
       await this.redis
         .multi()
-        .set(this.fileData(id), data)
         .hset(this.fileKey(id), 'filename', filename, 'purpose', purpose, 'bytes', String(data.length), 'created_at', String(created), 'tenant', tenant)
         .zadd(this.files(tenant), Date.now(), id)
         .exec();
     } catch (err) {
-      if (!exists) await this.redis.multi().hincrby(this.usage(tenant), 'files', -1).hincrby(this.usage(tenant), 'bytes', -data.length).exec().catch(() => undefined);
+      await this.redis.multi().del(key).hincrby(this.usage(tenant), 'files', -1).hincrby(this.usage(tenant), 'bytes', -data.length).exec().catch(() => undefined);
       throw err;
     }
     return fileObject(id, { filename, purpose, bytes: String(data.length), created_at: String(created) });
