@@ -201,9 +201,7 @@ export class RouterCore {
 
   /** The tenant a request belongs to for flow control ('' without flow control or a tenant): the owner of a Batches API batch. */
   tenantOf(get: (name: string) => string): string {
-    const classifier = (this.gate as { classifier?: import('../flow/classify.js').Classifier }).classifier;
-    const flow = classifier?.flowId(get) ?? '';
-    return flow.startsWith('tenant:') ? flow.slice('tenant:'.length) : '';
+    return this.gate.identity?.tenantOf(get) ?? '';
   }
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
