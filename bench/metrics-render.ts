@@ -30,7 +30,7 @@ interface Build {
 async function load(name: string, dir: string): Promise<Build> {
   const mod = (p: string) => import(pathToFileURL(join(dir, 'dist', p)).href);
   const schema = await mod('src/config/schema.js');
-  const builtins = await mod('src/scheduler/builtins.js');
+  const builtins = await mod('src/scheduler/plugins/index.js');
   const { EndpointSet } = await mod('src/endpoints/endpoint.js');
   const { RouterMetrics } = await mod('src/server/metrics.js');
   const simMetrics = await mod('src/sim/metrics.js');

@@ -13,7 +13,7 @@ import http from 'node:http';
 import { startEngine } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { startRouter } from '../src/server/router.js';
-import { registry } from '../src/scheduler/builtins.js';
+import { registry } from '../src/scheduler/plugins/index.js';
 import { rollout } from '../src/server/rollout.js';
 import { quantile } from './lib/stats.js';
 

@@ -33,7 +33,7 @@ import { parseArgs } from 'node:util';
 import { startEngine, type SimEngine } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
 import { startRouter } from '../src/server/router.js';
-import { registry } from '../src/scheduler/builtins.js';
+import { registry } from '../src/scheduler/plugins/index.js';
 import { expGap, median, quantile, rng } from './lib/stats.js';
 import http from 'node:http';
 

@@ -149,7 +149,7 @@ async function storeOps(
     for (let i = 0; i < n; i++) {
       const id = `resp_bench_${name}_${len}_${i}`;
       ids.push(id);
-      const rec: StoredResponse = { id, root: id, parent: '', createdAt: 0, conv, ids: 'msg_x,'.repeat(len * 2), response };
+      const rec: StoredResponse = { tenant: '', id, root: id, parent: '', createdAt: 0, conv, ids: 'msg_x,'.repeat(len * 2), response };
       const p = s.put(rec);
       if (p) await p;
     }
@@ -158,7 +158,7 @@ async function storeOps(
     e0 = perfHooks.eventLoopUtilization();
     t0 = performance.now();
     for (const id of ids) {
-      const g = s.get(id);
+      const g = s.get('', id);
       if (g && typeof (g as Promise<unknown>).then === 'function') await g;
     }
     const getUs = ((performance.now() - t0) * 1000) / n;

@@ -4,12 +4,13 @@ import { createRequire } from 'node:module';
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { SwitchyardError } from '../src/errors.js';
 
 /** Bumped whenever the native API changes shape; must equal native/addon.cc. */
 export const NATIVE_ABI_VERSION = 7;
 
-export class NativeLoadError extends Error {
-  readonly code = 'SWY_ERR_NATIVE_LOAD';
+export class NativeLoadError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_NATIVE_LOAD';
   constructor(message: string, options?: { cause?: unknown }) {
     super(message, options);
     this.name = 'NativeLoadError';

@@ -160,7 +160,7 @@ class UpstreamClientWrap : public Napi::ObjectWrap<UpstreamClientWrap> {
  private:
 
   bool Ready(const Napi::CallbackInfo& info) {
-    if (core_ == nullptr || core_->shutting_down_) {
+    if (core_ == nullptr || core_->shutting_down()) {
       Napi::Error::New(info.Env(), "the upstream client is shut down").ThrowAsJavaScriptException();
       return false;
     }
@@ -287,13 +287,10 @@ class UpstreamClientWrap : public Napi::ObjectWrap<UpstreamClientWrap> {
   Napi::Value Stats(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Array a = Napi::Array::New(env, 4);
-    double open = 0;
-    if (core_ != nullptr)
-      for (Conn* k = core_->conns_; k != nullptr; k = k->next) open++;
-    a.Set(0u, Napi::Number::New(env, core_ ? core_->flushes_ : 0));
-    a.Set(1u, Napi::Number::New(env, core_ ? core_->delivered_ : 0));
-    a.Set(2u, Napi::Number::New(env, core_ ? core_->opened_ : 0));
-    a.Set(3u, Napi::Number::New(env, open));
+    a.Set(0u, Napi::Number::New(env, core_ ? core_->flushes() : 0));
+    a.Set(1u, Napi::Number::New(env, core_ ? core_->delivered() : 0));
+    a.Set(2u, Napi::Number::New(env, core_ ? core_->opened() : 0));
+    a.Set(3u, Napi::Number::New(env, core_ ? core_->OpenConnections() : 0));
     return a;
   }
 

@@ -97,8 +97,9 @@ class CoreHost {
 
 class Core;
 struct Pool;
-struct Conn;
+class Conn;
 
+// One call slot: a request the JS side sent, waiting for a connection or on one.
 struct Call {
   int32_t id = -1;  // -1: free
   Pool* pool = nullptr;
@@ -109,6 +110,7 @@ struct Call {
   bool paused = false;
 };
 
+// One endpoint: its address, idle connections and waiting calls.
 struct Pool {
   sockaddr_storage addr{};
   uint32_t open = 0;
@@ -117,15 +119,53 @@ struct Pool {
   std::deque<int32_t> queue;  // waiting call ids (stale ids are skipped)
 };
 
-struct Conn {
+// One keep-alive TCP connection to an endpoint, carrying one call at a time.
+class Conn {
+ public:
+  Conn(Core* core, Pool* pool);
+
+  // The fields its core links, parks and walks.
   uv_tcp_t tcp;
-  uv_connect_t creq;
-  uv_write_t wreq;
-  Core* core = nullptr;
-  Pool* pool = nullptr;
+  Core* const core;
+  Pool* const pool;
   Call* call = nullptr;
   Conn* prev = nullptr;
   Conn* next = nullptr;
+  bool closing = false;
+  bool in_idle = false;
+
+  // Connects to addr (once, after the first Start); a negative libuv error if it could not begin.
+  int Connect(const sockaddr* addr);
+  // Carries call c: its request is [hp, hl) + [bp, bl), or (hp null) the bytes c->out holds.
+  void Start(Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl);
+  void Close();
+  // Fails its call (if any) with err/reason and closes.
+  void Fail(int err, int32_t reason);
+  // The timer's look: the phase limit passed (slack: the tick), or idle too long.
+  void Check(uint64_t now, uint32_t slack);
+  void SetReading(bool on);
+  // The client resumed reading: the body timeout starts afresh.
+  void Resume(uint64_t now);
+
+  // The response parser's sink (h1_parser.h).
+  void OnHead(const h1::Head& h);
+  void OnBody(char* p, size_t n);
+
+ private:
+  static void OnConnect(uv_connect_t* req, int status);
+  static void OnAlloc(uv_handle_t* h, size_t, uv_buf_t* buf);
+  static void OnRead(uv_stream_t* s, ssize_t n, const uv_buf_t* buf);
+  static void OnWrite(uv_write_t* req, int status);
+  static void OnClosed(uv_handle_t* h);
+
+  void WriteOut();
+  void TryWrite(const char* hp, size_t hl, const uint8_t* bp, size_t bl);
+  void OnBytes(char* p, size_t n);
+  void Complete(bool extra_bytes);
+  void OnEof();
+
+  uv_connect_t creq;
+  uv_write_t wreq;
   std::string out;  // request bytes the socket has not taken yet (owned until the write completes)
   size_t out_off = 0;
   h1::ResponseParser parser;
@@ -135,330 +175,61 @@ struct Conn {
   bool connected = false;
   bool reused = false;
   bool got_bytes = false;
-  bool closing = false;
   bool writing = false;
   bool reading = false;
-  bool in_idle = false;
-
-  void Start(Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl);
-  void WriteOut();
-  void TryWrite(const char* hp, size_t hl, const uint8_t* bp, size_t bl);
-  void OnBytes(char* p, size_t n);
-  void OnHead(const h1::Head& h);
-  void OnBody(char* p, size_t n) { core_push_data(p, n); }
-  void core_push_data(char* p, size_t n);
-  void Complete(bool extra_bytes);
-  void Fail(int err, int32_t reason);
-  void OnEof();
-  void Close();
-  void Check(uint64_t now, uint32_t slack);
-  void SetReading(bool on);
 };
 
+// The client: call slots, pools, connections, the timer and the event queue to the host.
 class Core {
  public:
   explicit Core(uv_loop_t* loop) : loop_(loop) {}
 
+  // ---- the host's side (upstream_client.cc) -------------------------------------------------
+
   // events: the shared event buffer (cap records); arena: the shared read arena.
   // Both stay valid until the host's ReleaseShared(). The core frees itself after
   // the last handle closed (Shutdown), telling the host with CoreFinished().
-  void Init(CoreHost* host, Event* events, size_t cap, char* arena, size_t arena_size) {
-    host_ = host;
-    ev_ptr_ = events;
-    ev_cap_ = cap;
-    arena_ = arena;
-    arena_size_ = arena_size;
-    uv_timer_init(loop_, &timer_);
-    uv_check_init(loop_, &check_);
-    uv_idle_init(loop_, &idle_);
-    timer_.data = check_.data = idle_.data = this;
-    uv_unref(reinterpret_cast<uv_handle_t*>(&timer_));
-    uv_unref(reinterpret_cast<uv_handle_t*>(&check_));
-    handles_ = 3;
-  }
-
+  void Init(CoreHost* host, Event* events, size_t cap, char* arena, size_t arena_size);
   CoreHost* host() const { return host_; }
-
-  void Configure(uint32_t connect_ms, uint32_t headers_ms, uint32_t body_ms, uint32_t per_endpoint) {
-    connect_ms_ = connect_ms;
-    headers_ms_ = headers_ms;
-    body_ms_ = body_ms;
-    per_endpoint_ = per_endpoint;
-    uint32_t shortest = 0;
-    for (uint32_t v : {connect_ms, headers_ms, body_ms})
-      if (v > 0 && (shortest == 0 || v < shortest)) shortest = v;
-    tick_ms_ = shortest == 0 ? 250 : std::max<uint32_t>(5, std::min<uint32_t>(250, shortest / 8));
-  }
-
-  uv_loop_t* loop() const { return loop_; }
-  uint64_t Now() const { return uv_now(loop_); }
-
-  // ---- calls ------------------------------------------------------------------------------
-
-  Call* Lookup(int32_t id) {
-    uint32_t slot = static_cast<uint32_t>(id) & kSlotMask;
-    if (id < 0 || slot >= calls_.size()) return nullptr;
-    Call* c = calls_[slot].get();
-    return c->id == id ? c : nullptr;
-  }
-
-  void FreeCall(Call* c) {
-    c->id = -1;
-    c->conn = nullptr;
-    c->pool = nullptr;
-    c->paused = false;
-    c->queued = false;
-    if (c->out.capacity() > kShrinkAbove) std::string().swap(c->out);
-    else c->out.clear();
-  }
-
-  bool AddPool(uint32_t id, const std::string& ip, uint32_t port) {
-    if (id >= pools_.size()) pools_.resize(id + 1);
-    auto p = std::make_unique<Pool>();
-    if (ip.find(':') != std::string::npos) {
-      if (uv_ip6_addr(ip.c_str(), static_cast<int>(port), reinterpret_cast<sockaddr_in6*>(&p->addr)) != 0) return false;
-    } else if (uv_ip4_addr(ip.c_str(), static_cast<int>(port), reinterpret_cast<sockaddr_in*>(&p->addr)) != 0) {
-      return false;
-    }
-    if (pools_[id]) {
-      // re-registering an endpoint id (a new address, or after ClosePool): new connections use it
-      pools_[id]->addr = p->addr;
-      pools_[id]->closed = false;
-      return true;
-    }
-    pools_[id] = std::move(p);
-    return true;
-  }
-
+  void Configure(uint32_t connect_ms, uint32_t headers_ms, uint32_t body_ms, uint32_t per_endpoint);
+  bool AddPool(uint32_t id, const std::string& ip, uint32_t port);
   Pool* GetPool(uint32_t id) { return id < pools_.size() ? pools_[id].get() : nullptr; }
-
-  // The call a queue entry names, or nullptr if the entry is stale: its call was
-  // aborted or has started, or (the JS side's generations wrapped) the id now
-  // names a newer call, which may be waiting in another pool's queue.
-  Call* Waiting(int32_t id, const Pool* pool) {
-    Call* c = Lookup(id);
-    return c != nullptr && c->queued && c->pool == pool ? c : nullptr;
-  }
-
   // send: returns false (and does nothing) when the id's slot is in use.
-  bool Send(int32_t id, Pool* pool, const char* hp, size_t hl, const uint8_t* bp, size_t bl) {
-    uint32_t slot = static_cast<uint32_t>(id) & kSlotMask;
-    if (slot >= calls_.size()) {
-      size_t n = std::max<size_t>(slot + 1, calls_.size() * 2);
-      n = std::min<size_t>(n, kSlotMask + 1);
-      calls_.reserve(n);
-      while (calls_.size() < n) calls_.push_back(std::make_unique<Call>());
-    }
-    Call* c = calls_[slot].get();
-    if (c->id != -1) return false;
-    c->id = id;
-    c->pool = pool;
-    if (closed_) {
-      PushError(c, UV_ECANCELED, kRClientClosed, false);
-      FreeCall(c);
-      Schedule();
-      return true;
-    }
-    Dispatch(c, hp, hl, bp, bl);
-    Schedule();  // a synchronous failure left an event
-    return true;
-  }
-
-  void Dispatch(Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl) {
-    Pool* pool = c->pool;
-    while (!pool->idle.empty()) {
-      Conn* k = pool->idle.back();
-      pool->idle.pop_back();
-      k->in_idle = false;
-      if (!k->closing) {
-        k->Start(c, hp, hl, bp, bl);
-        return;
-      }
-    }
-    if (pool->open < per_endpoint_) {
-      NewConn(pool, c, hp, hl, bp, bl);
-      return;
-    }
-    if (hp != nullptr) {
-      c->out.assign(hp, hl);
-      if (bl > 0) c->out.append(reinterpret_cast<const char*>(bp), bl);
-    }
-    c->queued = true;
-    c->queued_at = Now();
-    pool->queue.push_back(c->id);
-  }
-
-  // Fails queued calls that waited longer than the headers limit (oldest first:
-  // a queue is in sending order, so the scan stops at the first one still in time).
-  void ExpireQueued(uint64_t now) {
-    if (headers_ms_ == 0) return;
-    for (auto& p : pools_) {
-      if (!p) continue;
-      while (!p->queue.empty()) {
-        Call* c = Waiting(p->queue.front(), p.get());
-        if (c == nullptr) {
-          p->queue.pop_front();
-          continue;
-        }
-        if (now - c->queued_at <= static_cast<uint64_t>(headers_ms_) + tick_ms_) break;
-        p->queue.pop_front();
-        PushError(c, UV_ETIMEDOUT, kRQueueTimeout, false);
-        FreeCall(c);
-      }
-    }
-  }
-
-  void NewConn(Pool* pool, Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl) {
-    // the loop's cached time is that of this turn's start, before whatever JavaScript ran
-    // since: the connect limit counts from now (once per connection, not per request)
-    uv_update_time(loop_);
-    Conn* k = new Conn();
-    k->core = this;
-    k->pool = pool;
-    uv_tcp_init(loop_, &k->tcp);
-    handles_++;
-    k->tcp.data = k;
-    k->creq.data = k;
-    k->wreq.data = k;
-    uv_tcp_nodelay(&k->tcp, 1);
-    Link(k);
-    pool->open++;
-    opened_++;
-    if (!uv_is_active(reinterpret_cast<uv_handle_t*>(&timer_))) uv_timer_start(&timer_, &Core::OnTick, tick_ms_, tick_ms_);
-    k->Start(c, hp, hl, bp, bl);
-    int r = uv_tcp_connect(&k->creq, &k->tcp, reinterpret_cast<const sockaddr*>(&pool->addr), &Core::OnConnect);
-    if (r < 0) k->Fail(r, kRConnect);
-  }
-
-  // A connection left the pool: a waiting call may open a new one.
-  void Drain(Pool* pool) {
-    if (draining_ || closed_) return;
-    draining_ = true;
-    while (!pool->queue.empty() && pool->open < per_endpoint_) {
-      Call* c = Waiting(pool->queue.front(), pool);
-      pool->queue.pop_front();
-      if (c == nullptr) continue;
-      NewConn(pool, c, nullptr, 0, nullptr, 0);
-    }
-    draining_ = false;
-  }
-
-  // A finished connection is handed to the next waiting call or parked.
-  void Release(Conn* k) {
-    Pool* pool = k->pool;
-    while (!pool->queue.empty()) {
-      Call* c = Waiting(pool->queue.front(), pool);
-      pool->queue.pop_front();
-      if (c == nullptr) continue;
-      k->Start(c, nullptr, 0, nullptr, 0);
-      return;
-    }
-    k->in_idle = true;
-    k->SetReading(true);  // an idle connection still watches for the endpoint closing it
-    uv_unref(reinterpret_cast<uv_handle_t*>(&k->tcp));
-    pool->idle.push_back(k);
-  }
-
-  void Abort(int32_t id) {
-    if (shutting_down_) return;  // every connection is closing and no call will see another event
-    Call* c = Lookup(id);
-    if (c == nullptr) return;
-    Conn* k = c->conn;
-    FreeCall(c);
-    if (k != nullptr) {
-      k->call = nullptr;
-      k->Close();  // mid-request: the connection cannot be reused; the endpoint sees the disconnect
-    }
-    // a queued call leaves a stale id in the queue, skipped when reached
-  }
-
-  void Pause(int32_t id) {
-    if (shutting_down_) return;
-    Call* c = Lookup(id);
-    if (c == nullptr || c->paused) return;
-    c->paused = true;
-    if (c->conn != nullptr) c->conn->SetReading(false);
-  }
-
-  void Resume(int32_t id) {
-    if (shutting_down_) return;
-    Call* c = Lookup(id);
-    if (c == nullptr || !c->paused) return;
-    c->paused = false;
-    Conn* k = c->conn;
-    if (k != nullptr) {
-      k->active_at = Now();  // the pause was the client's doing: the body timeout starts afresh
-      k->SetReading(true);
-    }
-  }
-
+  bool Send(int32_t id, Pool* pool, const char* hp, size_t hl, const uint8_t* bp, size_t bl);
+  void Abort(int32_t id);
+  void Pause(int32_t id);
+  void Resume(int32_t id);
   // closePool(id): the endpoint left the router. Its waiting calls fail, its idle
   // connections close now, and each busy one closes when its call ends (never
   // parked again), so no descriptor stays open to an endpoint that is gone.
-  void ClosePool(uint32_t id) {
-    Pool* p = GetPool(id);
-    if (p == nullptr || p->closed) return;
-    p->closed = true;
-    for (int32_t cid : p->queue) {
-      Call* c = Waiting(cid, p);
-      if (c == nullptr) continue;
-      PushError(c, UV_ECANCELED, kRClientClosed, false);
-      FreeCall(c);
-    }
-    p->queue.clear();
-    std::vector<Conn*> idle;
-    idle.swap(p->idle);
-    for (Conn* k : idle) {
-      k->in_idle = false;
-      k->Close();
-    }
-    Schedule();
-  }
-
+  void ClosePool(uint32_t id);
   // close(): fails waiting calls, closes idle connections; busy ones finish.
-  void CloseClient() {
-    if (closed_) return;
-    closed_ = true;
-    for (auto& p : pools_) {
-      if (!p) continue;
-      for (int32_t id : p->queue) {
-        Call* c = Waiting(id, p.get());
-        if (c == nullptr) continue;
-        PushError(c, UV_ECANCELED, kRClientClosed, false);
-        FreeCall(c);
-      }
-      p->queue.clear();
-      std::vector<Conn*> idle;
-      idle.swap(p->idle);
-      for (Conn* k : idle) {
-        k->in_idle = false;
-        k->Close();
-      }
-    }
-    Schedule();
-  }
+  void CloseClient();
+  const std::string* ContentType(uint32_t i) const;
+  // Closes every handle; the core frees itself when the last one has closed.
+  void Shutdown();
+  bool shutting_down() const { return shutting_down_; }
+  // Counters: deliveries to JS, event records delivered, connections opened; connections open now.
+  double flushes() const { return flushes_; }
+  double delivered() const { return delivered_; }
+  double opened() const { return opened_; }
+  double OpenConnections() const;
 
-  // ---- connections ------------------------------------------------------------------------
+  // ---- the connections' side (Conn) ---------------------------------------------------------
 
-  void Link(Conn* k) {
-    k->next = conns_;
-    if (conns_ != nullptr) conns_->prev = k;
-    conns_ = k;
-  }
-  void Unlink(Conn* k) {
-    if (k->prev != nullptr) k->prev->next = k->next;
-    else if (conns_ == k) conns_ = k->next;
-    if (k->next != nullptr) k->next->prev = k->prev;
-    k->prev = k->next = nullptr;
-  }
-
-  void HandleClosed() {
-    handles_--;
-    if (handles_ == 0 && shutting_down_) Finish();
-  }
-
-  // ---- events -----------------------------------------------------------------------------
-
+  uv_loop_t* loop() const { return loop_; }
+  uint64_t Now() const { return uv_now(loop_); }
+  uint32_t connect_ms() const { return connect_ms_; }
+  uint32_t headers_ms() const { return headers_ms_; }
+  uint32_t body_ms() const { return body_ms_; }
+  bool closed() const { return closed_; }
+  void FreeCall(Call* c);
+  // A connection left the pool: a waiting call may open a new one.
+  void Drain(Pool* pool);
+  // A finished connection is handed to the next waiting call or parked.
+  void Release(Conn* k);
+  void Unlink(Conn* k);
+  void HandleClosed();
   void Push(int32_t type, int32_t id, int32_t a, int32_t b, double f = 0, int32_t c = 0) {
     events_.push_back(Event{type, id, a, b, f, c, 0});
   }
@@ -466,125 +237,37 @@ class Core {
   void PushData(Call* c, const char* p, size_t n) {
     Push(kEvData, c->id, static_cast<int32_t>(p - arena_), static_cast<int32_t>(n));
   }
-
-  int32_t InternContentType(const char* p, size_t n) {
-    if (n == 0) return -1;
-    for (size_t i = 0; i < ct_table_.size(); i++) {
-      const std::string& s = ct_table_[i];
-      if (s.size() == n && memcmp(s.data(), p, n) == 0) return static_cast<int32_t>(i);
-    }
-    if (ct_table_.size() < kMaxInterned) {
-      ct_table_.emplace_back(p, n);
-      return static_cast<int32_t>(ct_table_.size() - 1);
-    }
-    ct_extra_.emplace_back(p, n);
-    return static_cast<int32_t>(kMaxInterned + ct_extra_.size() - 1);
-  }
-
-  const std::string* ContentType(uint32_t i) const {
-    if (i < ct_table_.size()) return &ct_table_[i];
-    if (i >= kMaxInterned && i - kMaxInterned < ct_extra_.size()) return &ct_extra_[i - kMaxInterned];
-    return nullptr;
-  }
-
+  int32_t InternContentType(const char* p, size_t n);
   char* ArenaTail(size_t* len) {
     *len = std::min(kReadSize, arena_size_ - arena_used_);
     return arena_ + arena_used_;
   }
   void ArenaTake(size_t n) { arena_used_ += n; }
-
   // After a libuv callback: deliver now if the arena runs low, otherwise by the end of this loop turn.
-  void AfterIo() {
-    if (arena_size_ - arena_used_ < kReadSize) Flush();
-    else Schedule();
-  }
+  void AfterIo();
 
-  void Schedule() {
-    if (events_.empty() || scheduled_ || flushing_ || shutting_down_) return;
-    scheduled_ = true;
-    uv_check_start(&check_, &Core::OnCheck);
-    uv_idle_start(&idle_, &Core::OnIdle);  // keeps the poll phase from blocking until the check runs
-  }
+ private:
+  Call* Lookup(int32_t id);
+  // The call a queue entry names, or nullptr if the entry is stale: its call was
+  // aborted or has started, or (the JS side's generations wrapped) the id now
+  // names a newer call, which may be waiting in another pool's queue.
+  Call* Waiting(int32_t id, const Pool* pool);
+  void Dispatch(Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl);
+  // Fails queued calls that waited longer than the headers limit (oldest first:
+  // a queue is in sending order, so the scan stops at the first one still in time).
+  void ExpireQueued(uint64_t now);
+  void NewConn(Pool* pool, Call* c, const char* hp, size_t hl, const uint8_t* bp, size_t bl);
+  // A pool's waiting calls fail (the client or the endpoint closed); its idle connections close.
+  void CancelWaitingAndIdle(Pool* p);
+  void Link(Conn* k);
+  void Schedule();
+  void Flush();
+  void Finish();
 
-  void Flush() {
-    if (flushing_ || shutting_down_) return;
-    if (scheduled_) {
-      scheduled_ = false;
-      uv_check_stop(&check_);
-      uv_idle_stop(&idle_);
-    }
-    if (events_.empty()) {
-      arena_used_ = 0;
-      return;
-    }
-    flushing_ = true;
-    flushes_++;
-    size_t done = 0;
-    while (done < events_.size() && !shutting_down_) {
-      size_t n = std::min(events_.size() - done, ev_cap_);
-      memcpy(ev_ptr_, events_.data() + done, n * sizeof(Event));
-      done += n;
-      delivered_ += n;
-      host_->DeliverEvents(n);
-    }
-    events_.clear();
-    ct_extra_.clear();
-    arena_used_ = 0;
-    flushing_ = false;
-    if (shutting_down_) host_->ReleaseShared();
-  }
-
-  // ---- lifetime -----------------------------------------------------------------------------
-
-  // Closes every handle; the core frees itself when the last one has closed.
-  void Shutdown() {
-    if (shutting_down_) return;
-    shutting_down_ = true;
-    closed_ = true;
-    while (conns_ != nullptr) {
-      Conn* k = conns_;
-      if (k->call != nullptr) k->call->conn = nullptr;  // no call keeps a pointer to a closing connection
-      k->call = nullptr;
-      k->Close();  // unlinks k
-    }
-    for (auto& p : pools_)
-      if (p) {
-        p->idle.clear();
-        p->queue.clear();
-      }
-    uv_close(reinterpret_cast<uv_handle_t*>(&timer_), &Core::OnCoreHandleClosed);
-    uv_close(reinterpret_cast<uv_handle_t*>(&check_), &Core::OnCoreHandleClosed);
-    uv_close(reinterpret_cast<uv_handle_t*>(&idle_), &Core::OnCoreHandleClosed);
-    if (flushing_) return;  // the flush in progress releases the shared buffers when it returns
-    host_->ReleaseShared();
-  }
-
-  void Finish() {
-    host_->CoreFinished();
-    delete this;
-  }
-
-  static void OnCoreHandleClosed(uv_handle_t* h) { static_cast<Core*>(h->data)->HandleClosed(); }
-
-  static void OnCheck(uv_check_t* h) { static_cast<Core*>(h->data)->Flush(); }
-  static void OnIdle(uv_idle_t* h) {}
-
-  static void OnTick(uv_timer_t* h) {
-    Core* core = static_cast<Core*>(h->data);
-    const uint64_t now = core->Now();
-    // the queue first: a connection failing below would hand its place to a call
-    // that is already out of time, which should fail as the queued call it is
-    core->ExpireQueued(now);
-    for (Conn* k = core->conns_; k != nullptr;) {
-      Conn* next = k->next;
-      k->Check(now, core->tick_ms_);
-      k = next;
-    }
-    if (core->conns_ == nullptr) uv_timer_stop(&core->timer_);
-    core->AfterIo();
-  }
-
-  static void OnConnect(uv_connect_t* req, int status);
+  static void OnCoreHandleClosed(uv_handle_t* h);
+  static void OnCheck(uv_check_t* h);
+  static void OnIdle(uv_idle_t* h);
+  static void OnTick(uv_timer_t* h);
 
   uv_loop_t* loop_;
   CoreHost* host_ = nullptr;
@@ -611,11 +294,6 @@ class Core {
   bool scheduled_ = false;
   bool draining_ = false;
 };
-
-void OnAlloc(uv_handle_t* h, size_t, uv_buf_t* buf);
-void OnRead(uv_stream_t* s, ssize_t n, const uv_buf_t* buf);
-void OnWrite(uv_write_t* req, int status);
-void OnConnClosed(uv_handle_t* h);
 
 }  // namespace upstream
 }  // namespace switchyard

@@ -1,21 +1,40 @@
 // Switchyard's error classes. Every error carries a stable string code
-// (SWY_ERR_*) so callers can branch on `err.code` instead of messages.
+// (SWY_ERR_*) so callers can branch on `err.code` instead of messages. The
+// same table, with where each is raised, is docs/errors.md.
 //
-// | class              | code                      | raised when                                     |
-// |--------------------|---------------------------|-------------------------------------------------|
-// | SwitchyardError    | SWY_ERR_GENERIC           | base class                                      |
-// | ConfigError        | SWY_ERR_CONFIG            | a config file or object fails validation        |
-// | PluginError        | SWY_ERR_PLUGIN            | unknown plugin type or bad plugin parameters    |
-// | NoEndpointError    | SWY_ERR_NO_ENDPOINT       | Scheduler.pickOrThrow: every candidate filtered |
-// | UnknownModelError  | SWY_ERR_UNKNOWN_MODEL     | Scheduler.pickOrThrow: no pool serves the model |
-// | EndpointError      | SWY_ERR_ENDPOINT_EXISTS, SWY_ERR_ENDPOINT_UNKNOWN, SWY_ERR_ENDPOINT_LAST, SWY_ERR_ENDPOINT_IDS, SWY_ERR_POOL_UNKNOWN | a runtime endpoint change (admin API, reload, an endpoint source) cannot be made; `status` is the HTTP status the admin API answers |
-// | HaStartError       | SWY_ERR_HA_START          | ha: Redis unreachable at start, onRedisDown: refuse |
+// | class                 | file                       | code                      |
+// |-----------------------|----------------------------|---------------------------|
+// | SwitchyardError       | src/errors.ts              | SWY_ERR_GENERIC (base)    |
+// | ConfigError           | src/errors.ts              | SWY_ERR_CONFIG            |
+// | PluginError           | src/errors.ts              | SWY_ERR_PLUGIN            |
+// | NoEndpointError       | src/errors.ts              | SWY_ERR_NO_ENDPOINT       |
+// | UnknownModelError     | src/errors.ts              | SWY_ERR_UNKNOWN_MODEL     |
+// | EndpointError         | src/errors.ts              | SWY_ERR_ENDPOINT_EXISTS, SWY_ERR_ENDPOINT_UNKNOWN, SWY_ERR_ENDPOINT_LAST, SWY_ERR_ENDPOINT_IDS, SWY_ERR_POOL_UNKNOWN |
+// | HaStartError          | src/errors.ts              | SWY_ERR_HA_START          |
+// | NativeLoadError       | bindings/native.ts         | SWY_ERR_NATIVE_LOAD       |
+// | KvDecodeError         | src/kv-events/decode.ts    | SWY_ERR_KV_EVENT_DECODE   |
+// | KubeApiError          | src/k8s/api.ts             | SWY_ERR_KUBE_API          |
+// | RolloutError          | src/server/rollout.ts      | SWY_ERR_ROLLOUT           |
+// | HttpError (admin API) | src/server/admin.ts        | SWY_ERR_ADMIN_REQUEST     |
+// | StoreUnavailableError | src/responses/store.ts     | SWY_ERR_STORE_UNAVAILABLE |
+// | AbortedByRouter       | src/proxy/undici-client.ts | SWY_ERR_ABORTED           |
+// | SimOptionError        | src/sim/options.ts         | SWY_ERR_SIM_OPTION        |
+// | FlagError (sim CLI)   | src/sim/cli.ts             | SWY_ERR_SIM_FLAG          |
+// | PoolingError          | src/sim/pooling.ts         | SWY_ERR_SIM_POOLING       |
+// | PdRuleError           | src/sim/pd.ts              | SWY_ERR_SIM_PD_RULE       |
+//
+// Not yet SwitchyardErrors: ResponsesError (src/responses/request.ts),
+// BatchApiError (src/batch/api.ts) and UpstreamSocketError
+// (src/proxy/h1-client.ts) use `code` for the OpenAI error code or the socket
+// errno, which the Responses API, Batches and the h1 client read (docs/errors.md).
 
 export class SwitchyardError extends Error {
-  readonly code: string = 'SWY_ERR_GENERIC';
-  constructor(message: string, options?: { cause?: unknown }) {
+  readonly code: string;
+  /** `code`: the subclass's SWY_ERR_* code when it does not declare one as a field. */
+  constructor(message: string, options?: { cause?: unknown; code?: string }) {
     super(message, options);
     this.name = new.target.name;
+    this.code = options?.code ?? 'SWY_ERR_GENERIC';
   }
 }
 

@@ -3,7 +3,7 @@ export { NativeLoadError } from '../bindings/index.js';
 export { startEngine, startFleet, countTokens, renderChat, type SimEngine, type SimFleet, type SimOptions, type FailureKind } from './sim/index.js';
 export { createScheduler, Scheduler, type Decision, type Outcome, type SchedulerConfig, type SchedulerOptions } from './scheduler/scheduler.js';
 export { PluginRegistry, type PluginFactory, type PluginKind } from './scheduler/registry.js';
-export { registry, builtinRegistry } from './scheduler/builtins.js';
+export { registry, builtinRegistry } from './scheduler/plugins/index.js';
 export type { Filter, Scorer, Picker, Plugin, CycleContext, SchedRequest, PluginEnv } from './scheduler/types.js';
 export { Endpoint, EndpointSet } from './endpoints/endpoint.js';
 export { parseConfig, loadConfigFile, quickConfig } from './config/load.js';

@@ -92,7 +92,7 @@ t.test('flow control over ext_proc: a held request expires into ImmediateRespons
   t.equal(late.status, 429);
   t.equal(late.headers['x-switchyard-dropped-reason'], 'rejected-ttl-expired');
   t.equal(late.headers['retry-after'], '2');
-  t.match(JSON.parse(late.body), { error: { code: 429 } }, 'the OpenAI error body');
+  t.match(JSON.parse(late.body), { error: { code: 'rate_limit_exceeded' } }, 'the OpenAI error body');
   await respond(first.stream, 200, first.endpoint);
   const third = await decide(client, chat('third'));
   t.ok(third.picked, 'the released slot admits the next request');

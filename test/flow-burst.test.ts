@@ -11,7 +11,7 @@ import t from 'tap';
 import { Worker } from 'node:worker_threads';
 import { once } from 'node:events';
 import { parseConfig } from '../src/config/load.js';
-import { registry } from '../src/scheduler/builtins.js';
+import { registry } from '../src/scheduler/plugins/index.js';
 import { startRouter } from '../src/server/router.js';
 import { validateFlowControl } from '../src/flow/config.js';
 import { FlowControlGate } from '../src/flow/gate.js';

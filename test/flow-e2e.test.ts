@@ -6,7 +6,7 @@
 import t from 'tap';
 import { startEngine, type SimEngine } from '../src/sim/index.js';
 import { parseConfig } from '../src/config/load.js';
-import { registry } from '../src/scheduler/builtins.js';
+import { registry } from '../src/scheduler/plugins/index.js';
 import { startRouter, type RunningRouter } from '../src/server/router.js';
 import { validateFlowControl } from '../src/flow/config.js';
 import { FlowControlGate } from '../src/flow/gate.js';

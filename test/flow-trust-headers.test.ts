@@ -8,7 +8,7 @@
 import t from 'tap';
 import { startEngine } from '../src/sim/index.js';
 import { parseConfig } from '../src/config/load.js';
-import { registry } from '../src/scheduler/builtins.js';
+import { registry } from '../src/scheduler/plugins/index.js';
 import { startRouter } from '../src/server/router.js';
 import { flowGateFactory } from '../src/server/flow-gate.js';
 

@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import { KubeApi } from '../src/k8s/api.js';
-import { KubernetesLease } from '../src/k8s/lease.js';
+import { KubernetesLease } from '../src/ha/k8s-lease.js';
 import { HighAvailability } from '../src/ha/standby.js';
 import { HaStartError } from '../src/errors.js';
 import { EndpointSet } from '../src/endpoints/endpoint.js';

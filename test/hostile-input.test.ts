@@ -11,7 +11,7 @@ import http from 'node:http';
 import { connect } from 'node:net';
 import { startFleet } from '../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
-import { registry } from '../src/scheduler/builtins.js';
+import { registry } from '../src/scheduler/plugins/index.js';
 import { startRouter } from '../src/server/router.js';
 import { sseData, until, sleep } from './sim-util.js';
 
@@ -185,7 +185,12 @@ const oneResponse = (d: Buffer) => {
 const ERROR_STATUS = new Set([400, 404, 405, 408, 413, 422, 429, 431, 500, 502, 503, 504]);
 
 /** Returns a description of what is wrong with an error reply, or '' if it is OpenAI error JSON with code = status. */
-function errorShapeProblem(status: number, body: string): string {
+/**
+ * `who`: the router writes OpenAI's code (string or null) and type; an engine
+ * (the simulator, as vLLM) the status as code and a class name as type;
+ * 'either' accepts both (a check that does not know who answered).
+ */
+function errorShapeProblem(status: number, body: string, who: 'router' | 'engine' | 'either' = 'either'): string {
   if (!ERROR_STATUS.has(status)) return `unexpected status ${status}`;
   let j: any;
   try {
@@ -198,12 +203,17 @@ function errorShapeProblem(status: number, body: string): string {
   if (typeof e.message !== 'string' || e.message === '') return `error.message not a non-empty string: ${body.slice(0, 200)}`;
   if (typeof e.type !== 'string' || e.type === '') return `error.type not a string: ${body.slice(0, 200)}`;
   if (!('param' in e) || (e.param !== null && typeof e.param !== 'string')) return `error.param not null or a string: ${body.slice(0, 200)}`;
-  if (e.code !== status) return `error.code ${e.code} != HTTP ${status}`;
+  const want = status >= 500 ? 'server_error' : status === 429 ? 'requests' : 'invalid_request_error';
+  const openai = (e.code === null || typeof e.code === 'string') && e.type === want;
+  const engine = e.code === status;
+  if (who === 'router' && !openai) return `not OpenAI's code (string or null) and type ${want} for HTTP ${status}: ${body.slice(0, 200)}`;
+  if (who === 'engine' && !engine) return `error.code ${e.code} != HTTP ${status}`;
+  if (who === 'either' && !openai && !engine) return `neither OpenAI's code and type nor an engine's: ${body.slice(0, 200)}`;
   return '';
 }
 
 function isOpenAIError(t: Tap.Test, r: { status: number; body: string }, status: number | null, label: string, param?: string): void {
-  const problem = errorShapeProblem(r.status, r.body);
+  const problem = errorShapeProblem(r.status, r.body, label.startsWith('sim') ? 'engine' : label.startsWith('router') ? 'router' : 'either');
   t.equal(problem, '', `${label}: OpenAI error JSON (${r.status})`);
   if (status !== null) t.equal(r.status, status, `${label}: HTTP ${status}`);
   if (param !== undefined && problem === '') t.equal(JSON.parse(r.body).error.param, param, `${label}: param ${param}`);
@@ -318,13 +328,17 @@ async function checkAlive(t: Tap.Test, label: string): Promise<void> {
 }
 
 t.test('the shape checks reject what they must (so the checks below can fail)', async (t) => {
-  const ok = '{"error":{"message":"m","type":"BadRequestError","param":null,"code":400}}';
-  t.equal(errorShapeProblem(400, ok), '');
-  t.not(errorShapeProblem(404, ok), '', 'code differs from the status');
+  const ok = '{"error":{"message":"m","type":"invalid_request_error","param":null,"code":null}}';
+  t.equal(errorShapeProblem(400, ok, 'router'), '');
+  t.not(errorShapeProblem(503, ok, 'router'), '', 'a 5xx that is not a server_error');
+  t.not(errorShapeProblem(400, '{"error":{"message":"m","type":"invalid_request_error","param":null,"code":400}}', 'router'), '', 'the status as code');
+  t.not(errorShapeProblem(400, '{"error":{"message":"m","type":"BadRequestError","param":null,"code":null}}', 'router'), '', 'an SDK class name as type');
+  t.equal(errorShapeProblem(400, '{"error":{"message":"m","type":"BadRequestError","param":null,"code":400}}', 'engine'), '', "an engine's shape");
+  t.not(errorShapeProblem(404, '{"error":{"message":"m","type":"BadRequestError","param":null,"code":400}}', 'engine'), '', "an engine's code differs from the status");
   t.not(errorShapeProblem(200, ok), '', 'a success status');
-  t.not(errorShapeProblem(400, '{"object":"error","message":"m","type":"t","param":null,"code":400}'), '', 'the older flat shape');
-  t.not(errorShapeProblem(400, '{"error":{"message":"","type":"t","param":null,"code":400}}'), '', 'an empty message');
-  t.not(errorShapeProblem(400, '{"error":{"message":"m","type":"t","code":400}}'), '', 'no param');
+  t.not(errorShapeProblem(400, '{"object":"error","message":"m","type":"invalid_request_error","param":null,"code":null}'), '', 'the older flat shape');
+  t.not(errorShapeProblem(400, '{"error":{"message":"","type":"invalid_request_error","param":null,"code":null}}'), '', 'an empty message');
+  t.not(errorShapeProblem(400, '{"error":{"message":"m","type":"invalid_request_error","code":null}}'), '', 'no param');
   t.not(errorShapeProblem(400, 'Bad Request'), '', 'not JSON');
   t.not(replyProblem(COMP, { status: 200, headers: { 'content-type': 'text/event-stream' }, body: 'data: {"object":"text_completion"}\n\n' }), '', 'a stream without [DONE]');
   t.not(replyProblem(CHAT, { status: 200, headers: {}, body: '{"object":"text_completion","choices":[]}' }), '', 'the wrong object');
@@ -926,7 +940,7 @@ t.test('bad input rejected by an older engine (flat error body) still reaches th
   legacy.engines[0]!.setFailures(0);
   const ev = sseData(s.body);
   const err = ev.map((e) => (e === '[DONE]' ? null : JSON.parse(e))).find((j) => j && (j.error || j.object === 'error'));
-  t.ok(err?.error && err.error.code === 500, `a flat mid-stream error event is relayed in the current shape: ${JSON.stringify(err)}`);
+  t.ok(err?.error && err.error.code === null && err.error.type === 'server_error', `a flat mid-stream error event is relayed in the current shape: ${JSON.stringify(err)}`);
   t.equal(ev.at(-1), '[DONE]', 'then [DONE]');
 });
 
@@ -1053,7 +1067,7 @@ t.test('hostile clients over failing engines: every answer well-formed, every sl
         const errors = ev.slice(0, -1).filter((e) => JSON.parse(e).error !== undefined);
         if (errors.length > 1) problems.push(`${what}: ${errors.length} error events`);
         for (const e of errors) {
-          const p = errorShapeProblem(JSON.parse(e).error.code, JSON.stringify(JSON.parse(e)));
+          const p = errorShapeProblem(500, JSON.stringify(JSON.parse(e)), 'router'); // a stream's error: a server_error
           if (p !== '') problems.push(`${what}: mid-stream error event: ${p}`);
         }
       } else {

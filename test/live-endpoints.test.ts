@@ -47,7 +47,7 @@ t.test('admin API: token, list, add, remove (404 unknown, 409 last endpoint)', a
   const noToken = await admin(a, 'GET', '/admin/endpoints', undefined, null);
   t.equal(noToken.status, 401, 'no token: 401');
   t.equal(noToken.headers['www-authenticate'], 'Bearer');
-  t.match(JSON.parse(noToken.body), { error: { code: 401 } });
+  t.match(JSON.parse(noToken.body), { error: { code: 'invalid_api_key', type: 'invalid_request_error' } });
   t.equal((await admin(a, 'GET', '/admin/endpoints', undefined, 'wrong')).status, 401, 'wrong token: 401');
 
   const list = JSON.parse((await admin(a, 'GET', '/admin/endpoints')).body);

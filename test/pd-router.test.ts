@@ -135,7 +135,7 @@ t.test('prefill failures: 4xx to the client; 5xx, reset, timeout, missing or mal
   ], { pd: { prefillTimeoutMs: 300 }, extra: { dataLayer: { healthIntervalMs: 0, scrapeIntervalMs: 0 } } });
   const rej = await post(r.url, '/v1/chat/completions', chat(LONG));
   t.equal(rej.status, 429, 'prefill 4xx → client');
-  t.match(JSON.parse(rej.body), { error: { code: 429 } });
+  t.match(JSON.parse(rej.body), { error: { code: 'rate_limit_exceeded', type: 'requests' } });
   t.equal(rej.headers['x-switchyard-prefill-endpoint'], 'p0');
   t.equal(d0!.stats().finished, 0, 'decode never ran');
   // the decode endpoint never saw that prompt: the same prompt is disaggregated again (its recorded blocks were forgotten)
@@ -247,7 +247,7 @@ t.test('SGLang bootstrap: both legs at once with the same room; decode answers',
   p0!.setFailures(1, ['500']);
   const y = await post(r.url, '/v1/chat/completions', chat('another document: ' + LONG, { stream: true }));
   t.equal(y.status, 502, 'no pair could be formed');
-  t.match(JSON.parse(y.body), { error: { code: 502, message: /P\/D pair/ } });
+  t.match(JSON.parse(y.body), { error: { code: null, type: 'server_error', message: /P\/D pair/ } });
   t.equal(d0!.recorded().length, 4, 'decode got one leg per pair (3), each with a room, none alone');
   // with a second prefill endpoint the failed pair is formed again on it: the client gets decode's answer
   const r2 = await pdRouter(t, [
@@ -276,7 +276,7 @@ t.test('SGLang bootstrap: a decode leg that cannot reach its prefill engine: a n
   ], { engine: 'sglang', pd: { bootstrapPort: 1 } });
   const x = await post(r.url, '/v1/chat/completions', chat(LONG, { stream: true }), { 'x-request-id': 'sg-2' });
   t.equal(x.status, 502, 'no pair can work: a clean error');
-  t.match(JSON.parse(x.body), { error: { code: 502, message: /decode-transfer/ } });
+  t.match(JSON.parse(x.body), { error: { code: null, type: 'server_error', message: /decode-transfer/ } });
   t.notOk(x.body.includes('KVTransferError'), 'no client sees the connector error');
   t.equal(d0!.stats().finished, 0);
   let m = await pdMetrics(r);

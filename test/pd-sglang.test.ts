@@ -196,7 +196,7 @@ t.test('no prefill endpoint left: a clean OpenAI-shaped error before any byte, n
     t.equal(x.status, 502, `stream ${stream}: 502`);
     t.match(x.headers['content-type'], /application\/json/);
     const err = JSON.parse(x.body).error;
-    t.match(err, { message: /P\/D pair .* failed/, type: String, code: 502 });
+    t.match(err, { message: /P\/D pair .* failed/, type: 'server_error', code: null });
     t.ok('param' in err);
     t.notOk(x.body.includes('KVTransferError'), 'no raw connector error');
   }
@@ -210,7 +210,7 @@ t.test('no prefill endpoint left: a clean OpenAI-shaped error before any byte, n
   await until(async () => (await post(r2.url, '/v1/chat/completions', chat('probe'))).status === 503, 3000);
   const y = await post(r2.url, '/v1/chat/completions', chat(LONG));
   t.equal(y.status, 503);
-  t.match(JSON.parse(y.body).error, { code: 503, message: /no ready endpoint for model `open-model`: no revision has a ready prefill endpoint/ });
+  t.match(JSON.parse(y.body).error, { code: null, type: 'server_error', message: /no ready endpoint for model `open-model`: no revision has a ready prefill endpoint/ });
   t.equal(served(d0!), 0);
   e = await m(r2);
   t.equal(metric(e, 'switchyard_pd_decisions_total', { decision: 'direct' }), 0, 'nothing went direct to the decode endpoint');

@@ -28,7 +28,7 @@ t.test('nesting deeper than 128 levels is a 400 naming the limit, small or large
   const small = Buffer.from(`{"model":"open-model","messages":${'['.repeat(200)}${']'.repeat(200)}}`);
   const r = await postRaw(url, '/v1/chat/completions', small);
   t.equal(r.status, 400);
-  t.match(JSON.parse(r.text), { error: { code: 400, message: /deeper than 128/ } });
+  t.match(JSON.parse(r.text), { error: { code: null, type: 'invalid_request_error', message: /deeper than 128/ } });
   // brackets inside strings do not count
   const inStrings = Buffer.from(JSON.stringify({ model: 'open-model', messages: [{ role: 'user', content: '['.repeat(5000) + '"\\' }], max_tokens: 1 }));
   t.equal((await postRaw(url, '/v1/chat/completions', inStrings)).status, 200, 'brackets in a string are text');

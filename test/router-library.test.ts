@@ -41,7 +41,7 @@ flowControl:
   const third = await post(2);
   t.equal(third.status, 429, `a third request finds the queue full (got ${third.status} ${third.body})`);
   t.equal(third.reason, 'rejected-capacity', 'with the reason header');
-  t.match(JSON.parse(third.body), { error: { code: 429 } }, 'OpenAI error shape');
+  t.match(JSON.parse(third.body), { error: { code: 'rate_limit_exceeded' } }, 'OpenAI error shape');
   t.equal((await first).status, 200);
   t.equal((await second).status, 200, 'the held request is served once the first ends');
   const m = await (await fetch(`${router.url}/metrics`)).text();

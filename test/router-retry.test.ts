@@ -135,13 +135,13 @@ for (const client of ['h1', 'native'] as const) {
       const events = text.split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
       t.same(events.length, 3, `${label}: token, error, [DONE] (${JSON.stringify(text)})`);
       t.equal(JSON.parse(events[0]!).choices[0].text, 'hi', `${label}: the token event unchanged`);
-      t.same(JSON.parse(events[1]!), { error: { message: 'engine fell over', type: 'InternalServerError', param: null, code: 500 } }, `${label}: the error in the current shape`);
+      t.same(JSON.parse(events[1]!), { error: { message: 'engine fell over', type: 'server_error', param: null, code: null } }, `${label}: the error in the current shape`);
       t.equal(events[2], '[DONE]', `${label}: then [DONE]`);
     }
   });
 
   t.test(`${client}: a plugin that throws while a retry is picked: 500 with OpenAI error JSON, the router keeps serving`, async (t) => {
-    const { registry } = await import('../src/scheduler/builtins.js');
+    const { registry } = await import('../src/scheduler/plugins/index.js');
     let calls = 0;
     registry.register({
       kind: 'scorer',

@@ -6,7 +6,7 @@ import type { UpstreamClient, UpstreamSink } from '../src/proxy/upstream.js';
 import { startEngine, startFleet, type SimEngine, type SimFleet, type FleetOptions } from '../src/sim/index.js';
 import { parseConfig } from '../src/config/load.js';
 import { validateConfig, API_VERSION } from '../src/config/schema.js';
-import { registry } from '../src/scheduler/builtins.js';
+import { registry } from '../src/scheduler/plugins/index.js';
 import { startRouter, type RunningRouter } from '../src/server/router.js';
 
 /** Plugin validation as `switchyard serve` does it. */

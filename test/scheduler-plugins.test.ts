@@ -4,7 +4,7 @@
 // capacity of a scorer with its own block size. Real schedulers, no engines.
 import t from 'tap';
 import { createScheduler } from '../src/scheduler/scheduler.js';
-import { registry } from '../src/scheduler/builtins.js';
+import { registry } from '../src/scheduler/plugins/index.js';
 import { EndpointSet } from '../src/endpoints/endpoint.js';
 import { ConfigError } from '../src/errors.js';
 import type { CycleContext } from '../src/scheduler/types.js';

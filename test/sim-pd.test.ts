@@ -198,3 +198,16 @@ t.test('SGLang bootstrap: an expired room fails its decode leg', async (t) => {
   t.equal(d.status, 500);
   t.match(JSON.parse(d.body).error.message, /KVTransferError\(bootstrap_room=11\).*expired/);
 });
+
+t.test('the P/D side doors bound their bodies: a body over max-body-bytes is a 413, the engine serves on', async (t) => {
+  const e = await startEngine({ timeScale: 0, maxBodyBytes: 4096 });
+  t.teardown(() => e.close());
+  for (const path of ['/internal/kv_transfer/pull', '/internal/bootstrap/room']) {
+    const big = await post(e.url, path, { remote_request_id: 'x'.repeat(10_000), bootstrap_room: 1 });
+    t.equal(big.status, 413, path);
+    t.equal(JSON.parse(big.body).error.code, 413);
+  }
+  const small = await post(e.url, '/internal/kv_transfer/pull', { remote_request_id: 'none' });
+  t.equal(small.status, 404, 'a small body is read as before');
+  t.equal((await post(e.url, '/v1/completions', { prompt: 'hi', max_tokens: 1 })).status, 200);
+});

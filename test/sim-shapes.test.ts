@@ -133,7 +133,7 @@ t.test('errors have the OpenAI shape and the right status', async (t) => {
     ['/v1/completions', { model: 'open-model', prompt: 'x', stream_options: { include_usage: true } }, 400, 'stream_options', /stream=True/],
     ['/v1/completions', { model: 'open-model', prompt: ['a', 'b'] }, 400, 'prompt', /one prompt/],
     ['/v1/completions', { model: 'open-model', prompt: '' }, 400, 'prompt', /empty/],
-    ['/v1/completions', { model: 'open-model', prompt: 'x', n: 2 }, 400, 'n', /'n'/],
+    ['/v1/completions', { model: 'open-model', prompt: 'x', n: 0 }, 400, 'n', /'n'/],
     ['/v1/chat/completions', { model: 'open-model' }, 400, 'messages', /messages/],
     ['/v1/chat/completions', { model: 'open-model', messages: [] }, 400, 'messages', /non-empty/],
     ['/v1/chat/completions', { model: 'open-model', messages: [{ content: 'x' }] }, 400, 'messages', /role/],

@@ -11,15 +11,16 @@ import { normalizeErrorBody } from '../src/proxy/error-shape.js';
 import { listenRaw, maxStall, startTestRouter } from './router-util.js';
 
 const FLAT = 'data: {"object":"error"';
+const NESTED = 'data: {"error":';
 
-/** Reference: split the whole stream into events at "\n\n"; rewrite each complete flat error event. */
+/** Reference: split the whole stream into events at "\n\n"; rewrite each complete error event (flat, or nested not in OpenAI's shape). */
 function reference(stream: string): string {
   const parts = stream.split('\n\n');
   const out: string[] = [];
   for (let i = 0; i < parts.length; i++) {
     const ev = parts[i]!;
     const complete = i < parts.length - 1;
-    if (complete && ev.startsWith(FLAT)) {
+    if (complete && (ev.startsWith(FLAT) || ev.startsWith(NESTED))) {
       const fixed = normalizeErrorBody(ev.slice(6), 500);
       out.push(fixed === null ? ev : `data: ${fixed}`);
     } else out.push(ev);
@@ -60,6 +61,10 @@ const event = fc.oneof(
   fc.constant('data: {"object":"err"}'),
   fc.constant('data: {"object":"error"'), // not JSON: relayed as it is
   fc.constant('data: {"error":{"message":"current","type":"x","param":null,"code":400}}'),
+  fc.constant('data: {"error":{"message":"ok","type":"invalid_request_error","param":null,"code":null}}'),
+  fc.constant('data: {"error":{"message":"sglang","type":"BadRequestError","param":null,"code":400}}'),
+  fc.constant('data: {"error":'),
+  fc.constant('data: {"err'),
   fc.constant(': keep-alive'),
   fc.constant('data: [DONE]'),
   fc.string({ maxLength: 12 }).map((s) => `data: ${s}`),

@@ -1,5 +1,5 @@
 // The SQLite store as it was before it moved to a worker thread (session 6): every statement on the
-// event loop. Kept here only as the same-run baseline of bench/responses-state.ts's store-operation table.
+// event loop, one tenant (the tenant argument is ignored). Kept here only as the same-run baseline of bench/responses-state.ts's store-operation table.
 // A durable Responses store in one SQLite file (better-sqlite3). Its API is
 // synchronous and runs on the event loop: a lookup by primary key and an
 // insert in WAL mode with synchronous=NORMAL (no fsync per commit) cost tens
@@ -96,7 +96,7 @@ export class SyncSqliteStore implements ResponseStore {
     return this.#bytes;
   }
 
-  get(id: string): StoredResponse | null {
+  get(_tenant: string, id: string): StoredResponse | null {
     let row: Row | undefined;
     try {
       row = this.#get.get(id);
@@ -104,12 +104,12 @@ export class SyncSqliteStore implements ResponseStore {
       throw unavailable(err);
     }
     if (row === undefined || row.expires_at <= Date.now()) return null;
-    return { id: row.id, root: row.root, parent: row.parent, createdAt: row.created_at, conv: row.conv, ids: row.ids, response: row.response };
+    return { tenant: '', id: row.id, root: row.root, parent: row.parent, createdAt: row.created_at, conv: row.conv, ids: row.ids, response: row.response };
   }
 
-  put(r: StoredResponse): void {
+  put(r: StoredResponse): boolean {
     const bytes = recordBytes(r);
-    if (bytes > this.#maxBytes) return;
+    if (bytes > this.#maxBytes) return false;
     try {
       const args = [r.id, r.root, r.parent, r.createdAt, Date.now() + this.#ttlMs, bytes, r.conv, r.ids, r.response];
       try {
@@ -122,6 +122,7 @@ export class SyncSqliteStore implements ResponseStore {
       this.#count++;
       this.#bytes += bytes;
       if (this.#count > this.#maxResponses || this.#bytes > this.#maxBytes) this.#evict();
+      return true;
     } catch (err) {
       throw unavailable(err);
     }
@@ -150,7 +151,7 @@ export class SyncSqliteStore implements ResponseStore {
     }
   }
 
-  delete(id: string): boolean {
+  delete(_tenant: string, id: string): boolean {
     try {
       const row = this.#get.get(id);
       this.#removeId(id);

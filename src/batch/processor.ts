@@ -28,6 +28,7 @@ import type { BatchConfig, BatchQuota } from '../config/batch.js';
 import type { Rejected } from '../admission.js';
 import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import { KIND_CHAT, KIND_COMPLETION, type ClientPort, type Director } from '../director/director.js';
+import { errorBody } from '../proxy/error-shape.js';
 
 const ID_RE = /^[A-Za-z0-9._:-]{1,256}$/;
 
@@ -134,10 +135,10 @@ class CollectPort implements ClientPort {
     this.resolve(this);
   }
   /** An error answer instead of the engine's (ClientPort.error). */
-  error(status: number, message: string, param: string | null, _ep: Endpoint | undefined, _r: Rejected | null): void {
+  error(status: number, message: string, param: string | null, _ep: Endpoint | undefined, _r: Rejected | null, code?: string): void {
     this.status = status;
     this.chunks.length = 0;
-    this.chunks.push(Buffer.from(JSON.stringify({ error: { message, type: status >= 500 ? 'server_error' : 'invalid_request_error', param, code: null } })));
+    this.chunks.push(Buffer.from(errorBody(status, message, param, code)));
   }
 }
 

@@ -11,7 +11,6 @@ import { performance } from 'node:perf_hooks';
 import type { Logger } from 'pino';
 import type { AbortLike, Admission, AdmissionGate, FinishedRequest, Rejected } from '../admission.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
-import { errorBody, normalizeErrorBody } from '../proxy/error-shape.js';
 import { SseErrorRewriter } from '../proxy/sse-errors.js';
 import { appendTraceHeaders } from '../proxy/trace-context.js';
 import type { UpstreamCall, UpstreamClient, UpstreamSink } from '../proxy/upstream.js';
@@ -20,112 +19,27 @@ import type { LatencyNote, SchedRequest } from '../scheduler/types.js';
 import type { RequestTrace, RequestTracer } from '../telemetry/tracing.js';
 import { Piscina } from 'piscina';
 import { MAX_JSON_DEPTH, parseRequestBody, renderPrompt } from './body.js';
-import { KIND_CHAT, KIND_PATHS, isPassthrough } from './kinds.js';
+import { KIND_PATHS, Kind, isPassthrough } from './kinds.js';
 import { SessionResolver } from '../sessions/resolve.js';
 import type { SessionTable } from '../sessions/table.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
+import type { ClientPort, DecisionPortOf, DirectorMetrics, DirectorOptions } from './ports.js';
+import { PdAttempt } from './pd-attempt.js';
 import { PromptWriter } from './prompt.js';
+import { countSseEvents, errorAnswer, MAX_ERROR_BODY, scanCompletionTokens, streamFailedEvent } from './relay.js';
 import type { TokenSource } from '../tokenize/source.js';
 import type { Disaggregator, FallbackReason, PdFlight, PrefillLeg } from './pd.js';
 
-export { KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, isPassthrough } from './kinds.js';
+export { Kind, KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, isPassthrough } from './kinds.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
 const EMPTY_BODY = Buffer.alloc(0);
-const SSE_DATA = 'data: ';
-const SSE_DONE = '\n\ndata: [DONE]\n\n';
-/** Largest upstream error body the router buffers to rewrite into the current shape. */
-const MAX_ERROR_BODY = 65536;
-/** The answer's output token count, as engines write it in `usage` (the last occurrence in a chunk is the one that counts). */
-const COMPLETION_TOKENS = Buffer.from('"completion_tokens":');
-
-/** The integer after `"completion_tokens":` at `at` in `chunk`, or -1 (the number is cut by the chunk's end, or absent). */
-function readCount(chunk: Buffer, at: number): number {
-  let i = at + COMPLETION_TOKENS.length;
-  while (i < chunk.length && chunk[i] === 32) i++;
-  let n = 0;
-  const start = i;
-  for (; i < chunk.length; i++) {
-    const c = chunk[i]!;
-    if (c < 48 || c > 57) break;
-    n = n * 10 + (c - 48);
-  }
-  return i > start && i < chunk.length && n <= 0x7fffffff ? n : -1;
-}
 /** Per-request latency objectives (llm-d's names), read when a latency plugin is configured. */
 export const SLO_HEADERS = ['x-slo-ttft-ms', 'x-slo-tpot-ms'] as const;
-/** An SSE event's start: counted in streamed chunks to time output tokens. */
-const SSE_EVENT = Buffer.from('data:');
 
-/**
- * What the director needs of a transport to answer one client. Calls come in
- * this order: head() (possibly again, before any write), write()*, then end()
- * or fail(); or error() alone; then done() once. Writes after the client left
- * are not made.
- */
-export interface ClientPort {
-  /** The answer's status, content type and serving endpoint; `contentLength` of the body, -1 when streamed. Written with the first body bytes. */
-  head(status: number, contentType: string, endpoint: Endpoint, contentLength: number): void;
-  /** A body chunk; copy it to keep it (the upstream client may reuse its memory). When the client is slower than the engine, the transport calls flight.pause() and later flight.resume(). */
-  write(chunk: Buffer | string): void;
-  /** The last body bytes (maybe empty): the answer is complete. */
-  end(chunk: Buffer | string): void;
-  /** The engine failed after the head went out: `sseEvent` is an error event to end a stream with; null: cut the connection. */
-  fail(sseEvent: string | null): void;
-  /** An error answer instead of the engine's: status, OpenAI error body, and for a gate's rejection its reason and Retry-After; `code` a string error code where the API defines one (else the status). */
-  error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null, code?: string): void;
-  /** The request is over, whichever way (after the last write, or when the client left); `status` as counted. */
-  done(status: number): void;
-}
-
-/**
- * A transport that takes the decision rather than the bytes (the Envoy
- * ext_proc server, src/extproc/): the director parses, admits and picks as for
- * any request, then calls picked() instead of dispatching; the proxy sends the
- * request itself, and the transport reports how it went through
- * flight.served(). head/write/end/fail are never called; error() carries a
- * rejection (no endpoint, shed, bad body), done() the end.
- */
-export interface DecisionPort extends ClientPort {
-  picked(flight: Flight): void;
-}
-
-/** The counters the director keeps (the router's metrics, read at scrape time). */
-export interface DirectorMetrics {
-  decision: { observe(seconds: number): void };
-  ttft: { observe(seconds: number): void }[];
-  /** Per endpoint id: time between body chunks of a 200 SSE stream (one chunk is about one token event). Optional. */
-  itl?: { observe(seconds: number): void }[];
-  rejected: Map<string, number>;
-  retries: number;
-  promptBlocks: number;
-  matchedBlocks: number;
-  countRequest(model: string, endpointId: number, status: number): void;
-}
-
-export interface DirectorOptions {
-  scheduler: Scheduler;
-  upstream: UpstreamClient;
-  gate: AdmissionGate;
-  metrics: DirectorMetrics;
-  log: Logger;
-  /** Attempts after the first one, on another endpoint, before the first byte reaches the client. */
-  maxRetries: number;
-  /** Bodies larger than this are parsed in a worker thread, off the event loop (default 256 KiB). */
-  parseOffloadBytes?: number;
-  /** Worker threads for that (default 2). */
-  parseWorkers?: number;
-  /** Deepest nesting of arrays/objects in a body (default 128). */
-  maxJsonDepth?: number;
-  /** Session pins and turn records (default: the scheduler's table); its config names the session-key sources. */
-  sessions?: SessionTable;
-  /** OpenTelemetry tracing (src/telemetry/tracing.ts); null or absent = off. */
-  tracer?: RequestTracer | null;
-  /** Precise prefix matching: the prompt's tokens, started with admission and awaited before the pick (src/tokenize/source.ts). */
-  tokens?: TokenSource | null;
-  /** Prefill/decode disaggregation (config.disaggregation); absent: off, and it costs nothing. */
-  pd?: Disaggregator | null;
-}
+export type { ClientPort, DirectorMetrics, DirectorOptions } from './ports.js';
+/** A transport that takes the decision rather than the bytes (see DecisionPortOf in ports.ts). */
+export type DecisionPort = DecisionPortOf<Flight>;
 
 /** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
 const PARSE_WORKER_HEAP_MB = 512;
@@ -220,7 +134,7 @@ export class Director {
    */
   begin(
     port: ClientPort,
-    kind: number,
+    kind: Kind,
     requestId: string,
     authorization: string,
     headers: Readonly<Record<string, string>>,
@@ -241,7 +155,7 @@ export class Director {
    */
   decide(
     port: DecisionPort,
-    kind: number,
+    kind: Kind,
     requestId: string,
     authorization: string,
     headers: Readonly<Record<string, string>>,
@@ -311,18 +225,11 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
 
   readonly director: Director;
   readonly port: ClientPort;
-  readonly kind: number;
+  readonly kind: Kind;
   readonly authorization: string;
   #raw: Buffer | null = null;
-  /** P/D: what a decode retry sends (the body with the prefill's transfer parameters, or the raw body); null: the raw body. */
-  #retryBody: Buffer | null = null;
-  #leg: PrefillLeg | null = null;
-  /** SGLang: the decode leg in flight carries a bootstrap room (its KV comes from the prefill leg's engine). */
-  #paired = false;
-  /** SGLang: prefill endpoints of failed pairs (a new pair prefers another); null: none failed. */
-  #triedPrefill: Endpoint[] | null = null;
-  /** SGLang: a pick found no revision able to pair its decode endpoint: a pick that finds nothing answers 503. */
-  #noPair = false;
+  /** P/D: this request's legs (src/director/pd-attempt.ts); null until disaggregation takes it, and always for other requests. */
+  #pd: PdAttempt | null = null;
   /** Prompt bytes copied out of the shared writer when admission is asynchronous. */
   #promptCopy: Uint8Array | null = null;
   #ticket: unknown = null;
@@ -364,7 +271,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   #lastAt = 0;
   #events = 0;
 
-  constructor(director: Director, port: ClientPort, kind: number, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
+  constructor(director: Director, port: ClientPort, kind: Kind, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
     this.director = director;
     this.port = port;
     this.kind = kind;
@@ -601,7 +508,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     if (picked === null) {
       sreq.prompt = undefined;
       sreq.tokens = undefined;
-      if (this.#noPair) this.#reply(503, `no ready endpoint for model \`${this.model}\`: no revision has a ready prefill endpoint for its SGLang decode endpoints (they refuse a request without a bootstrap room) or a ready both endpoint`, null, null);
+      if (this.#pd !== null && this.#pd.noPair) this.#reply(503, `no ready endpoint for model \`${this.model}\`: no revision has a ready prefill endpoint for its SGLang decode endpoints (they refuse a request without a bootstrap room) or a ready both endpoint`, null, null);
       else if (this.#tried !== null) this.#reply(502, `all endpoints tried for model \`${this.model}\` failed: ${this.#errorMessage}`, null, null);
       else this.#reply(503, `no ready endpoint for model \`${this.model}\``, null, null);
       return;
@@ -631,7 +538,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     }
     sreq.prompt = undefined;
     sreq.tokens = undefined;
-    this.#send(this.#retryBody ?? this.#raw);
+    this.#send(this.#pd?.retryBody ?? this.#raw);
   }
 
   #send(body: Buffer | null): void {
@@ -679,14 +586,15 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   }
 
   setLeg(leg: PrefillLeg | null): void {
-    this.#leg = leg;
+    if (leg !== null || this.#pd !== null) this.#pdAttempt().leg = leg;
   }
 
   /** The decode leg, after the prefill leg (or at once, SGLang); `retryBody` is what a retry elsewhere sends. */
   sendDecode(body: Buffer, retryBody: Buffer): void {
     if (this.aborted || this.#done) return;
-    this.#retryBody = retryBody;
-    this.#paired = body !== retryBody;
+    const p = this.#pdAttempt();
+    p.retryBody = retryBody;
+    p.paired = body !== retryBody;
     this.#dispatchedAt = performance.now();
     try {
       this.#send(body);
@@ -702,8 +610,13 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     this.#reply(status, message, null, null);
   }
 
+  /** This request's P/D state, created on first use (only P/D requests get here). */
+  #pdAttempt(): PdAttempt {
+    return (this.#pd ??= new PdAttempt());
+  }
+
   get triedPrefill(): readonly Endpoint[] | null {
-    return this.#triedPrefill;
+    return this.#pd?.triedPrefill ?? null;
   }
 
   /**
@@ -717,13 +630,13 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   pairFailed(reason: FallbackReason, prefill: Endpoint | null): void {
     if (this.aborted || this.#done || this.#started) return;
     const pd = this.director.pd!;
+    const p = this.#pdAttempt();
     this.prefillEndpoint = null;
-    this.#leg?.abort();
+    p.dropLeg();
     this.#call?.abort();
     this.#call = null;
     this.#status = 0;
     this.#errorBody = null;
-    this.#paired = false;
     if (this.trace !== null) this.trace.legEnd(performance.now(), reason);
     if (!pd.needsRoom(this.endpoint)) {
       pd.countFallback(reason);
@@ -739,7 +652,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     this.director.metrics.retries++;
     pd.countNewPair(reason);
     this.#errorMessage = why;
-    if (prefill !== null && !(this.#triedPrefill ??= []).includes(prefill)) this.#triedPrefill.push(prefill);
+    if (prefill !== null) p.notePrefillFailed(prefill);
     const sreq = this.#schedRequest(true);
     try {
       pd.repair(this, sreq, why);
@@ -796,7 +709,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   /** SGLang: this revision cannot pair its decode endpoints: pick again without them (503 when nothing is left). */
   noPairInRevision(): void {
     const ep = this.endpoint;
-    this.#noPair = true;
+    this.#pdAttempt().noPair = true;
     this.#unpick();
     const tried = (this.#tried ??= []);
     for (const e of this.director.scheduler.endpoints.all) if (e.pool === ep.pool && e.revision === ep.revision && e.role !== 'both' && !tried.includes(e)) tried.push(e);
@@ -836,8 +749,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     this.#errorMessage = reason;
     if (this.trace !== null) this.trace.legEnd(performance.now(), reason);
     // SGLang: the prefill leg of the failed decode leg's room goes with it (a retry forms a new pair)
-    this.#leg?.abort();
-    this.#paired = false;
+    this.#pd?.dropLeg();
     // nothing of the failed attempt's answer (status, a buffered error body) carries over
     this.#status = 0;
     this.#errorBody = null;
@@ -878,11 +790,12 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
 
   onUpstreamHeaders(status: number, contentType: string, contentLength: number): void {
     if (this.aborted) return;
-    if (this.#paired && !this.#started && this.director.pd !== null) {
+    const p = this.#pd;
+    if (p !== null && p.paired && !this.#started && this.director.pd !== null) {
       if (status >= 500) {
         // SGLang: the decode endpoint could not get its room's KV (the prefill side failed, or never
         // reached it): not the decode endpoint's fault; a new pair (or decode alone on a both endpoint)
-        this.pairFailed('decode-transfer', this.#leg?.endpoint ?? this.prefillEndpoint);
+        this.pairFailed('decode-transfer', p.leg?.endpoint ?? this.prefillEndpoint);
         return;
       }
       if (status < 400) this.director.pd.paired();
@@ -924,11 +837,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     this.responseBytes += chunk.length;
     this.responseChunks++;
     if (this.#scanUsage) {
-      const k = chunk.lastIndexOf(COMPLETION_TOKENS);
-      if (k >= 0) {
-        const n = readCount(chunk, k);
-        if (n >= 0) this.completionTokens = n;
-      }
+      const n = scanCompletionTokens(chunk);
+      if (n >= 0) this.completionTokens = n;
     }
     if (this.#timing) this.#time(chunk);
     const eb = this.#errorBody;
@@ -968,7 +878,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   #answersAfterDecode(): boolean {
     const b = this.body;
     if (b.stream === true) return false;
-    const m = this.kind === KIND_CHAT ? (b.max_completion_tokens ?? b.max_tokens) : b.max_tokens;
+    const m = this.kind === Kind.Chat ? (b.max_completion_tokens ?? b.max_tokens) : b.max_tokens;
     return !(typeof m === 'number' && m <= 1);
   }
 
@@ -991,9 +901,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       return;
     }
     this.#lastAt = now;
-    let n = 0;
-    for (let i = chunk.indexOf(SSE_EVENT); i >= 0; i = chunk.indexOf(SSE_EVENT, i + 5)) n++;
-    this.#events += n;
+    this.#events += countSseEvents(chunk);
   }
 
   #write(chunk: Buffer): void {
@@ -1017,12 +925,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       const eb = this.#errorBody;
       if (eb !== null) {
         this.#errorBody = null;
-        const raw = eb.length === 1 ? eb[0]! : Buffer.concat(eb);
-        const fixed = normalizeErrorBody(raw.toString('utf8'), this.#status);
-        if (fixed !== null) {
-          last = fixed;
-          this.port.head(this.#status, 'application/json', this.endpoint, -1);
-        } else last = raw;
+        last = errorAnswer(eb, this.#status);
+        if (typeof last === 'string') this.port.head(this.#status, 'application/json', this.endpoint, -1);
       }
       this.#started = true;
       this.#clientEnded = true;
@@ -1050,8 +954,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       const held = this.#sse?.flush() ?? null;
       if (held !== null) this.port.write(held);
       this.#clientEnded = true;
-      const msg = `upstream endpoint ${this.endpoint.name} failed mid-response: ${err.message}`;
-      this.port.fail(this.#isSse ? SSE_DATA + errorBody(502, msg) + SSE_DONE : null);
+      this.port.fail(this.#isSse ? streamFailedEvent(this.endpoint.name, err.message) : null);
     }
     this.#finish('failed', this.#status);
   }
@@ -1073,7 +976,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     if (this.#done) return;
     this.#done = true;
     if (this.sessionKey !== '' && this.#dispatchedAt !== 0) this.director.sessions.turnEnded(this.sessionKey, Date.now());
-    this.#leg?.abort();
+    this.#pd?.leg?.abort();
     // the body is no longer needed (no retry after this)
     this.#raw = null;
     this.#promptCopy = null;
@@ -1124,7 +1027,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     this.aborted = true;
     this.#call?.abort();
     this.#call = null;
-    this.#leg?.abort();
+    this.#pd?.leg?.abort();
     if (!this.#done) {
       this.#done = true;
       if (this.sessionKey !== '' && this.#dispatchedAt !== 0) this.director.sessions.turnEnded(this.sessionKey, Date.now());

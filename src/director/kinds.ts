@@ -5,10 +5,30 @@
 // vLLM's score, rerank, tokenize and detokenize routes, each on the path the
 // engine serves it (vLLM serves score and rerank with and without /v1, and
 // rerank also at /v2).
-export const KIND_CHAT = 0;
-export const KIND_COMPLETION = 1;
-export const KIND_EMBEDDINGS = 2;
-export const KIND_PATHS = [
+//
+// `Kind` is a const enum: every use compiles to the number, no lookup. Its
+// non-negative members index KIND_PATHS; Responses (-1) is served by the
+// Responses API (src/responses/), which calls the director with Chat.
+export const enum Kind {
+  Responses = -1,
+  Chat = 0,
+  Completion = 1,
+  Embeddings = 2,
+  Score = 3,
+  ScoreBare = 4,
+  Rerank = 5,
+  RerankBare = 6,
+  RerankV2 = 7,
+  Tokenize = 8,
+  Detokenize = 9,
+}
+/** The names other areas import (the same numbers as Kind). */
+export const KIND_RESPONSES = Kind.Responses;
+export const KIND_CHAT = Kind.Chat;
+export const KIND_COMPLETION = Kind.Completion;
+export const KIND_EMBEDDINGS = Kind.Embeddings;
+/** The path of each kind, indexed by its number (Kind.Chat … Kind.Detokenize). */
+export const KIND_PATHS: readonly string[] = [
   '/v1/chat/completions',
   '/v1/completions',
   '/v1/embeddings',
@@ -21,9 +41,9 @@ export const KIND_PATHS = [
   '/detokenize',
 ];
 /** Kinds from here on pass through (load-aware routing only). */
-export const FIRST_PASSTHROUGH = KIND_EMBEDDINGS;
+export const FIRST_PASSTHROUGH = Kind.Embeddings;
 
 /** True for a kind relayed as is, without a prompt to match. */
-export function isPassthrough(kind: number): boolean {
+export function isPassthrough(kind: Kind): boolean {
   return kind >= FIRST_PASSTHROUGH;
 }

@@ -86,7 +86,7 @@ export interface LeaseOptions {
 
 export type LeaseState = 'active' | 'standby' | 'alone';
 
-/** What the standby pair needs of a lease: the Redis one here, or a Kubernetes Lease (src/k8s/lease.ts). */
+/** What the standby pair needs of a lease: the Redis one here, or a Kubernetes Lease (src/ha/k8s-lease.ts). */
 export interface Lease {
   readonly id: string;
   readonly state: LeaseState;
@@ -111,7 +111,7 @@ export interface Lease {
  * send time of the last successful acquire or renewal plus the TTL (a slow
  * answer shortens the term, never extends it). When the term runs out with no
  * renewal, `onExpired` is called; a timer that fires early waits out the rest.
- * Both leases (Redis here, the Kubernetes Lease in src/k8s/lease.ts) keep their
+ * Both leases (Redis here, the Kubernetes Lease in src/ha/k8s-lease.ts) keep their
  * term with it.
  */
 export class LeaseTerm {

@@ -86,7 +86,7 @@ export class HighAvailability {
     if (k !== undefined) {
       // the lease as a Kubernetes Lease (loaded only when configured)
       const { KubeApi } = await import('../k8s/api.js');
-      const { KubernetesLease } = await import('../k8s/lease.js');
+      const { KubernetesLease } = await import('./k8s-lease.js');
       let api: import('../k8s/api.js').KubeApi;
       try {
         api = await KubeApi.load(k.kubeconfig);

@@ -9,6 +9,7 @@
 import http from 'node:http';
 import https from 'node:https';
 import { readFileSync } from 'node:fs';
+import { SwitchyardError } from '../errors.js';
 
 /** A Kubernetes object as far as we read it. */
 export interface KubeObject {
@@ -32,11 +33,11 @@ export interface WatchEvent {
 }
 
 /** An answer the API server gave with a non-2xx status (its Status object's message when it sent one). */
-export class KubeApiError extends Error {
+export class KubeApiError extends SwitchyardError {
   readonly status: number;
   readonly reason: string;
   constructor(status: number, reason: string, message: string) {
-    super(message);
+    super(message, { code: 'SWY_ERR_KUBE_API' });
     this.name = 'KubeApiError';
     this.status = status;
     this.reason = reason;

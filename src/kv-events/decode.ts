@@ -10,9 +10,10 @@
 // this msgpackr path is the reference the native decoder is tested against
 // (test/native-kv-decode.property.test.ts) and the ingest benchmark's baseline.
 import { Unpackr } from 'msgpackr';
+import { SwitchyardError } from '../errors.js';
 
-export class KvDecodeError extends Error {
-  readonly code = 'SWY_ERR_KV_EVENT_DECODE';
+export class KvDecodeError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_KV_EVENT_DECODE';
   constructor(message: string) {
     super(message);
     this.name = 'KvDecodeError';

@@ -1,15 +1,20 @@
-// Rewrites mid-stream error events of an engine's SSE answer from older
-// vLLM's flat shape (`data: {"object":"error","message",...}`) into the current
-// OpenAI shape (`data: {"error":{...}}`), for a stream relayed chunk by chunk.
+// Rewrites mid-stream error events of an engine's SSE answer into OpenAI's
+// shape (`data: {"error":{...}}`, string/null code, OpenAI's type), for a
+// stream relayed chunk by chunk: older vLLM's flat shape
+// (`data: {"object":"error","message",...}`) and the nested shape with an
+// integer code and a class-name type (current vLLM, SGLang).
 //
 // The scan is linear in the bytes relayed whatever the engine sends: each
 // chunk is searched once for event ends ("\n\n"), each event start is compared
-// against a fixed 23-byte marker, and a tail that may be an incomplete error
+// against fixed markers (23 bytes at most), and a tail that may be an incomplete error
 // event is held (bounded by MAX_EVENT) and searched only in the bytes that
 // arrive after it. Token events, the common case, pass without a copy.
 import { normalizeErrorBody } from './error-shape.js';
 
+/** Every error event starts so; then `o` (the flat shape) or `e` (`{"error":...}`, rewritten when its code is an integer or its type a class name). */
+const PREFIX = Buffer.from('data: {"');
 const FLAT = Buffer.from('data: {"object":"error"');
+const NESTED = Buffer.from('data: {"error":');
 const DATA = Buffer.from('data: ');
 const END = Buffer.from('\n\n');
 /** Largest event held to be rewritten; a longer one is relayed as it is. */
@@ -19,11 +24,17 @@ const NO = 0;
 const YES = 1;
 const MAYBE = 2;
 
-/** Does the event starting at `s` begin with the flat error marker? MAYBE: the chunk ends inside the marker. */
+/** Does the event starting at `s` begin with an error marker? MAYBE: the chunk ends inside the marker. */
 function flatAt(b: Buffer, s: number): number {
-  const k = Math.min(FLAT.length, b.length - s);
-  if (b.compare(FLAT, 0, k, s, s + k) !== 0) return NO;
-  return k === FLAT.length ? YES : MAYBE;
+  const k = Math.min(PREFIX.length, b.length - s);
+  if (b.compare(PREFIX, 0, k, s, s + k) !== 0) return NO;
+  if (k < PREFIX.length || s + k === b.length) return MAYBE;
+  const c = b[s + k];
+  const m = c === 0x6f ? FLAT : c === 0x65 ? NESTED : null;
+  if (m === null) return NO;
+  const k2 = Math.min(m.length, b.length - s);
+  if (b.compare(m, 0, k2, s, s + k2) !== 0) return NO;
+  return k2 === m.length ? YES : MAYBE;
 }
 
 export class SseErrorRewriter {

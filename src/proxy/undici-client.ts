@@ -21,6 +21,7 @@ import { DEFAULTS } from '../config/schema.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import type { UpstreamCall, UpstreamClient, UpstreamRequest, UpstreamSink } from './upstream.js';
 import { UpstreamSocketError } from './h1-client.js';
+import { SwitchyardError } from '../errors.js';
 
 /** Upper bound of the headers sweep's tick (a call fails up to two ticks after its limit). */
 const MAX_TICK_MS = 250;
@@ -68,9 +69,9 @@ function patch100(socket: object): void {
   });
 }
 
-class AbortedByRouter extends Error {
+class AbortedByRouter extends SwitchyardError {
   constructor() {
-    super('aborted by the router');
+    super('aborted by the router', { code: 'SWY_ERR_ABORTED' });
     this.name = 'AbortError';
   }
 }

@@ -1,14 +1,23 @@
-// Response and item ids: `resp_` / `msg_` + 48 hex digits, as OpenAI's: 24
-// random digits per process (router replicas sharing a store never collide)
-// and a 24-digit counter starting at a random value. No crypto call per id.
-import { randomBytes } from 'node:crypto';
+// Response and item ids: `resp_` / `msg_` + 48 hex digits (OpenAI's shape),
+// all 192 bits drawn from the CSPRNG: a response id is the capability that
+// reads, continues or deletes a stored response (within its tenant), so it is
+// unguessable from any other id: no per-process prefix, no counter. The random
+// bytes come from a pool refilled 4 KiB at a time (one CSPRNG call per ~170
+// ids, not one per id).
+import { randomFillSync } from 'node:crypto';
 
-const PREFIX = randomBytes(12).toString('hex');
-let counter = Number.parseInt(randomBytes(4).toString('hex'), 16);
+const ID_BYTES = 24;
+const pool = Buffer.alloc(ID_BYTES * 170);
+let at = pool.length;
 
 function next(): string {
-  counter = (counter + 1) % 0x1_0000_0000_0000;
-  return PREFIX + counter.toString(16).padStart(24, '0');
+  if (at + ID_BYTES > pool.length) {
+    randomFillSync(pool);
+    at = 0;
+  }
+  const s = pool.toString('hex', at, at + ID_BYTES);
+  at += ID_BYTES;
+  return s;
 }
 
 export function newResponseId(): string {

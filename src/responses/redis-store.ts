@@ -13,7 +13,7 @@
 // in a queue, so the API answers 503 and chat completions never notice),
 // bounds every command (`commandTimeout`), reconnects in the background with
 // our backoff, and speaks Sentinel and Cluster with the same client class.
-// Size bounds are Redis's own (`maxmemory` with an LRU policy); a record
+// Keys carry the tenant (keyOf). Size bounds are Redis's own (`maxmemory` with an LRU policy); a record
 // Redis evicted is a clean 404 for its continuation like any other.
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
@@ -86,27 +86,28 @@ export class RedisStore implements ResponseStore {
     return -1;
   }
 
-  async get(id: string): Promise<StoredResponse | null> {
+  async get(tenant: string, id: string): Promise<StoredResponse | null> {
     let v: string | null;
     try {
-      v = await this.client.get(id);
+      v = await this.client.get(keyOf(tenant, id));
     } catch (err) {
       throw this.#fail(err);
     }
-    return v === null ? null : decode(id, v);
+    return v === null ? null : decode(tenant, id, v);
   }
 
-  async put(r: StoredResponse): Promise<void> {
+  async put(r: StoredResponse): Promise<boolean> {
     try {
-      await this.client.set(r.id, encode(r), 'PX', this.#ttlMs);
+      await this.client.set(keyOf(r.tenant, r.id), encode(r), 'PX', this.#ttlMs);
+      return true;
     } catch (err) {
       throw this.#fail(err);
     }
   }
 
-  async delete(id: string): Promise<boolean> {
+  async delete(tenant: string, id: string): Promise<boolean> {
     try {
-      return (await this.client.del(id)) > 0;
+      return (await this.client.del(keyOf(tenant, id))) > 0;
     } catch (err) {
       throw this.#fail(err);
     }
@@ -121,13 +122,22 @@ export class RedisStore implements ResponseStore {
 
 const VERSION = 'r1';
 
+/**
+ * The key of a record: `<tenant length>:<tenant>:<id>` (after the store's
+ * keyPrefix). Length-prefixed, so no id a client sends can name a key of
+ * another tenant; the tenant is part of the key, not a field to check.
+ */
+export function keyOf(tenant: string, id: string): string {
+  return `${tenant.length}:${tenant}:${id}`;
+}
+
 /** `r1\n<root>\n<parent>\n<createdAt>\n<ids length>\n<conv length>\n` + ids + conv + response. */
 export function encode(r: StoredResponse): string {
   return `${VERSION}\n${r.root}\n${r.parent}\n${r.createdAt}\n${r.ids.length}\n${r.conv.length}\n${r.ids}${r.conv}${r.response}`;
 }
 
 /** The record of `encode`, or null for a value this version cannot read (treated as absent). */
-export function decode(id: string, v: string): StoredResponse | null {
+export function decode(tenant: string, id: string, v: string): StoredResponse | null {
   const nl: number[] = [];
   for (let at = -1, i = 0; i < 6; i++) {
     at = v.indexOf('\n', at + 1);
@@ -140,6 +150,7 @@ export function decode(id: string, v: string): StoredResponse | null {
   const body = nl[5]! + 1;
   if (!Number.isInteger(idsLen) || !Number.isInteger(convLen) || body + idsLen + convLen > v.length) return null;
   return {
+    tenant,
     id,
     root: v.slice(nl[0]! + 1, nl[1]),
     parent: v.slice(nl[1]! + 1, nl[2]),

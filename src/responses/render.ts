@@ -17,6 +17,8 @@ export interface ResponseHead {
   readonly createdAt: number;
   readonly req: TurnRequest;
   readonly msgId: string;
+  /** False when `store: true` was asked but the turn could not be kept (over the tenant's byte budget): the object says store: false. */
+  readonly stored: boolean;
 }
 
 /** The engine's usage object (chat completions) as Responses usage; null when absent. */
@@ -74,7 +76,7 @@ export function responseObject(
     parallel_tool_calls: true,
     previous_response_id: r.previousResponseId,
     reasoning: { effort: null, summary: null },
-    store: r.store,
+    store: h.stored,
     temperature: r.temperature ?? 1,
     text: { format: { type: 'text' } },
     tool_choice: 'auto',

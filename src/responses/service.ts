@@ -10,9 +10,11 @@ import type { Registry } from '../metrics/prom.js';
 import { MemoryStore } from './memory-store.js';
 import { messagesIn, registerResponsesMetrics, ResponsesStats, STORE_DELETE, STORE_GET, STORE_PUT } from './metrics.js';
 import { inputItem } from './render.js';
-import { ResponsesError } from './request.js';
+import { Piscina } from 'piscina';
+import type { TurnParseReply, TurnParseTask } from './parse-worker.js';
+import { ResponsesError, type TurnRequest } from './request.js';
 import { isPromise, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
-import { ResponsesTurn } from './turn.js';
+import { ResponsesTurn, type TurnHost } from './turn.js';
 
 export interface ResponsesServiceOptions {
   config: ResponsesConfig;
@@ -30,26 +32,123 @@ export interface Answer {
   body: string;
 }
 
+/** The parse worker's heap bound (a body that needs more fails with 413, the router lives). */
+const PARSE_WORKER_HEAP_MB = 512;
+
+/** The separator between two stored chat messages: only message boundaries contain it (inside a JSON string every '"' is escaped). */
+const MESSAGE_SEP = '},{"role":"';
+
+/**
+ * Start and end offsets of messages [lo, hi) of a stored conversation
+ * fragment of `count` messages (`{"role":..,"content":".."},...`, as
+ * request.ts and render.ts write it): found by native string search from the
+ * nearer end, never by parsing; null when the fragment does not split there.
+ */
+export function messageBounds(conv: string, count: number, lo: number, hi: number): number[] | null {
+  const out = new Array<number>(2 * (hi - lo));
+  if (lo <= count - hi) {
+    let start = 0;
+    for (let i = 0; i < hi; i++) {
+      let end: number;
+      if (i === count - 1) end = conv.length;
+      else {
+        const k = conv.indexOf(MESSAGE_SEP, start);
+        if (k < 0) return null;
+        end = k + 1;
+      }
+      if (i >= lo) {
+        out[2 * (i - lo)] = start;
+        out[2 * (i - lo) + 1] = end;
+      }
+      start = end + 1;
+    }
+  } else {
+    let end = conv.length;
+    for (let i = count - 1; i >= lo; i--) {
+      let start: number;
+      if (i === 0) start = 0;
+      else {
+        const k = conv.lastIndexOf(MESSAGE_SEP, end - 2); // not the separator that ends message i
+        if (k < 0) return null;
+        start = k + 2;
+      }
+      if (i < hi) {
+        out[2 * (i - lo)] = start;
+        out[2 * (i - lo) + 1] = end;
+      }
+      end = start - 1;
+    }
+  }
+  return out;
+}
+
+/** The item ids of a record (comma-joined): this router's are all 52 characters, read in place; others split once. */
+class ItemIds {
+  readonly count: number;
+  readonly #text: string;
+  readonly #list: string[] | null;
+
+  constructor(text: string) {
+    this.#text = text;
+    const w = ITEM_ID_LENGTH + 1;
+    // fixed-width ids: a comma after each (checked at the first and last boundary; this router writes them)
+    const fixed = text === '' || ((text.length + 1) % w === 0 && (text.length < w || (text.charCodeAt(ITEM_ID_LENGTH) === 44 && text.charCodeAt(text.length - w) === 44)));
+    this.#list = fixed ? null : text.split(',');
+    this.count = fixed ? (text === '' ? 0 : (text.length + 1) / w) : this.#list!.length;
+  }
+
+  at(i: number): string {
+    if (this.#list !== null) return this.#list[i] ?? '';
+    const s = i * (ITEM_ID_LENGTH + 1);
+    return this.#text.slice(s, s + ITEM_ID_LENGTH);
+  }
+
+  indexOf(id: string): number {
+    if (this.#list !== null) return this.#list.indexOf(id);
+    if (id.length !== ITEM_ID_LENGTH) return -1;
+    let at = this.#text.indexOf(id);
+    while (at >= 0 && at % (ITEM_ID_LENGTH + 1) !== 0) at = this.#text.indexOf(id, at + 1);
+    return at < 0 ? -1 : at / (ITEM_ID_LENGTH + 1);
+  }
+}
+
+type Item = ReturnType<typeof inputItem>;
+
+/** `msg_` + 48 hex digits (ids.ts). */
+const ITEM_ID_LENGTH = 52;
+
+function listAnswer(data: Item[], hasMore: boolean): Answer {
+  return {
+    status: 200,
+    body: JSON.stringify({ object: 'list', data, first_id: data[0]?.id ?? null, last_id: data[data.length - 1]?.id ?? null, has_more: hasMore }),
+  };
+}
+
 function notFound(id: string): ResponsesError {
   return new ResponsesError(404, `Response with id '${id}' not found.`, 'response_id', 'not_found');
 }
 
-export class ResponsesService {
+export class ResponsesService implements TurnHost {
   readonly config: ResponsesConfig;
   readonly director: Director;
   readonly log: Logger;
   readonly maxInputBytes: number;
+  readonly maxRecordBytes: number;
   readonly #count: ResponsesServiceOptions['countRequest'];
   /** The store (null until open() for sqlite and redis). */
   store: ResponseStore | null = null;
   /** Turn results, store operations, chain lengths (metrics.ts). */
   readonly stats = new ResponsesStats();
+  #pool: Piscina<TurnParseTask, TurnParseReply> | null = null;
+  /** Bodies parsed in a worker since start. */
+  offloadedParses = 0;
 
   constructor(o: ResponsesServiceOptions) {
     this.config = o.config;
     this.director = o.director;
     this.log = o.log;
     this.maxInputBytes = o.config.maxInputBytes;
+    this.maxRecordBytes = o.config.store.type === 'redis' ? Infinity : o.config.maxBytes;
     this.#count = o.countRequest;
     if (o.config.store.type === 'memory') this.store = new MemoryStore(o.config);
     if (o.registry !== undefined) registerResponsesMetrics(o.registry, this.stats, () => this.store, o.config.store.type);
@@ -57,11 +156,11 @@ export class ResponsesService {
 
   // ---- the store's operations, timed and counted (a synchronous store costs no promise) ----
 
-  storeGet(id: string): StoredResponse | null | Promise<StoredResponse | null> {
+  storeGet(tenant: string, id: string): StoredResponse | null | Promise<StoredResponse | null> {
     const t0 = performance.now();
     let v: StoredResponse | null | Promise<StoredResponse | null>;
     try {
-      v = this.store!.get(id);
+      v = this.store!.get(tenant, id);
     } catch (err) {
       this.stats.op(STORE_GET, t0, true);
       throw err;
@@ -69,10 +168,10 @@ export class ResponsesService {
     return this.#timed(STORE_GET, t0, v);
   }
 
-  storePut(r: StoredResponse): void | Promise<void> {
+  storePut(r: StoredResponse): boolean | Promise<boolean> {
     this.stats.chain.observe(messagesIn(r.ids));
     const t0 = performance.now();
-    let v: void | Promise<void>;
+    let v: boolean | Promise<boolean>;
     try {
       v = this.store!.put(r);
     } catch (err) {
@@ -82,11 +181,11 @@ export class ResponsesService {
     return this.#timed(STORE_PUT, t0, v);
   }
 
-  storeDelete(id: string): boolean | Promise<boolean> {
+  storeDelete(tenant: string, id: string): boolean | Promise<boolean> {
     const t0 = performance.now();
     let v: boolean | Promise<boolean>;
     try {
-      v = this.store!.delete(id);
+      v = this.store!.delete(tenant, id);
     } catch (err) {
       this.stats.op(STORE_DELETE, t0, true);
       throw err;
@@ -114,6 +213,34 @@ export class ResponsesService {
 
   get maxJsonDepth(): number {
     return this.director.maxJsonDepth;
+  }
+
+  /** The director's threshold: a body above it is parsed off the event loop, like a chat body. */
+  get parseOffloadBytes(): number {
+    return this.director.parseOffloadBytes;
+  }
+
+  /** Parses a large body in the worker pool (created on first use, up to two threads, as the director's); `raw` is unusable afterwards. */
+  async parseOffLoop(raw: Buffer): Promise<TurnRequest> {
+    this.#pool ??= new Piscina<TurnParseTask, TurnParseReply>({
+      filename: new URL('./parse-worker.js', import.meta.url).href,
+      minThreads: 0,
+      maxThreads: 2,
+      idleTimeout: 30_000,
+      resourceLimits: { maxOldGenerationSizeMb: PARSE_WORKER_HEAP_MB },
+    });
+    this.offloadedParses++;
+    let r: TurnParseReply;
+    try {
+      // moved, not copied: the body is the turn's alone (the exchange handed it over), and a large one
+      // has an ArrayBuffer of its own (Buffer's shared pool holds only small allocations)
+      const own = raw.buffer.byteLength > Buffer.poolSize;
+      r = await this.#pool.run({ raw, maxDepth: this.maxJsonDepth }, own ? { transferList: [raw.buffer as ArrayBuffer] } : undefined);
+    } catch (err) {
+      throw new ResponsesError(413, `the request body could not be parsed within the router's limits (${(err as Error).message})`);
+    }
+    if (!r.ok) throw new ResponsesError(r.status, r.message, r.param, r.code);
+    return r.req;
   }
 
   /**
@@ -145,8 +272,8 @@ export class ResponsesService {
   }
 
   /** POST /v1/responses with its complete body; never throws (failures are answers through `port`). */
-  begin(port: ClientPort, requestId: string, authorization: string, headers: Readonly<Record<string, string>>, raw: Buffer): ResponsesTurn {
-    const t = new ResponsesTurn(this, port, requestId, authorization, headers);
+  begin(port: ClientPort, tenant: string, requestId: string, authorization: string, headers: Readonly<Record<string, string>>, raw: Buffer): ResponsesTurn {
+    const t = new ResponsesTurn(this, port, tenant, requestId, authorization, headers);
     try {
       t.start(raw);
     } catch (err) {
@@ -157,24 +284,24 @@ export class ResponsesService {
     return t;
   }
 
-  async #read(id: string): Promise<StoredResponse> {
+  async #read(tenant: string, id: string): Promise<StoredResponse> {
     const s = this.store;
     if (s === null || !s.available) throw this.unavailable();
-    const r = await this.storeGet(id);
+    const r = await this.storeGet(tenant, id);
     if (r === null) throw notFound(id);
     return r;
   }
 
-  /** GET /v1/responses/{id}. */
-  async retrieve(id: string): Promise<Answer> {
-    return { status: 200, body: (await this.#read(id)).response };
+  /** GET /v1/responses/{id} (of `tenant`: another tenant's id is a 404, like a missing one). */
+  async retrieve(tenant: string, id: string): Promise<Answer> {
+    return { status: 200, body: (await this.#read(tenant, id)).response };
   }
 
-  /** DELETE /v1/responses/{id}. */
-  async remove(id: string): Promise<Answer> {
+  /** DELETE /v1/responses/{id} (of `tenant`). */
+  async remove(tenant: string, id: string): Promise<Answer> {
     const s = this.store;
     if (s === null || !s.available) throw this.unavailable();
-    if (!(await this.storeDelete(id))) throw notFound(id);
+    if (!(await this.storeDelete(tenant, id))) throw notFound(id);
     return { status: 200, body: JSON.stringify({ id, object: 'response.deleted', deleted: true }) };
   }
 
@@ -184,41 +311,54 @@ export class ResponsesService {
    * output, not instructions), newest first unless `order=asc`, paged by
    * `limit` (1-100, default 20) and `after` (an item id).
    */
-  async inputItems(id: string, query: string): Promise<Answer> {
+  async inputItems(tenant: string, id: string, query: string): Promise<Answer> {
     const q = new URLSearchParams(query);
     const limitText = q.get('limit');
     const limit = limitText === null ? 20 : Number(limitText);
     if (!Number.isInteger(limit) || limit < 1 || limit > 100) throw new ResponsesError(400, "'limit' must be an integer in [1, 100]", 'limit');
     const order = q.get('order') ?? 'desc';
     if (order !== 'asc' && order !== 'desc') throw new ResponsesError(400, "'order' must be asc or desc", 'order');
-    const r = await this.#read(id);
-    const messages = JSON.parse(`[${r.conv}]`) as { role?: unknown; content?: unknown }[];
-    const ids = r.ids === '' ? [] : r.ids.split(',');
-    // the last message is this response's own output
-    let items = messages.slice(0, -1).map((m, i) => inputItem(ids[i] ?? '', m));
-    if (order === 'desc') items.reverse();
+    const r = await this.#read(tenant, id);
+    const ids = new ItemIds(r.ids);
+    // the last message is this response's own output: items are messages [0, n)
+    const count = ids.count;
+    const n = Math.max(0, count - 1);
     const after = q.get('after');
+    // k-th item of the listing -> message index
+    const pos = (k: number) => (order === 'asc' ? k : n - 1 - k);
+    let from = 0;
     if (after !== null) {
-      const at = items.findIndex((it) => it.id === after);
-      if (at < 0) throw new ResponsesError(400, `'after': no item '${after}' in this response's input`, 'after');
-      items = items.slice(at + 1);
+      const at = ids.indexOf(after);
+      if (at < 0 || at >= n) throw new ResponsesError(400, `'after': no item '${after}' in this response's input`, 'after');
+      from = order === 'asc' ? at + 1 : n - at;
     }
-    const page = items.slice(0, limit);
-    return {
-      status: 200,
-      body: JSON.stringify({
-        object: 'list',
-        data: page,
-        first_id: page[0]?.id ?? null,
-        last_id: page[page.length - 1]?.id ?? null,
-        has_more: items.length > page.length,
-      }),
-    };
+    const take = Math.min(limit, n - from);
+    if (take <= 0) return listAnswer([], false);
+    // only the page's messages are found (native string search from the nearer end) and parsed
+    const lo = Math.min(pos(from), pos(from + take - 1));
+    const bounds = messageBounds(r.conv, count, lo, lo + take);
+    let data: Item[];
+    if (bounds === null) {
+      // not a record this router rendered (cannot happen for its own records): parse it whole
+      const all = JSON.parse(`[${r.conv}]`) as { role?: unknown; content?: unknown }[];
+      data = [];
+      for (let k = from; k < from + take; k++) data.push(inputItem(ids.at(pos(k)), all[pos(k)] ?? {}));
+    } else {
+      data = new Array<Item>(take);
+      for (let k = from; k < from + take; k++) {
+        const i = pos(k);
+        const m = JSON.parse(r.conv.slice(bounds[2 * (i - lo)]!, bounds[2 * (i - lo) + 1]!)) as { role?: unknown; content?: unknown };
+        data[k - from] = inputItem(ids.at(i), m);
+      }
+    }
+    return listAnswer(data, from + take < n);
   }
 
   async close(): Promise<void> {
     const s = this.store;
     this.store = null;
-    await s?.close();
+    const p = this.#pool;
+    this.#pool = null;
+    await Promise.all([s?.close(), p?.destroy()]);
   }
 }

@@ -15,10 +15,10 @@ export const OP_GET = 0;
 export const OP_PUT = 1;
 export const OP_DEL = 2;
 
-/** [request id, OP_GET, response id] | [rid, OP_PUT, record] | [rid, OP_DEL, response id] */
-export type SqliteOp = [number, typeof OP_GET, string] | [number, typeof OP_PUT, StoredResponse] | [number, typeof OP_DEL, string];
+/** [request id, OP_GET, tenant, response id] | [rid, OP_PUT, record] | [rid, OP_DEL, tenant, response id] */
+export type SqliteOp = [number, typeof OP_GET, string, string] | [number, typeof OP_PUT, StoredResponse] | [number, typeof OP_DEL, string, string];
 
-/** [request id, error message or '', value (get: record or null; del: boolean; put: null)] */
+/** [request id, error message or '', value (get: record or null; del: boolean; put: kept)] */
 export type SqliteResult = [number, string, StoredResponse | boolean | null];
 
 export type ToWorker = { t: 'batch'; ops: SqliteOp[] } | { t: 'close' };

@@ -178,16 +178,16 @@ export class SqliteStore implements ResponseStore {
     this.#worker?.postMessage({ t: 'batch', ops } satisfies ToWorker);
   };
 
-  get(id: string): Promise<StoredResponse | null> {
-    return this.#op((rid) => [rid, OP_GET, id]);
+  get(tenant: string, id: string): Promise<StoredResponse | null> {
+    return this.#op((rid) => [rid, OP_GET, tenant, id]);
   }
 
-  put(r: StoredResponse): Promise<void> {
-    return this.#op<null>((rid) => [rid, OP_PUT, r]).then(() => undefined);
+  put(r: StoredResponse): Promise<boolean> {
+    return this.#op<boolean>((rid) => [rid, OP_PUT, r]);
   }
 
-  delete(id: string): Promise<boolean> {
-    return this.#op((rid) => [rid, OP_DEL, id]);
+  delete(tenant: string, id: string): Promise<boolean> {
+    return this.#op((rid) => [rid, OP_DEL, tenant, id]);
   }
 
   /** Commits what is queued, closes the file, stops the worker. */

@@ -6,7 +6,8 @@
 // turn stored in that loop turn: group commit) and answers the whole batch in
 // one message. WAL mode with synchronous=NORMAL: a commit is durable against a
 // crash of the router process; a power loss may lose the last commits.
-// Bounded like the memory store (count and bytes), oldest first (an LRU
+// Keyed by (tenant, id); bounded like the memory store (count and bytes per
+// tenant), oldest first (an LRU
 // would cost a write per read); expired rows are swept here too.
 import { parentPort, workerData } from 'node:worker_threads';
 import Database from 'better-sqlite3';
@@ -14,6 +15,7 @@ import { recordBytes, type StoredResponse } from './store.js';
 import { OP_GET, OP_PUT, type FromWorker, type SqliteOp, type SqliteResult, type SqliteWorkerData, type ToWorker } from './sqlite-protocol.js';
 
 interface Row {
+  tenant: string;
   id: string;
   root: string;
   parent: string;
@@ -24,6 +26,12 @@ interface Row {
   response: string;
 }
 
+/** One tenant's totals (the bounds apply per tenant). */
+interface Totals {
+  count: number;
+  bytes: number;
+}
+
 class Db {
   readonly db: Database.Database;
   readonly #ttlMs: number;
@@ -32,14 +40,15 @@ class Db {
   count = 0;
   bytes = 0;
   evictions = 0;
-  readonly #get: Database.Statement<[string], Row>;
+  readonly #tenants = new Map<string, Totals>();
+  readonly #get: Database.Statement<[string, string], Row>;
   readonly #put: Database.Statement<unknown[]>;
-  readonly #bytesOf: Database.Statement<[string], { bytes: number }>;
-  readonly #del: Database.Statement<[string]>;
-  readonly #oldest: Database.Statement<[number], { seq: number; bytes: number }>;
+  readonly #bytesOf: Database.Statement<[string, string], { bytes: number }>;
+  readonly #del: Database.Statement<[string, string]>;
+  readonly #oldest: Database.Statement<[string, number], { seq: number; bytes: number }>;
   readonly #delSeq: Database.Statement<[number]>;
   readonly #sweep: Database.Statement<[number]>;
-  readonly #totals: Database.Statement<[], { n: number; b: number }>;
+  readonly #totals: Database.Statement<[], { tenant: string; n: number; b: number }>;
 
   constructor(d: SqliteWorkerData) {
     this.#ttlMs = d.ttlMs;
@@ -48,9 +57,11 @@ class Db {
     const db = (this.db = new Database(d.path, { timeout: d.busyTimeoutMs }));
     db.pragma('journal_mode = WAL');
     db.pragma('synchronous = NORMAL');
-    db.exec(`CREATE TABLE IF NOT EXISTS responses (
+    // keyed by (tenant, id): a tenant's lookups never see another's rows
+    db.exec(`CREATE TABLE IF NOT EXISTS responses_t (
       seq INTEGER PRIMARY KEY AUTOINCREMENT,
-      id TEXT NOT NULL UNIQUE,
+      tenant TEXT NOT NULL,
+      id TEXT NOT NULL,
       root TEXT NOT NULL,
       parent TEXT NOT NULL,
       created_at INTEGER NOT NULL,
@@ -58,71 +69,91 @@ class Db {
       bytes INTEGER NOT NULL,
       conv TEXT NOT NULL,
       ids TEXT NOT NULL,
-      response TEXT NOT NULL)`);
-    db.exec('CREATE INDEX IF NOT EXISTS responses_expiry ON responses (expires_at)');
-    this.#get = db.prepare('SELECT id, root, parent, created_at, expires_at, conv, ids, response FROM responses WHERE id = ?');
+      response TEXT NOT NULL,
+      UNIQUE (tenant, id))`);
+    db.exec('CREATE INDEX IF NOT EXISTS responses_t_expiry ON responses_t (expires_at)');
+    db.exec('CREATE INDEX IF NOT EXISTS responses_t_age ON responses_t (tenant, seq)');
+    this.#get = db.prepare('SELECT tenant, id, root, parent, created_at, expires_at, conv, ids, response FROM responses_t WHERE tenant = ? AND id = ?');
     this.#put = db.prepare(
-      'INSERT INTO responses (id, root, parent, created_at, expires_at, bytes, conv, ids, response) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)',
+      'INSERT INTO responses_t (tenant, id, root, parent, created_at, expires_at, bytes, conv, ids, response) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
     );
-    this.#bytesOf = db.prepare('SELECT bytes FROM responses WHERE id = ?');
-    this.#del = db.prepare('DELETE FROM responses WHERE id = ?');
-    this.#oldest = db.prepare('SELECT seq, bytes FROM responses ORDER BY seq LIMIT ?');
-    this.#delSeq = db.prepare('DELETE FROM responses WHERE seq = ?');
-    this.#sweep = db.prepare('DELETE FROM responses WHERE expires_at <= ?');
-    this.#totals = db.prepare('SELECT count(*) AS n, coalesce(sum(bytes), 0) AS b FROM responses');
+    this.#bytesOf = db.prepare('SELECT bytes FROM responses_t WHERE tenant = ? AND id = ?');
+    this.#del = db.prepare('DELETE FROM responses_t WHERE tenant = ? AND id = ?');
+    this.#oldest = db.prepare('SELECT seq, bytes FROM responses_t WHERE tenant = ? ORDER BY seq LIMIT ?');
+    this.#delSeq = db.prepare('DELETE FROM responses_t WHERE seq = ?');
+    this.#sweep = db.prepare('DELETE FROM responses_t WHERE expires_at <= ?');
+    this.#totals = db.prepare('SELECT tenant, count(*) AS n, coalesce(sum(bytes), 0) AS b FROM responses_t GROUP BY tenant');
     this.sweep(Date.now());
     this.#recount();
   }
 
   #recount(): void {
-    const t = this.#totals.get()!;
-    this.count = t.n;
-    this.bytes = t.b;
+    this.#tenants.clear();
+    this.count = 0;
+    this.bytes = 0;
+    for (const t of this.#totals.all()) {
+      this.#tenants.set(t.tenant, { count: t.n, bytes: t.b });
+      this.count += t.n;
+      this.bytes += t.b;
+    }
   }
 
-  get(id: string): StoredResponse | null {
-    const row = this.#get.get(id);
-    if (row === undefined || row.expires_at <= Date.now()) return null;
-    return { id: row.id, root: row.root, parent: row.parent, createdAt: row.created_at, conv: row.conv, ids: row.ids, response: row.response };
+  #of(tenant: string): Totals {
+    let t = this.#tenants.get(tenant);
+    if (t === undefined) this.#tenants.set(tenant, (t = { count: 0, bytes: 0 }));
+    return t;
   }
 
-  put(r: StoredResponse): void {
-    const bytes = recordBytes(r);
-    // a record larger than the whole budget is not kept (its continuation is a clean 404)
-    if (bytes > this.#maxBytes) return;
-    this.#removeId(r.id); // ids are unique; a rewrite replaces
-    this.#put.run(r.id, r.root, r.parent, r.createdAt, Date.now() + this.#ttlMs, bytes, r.conv, r.ids, r.response);
-    this.count++;
+  #charge(t: Totals, n: number, bytes: number): void {
+    t.count += n;
+    t.bytes += bytes;
+    this.count += n;
     this.bytes += bytes;
-    if (this.count > this.#maxResponses || this.bytes > this.#maxBytes) this.#evict();
   }
 
-  #removeId(id: string): boolean {
-    const had = this.#bytesOf.get(id);
-    if (had === undefined) return false;
-    this.#del.run(id);
-    this.count--;
-    this.bytes -= had.bytes;
+  get(tenant: string, id: string): StoredResponse | null {
+    const row = this.#get.get(tenant, id);
+    if (row === undefined || row.expires_at <= Date.now()) return null;
+    return { tenant: row.tenant, id: row.id, root: row.root, parent: row.parent, createdAt: row.created_at, conv: row.conv, ids: row.ids, response: row.response };
+  }
+
+  put(r: StoredResponse): boolean {
+    const bytes = recordBytes(r);
+    this.#removeId(r.tenant, r.id); // ids are unique; a rewrite replaces
+    // a record larger than a tenant's whole budget is not kept (the turn answers store: false)
+    if (bytes > this.#maxBytes) return false;
+    this.#put.run(r.tenant, r.id, r.root, r.parent, r.createdAt, Date.now() + this.#ttlMs, bytes, r.conv, r.ids, r.response);
+    const t = this.#of(r.tenant);
+    this.#charge(t, 1, bytes);
+    if (t.count > this.#maxResponses || t.bytes > this.#maxBytes) this.#evict(r.tenant, t);
     return true;
   }
 
-  #evict(): void {
-    while (this.count > this.#maxResponses || this.bytes > this.#maxBytes) {
-      const rows = this.#oldest.all(64);
+  #removeId(tenant: string, id: string): boolean {
+    const had = this.#bytesOf.get(tenant, id);
+    if (had === undefined) return false;
+    this.#del.run(tenant, id);
+    this.#charge(this.#of(tenant), -1, -had.bytes);
+    return true;
+  }
+
+  /** Drops the tenant's oldest rows until it is within its bounds (other tenants' rows are never touched). */
+  #evict(tenant: string, t: Totals): void {
+    while (t.count > this.#maxResponses || t.bytes > this.#maxBytes) {
+      const rows = this.#oldest.all(tenant, 64);
       if (rows.length === 0) return;
       for (const row of rows) {
-        if (this.count <= this.#maxResponses && this.bytes <= this.#maxBytes) return;
+        if (t.count <= this.#maxResponses && t.bytes <= this.#maxBytes) return;
         this.#delSeq.run(row.seq);
-        this.count--;
-        this.bytes -= row.bytes;
+        this.#charge(t, -1, -row.bytes);
         this.evictions++;
       }
     }
   }
 
-  delete(id: string): boolean {
-    const row = this.#get.get(id);
-    this.#removeId(id);
+  delete(tenant: string, id: string): boolean {
+    const row = this.#get.get(tenant, id);
+    this.#removeId(tenant, id);
     return row !== undefined && row.expires_at > Date.now();
   }
 
@@ -134,6 +165,7 @@ class Db {
   run(ops: SqliteOp[]): SqliteResult[] {
     const out: SqliteResult[] = new Array(ops.length);
     const before = [this.count, this.bytes, this.evictions];
+    const tenantsBefore = new Map([...this.#tenants].map(([k, v]) => [k, { ...v }]));
     let writes = false;
     for (let i = 0; i < ops.length && !writes; i++) writes = ops[i]![1] !== OP_GET;
     try {
@@ -146,13 +178,15 @@ class Db {
       return out;
     } catch (err) {
       [this.count, this.bytes, this.evictions] = before as [number, number, number];
+      this.#tenants.clear();
+      for (const [k, v] of tenantsBefore) this.#tenants.set(k, v);
       const message = (err as Error).message || String(err);
       for (let i = 0; i < ops.length; i++) {
         const op = ops[i]!;
         if (op[1] !== OP_GET) out[i] = [op[0], message, null];
         else {
           try {
-            out[i] = [op[0], '', this.get(op[2])];
+            out[i] = [op[0], '', this.get(op[2], op[3])];
           } catch (e) {
             out[i] = [op[0], (e as Error).message || String(e), null];
           }
@@ -165,12 +199,11 @@ class Db {
   #one(op: SqliteOp): SqliteResult {
     switch (op[1]) {
       case OP_GET:
-        return [op[0], '', this.get(op[2])];
+        return [op[0], '', this.get(op[2], op[3])];
       case OP_PUT:
-        this.put(op[2]);
-        return [op[0], '', null];
+        return [op[0], '', this.put(op[2])];
       default:
-        return [op[0], '', this.delete(op[2])];
+        return [op[0], '', this.delete(op[2], op[3])];
     }
   }
 }

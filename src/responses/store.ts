@@ -5,9 +5,11 @@
 // as rendered chat messages, so a turn reads ONE record (one Redis round trip)
 // and never re-parses or re-renders its chain; eviction of any record cannot
 // break another (docs/responses.md: the trade-off).
-import type { ResponsesConfig } from '../config/responses.js';
+import { SwitchyardError } from '../errors.js';
 
 export interface StoredResponse {
+  /** The tenant that owns it ('' = the anonymous scope): part of the record's key in every store. */
+  readonly tenant: string;
   readonly id: string;
   /** The first response of the conversation (its own id for a first turn): the session key. */
   readonly root: string;
@@ -28,7 +30,9 @@ export function isPromise<T>(v: T | Promise<T>): v is Promise<T> {
 }
 
 /** The store cannot be reached or failed: the API answers 503 (chat completions are not affected). */
-export class StoreUnavailableError extends Error {}
+export class StoreUnavailableError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_STORE_UNAVAILABLE';
+}
 
 /** Approximate bytes a record holds (UTF-16 code units of its strings, plus a fixed overhead). */
 export function recordBytes(r: StoredResponse): number {
@@ -44,29 +48,13 @@ export interface ResponseStore {
   readonly type: 'memory' | 'sqlite' | 'redis';
   /** False while the backing service is known to be unreachable: new turns get 503 before an engine is spent. */
   readonly available: boolean;
-  get(id: string): StoredResponse | null | Promise<StoredResponse | null>;
-  put(r: StoredResponse): void | Promise<void>;
-  /** True if it was there. */
-  delete(id: string): boolean | Promise<boolean>;
+  /** The record `id` of `tenant` (another tenant's record with that id is not there: null). */
+  get(tenant: string, id: string): StoredResponse | null | Promise<StoredResponse | null>;
+  /** Stores `r` under (r.tenant, r.id); answers false when it was not kept (larger than a tenant's whole budget). */
+  put(r: StoredResponse): boolean | Promise<boolean>;
+  /** True if it was there (for this tenant). */
+  delete(tenant: string, id: string): boolean | Promise<boolean>;
   /** Responses held (memory, sqlite; -1 where the store cannot say cheaply). */
   size(): number;
   close(): Promise<void>;
-}
-
-/** The store `config.store.type` names. SQLite and Redis are loaded only when configured. */
-export async function openStore(cfg: ResponsesConfig): Promise<ResponseStore> {
-  switch (cfg.store.type) {
-    case 'memory': {
-      const { MemoryStore } = await import('./memory-store.js');
-      return new MemoryStore(cfg);
-    }
-    case 'sqlite': {
-      const { SqliteStore } = await import('./sqlite-store.js');
-      return SqliteStore.open(cfg);
-    }
-    case 'redis': {
-      const { RedisStore } = await import('./redis-store.js');
-      return new RedisStore(cfg);
-    }
-  }
 }

@@ -6,14 +6,40 @@
 // the turn, and answer. It is the director's ClientPort for the chat
 // completion and the transport's flight (abort, backpressure) for the client.
 import { StringDecoder } from 'node:string_decoder';
+import type { Logger } from 'pino';
 import type { Rejected } from '../admission.js';
-import { KIND_CHAT, type ClientPort, type Flight } from '../director/director.js';
+import { KIND_CHAT, type ClientPort, type Director, type Flight } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { newItemId, newResponseId } from './ids.js';
 import { assistantMessage, deltaEvent, messageItem, outputText, responseObject, sseEvent, usageOf, type ResponseHead, type ResponseStatus, type Usage } from './render.js';
 import { parseTurnRequest, ResponsesError, type TurnRequest } from './request.js';
-import type { ResponsesService } from './service.js';
-import { isPromise, StoreUnavailableError, type StoredResponse } from './store.js';
+import type { ResponsesStats } from './metrics.js';
+import { isPromise, recordBytes, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
+
+/**
+ * What a turn needs of the service that runs it (ResponsesService implements
+ * it): the store and its timed operations, the director, limits, counters.
+ * turn.ts depends on this interface, never on service.ts.
+ */
+export interface TurnHost {
+  readonly store: ResponseStore | null;
+  readonly director: Pick<Director, 'begin'>;
+  readonly log: Logger;
+  readonly stats: ResponsesStats;
+  readonly maxInputBytes: number;
+  readonly maxJsonDepth: number;
+  /** The largest record the store keeps (a tenant's whole byte budget; Infinity where the store bounds itself). */
+  readonly maxRecordBytes: number;
+  storeGet(tenant: string, id: string): StoredResponse | null | Promise<StoredResponse | null>;
+  /** False: the record was not kept (over a tenant's byte budget). */
+  storePut(r: StoredResponse): boolean | Promise<boolean>;
+  unavailable(): StoreUnavailableError;
+  countRequest(model: string, status: number): void;
+  /** Bodies larger than this are parsed off the event loop (parseOffLoop). */
+  readonly parseOffloadBytes: number;
+  /** Parses a large body in a worker (its memory moves there: `raw` is unusable afterwards); rejects with the ResponsesError a bad body gets. */
+  parseOffLoop(raw: Buffer): Promise<TurnRequest>;
+}
 
 const MODE_NONE = 0;
 /** Buffering the engine's JSON answer (200). */
@@ -24,6 +50,8 @@ const MODE_SSE = 2;
 const MODE_ERROR = 3;
 
 const SSE_TYPE = 'text/event-stream';
+/** CRLF or a lone CR: an SSE line end like LF. */
+const CR_EOL = /\r\n?/g;
 
 export class ResponsesTurn implements ClientPort, ResponseHead {
   // what the transport reads of its flight
@@ -35,9 +63,12 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   readonly createdAt = Math.floor(Date.now() / 1000);
   req!: TurnRequest;
   readonly msgId = newItemId();
+  stored = false;
 
-  readonly #svc: ResponsesService;
+  readonly #svc: TurnHost;
   readonly #client: ClientPort;
+  /** The tenant the turn belongs to ('' = anonymous): the scope of every store key it reads and writes. */
+  readonly #tenant: string;
   readonly #requestId: string;
   readonly #authorization: string;
   readonly #headers: Readonly<Record<string, string>>;
@@ -57,6 +88,8 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   // streaming
   #decoder: StringDecoder | null = null;
   #sseBuf = '';
+  /** A chunk ended in '\r': held until the next shows whether it is CRLF or a lone CR. */
+  #sseCr = false;
   #seq = 0;
   #text = '';
   #finishReason: string | null = null;
@@ -64,9 +97,10 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   /** The client's stream ended (completed or failed). */
   #streamEnded = false;
 
-  constructor(svc: ResponsesService, client: ClientPort, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
+  constructor(svc: TurnHost, client: ClientPort, tenant: string, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
     this.#svc = svc;
     this.#client = client;
+    this.#tenant = tenant;
     this.#requestId = requestId;
     this.#authorization = authorization;
     this.#headers = headers;
@@ -76,13 +110,35 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
 
   start(raw: Buffer): void {
     const svc = this.#svc;
+    if (raw.length > svc.parseOffloadBytes) {
+      // a large body: parsed and rendered in a worker, the event loop stays free
+      svc.parseOffLoop(raw).then(
+        (req) => {
+          if (this.#aborted || this.#over) return;
+          try {
+            this.#parsed(req);
+          } catch (err) {
+            this.#fail(err);
+          }
+        },
+        (err: unknown) => this.#fail(err),
+      );
+      return;
+    }
     let req: TurnRequest;
     try {
-      req = this.req = parseTurnRequest(raw, svc.maxJsonDepth);
+      req = parseTurnRequest(raw, svc.maxJsonDepth);
     } catch (err) {
       this.#fail(err);
       return;
     }
+    this.#parsed(req);
+  }
+
+  #parsed(req: TurnRequest): void {
+    const svc = this.#svc;
+    this.req = req;
+    this.stored = req.store;
     this.model = req.model;
     const store = svc.store;
     if ((req.store || req.previousResponseId !== null) && (store === null || !store.available)) {
@@ -95,7 +151,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     }
     let got: StoredResponse | null | Promise<StoredResponse | null>;
     try {
-      got = svc.storeGet(req.previousResponseId);
+      got = svc.storeGet(this.#tenant, req.previousResponseId);
     } catch (err) {
       this.#fail(err);
       return;
@@ -151,7 +207,9 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     if (req.topP !== null) body += `,"top_p":${req.topP}`;
     if (req.user !== null) body += `,"user":${JSON.stringify(req.user)}`;
     body += '}';
-    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#authorization, this.#headers, Buffer.from(body), this.#root);
+    // the session key: the chain's root, within the tenant (the store keys are tenant-scoped, so is the pin)
+    const session = this.#tenant === '' ? this.#root : `${this.#tenant.length}:${this.#tenant}:${this.#root}`;
+    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#authorization, this.#headers, Buffer.from(body), session);
   }
 
   /** An answer of the Responses layer itself (bad input, no previous response, store down). */
@@ -324,8 +382,8 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     }
     const text = typeof choice.message?.content === 'string' ? choice.message.content : '';
     const status: ResponseStatus = choice.finish_reason === 'length' ? 'incomplete' : 'completed';
-    const body = JSON.stringify(responseObject(this, status, text, usageOf(o.usage), null));
-    this.#store(text, body, () => {
+    const usage = usageOf(o.usage);
+    this.#store(text, () => JSON.stringify(responseObject(this, status, text, usage, null)), (body) => {
       this.#answered();
       this.#client.head(200, 'application/json', this.endpoint!, Buffer.byteLength(body));
       this.#client.end(body);
@@ -333,6 +391,18 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   }
 
   #onSse(text: string): void {
+    // SSE lines end in LF, CRLF or CR: normalise to LF (a CR at a chunk's end waits for the next chunk)
+    if (this.#sseCr) {
+      text = '\r' + text;
+      this.#sseCr = false;
+    }
+    if (text.indexOf('\r') >= 0) {
+      if (text.charCodeAt(text.length - 1) === 13) {
+        this.#sseCr = true;
+        text = text.slice(0, -1);
+      }
+      text = text.replace(CR_EOL, '\n');
+    }
     let buf = this.#sseBuf + text;
     let out = '';
     let at: number;
@@ -382,9 +452,9 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
         sseEvent('response.content_part.done', this.#seq++, { item_id: id, output_index: 0, content_index: 0, part }) +
         sseEvent('response.output_item.done', this.#seq++, { output_index: 0, item: messageItem(id, status === 'incomplete' ? 'incomplete' : 'completed', text) }),
     );
-    const final = responseObject(this, status, text, this.#usage, null);
-    const body = JSON.stringify(final);
-    this.#store(text, body, () => {
+    let final: Record<string, unknown> | null = null;
+    const render = () => JSON.stringify((final = responseObject(this, status, text, this.#usage, null)));
+    this.#store(text, render, () => {
       this.#answered();
       this.#streamEnded = true;
       this.#client.end(sseEvent(status === 'incomplete' ? 'response.incomplete' : 'response.completed', this.#seq++, { response: final }));
@@ -407,16 +477,23 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     this.#svc.stats.failed++;
   }
 
-  /** Stores the turn (when `store`), then sends; a store failure answers 503 (or response.failed) instead. */
-  #store(text: string, responseJson: string, send: () => void): void {
+  /**
+   * Renders the Response, stores the turn (when `store`), then sends; a store
+   * failure answers 503 (or response.failed) instead. A turn too large for
+   * the tenant's byte budget is not stored and its object says `store: false`
+   * (never an id that would 404).
+   */
+  #store(text: string, render: () => string, send: (body: string) => void): void {
     const req = this.req;
     if (!req.store) {
-      send();
+      send(render());
       return;
     }
+    const responseJson = render();
     const p = this.#parent;
     const turn = `${req.inputFragment},${assistantMessage(text)}`;
     const rec: StoredResponse = {
+      tenant: this.#tenant,
       id: this.id,
       root: this.#root,
       parent: p === null ? '' : p.id,
@@ -425,6 +502,11 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
       ids: p === null || p.ids === '' ? `${req.inputIds},${this.msgId}` : `${p.ids},${req.inputIds},${this.msgId}`,
       response: responseJson,
     };
+    if (recordBytes(rec) > this.#svc.maxRecordBytes) {
+      this.stored = false;
+      send(render());
+      return;
+    }
     const failed = (err: unknown) => {
       const msg = `the response was generated but could not be stored (store: true), so it cannot be continued: ${(err as Error).message}`;
       if (this.#mode === MODE_SSE) this.#streamFailed('store_unavailable', msg);
@@ -433,7 +515,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
         this.#client.error(503, msg, null, this.endpoint, null, 'store_unavailable');
       }
     };
-    let r: void | Promise<void>;
+    let r: boolean | Promise<boolean>;
     try {
       r = this.#svc.storePut(rec);
     } catch (err) {
@@ -441,7 +523,8 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
       return;
     }
     if (!isPromise(r)) {
-      send();
+      if (!r) this.stored = false; // not kept: re-rendered as store: false
+      send(r ? responseJson : render());
       return;
     }
     this.#storing = true;
@@ -450,8 +533,9 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
       if (this.#flightDone >= 0) this.#end(this.#flightDone);
     };
     r.then(
-      () => {
-        if (!this.#aborted) send();
+      (kept) => {
+        if (!kept) this.stored = false;
+        if (!this.#aborted) send(kept ? responseJson : render());
         after();
       },
       (err: unknown) => {

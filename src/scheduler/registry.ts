@@ -2,7 +2,7 @@
 // parameters as a schema (zod, the library every config surface uses; see
 // src/config/schema-kit.ts); the registry validates params with it, returning
 // messages so config validation can list every problem at once, and hands the
-// parsed params (defaults filled) to the factory. builtins.ts registers every
+// parsed params (defaults filled) to the factory. plugins/index.ts registers every
 // built-in plugin.
 import { PluginError } from '../errors.js';
 import { formatPath, isMapping, z } from '../config/schema-kit.js';

@@ -9,7 +9,7 @@ import { validateConfig, API_VERSION, type PluginSpec, type RouterConfig, type S
 import { DataLayer } from '../endpoints/data-layer.js';
 import { EndpointSet, MAX_ENDPOINT_IDS, type Endpoint } from '../endpoints/endpoint.js';
 import { NoEndpointError, UnknownModelError } from '../errors.js';
-import { registry as defaultRegistry } from './builtins.js';
+import { registry as defaultRegistry } from './plugins/index.js';
 import type { PluginRegistry } from './registry.js';
 import { PrefixProducer, type PreciseSource, type TierWeights } from './prefix-producer.js';
 import { SessionTable } from '../sessions/table.js';

@@ -18,7 +18,7 @@ import type { AddressInfo } from 'node:net';
 import { endpointConfigSchema, type AdminConfig } from '../config/schema.js';
 import { toConfigIssues } from '../config/schema-kit.js';
 import type { EndpointSpec, EndpointTarget } from '../endpoints/live.js';
-import { EndpointError } from '../errors.js';
+import { EndpointError, SwitchyardError } from '../errors.js';
 import { errorBody } from './http-errors.js';
 import type { RouterCore } from './core.js';
 import type { ConfigReloader } from './reload.js';
@@ -39,11 +39,11 @@ export function adminToken(cfg: AdminConfig, env: NodeJS.ProcessEnv = process.en
   return '';
 }
 
-class HttpError extends Error {
+class HttpError extends SwitchyardError {
   readonly status: number;
   readonly param: string | null;
   constructor(status: number, message: string, param: string | null = null) {
-    super(message);
+    super(message, { code: 'SWY_ERR_ADMIN_REQUEST' });
     this.status = status;
     this.param = param;
   }

@@ -4,7 +4,7 @@
 import { parseArgs } from 'node:util';
 import { configYaml, issueLines, loadConfigFile, printableConfig } from '../config/load.js';
 import { ConfigError } from '../errors.js';
-import { registry } from '../scheduler/builtins.js';
+import { registry } from '../scheduler/plugins/index.js';
 import { flowGateFactory } from './flow-gate.js';
 
 export const CHECK_USAGE = `usage: switchyard check --config FILE [options]

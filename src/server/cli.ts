@@ -5,7 +5,7 @@ import { parseArgs } from 'node:util';
 import { configYaml, issueLines, loadConfigFile, quickConfig } from '../config/load.js';
 import { API_VERSION, ENGINES, validateConfig, type Engine, type RouterConfig } from '../config/schema.js';
 import { ConfigError } from '../errors.js';
-import { registry } from '../scheduler/builtins.js';
+import { registry } from '../scheduler/plugins/index.js';
 import { createLogger, startRouter } from './router.js';
 
 const USAGE = `usage: switchyard serve [options]

@@ -411,6 +411,7 @@ export class RouterCore {
     else idHeader = headerBytes(id);
     const auth = req.getHeader(H_AUTHORIZATION);
     const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this, res, kind, id, idHeader, auth, contentLength) : new HttpExchange(this, res, kind, id, idHeader, auth, contentLength);
+    if (kind === KIND_RESPONSES) (ctx as ResponsesExchange).tenant = this.tenantOf((n) => req.getHeader(n));
     const names = this.#headerNames;
     let h: Record<string, string> | null = null;
     if (names.length > 0) {

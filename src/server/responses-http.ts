@@ -10,26 +10,32 @@ import { errorBody, statusLine } from './http-errors.js';
 import { HttpExchange, type ExchangeFlight, type ExchangeHost } from './http-exchange.js';
 
 /** The exchange kind of POST /v1/responses: a transport kind, never a director kind. */
-export const KIND_RESPONSES = -1;
+export { KIND_RESPONSES } from '../director/kinds.js';
 
 export interface ResponsesHost extends ExchangeHost {
+  /** The tenant of a request ('' = the anonymous scope): the one place the Responses API learns who owns what. */
+  tenantOf(get: (name: string) => string): string;
   readonly responses: ResponsesService | null;
   readonly draining: boolean;
   readonly metrics: ExchangeHost['metrics'];
 }
 
 export class ResponsesExchange extends HttpExchange {
+  /** Set by the route from the request's headers (tenantOf), before the body is read. */
+  tenant = '';
+
   override begin(raw: Buffer): ExchangeFlight {
-    return (this.core as ResponsesHost).responses!.begin(this, this.requestId, this.authorization, this.headers, raw);
+    return (this.core as ResponsesHost).responses!.begin(this, this.tenant, this.requestId, this.authorization, this.headers, raw);
   }
 }
 
-type Op = (svc: ResponsesService, id: string, query: string) => Promise<{ status: number; body: string }>;
+type Op = (svc: ResponsesService, tenant: string, id: string, query: string) => Promise<{ status: number; body: string }>;
 
 function answer(host: ResponsesHost, res: HttpResponse, req: HttpRequest, op: Op): void {
   const svc = host.responses!;
   const id = req.getParameter(0) ?? '';
   const query = req.getQuery() ?? '';
+  const tenant = host.tenantOf((n) => req.getHeader(n));
   let gone = false;
   res.onAborted(() => {
     gone = true;
@@ -41,7 +47,7 @@ function answer(host: ResponsesHost, res: HttpResponse, req: HttpRequest, op: Op
       res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(body, host.draining);
     });
   };
-  op(svc, id, query).then(
+  op(svc, tenant, id, query).then(
     (a) => write(a.status, a.body),
     (err: unknown) => {
       if (err instanceof ResponsesError) write(err.status, errorBody(err.status, err.message, err.param, err.code));
@@ -54,9 +60,9 @@ function answer(host: ResponsesHost, res: HttpResponse, req: HttpRequest, op: Op
   );
 }
 
-const retrieve: Op = (svc, id) => svc.retrieve(id);
-const remove: Op = (svc, id) => svc.remove(id);
-const inputItems: Op = (svc, id, query) => svc.inputItems(id, query);
+const retrieve: Op = (svc, tenant, id) => svc.retrieve(tenant, id);
+const remove: Op = (svc, tenant, id) => svc.remove(tenant, id);
+const inputItems: Op = (svc, tenant, id, query) => svc.inputItems(tenant, id, query);
 
 /** GET / DELETE routes (POST is the router's inference route with KIND_RESPONSES). */
 export function mountResponseReads(app: TemplatedApp, host: ResponsesHost): void {

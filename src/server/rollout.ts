@@ -9,6 +9,7 @@
 // with the progress on one rewritten line on a terminal (a line per step otherwise).
 import { parseArgs } from 'node:util';
 import { ROLES, type Role } from '../config/schema.js';
+import { SwitchyardError } from '../errors.js';
 
 export interface RolloutEndpoint {
   name: string;
@@ -56,7 +57,9 @@ interface RevStatus {
   roles: Record<string, { endpoints: number; ready: number }>;
 }
 
-export class RolloutError extends Error {}
+export class RolloutError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_ROLLOUT';
+}
 
 async function call(o: RolloutOptions, method: string, path: string, body?: unknown): Promise<{ status: number; json: Record<string, unknown> }> {
   const headers: Record<string, string> = { 'content-type': 'application/json' };

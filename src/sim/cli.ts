@@ -5,6 +5,7 @@ import { startFleet, type FleetOptions } from './index.js';
 import { kvEventsConfigProblem, type KvEventsConfig } from './kv-events.js';
 import { ACCELERATOR_NAMES } from '../accelerators.js';
 import { FAILURE_KINDS, SIM_DEFAULTS, SimOptionError, resolveSimOptions, type FailureKind } from './options.js';
+import { SwitchyardError } from '../errors.js';
 
 const D = SIM_DEFAULTS;
 export const SIM_USAGE = `usage: switchyard sim [options]
@@ -45,6 +46,7 @@ options (--name value or --name=value):
   --failure-kinds K,K         kinds drawn from: ${FAILURE_KINDS.join(', ')}
                               (default ${D.failureKinds.join(',')})
   --slow-first-byte-ms F      real delay of the slow-first-byte failure (default ${D.slowFirstByteMs})
+  --tool-call-rate P          tool_choice "auto": share in [0,1] of requests with tools that call one (default ${D.toolCallRate})
   --max-model-len N           longest prompt + completion in tokens (default ${D.maxModelLen})
   --default-max-tokens N      completion length when a request sets no max_tokens (default ${D.defaultMaxTokens})
   --max-body-bytes N          largest request body (default ${D.maxBodyBytes})
@@ -56,6 +58,7 @@ options (--name value or --name=value):
                               "endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv"}';
                               also "layout":"array"|"map", "block_hash_format":"int"|"bytes" (docs/kv-events.md)
   --legacy                    mimic an older vLLM (gpu_cache_usage_perc, flat error bodies)
+  --reasoning                 a reasoning model: chat answers carry reasoning_content (the first half of the tokens)
   --fleet N                   start N engines on consecutive ports (default 1)
   --base-port P               first port of the fleet (default: --port)
   -h, --help                  show this message
@@ -71,7 +74,9 @@ Exit codes: 0 after SIGINT/SIGTERM, 1 when it cannot listen, 2 on bad options.`;
 type Parsed = FleetOptions & { fleet: number };
 type Setter = (o: Parsed, v: string, flag: string) => void;
 
-class FlagError extends Error {}
+class FlagError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_SIM_FLAG';
+}
 
 function number(flag: string, v: string): number {
   const n = Number(v);
@@ -142,6 +147,7 @@ const FLAGS: Record<string, { type: 'string' | 'boolean'; set: Setter }> = {
   'failure-kinds': { type: 'string', set: failureKinds },
   'failure-kind': { type: 'string', set: failureKinds },
   'slow-first-byte-ms': { type: 'string', set: (o, v, f) => (o.slowFirstByteMs = number(f, v)) },
+  'tool-call-rate': { type: 'string', set: (o, v, f) => (o.toolCallRate = number(f, v)) },
   'max-model-len': { type: 'string', set: (o, v, f) => (o.maxModelLen = integer(f, v)) },
   'default-max-tokens': { type: 'string', set: (o, v, f) => (o.defaultMaxTokens = integer(f, v)) },
   'max-body-bytes': { type: 'string', set: (o, v, f) => (o.maxBodyBytes = integer(f, v)) },
@@ -154,6 +160,7 @@ const FLAGS: Record<string, { type: 'string' | 'boolean'; set: Setter }> = {
   'max-loras': { type: 'string', set: (o, v, f) => (o.maxLoras = integer(f, v)) },
   // a switch: `--legacy`; `--legacy=false` also works
   legacy: { type: 'boolean', set: (o, v, f) => (o.legacy = trueFalse(f, v)) },
+  reasoning: { type: 'boolean', set: (o, v, f) => (o.reasoning = trueFalse(f, v)) },
   fleet: {
     type: 'string',
     set: (o, v, f) => {

@@ -2,6 +2,7 @@
 import { ALWAYS, z } from '../config/schema-kit.js';
 import { kvEventsConfigProblem, type KvEventsConfig } from './kv-events.js';
 import { ACCELERATOR_NAMES, acceleratorProfile } from '../accelerators.js';
+import { SwitchyardError } from '../errors.js';
 
 export type FailureKind = '500' | '429' | '503' | 'reset-mid-stream' | 'slow-first-byte' | 'error-mid-stream';
 export const FAILURE_KINDS: readonly FailureKind[] = ['500', '429', '503', 'reset-mid-stream', 'slow-first-byte', 'error-mid-stream'];
@@ -51,6 +52,10 @@ export interface SimOptions {
   failureKinds?: FailureKind[];
   /** Real (unscaled) delay of the 'slow-first-byte' failure, milliseconds. */
   slowFirstByteMs?: number;
+  /** tool_choice "auto": the share of requests with tools that call one (a seeded hash of the last user message decides which). */
+  toolCallRate?: number;
+  /** Answer as a reasoning model behind vLLM's --reasoning-parser: the first half of a chat's tokens are reasoning_content. */
+  reasoning?: boolean;
   maxModelLen?: number;
   /** Completion length when the request sets no max_tokens (finish_reason "stop"). */
   defaultMaxTokens?: number;
@@ -103,6 +108,8 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   failureRate: 0,
   failureKinds: [...DEFAULT_FAILURE_KINDS],
   slowFirstByteMs: 1000,
+  toolCallRate: 0.5,
+  reasoning: false,
   maxModelLen: 32768,
   defaultMaxTokens: 16,
   maxBodyBytes: 32 * 1024 * 1024,
@@ -118,8 +125,8 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
 }) as ResolvedSimOptions;
 
 /** Thrown for an invalid option; `option` names it. */
-export class SimOptionError extends RangeError {
-  readonly code = 'SWY_ERR_SIM_OPTION';
+export class SimOptionError extends SwitchyardError {
+  override readonly code = 'SWY_ERR_SIM_OPTION';
   constructor(readonly option: string, message: string) {
     super(`sim option ${option}: ${message}`);
     this.name = 'SimOptionError';
@@ -176,6 +183,8 @@ export const simOptionsSchema = z
       .min(1)
       .default(() => [...SIM_DEFAULTS.failureKinds]),
     slowFirstByteMs: num(0).default(SIM_DEFAULTS.slowFirstByteMs),
+    toolCallRate: num(0, 1).default(SIM_DEFAULTS.toolCallRate),
+    reasoning: bool().default(SIM_DEFAULTS.reasoning),
     maxModelLen: int(1).default(SIM_DEFAULTS.maxModelLen),
     defaultMaxTokens: int(1).default(SIM_DEFAULTS.defaultMaxTokens),
     maxBodyBytes: int(1).default(SIM_DEFAULTS.maxBodyBytes),

@@ -13,12 +13,13 @@
 // SGLang (bootstrap): a prefill or decode server (disaggregation mode) needs bootstrap_room.
 import http from 'node:http';
 import { randomUUID } from 'node:crypto';
+import { SwitchyardError } from '../errors.js';
 
-export class PdRuleError extends Error {
+export class PdRuleError extends SwitchyardError {
   readonly status: number;
   readonly param: string | null;
   constructor(status: number, message: string, param: string | null) {
-    super(message);
+    super(message, { code: 'SWY_ERR_SIM_PD_RULE' });
     this.status = status;
     this.param = param;
   }

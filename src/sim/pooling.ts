@@ -6,18 +6,19 @@
 // mapped to [0, 1]. Shapes follow vLLM's OpenAI-compatible server; each
 // function returns the JSON text of the answer or throws PoolingError.
 import { BYTES_PER_TOKEN, countTokens } from './tokenizer.js';
+import { SwitchyardError } from '../errors.js';
 
 /** Dimension of a simulated embedding unless the request asks for `dimensions`. */
 export const EMBEDDING_DIM = 64;
 const MAX_DIM = 4096;
 const MAX_INPUTS = 2048;
 
-export class PoolingError extends Error {
+export class PoolingError extends SwitchyardError {
   constructor(
     message: string,
     readonly param: string | null,
   ) {
-    super(message);
+    super(message, { code: 'SWY_ERR_SIM_POOLING' });
   }
 }
 

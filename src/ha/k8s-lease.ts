@@ -27,8 +27,8 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { LeaseTerm, type Lease, type LeaseState } from '../ha/lease.js';
-import { KubeApiError, type KubeApi, type KubeObject } from './api.js';
+import { LeaseTerm, type Lease, type LeaseState } from './lease.js';
+import { KubeApiError, type KubeApi, type KubeObject } from '../k8s/api.js';
 
 interface LeaseSpec {
   holderIdentity?: string | null;
