@@ -9,6 +9,8 @@
         "native/upstream_client.cc",
         "native/upstream_core.cc",
         "native/h1_parser_probe.cc",
+        "native/h1_request_probe.cc",
+        "native/front_server.cc",
         "native/fd_limit.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

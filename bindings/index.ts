@@ -5,3 +5,4 @@ export * from './flow-queues.js';
 export * from './prefix-index.js';
 export * from './upstream-client.js';
 export * from './process-limits.js';
+export * from './front-end.js';

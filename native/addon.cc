@@ -6,6 +6,8 @@
 #include "flow_queues.h"
 #include "upstream_client.h"
 #include "h1_parser_probe.h"
+#include "h1_request_probe.h"
+#include "front_server.h"
 #include "fd_limit.h"
 
 namespace {
@@ -15,6 +17,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   switchyard::InitFlowQueues(env, exports);
   switchyard::InitUpstreamClient(env, exports);
   switchyard::InitH1ParserProbe(env, exports);
+  switchyard::InitH1RequestProbe(env, exports);
+  switchyard::InitFrontServer(env, exports);
   switchyard::InitFdLimit(env, exports);
   exports.Set("abiVersion", Napi::Number::New(env, 7)); // 2: the upstream client; 3: h1ParseForTest, raiseFdLimit; 4: lowestFreeFd; 5: PrefixIndex.applyEvents; 6: UpstreamClient.closePool; 7: PrefixIndex.applyPayloads, setEventMapLimit
   return exports;

@@ -42,6 +42,10 @@ export interface BatchConfig {
    */
   expireAfterSeconds: number;
   quotas: { windowMs: number; default: BatchQuota; tenants: Record<string, BatchQuota> };
+  /** A Files/Batches API Redis command not answered in this long fails (the call answers 503), ms. */
+  commandTimeoutMs: number;
+  /** What one tenant may keep in the Files API: uploaded files and their bytes (batch output files are charged, never refused). */
+  fileQuota: { files: number; bytes: number };
 }
 
 const error = (min: number, max: number) => (i: { input?: unknown }) => `must be a number in [${min}, ${max}] (got ${JSON.stringify(i.input)})`;
@@ -81,6 +85,13 @@ export const batchSchema = strict(
     )
       .prefault({})
       .describe('per-tenant requests and tokens per window (0 = unlimited)'),
+    commandTimeoutMs: int(100, 600_000).default(5000).describe('a Files/Batches API Redis command not answered in this long fails; the call answers 503 store_unavailable'),
+    fileQuota: strict(
+      { files: int(1, 10_000_000).default(1000), bytes: int(1, 1e15).default(4 * 1024 * 1024 * 1024) },
+      'must be a mapping {files, bytes}',
+    )
+      .prefault({})
+      .describe('per tenant: how many files and bytes it may keep uploaded (POST /v1/files beyond it: 429 file_quota_exceeded)'),
   },
   'must be a mapping',
 );

@@ -46,10 +46,18 @@ export interface ExtProcConfig {
   metadataNamespace: string;
   /** Other candidates of the pick sent after it (`ip:port,ip:port,...`), best first, for the proxy's retries; 0: the pick alone. */
   fallbacks: number;
+  /** A stream whose response has not completed this long after its decision: the decision is released (in-flight slot, as a client abort) and the stream ended, ms. */
+  decisionTimeoutMs?: number;
+  /** A stream with no message for this long is ended (and its decision released), ms. */
+  idleTimeoutMs?: number;
+  /** Streams open at once; more are refused with RESOURCE_EXHAUSTED. */
+  maxStreams?: number;
+  /** Request bytes buffered awaiting a decision over all streams; a body beyond it answers 503. */
+  maxBufferedBytes?: number;
 }
 
 export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, streamMaxLen: 1000, warmStandby: true };
-export const EXT_PROC_DEFAULTS = { host: '127.0.0.1', port: 9002, metadataNamespace: 'envoy.lb', fallbacks: 0 };
+export const EXT_PROC_DEFAULTS = { host: '127.0.0.1', port: 9002, metadataNamespace: 'envoy.lb', fallbacks: 0, decisionTimeoutMs: 600_000, idleTimeoutMs: 300_000, maxStreams: 10_000, maxBufferedBytes: 512 * 1024 * 1024 };
 
 const got = (v: unknown) => JSON.stringify(v);
 function int(min: number, max: number) {
@@ -118,6 +126,10 @@ export const extProcSchema = strict(
     port: int(0, 65535).default(EXT_PROC_DEFAULTS.port).describe('gRPC listen port (0: one the OS picks)'),
     metadataNamespace: nonEmpty().default(EXT_PROC_DEFAULTS.metadataNamespace).describe('dynamic-metadata namespace of the picked endpoint'),
     fallbacks: int(0, 7).default(EXT_PROC_DEFAULTS.fallbacks).describe('other candidates sent after the pick for the proxy to retry on (0: the pick alone)'),
+    decisionTimeoutMs: int(50, 86_400_000).default(EXT_PROC_DEFAULTS.decisionTimeoutMs).describe("a decision whose response has not completed this long after it is released and its stream ended (ms)"),
+    idleTimeoutMs: int(50, 86_400_000).default(EXT_PROC_DEFAULTS.idleTimeoutMs).describe('a stream with no message this long is ended, its decision released (ms)'),
+    maxStreams: int(1, 1_000_000).default(EXT_PROC_DEFAULTS.maxStreams).describe('ext_proc streams open at once; more are refused (RESOURCE_EXHAUSTED)'),
+    maxBufferedBytes: int(1024, 64 * 1024 * 1024 * 1024).default(EXT_PROC_DEFAULTS.maxBufferedBytes).describe('request body bytes buffered awaiting a decision over all streams; beyond it 503'),
   },
   'must be a mapping',
 );

@@ -10,13 +10,8 @@ import { MAX_LOGPROBS } from './logprobs.js';
 import { planJsonContent, planToolCall, type ToolCall } from './tools.js';
 
 /** A request the engine refuses: answered with `status` and the OpenAI error body. */
-export class BadRequest {
-  constructor(
-    readonly status: number,
-    readonly message: string,
-    readonly param: string | null,
-  ) {}
-}
+export { BadRequest } from './bad-request.js';
+import { BadRequest } from './bad-request.js';
 
 export const enum Kind {
   Completion = 0,

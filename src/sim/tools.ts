@@ -3,7 +3,7 @@
 // the function's JSON Schema parameters (types, required properties, enums, bounds; simple). Structured
 // output (response_format json_object / json_schema) draws its JSON content the same way.
 
-import { BadRequest } from './request.js';
+import { BadRequest } from './bad-request.js';
 import { messageText, type ChatMessage } from './tokenizer.js';
 import { mix32, word } from './text.js';
 

@@ -1,0 +1,123 @@
+// Typed surface over the native HTTP/1.1 front end's request parser (native/h1_request_parser.h).
+import { native } from './native.js';
+
+/** What h1RequestParseForTest saw (see native/h1_request_probe.cc). */
+export interface H1RequestProbe {
+  /** done: a whole head was parsed; fail: invalid (status says the answer); more: incomplete. */
+  outcome: 'done' | 'fail' | 'more';
+  /** The answer for an invalid head (400, 417, 431, 501, 505), else 0. */
+  status: number;
+  /** A request line was begun (a timeout then answers 408). */
+  begun: boolean;
+  // the rest only when outcome is 'done'
+  method?: string;
+  /** One char per byte (latin1), as sent. */
+  target?: string;
+  form?: 'origin' | 'absolute' | 'authority' | 'asterisk';
+  minor?: 0 | 1;
+  /** Content-Length, -1 when absent. */
+  length?: number;
+  chunked?: boolean;
+  keepAlive?: boolean;
+  expectContinue?: boolean;
+  headLen?: number;
+  /** [name, value] per field line, one char per byte, the value's SP/HTAB trimmed. */
+  fields?: [string, string][];
+  /** done: the whole body was read; fail: bad chunked framing (400); more: the body is incomplete. */
+  bodyOutcome?: 'done' | 'fail' | 'more';
+  body?: Buffer;
+  /** Bytes of the input that were this request (head and body) when bodyOutcome is done. */
+  consumed?: number;
+}
+
+/**
+ * Test-only: feeds `bytes` to one native strict request parser as a head buffer growing at the
+ * offsets in `splits` (increasing, inside bytes), then decodes its body in the same pieces.
+ * Not for request paths: it builds a JS object per call.
+ */
+export function h1RequestParseForTest(bytes: Uint8Array, splits: Uint32Array, maxHead = 64 * 1024, maxLines = 100): H1RequestProbe {
+  return native.h1RequestParseForTest(bytes, splits, maxHead, maxLines) as H1RequestProbe;
+}
+
+/** A request as the native front end delivers it: once, whole. */
+export interface FrontRequest {
+  id: number;
+  method: string;
+  /** One char per byte (latin1), as sent. */
+  target: string;
+  /** 0: HTTP/1.0, 1: HTTP/1.1. */
+  minor: number;
+  /** The head's bytes; the fields are at offsets (4 per field: name at, name len, value at, value len). */
+  head: Buffer;
+  offsets: Uint32Array;
+  body: Buffer;
+}
+
+export interface FrontServerOptions {
+  /** Bytes of a head, request line to blank line (431 over it). */
+  maxHead?: number;
+  /** Field lines (431 over it). */
+  maxLines?: number;
+  /** Body bytes (413 over it, after draining what the client sends). */
+  maxBody?: number;
+  /** A head must arrive within this, a body must progress within this (408). */
+  headMs?: number;
+  /** A connection with no request begun is closed after this. */
+  idleMs?: number;
+}
+
+/**
+ * The native HTTP/1.1 front end (native/front_server.cc): a listener on this thread's event loop.
+ * onRequest is called once per whole request; answer it with respond (and write, for a streamed
+ * body); answers go out in request order on each connection. onAbort reports a request whose
+ * client left before its answer was written.
+ */
+export class FrontServer {
+  readonly #n: any;
+
+  constructor(onRequest: (r: FrontRequest) => void, onAbort: (id: number) => void, o: FrontServerOptions = {}) {
+    this.#n = new native.FrontServer(
+      (id: number, method: string, target: string, minor: number, head: Buffer, offsets: Uint32Array, body: Buffer) =>
+        onRequest({ id, method, target, minor, head, offsets, body }),
+      onAbort,
+      o.maxHead ?? 64 * 1024,
+      o.maxLines ?? 100,
+      o.maxBody ?? 16 * 1024 * 1024,
+      o.headMs ?? 10_000,
+      o.idleMs ?? 10_000,
+    );
+  }
+
+  /** Listens on an IP address (port 0: any); returns the port. */
+  listen(host: string, port: number): number {
+    return this.#n.listen(host, port) as number;
+  }
+
+  /**
+   * The answer's head (headLines: "name: value\r\n" per field, one char per byte; the server adds
+   * content-length, or chunked framing when not ended, and connection) and its first body bytes.
+   * False when the request is gone (aborted) or already answered.
+   */
+  respond(id: number, status: number, headLines: string, body: Buffer | null, end: boolean): boolean {
+    return this.#n.respond(id, status, headLines, body, end) as boolean;
+  }
+
+  /** More body for a streamed answer; end finishes it. False when the request is gone. */
+  write(id: number, chunk: Buffer | null, end: boolean): boolean {
+    return this.#n.write(id, chunk, end) as boolean;
+  }
+
+  /** Stops listening and closes every connection (their pending requests are aborted). */
+  close(): void {
+    this.#n.close();
+  }
+}
+
+/** The field lines of a request: [name, value] with one char per byte. */
+export function frontFields(r: FrontRequest): [string, string][] {
+  const out: [string, string][] = [];
+  for (let k = 0; k < r.offsets.length; k += 4) {
+    out.push([r.head.toString('latin1', r.offsets[k]!, r.offsets[k]! + r.offsets[k + 1]!), r.head.toString('latin1', r.offsets[k + 2]!, r.offsets[k + 2]! + r.offsets[k + 3]!)]);
+  }
+  return out;
+}

@@ -1,0 +1,595 @@
+// The native HTTP/1.1 front end (first part): a libuv listener on the
+// environment's loop (napi_get_uv_event_loop), connections parsed by the
+// strict request parser (h1_request_parser.h), requests delivered to
+// JavaScript once each when whole (method, target, the head bytes with the
+// field offsets, the body), answers written in request order (pipelined
+// requests are parsed ahead, at most kMaxQueued per connection; their answers
+// wait for the ones before), keep-alive per HTTP/1.1 and HTTP/1.0 rules, a
+// parse error answered with its status and the connection closed, a body over
+// the limit answered 413 and the rest of what the client sends drained (up to
+// kDrainBytes and kDrainMs) before the close, a client that leaves seen at
+// once (its queued requests reported aborted), a head timeout (408 where a
+// request was begun) and an idle timeout.
+//
+// JS surface (bindings/front-end.ts, FrontServer):
+//   new FrontServer(onRequest, onAbort, maxHead, maxLines, maxBody, headMs, idleMs)
+//   listen(host, port) -> port; respond(id, status, headLines, body, end); write(id, chunk, end); close()
+//   onRequest(id, method, target, minor, head: Buffer, offsets: Uint32Array, body: Buffer)
+//   onAbort(id)
+#include "front_server.h"
+
+#include <uv.h>
+
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "h1_request_parser.h"
+
+namespace switchyard {
+namespace {
+
+constexpr size_t kMaxQueued = 16;           // requests parsed ahead of their answers, per connection
+constexpr size_t kDrainBytes = 64u << 20;   // what a 413'd client may still send before the close
+constexpr uint64_t kDrainMs = 2000;
+constexpr size_t kReadBuf = 64 * 1024;
+
+class FrontServerWrap;
+
+struct Pending {
+  Pending(double i, bool keep, bool h10) : id(i), keep_alive(keep), http10(h10) {}
+  double id;
+  bool keep_alive;
+  bool http10;
+  bool head_sent = false;
+  bool chunked_out = false;
+  bool done = false;
+  std::string out;  // bytes waiting until this request is the first of its connection
+};
+
+struct Conn {
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  FrontServerWrap* server;
+  std::string in;  // unparsed bytes: the current head, then the body
+  h1req::RequestParser parser;
+  h1req::ChunkedDecoder chunks;
+  enum class St : uint8_t { Head, Body, Drain, Closing } st = St::Head;
+  std::string body;
+  double remaining = 0;
+  bool chunked = false;
+  bool reading = true;
+  bool shut = false;
+  size_t drained = 0;
+  std::deque<Pending> queue;
+  uint32_t writes = 0;  // writes in flight
+  int handles = 2;       // the tcp and the timer, counted down by their close callbacks
+  size_t body_at = 0;    // where the body starts in `in`
+  bool head_armed = false;
+  bool closing = false;
+  explicit Conn(h1req::Limits l) : parser(l) {}
+};
+
+struct WriteReq {
+  uv_write_t req;
+  std::string data;
+  Conn* conn;
+  bool close_after;
+};
+
+class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "FrontServer",
+                       {
+                           InstanceMethod<&FrontServerWrap::Listen>("listen"),
+                           InstanceMethod<&FrontServerWrap::Respond>("respond"),
+                           InstanceMethod<&FrontServerWrap::Write>("write"),
+                           InstanceMethod<&FrontServerWrap::Close>("close"),
+                       });
+  }
+
+  explicit FrontServerWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<FrontServerWrap>(info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 7 || !info[0].IsFunction() || !info[1].IsFunction()) {
+      Napi::TypeError::New(env, "new FrontServer(onRequest, onAbort, maxHead, maxLines, maxBody, headMs, idleMs)").ThrowAsJavaScriptException();
+      return;
+    }
+    double v[5];
+    for (int i = 0; i < 5; i++) {
+      if (!info[2 + i].IsNumber()) {
+        Napi::TypeError::New(env, "limits and timeouts must be numbers").ThrowAsJavaScriptException();
+        return;
+      }
+      v[i] = info[2 + i].As<Napi::Number>().DoubleValue();
+      if (!(v[i] >= 1 && v[i] <= 9007199254740991.0)) {
+        Napi::RangeError::New(env, "limits and timeouts must be positive").ThrowAsJavaScriptException();
+        return;
+      }
+    }
+    limits_.max_head = static_cast<size_t>(v[0]);
+    limits_.max_lines = static_cast<uint32_t>(v[1] > h1req::kMaxFields ? h1req::kMaxFields : v[1]);
+    max_body_ = v[2];
+    head_ms_ = static_cast<uint64_t>(v[3]);
+    idle_ms_ = static_cast<uint64_t>(v[4]);
+    on_request_ = Napi::Persistent(info[0].As<Napi::Function>());
+    on_abort_ = Napi::Persistent(info[1].As<Napi::Function>());
+    if (napi_get_uv_event_loop(env, &loop_) != napi_ok || loop_ == nullptr) {
+      Napi::Error::New(env, "no event loop").ThrowAsJavaScriptException();
+      return;
+    }
+    napi_value name;
+    napi_create_string_utf8(env, "SwitchyardFront", NAPI_AUTO_LENGTH, &name);
+    napi_async_init(env, Napi::Object::New(env), name, &async_);
+  }
+
+  ~FrontServerWrap() override {
+    if (async_ != nullptr) napi_async_destroy(Env(), async_);
+  }
+
+  // ---- libuv side ----
+
+  static void OnConnection(uv_stream_t* l, int status) {
+    FrontServerWrap* self = static_cast<FrontServerWrap*>(l->data);
+    if (status < 0 || self->closed_) return;
+    Conn* c = new Conn(self->limits_);
+    c->server = self;
+    uv_tcp_init(self->loop_, &c->tcp);
+    uv_timer_init(self->loop_, &c->timer);
+    c->tcp.data = c;
+    c->timer.data = c;
+    if (uv_accept(l, reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0) {
+      self->CloseConn(c);
+      return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    self->conns_[c] = true;
+    self->Ref();
+    uv_read_start(reinterpret_cast<uv_stream_t*>(&c->tcp), OnAlloc, OnRead);
+    self->Arm(c, self->idle_ms_);
+  }
+
+  static void OnAlloc(uv_handle_t* h, size_t, uv_buf_t* buf) {
+    FrontServerWrap* self = static_cast<Conn*>(h->data)->server;
+    buf->base = self->rbuf_;
+    buf->len = kReadBuf;
+  }
+
+  static void OnRead(uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
+    Conn* c = static_cast<Conn*>(s->data);
+    FrontServerWrap* self = c->server;
+    if (n == 0) return;
+    if (n < 0) {  // the client left (or a read error): abort what it asked and close
+      self->CloseConn(c);
+      return;
+    }
+    if (c->st == Conn::St::Drain) {
+      c->drained += static_cast<size_t>(n);
+      if (c->drained > kDrainBytes) self->CloseConn(c);
+      return;
+    }
+    if (c->st == Conn::St::Closing) return;
+    c->in.append(buf->base, static_cast<size_t>(n));
+    self->Advance(c);
+  }
+
+  static void OnTimer(uv_timer_t* t) {
+    Conn* c = static_cast<Conn*>(t->data);
+    FrontServerWrap* self = c->server;
+    if (c->st == Conn::St::Drain || !c->queue.empty()) {
+      if (c->st == Conn::St::Drain) self->CloseConn(c);
+      return;  // waiting on our own answer: not the client's fault
+    }
+    if (c->st == Conn::St::Body || (c->st == Conn::St::Head && c->parser.begun())) self->Reject(c, 408);
+    else self->CloseConn(c);
+  }
+
+  void Arm(Conn* c, uint64_t ms) { uv_timer_start(&c->timer, OnTimer, ms, 0); }
+
+  // Parse what has been read: heads, bodies, as many requests as the queue bound allows.
+  void Advance(Conn* c) {
+    while (c->st == Conn::St::Head || c->st == Conn::St::Body) {
+      if (c->queue.size() >= kMaxQueued) {  // parsed far enough ahead: wait for answers
+        if (c->reading) uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->tcp));
+        c->reading = false;
+        return;
+      }
+      if (c->st == Conn::St::Head) {
+        if (c->in.empty()) return;
+        const h1req::Result r = c->parser.Feed(c->in.data(), c->in.size());
+        if (r == h1req::Result::More) {
+          if (!c->head_armed && c->parser.begun()) {  // the head timeout runs from its first byte, not from each read
+            c->head_armed = true;
+            Arm(c, head_ms_);
+          }
+          return;
+        }
+        if (r == h1req::Result::Fail) {
+          Reject(c, c->parser.status());
+          return;
+        }
+        const h1req::RequestHead& h = c->parser.head();
+        if (h.length > max_body_) {
+          Reject(c, 413);
+          return;
+        }
+        c->chunked = h.chunked;
+        c->remaining = h.length < 0 ? 0 : h.length;
+        c->body.clear();
+        if (c->chunked) c->chunks.Reset();
+        if (h.expect_continue && (c->chunked || c->remaining > 0) && c->queue.empty()) {
+          Send(c, std::string("HTTP/1.1 100 Continue\r\n\r\n"), false);
+        }
+        c->st = Conn::St::Body;
+        c->body_at = h.head_len;
+      }
+      // Body
+      const size_t at = c->body_at;
+      if (c->chunked) {
+        size_t out = 0;
+        char* p = c->in.data() + at;
+        const h1req::Result r = c->chunks.Feed(p, c->in.size() - at, &out);
+        c->body.append(p, out);
+        if (r == h1req::Result::Fail) {
+          Reject(c, 400);
+          return;
+        }
+        if (static_cast<double>(c->body.size()) > max_body_) {
+          Reject(c, 413);
+          return;
+        }
+        if (r == h1req::Result::More) {
+          c->in.resize(at);  // all of it consumed: framing dropped, data kept in body
+          Arm(c, head_ms_);  // the body timeout runs from the last progress
+          return;
+        }
+        Deliver(c, at + c->chunks.consumed());
+      } else {
+        const size_t have = c->in.size() - at;
+        if (static_cast<double>(have) < c->remaining) {
+          Arm(c, head_ms_);
+          return;
+        }
+        c->body.assign(c->in.data() + at, static_cast<size_t>(c->remaining));
+        Deliver(c, at + static_cast<size_t>(c->remaining));
+      }
+    }
+  }
+
+  // A whole request: queue its answer slot, hand it to JavaScript, keep the bytes after it.
+  void Deliver(Conn* c, size_t end) {
+    const h1req::RequestHead& h = c->parser.head();
+    const double id = ++next_id_;
+    c->queue.emplace_back(id, h.keep_alive, h.minor == 0);
+    requests_[id] = c;
+    Napi::Env env = Env();
+    {
+      Napi::HandleScope scope(env);
+      const char* base = c->in.data();
+      Napi::Buffer<char> head = Napi::Buffer<char>::Copy(env, base, h.head_len);
+      Napi::Uint32Array offsets = Napi::Uint32Array::New(env, h.field_count * 4);
+      for (uint32_t k = 0; k < h.field_count; k++) {
+        offsets[k * 4] = h.fields[k].name.at;
+        offsets[k * 4 + 1] = h.fields[k].name.len;
+        offsets[k * 4 + 2] = h.fields[k].value.at;
+        offsets[k * 4 + 3] = h.fields[k].value.len;
+      }
+      napi_value method, target;
+      napi_create_string_latin1(env, base + h.method.at, h.method.len, &method);
+      napi_create_string_latin1(env, base + h.target.at, h.target.len, &target);
+      napi_value argv[7] = {Napi::Number::New(env, id), method, target, Napi::Number::New(env, h.minor), head, offsets,
+                            Napi::Buffer<char>::Copy(env, c->body.data(), c->body.size())};
+      const bool keep = h.keep_alive;
+      c->in.erase(0, end);
+      c->parser.Reset();
+      c->body.clear();
+      c->head_armed = false;
+      c->st = keep ? Conn::St::Head : Conn::St::Closing;  // no request after one that closes
+      Call(on_request_, 7, argv);
+    }
+    if (c->st == Conn::St::Closing) uv_timer_stop(&c->timer);
+  }
+
+  void Call(Napi::FunctionReference& fn, size_t argc, napi_value* argv) {
+    napi_env env = Env();
+    napi_value recv, result;
+    napi_get_global(env, &recv);
+    if (napi_make_callback(env, async_, recv, fn.Value(), argc, argv, &result) == napi_pending_exception) {
+      napi_value err;
+      napi_get_and_clear_last_exception(env, &err);
+      napi_fatal_exception(env, err);
+    }
+  }
+
+  // A framing error (or 408, 413): answer it after the answers before it, then close (413: drain first).
+  void Reject(Conn* c, int status) {
+    const char* reason = status == 400 ? "Bad Request" : status == 408 ? "Request Timeout" : status == 413 ? "Payload Too Large"
+                         : status == 417 ? "Expectation Failed" : status == 431 ? "Request Header Fields Too Large"
+                         : status == 501 ? "Not Implemented" : status == 505 ? "HTTP Version Not Supported" : "Error";
+    std::string msg = std::string("{\"error\":{\"message\":\"") + reason + "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
+    std::string out = "HTTP/1.1 " + std::to_string(status) + " " + reason + "\r\ncontent-type: application/json\r\ncontent-length: " +
+                      std::to_string(msg.size()) + "\r\nconnection: close\r\n\r\n" + msg;
+    c->st = status == 413 ? Conn::St::Drain : Conn::St::Closing;
+    c->in.clear();
+    if (status == 413) {
+      if (!c->reading) uv_read_start(reinterpret_cast<uv_stream_t*>(&c->tcp), OnAlloc, OnRead);
+      c->reading = true;
+      Arm(c, kDrainMs);
+    } else {
+      uv_timer_stop(&c->timer);
+    }
+    c->queue.emplace_back(0, false, false);
+    c->queue.back().out = std::move(out);
+    c->queue.back().done = true;
+    Flush(c);
+  }
+
+  // Writes the answers at the front of the queue that are ready, in order.
+  void Flush(Conn* c) {
+    while (!c->queue.empty()) {
+      Pending& p = c->queue.front();
+      if (!p.out.empty()) {
+        Send(c, std::move(p.out), false);
+        p.out.clear();
+      }
+      if (!p.done) return;
+      const bool keep = p.keep_alive;
+      if (p.id != 0) requests_.erase(p.id);
+      c->queue.pop_front();
+      if (!keep) {
+        for (Pending& q : c->queue)  // requests after one that closes are never answered
+          if (q.id != 0) requests_.erase(q.id);
+        c->queue.clear();
+        if (c->st == Conn::St::Drain) {
+          ShutdownWrite(c);  // keep reading (and discarding) until the client closes, or the bound
+        } else {
+          c->st = Conn::St::Closing;
+          Send(c, std::string(), true);
+        }
+        return;
+      }
+    }
+    if (!c->reading && c->st != Conn::St::Closing) {  // room in the queue again
+      c->reading = true;
+      uv_read_start(reinterpret_cast<uv_stream_t*>(&c->tcp), OnAlloc, OnRead);
+    }
+    if (c->st == Conn::St::Head) {
+      if (c->in.empty()) Arm(c, idle_ms_);
+      Advance(c);
+    }
+  }
+
+  void Send(Conn* c, std::string data, bool close_after) {
+    if (c->shut) return;
+    WriteReq* w = new WriteReq;
+    w->data = std::move(data);
+    w->conn = c;
+    w->close_after = close_after;
+    w->req.data = w;
+    uv_buf_t b = uv_buf_init(w->data.data(), static_cast<unsigned>(w->data.size()));
+    c->writes++;
+    if (uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&c->tcp), &b, 1, OnWritten) != 0) {
+      c->writes--;
+      delete w;
+      CloseConn(c);
+    }
+  }
+
+  static void OnWritten(uv_write_t* req, int status) {
+    WriteReq* w = static_cast<WriteReq*>(req->data);
+    Conn* c = w->conn;
+    const bool close_after = w->close_after;
+    delete w;
+    c->writes--;
+    if (c->closing) return;
+    if (status < 0 || close_after) c->server->CloseConn(c);
+  }
+
+  void ShutdownWrite(Conn* c) {
+    uv_shutdown_t* s = new uv_shutdown_t;
+    s->data = c;
+    c->shut = true;
+    if (uv_shutdown(s, reinterpret_cast<uv_stream_t*>(&c->tcp), [](uv_shutdown_t* r, int) { delete r; }) != 0) {
+      delete s;
+      CloseConn(c);
+    }
+  }
+
+  void CloseConn(Conn* c) {
+    if (c->closing) return;
+    c->closing = true;
+    c->st = Conn::St::Closing;
+    std::deque<Pending> queue;
+    queue.swap(c->queue);
+    for (Pending& p : queue) {
+      if (p.id == 0) continue;
+      requests_.erase(p.id);
+      if (p.done) continue;
+      Napi::HandleScope scope(Env());
+      napi_value argv[1] = {Napi::Number::New(Env(), p.id)};
+      Call(on_abort_, 1, argv);
+    }
+    conns_.erase(c);
+    uv_timer_stop(&c->timer);
+    auto done = [](uv_handle_t* h) {
+      Conn* k = static_cast<Conn*>(h->data);
+      if (--k->handles == 0) {
+        FrontServerWrap* self = k->server;
+        delete k;
+        self->Unref();
+      }
+    };
+    uv_close(reinterpret_cast<uv_handle_t*>(&c->timer), done);
+    uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), done);
+  }
+
+  // ---- JS side ----
+
+  Napi::Value Listen(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 2 || !info[0].IsString() || !info[1].IsNumber()) {
+      Napi::TypeError::New(env, "listen(host: string, port: number)").ThrowAsJavaScriptException();
+      return env.Undefined();
+    }
+    if (listening_) {
+      Napi::Error::New(env, "already listening").ThrowAsJavaScriptException();
+      return env.Undefined();
+    }
+    const std::string host = info[0].As<Napi::String>().Utf8Value();
+    const int port = info[1].As<Napi::Number>().Int32Value();
+    sockaddr_storage addr;
+    if (uv_ip4_addr(host.c_str(), port, reinterpret_cast<sockaddr_in*>(&addr)) != 0 &&
+        uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6*>(&addr)) != 0) {
+      Napi::Error::New(env, "listen: not an IP address: " + host).ThrowAsJavaScriptException();
+      return env.Undefined();
+    }
+    uv_tcp_init(loop_, &listener_);
+    listener_.data = this;
+    int r = uv_tcp_bind(&listener_, reinterpret_cast<const sockaddr*>(&addr), 0);
+    if (r == 0) r = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), 511, OnConnection);
+    if (r != 0) {
+      uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
+      Napi::Error::New(env, std::string("listen: ") + uv_strerror(r)).ThrowAsJavaScriptException();
+      return env.Undefined();
+    }
+    listening_ = true;
+    Ref();
+    sockaddr_storage bound;
+    int len = sizeof(bound);
+    uv_tcp_getsockname(&listener_, reinterpret_cast<sockaddr*>(&bound), &len);
+    const int p = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                              : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    return Napi::Number::New(env, p);
+  }
+
+  // respond(id, status, headLines: string (latin1 "name: value\r\n"...), body: Buffer|null, end: boolean) -> boolean
+  Napi::Value Respond(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 5 || !info[0].IsNumber() || !info[1].IsNumber() || !info[2].IsString() || !info[4].IsBoolean()) {
+      Napi::TypeError::New(env, "respond(id, status, headLines, body, end)").ThrowAsJavaScriptException();
+      return env.Undefined();
+    }
+    Pending* p = Find(info[0].As<Napi::Number>().DoubleValue());
+    if (p == nullptr || p->head_sent) return Napi::Boolean::New(env, false);
+    const int status = info[1].As<Napi::Number>().Int32Value();
+    if (status < 200 || status > 599) {
+      Napi::RangeError::New(env, "status must be in [200, 599]").ThrowAsJavaScriptException();
+      return env.Undefined();
+    }
+    const bool end = info[4].As<Napi::Boolean>().Value();
+    const char* body = nullptr;
+    size_t blen = 0;
+    if (info[3].IsBuffer()) {
+      body = info[3].As<Napi::Buffer<char>>().Data();
+      blen = info[3].As<Napi::Buffer<char>>().Length();
+    }
+    std::string& out = p->out;
+    out += p->http10 ? "HTTP/1.0 " : "HTTP/1.1 ";
+    out += std::to_string(status);
+    out += " \r\n";
+    size_t hl = 0;
+    napi_get_value_string_latin1(env, info[2], nullptr, 0, &hl);
+    const size_t at = out.size();
+    out.resize(at + hl + 1);
+    napi_get_value_string_latin1(env, info[2], out.data() + at, hl + 1, &hl);
+    out.resize(at + hl);
+    const bool no_body = status == 204 || status == 304;
+    if (end || no_body) {
+      if (!no_body) out += "content-length: " + std::to_string(blen) + "\r\n";
+    } else if (p->http10) {
+      p->keep_alive = false;  // close-delimited
+    } else {
+      out += "transfer-encoding: chunked\r\n";
+      p->chunked_out = true;
+    }
+    if (p->http10 && p->keep_alive) out += "connection: keep-alive\r\n";
+    else if (!p->keep_alive) out += "connection: close\r\n";
+    out += "\r\n";
+    p->head_sent = true;
+    AppendBody(p, body, blen, end || no_body);
+    Conn* c = requests_[p->id];
+    Flush(c);
+    return Napi::Boolean::New(env, true);
+  }
+
+  // write(id, chunk: Buffer|null, end: boolean) -> boolean
+  Napi::Value Write(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 3 || !info[0].IsNumber() || !info[2].IsBoolean()) {
+      Napi::TypeError::New(env, "write(id, chunk, end)").ThrowAsJavaScriptException();
+      return env.Undefined();
+    }
+    Pending* p = Find(info[0].As<Napi::Number>().DoubleValue());
+    if (p == nullptr || !p->head_sent || p->done) return Napi::Boolean::New(env, false);
+    const char* body = nullptr;
+    size_t blen = 0;
+    if (info[1].IsBuffer()) {
+      body = info[1].As<Napi::Buffer<char>>().Data();
+      blen = info[1].As<Napi::Buffer<char>>().Length();
+    }
+    AppendBody(p, body, blen, info[2].As<Napi::Boolean>().Value());
+    Flush(requests_[p->id]);
+    return Napi::Boolean::New(env, true);
+  }
+
+  void AppendBody(Pending* p, const char* b, size_t n, bool end) {
+    if (p->chunked_out) {
+      if (n > 0) {
+        char size[24];
+        snprintf(size, sizeof(size), "%zx\r\n", n);
+        p->out += size;
+        p->out.append(b, n);
+        p->out += "\r\n";
+      }
+      if (end) p->out += "0\r\n\r\n";
+    } else if (n > 0) {
+      p->out.append(b, n);
+    }
+    if (end) p->done = true;
+  }
+
+  Pending* Find(double id) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return nullptr;
+    for (Pending& p : it->second->queue)
+      if (p.id == id) return &p;
+    return nullptr;
+  }
+
+  Napi::Value Close(const Napi::CallbackInfo& info) {
+    if (closed_) return info.Env().Undefined();
+    closed_ = true;
+    if (listening_) {
+      uv_close(reinterpret_cast<uv_handle_t*>(&listener_), [](uv_handle_t* h) { static_cast<FrontServerWrap*>(h->data)->Unref(); });
+    }
+    std::vector<Conn*> all;
+    for (auto& kv : conns_) all.push_back(kv.first);
+    for (Conn* c : all) CloseConn(c);
+    return info.Env().Undefined();
+  }
+
+ private:
+  uv_loop_t* loop_ = nullptr;
+  uv_tcp_t listener_;
+  bool listening_ = false;
+  bool closed_ = false;
+  h1req::Limits limits_;
+  double max_body_ = 16 << 20;
+  uint64_t head_ms_ = 10000, idle_ms_ = 10000;
+  double next_id_ = 0;
+  char rbuf_[kReadBuf];
+  Napi::FunctionReference on_request_;
+  Napi::FunctionReference on_abort_;
+  napi_async_context async_ = nullptr;
+  std::unordered_map<Conn*, bool> conns_;
+  std::unordered_map<double, Conn*> requests_;
+};
+
+}  // namespace
+
+void InitFrontServer(Napi::Env env, Napi::Object exports) { exports.Set("FrontServer", FrontServerWrap::Define(env)); }
+
+}  // namespace switchyard

@@ -1,0 +1,275 @@
+// The tracker: every router with a `batch:` block runs it over the active
+// batches (validates, enqueues the rest, counts results, finalizes), so a
+// batch outlives the router that accepted it. One pass (`step`) per batch at
+// a time in this router; every status change is a compare-and-set on the
+// batch's status (SET_IF_STATUS) along TRANSITIONS, so two routers tracking
+// the same batch never both move it.
+import { cancelKey } from './processor.js';
+import { checkLine, forEachLine, type BatchLineError } from './jsonl.js';
+import { BatchApiError, json, now, type BatchHash, type BatchStore } from './store.js';
+
+export type Status = 'validating' | 'failed' | 'in_progress' | 'finalizing' | 'completed' | 'expired' | 'cancelling' | 'cancelled';
+
+/**
+ * Which status may follow which (docs/batch.md). `finalizing` writes the
+ * files, then ends in the status the batch was heading for (its `final`
+ * field: completed, expired or cancelled).
+ */
+export const TRANSITIONS: Readonly<Record<Status, readonly Status[]>> = {
+  validating: ['in_progress', 'failed', 'cancelling'],
+  // → failed from here on: a step that fails MAX_FAILURES times (the batch cannot go on: its input lost, a file not writable)
+  in_progress: ['finalizing', 'cancelling', 'failed'],
+  cancelling: ['finalizing', 'failed'],
+  finalizing: ['completed', 'expired', 'cancelled', 'failed'],
+  completed: [],
+  failed: [],
+  expired: [],
+  cancelled: [],
+};
+
+export const TERMINAL: ReadonlySet<string> = new Set(Object.entries(TRANSITIONS).filter(([, to]) => to.length === 0).map(([s]) => s));
+
+/**
+ * Moves a batch from one status to the next (with the given fields) only if
+ * it is still in `from`; the pair must be in TRANSITIONS. Resolves 1 when moved.
+ */
+export function move(s: BatchStore, id: string, from: Status, to: Status, ...fields: string[]): Promise<number> {
+  if (!TRANSITIONS[from].includes(to)) throw new Error(`batch ${id}: no transition ${from} -> ${to}`);
+  return s.redis.setIfStatus(s.batchKey(id), 'status', to, ...fields, from);
+}
+
+const ENQUEUE_CHUNK = 500;
+const READ_CHUNK = 1000;
+const MAX_ERRORS = 100;
+/** A batch whose step fails this many times (not for Redis being away) ends `failed`, saying why. */
+export const MAX_FAILURES = 3;
+/** Errors of Redis being away or slow: retried on the next tick for as long as it takes, never counted. */
+const TRANSIENT = /Connection is closed|timed out|max retries|ECONNREFUSED|ECONNRESET|Stream isn't writeable|LOADING|BUSY/i;
+
+export class Tracker {
+  readonly #s: BatchStore;
+  readonly #pollMs: number;
+  /** Batches this router is working on now (one step at a time each). */
+  readonly #working = new Set<string>();
+  #timer: NodeJS.Timeout | null = null;
+  #closed = false;
+
+  constructor(s: BatchStore, pollMs: number) {
+    this.#s = s;
+    this.#pollMs = pollMs;
+  }
+
+  start(): void {
+    this.#timer = setInterval(() => void this.#tick(), this.#pollMs);
+    this.#timer.unref();
+    void this.#tick(); // batches a previous router left active
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+    if (this.#timer !== null) clearInterval(this.#timer);
+    const until = Date.now() + 2000;
+    while (this.#working.size > 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+  }
+
+  /** A pass over one batch now (creation, cancel). */
+  kick(id: string): void {
+    void this.#step(id);
+  }
+
+  async #tick(): Promise<void> {
+    if (this.#closed) return;
+    let ids: string[];
+    try {
+      ids = await this.#s.redis.smembers(this.#s.active);
+    } catch {
+      return; // Redis away: the next tick
+    }
+    for (const id of ids) if (!this.#working.has(id)) void this.#step(id);
+  }
+
+  /** One pass over a batch: whatever its status asks for next. */
+  async #step(id: string): Promise<void> {
+    if (this.#working.has(id) || this.#closed) return;
+    this.#working.add(id);
+    try {
+      let h = await this.#s.redis.hgetall(this.#s.batchKey(id));
+      if (h.status === 'validating') {
+        await this.#validate(id, h);
+        h = await this.#s.redis.hgetall(this.#s.batchKey(id));
+      }
+      if (h.status === 'in_progress' && h.expiring !== '1' && now() >= Number(h.created_at) + this.#s.cfg.expireAfterSeconds) {
+        // past its window: what is not dispatched yet is skipped (as a cancel does), what runs finishes, then it ends expired
+        await this.#s.redis.set(cancelKey(this.#s.prefix, id), '1', 'EX', this.#s.cfg.doneTtlSeconds);
+        await this.#s.redis.setIfStatus(this.#s.batchKey(id), 'expiring', '1', 'in_progress');
+        h = await this.#s.redis.hgetall(this.#s.batchKey(id));
+      }
+      if (h.status === 'in_progress') {
+        const expiring = h.expiring === '1';
+        if (!expiring && Number(h.enqueued) < Number(h.total)) await this.#enqueue(id, h);
+        h = await this.#count(id);
+        if (h.status === 'in_progress' && answered(h) >= Number(expiring ? h.enqueued : h.total)) {
+          if ((await move(this.#s, id, 'in_progress', 'finalizing', 'finalizing_at', String(now()), 'final', expiring ? 'expired' : 'completed')) === 1) h.status = 'finalizing';
+        }
+      }
+      if (h.status === 'cancelling') {
+        h = await this.#count(id);
+        if (answered(h) >= Number(h.enqueued)) {
+          if ((await move(this.#s, id, 'cancelling', 'finalizing', 'finalizing_at', String(now()), 'final', 'cancelled')) === 1) h.status = 'finalizing';
+        }
+      }
+      if (h.status === 'finalizing') await this.#finalize(id);
+      else if (h.status === undefined || h.status === 'completed' || h.status === 'failed' || h.status === 'cancelled' || h.status === 'expired') await this.#s.redis.srem(this.#s.active, id);
+    } catch (err) {
+      if (!this.#closed) await this.#failed(id, err as Error).catch(() => undefined);
+    } finally {
+      this.#working.delete(id);
+    }
+  }
+
+  /**
+   * A step threw: retried on the next tick, unless it is the MAX_FAILURES-th
+   * failure that is not Redis being away; then the batch ends `failed` with
+   * the reason in `errors` and in an error file, and leaves the active set
+   * (no retry loop that re-reads its results forever).
+   */
+  async #failed(id: string, err: Error): Promise<void> {
+    const msg = err.message ?? String(err);
+    if (TRANSIENT.test(msg)) {
+      this.#s.log.warn({ err: msg, batch: id }, 'batch api: step failed (Redis); retried on the next tick');
+      return;
+    }
+    const n = await this.#s.redis.hincrby(this.#s.batchKey(id), 'failures', 1);
+    this.#s.log.warn({ err: msg, batch: id, failures: n }, 'batch api: step failed');
+    if (n < MAX_FAILURES) return;
+    const h = await this.#s.redis.hgetall(this.#s.batchKey(id));
+    const st = h.status as Status;
+    if (!TRANSITIONS[st]?.includes('failed')) return;
+    const why = `the batch could not go on (${st}): ${msg.slice(0, 500)} (${n} attempts)`;
+    const tag = id.slice('batch_'.length);
+    let errId = '';
+    try {
+      const f = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, h.tenant ?? '');
+      await f.add(json({ id: `batch_req_${tag}_failed`, custom_id: null, response: null, error: { code: 'batch_failed', message: why } }));
+      errId = await f.close();
+    } catch {
+      // the error file cannot be written either: the reason stays in `errors`
+    }
+    const errors = json([{ code: 'batch_failed', message: why, param: null, line: null }]);
+    if ((await move(this.#s, id, st, 'failed', 'failed_at', String(now()), 'errors', errors, 'error_file_id', errId)) === 1)
+      await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).exec();
+  }
+
+  async #count(id: string): Promise<BatchHash> {
+    while ((await this.#s.redis.advance(this.#s.batchKey(id), this.#s.outStream(id), READ_CHUNK)) === READ_CHUNK);
+    return this.#s.redis.hgetall(this.#s.batchKey(id));
+  }
+
+  async #lines(h: BatchHash): Promise<Buffer> {
+    const data = await this.#s.redis.getBuffer(this.#s.fileData(h.input_file_id));
+    if (data === null) throw new BatchApiError(400, `input file ${h.input_file_id} was deleted`, 'input_file_id', 'file_not_found');
+    return data;
+  }
+
+  async #validate(id: string, h: BatchHash): Promise<void> {
+    let data: Buffer;
+    try {
+      data = await this.#lines(h);
+    } catch (err) {
+      if (!(err instanceof BatchApiError)) throw err;
+      await this.#fail(id, [{ code: err.code, message: err.message, param: err.param, line: null }]);
+      return;
+    }
+    const errors: BatchLineError[] = [];
+    const seen = new Set<string>();
+    let total = 0;
+    forEachLine(data, (line, n) => {
+      total++;
+      const e = checkLine(line, n, h.endpoint, seen);
+      if (e !== null && errors.length < MAX_ERRORS) errors.push(e);
+    });
+    if (total === 0) errors.push({ code: 'empty_file', message: 'the input file has no requests', param: 'input_file_id', line: null });
+    if (errors.length > 0) await this.#fail(id, errors);
+    else await move(this.#s, id, 'validating', 'in_progress', 'in_progress_at', String(now()), 'total', String(total));
+  }
+
+  async #fail(id: string, errors: BatchLineError[]): Promise<void> {
+    await move(this.#s, id, 'validating', 'failed', 'failed_at', String(now()), 'errors', json(errors));
+    await this.#s.redis.srem(this.#s.active, id);
+  }
+
+  /** Enqueues the lines not enqueued yet, a chunk per script call (the chunk and the count together); stops when the batch is cancelled. */
+  async #enqueue(id: string, h: BatchHash): Promise<void> {
+    const data = await this.#lines(h);
+    const c = this.#s.cfg;
+    const result = `stream:${this.#s.outStream(id)}`;
+    let from = Number(h.enqueued);
+    const bodies: string[] = [];
+    forEachLine(data, (line) => {
+      bodies.push(json((JSON.parse(line) as { body: unknown }).body));
+    });
+    while (from < bodies.length && !this.#closed) {
+      const to = Math.min(from + ENQUEUE_CHUNK, bodies.length);
+      const args: string[] = [String(from), String(to), result, h.endpoint, id, h.tenant ?? ''];
+      for (let i = from; i < to; i++) args.push(`${id}.${i}`, bodies[i]);
+      // the chunk goes in only while the batch is in progress and nobody enqueued it before (another router, a cancel)
+      if ((await this.#s.redis.enqueueChunk(this.#s.batchKey(id), c.stream, ...args)) === 0) return;
+      from = to;
+    }
+  }
+
+  /** Writes the output and error files from the result stream (ordered by line) and ends the batch. Repeatable: the file ids come from the batch id. */
+  async #finalize(id: string): Promise<void> {
+    const h = await this.#s.redis.hgetall(this.#s.batchKey(id));
+    const data = await this.#lines(h);
+    const customIds: string[] = [];
+    forEachLine(data, (line) => {
+      customIds.push((JSON.parse(line) as { custom_id: string }).custom_id);
+    });
+    const results = new Map<number, [number, string]>();
+    let cur = '-';
+    for (;;) {
+      const es = (await this.#s.redis.xrange(this.#s.outStream(id), cur, '+', 'COUNT', READ_CHUNK)) as [string, string[]][];
+      for (const [eid, f] of es) {
+        if (eid === cur) continue;
+        const m = new Map<string, string>();
+        for (let i = 0; i + 1 < f.length; i += 2) m.set(f[i], f[i + 1]);
+        const line = Number((m.get('id') ?? '').slice(id.length + 1));
+        if (Number.isInteger(line)) results.set(line, [Number(m.get('status')), m.get('body') ?? '']);
+      }
+      if (es.length < READ_CHUNK) break;
+      cur = es.at(-1)![0];
+    }
+    const tag = id.slice('batch_'.length);
+    const tenant = h.tenant ?? '';
+    const out = this.#s.chunkedFile(`file-${tag}-output`, `${id}_output.jsonl`, tenant);
+    const errs = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, tenant);
+    const expired = h.final === 'expired';
+    for (let i = 0; i < customIds.length; i++) {
+      const r = results.get(i);
+      if (r === undefined || r[0] === 0) {
+        // not run: left out of a cancelled batch's files; in an expired batch's error file, as OpenAI does
+        if (expired) await errs.add(json({ id: `batch_req_${tag}_${i}`, custom_id: customIds[i], response: null, error: { code: 'batch_expired', message: 'This request could not be executed before the completion window expired.' } }));
+        continue;
+      }
+      let body: unknown;
+      try {
+        body = JSON.parse(r[1]);
+      } catch {
+        body = r[1];
+      }
+      results.delete(i); // its memory goes as its line is written
+      const line = json({ id: `batch_req_${tag}_${i}`, custom_id: customIds[i], response: { status_code: r[0], request_id: `${id}.${i}`, body }, error: null });
+      await (r[0] >= 200 && r[0] < 300 ? out : errs).add(line);
+    }
+    const outId = await out.close();
+    const errId = await errs.close();
+    const final = h.final === 'cancelled' || h.final === 'expired' ? h.final : 'completed';
+    await move(this.#s, id, 'finalizing', final, `${final}_at`, String(now()), 'output_file_id', outId, 'error_file_id', errId);
+    await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).exec();
+  }
+}
+
+function answered(h: BatchHash): number {
+  return Number(h.completed) + Number(h.failed) + Number(h.skipped);
+}
