@@ -5,6 +5,7 @@
 // reason and Retry-After), or let it through. The default gate admits
 // everything synchronously. Types only, plus that default: nothing of ours
 // is imported.
+import type { Identity } from './identity.js';
 import type { Registry } from 'prom-client';
 
 /** What an admission gate sees about a request. Valid until release(). */
@@ -77,6 +78,8 @@ export interface FinishedRequest extends RequestInfo {
 export interface AdmissionGate {
   /** Request headers the gate needs in RequestInfo.headers (lower-case). */
   readonly headerNames: readonly string[];
+  /** The gate's view of who a request belongs to (flow control: `tenant:` flows); absent when the gate knows no tenants. */
+  readonly identity?: Identity;
   admit(info: RequestInfo, signal: AbortLike): Admission | Promise<Admission>;
   /**
    * Set to true when release() reads the usage of `request` (FinishedRequest);

@@ -1,6 +1,7 @@
 // Flow control as an admission gate (the contract in src/admission.ts, which
 // the director imports too). One FlowController per model: each model's pool
 // has its own saturation.
+import type { Identity } from '../identity.js';
 import type { AbortLike, Admission, AdmissionGate, Admitted, FinishedRequest, Rejected, ReleaseOutcome, RequestInfo } from '../admission.js';
 import { Classifier, CLASSIFY_HEADERS } from './classify.js';
 import type { FlowControlConfig } from './config.js';
@@ -57,6 +58,13 @@ const PASS: Admitted = Object.freeze({ admitted: true as const, ticket: null });
 export class FlowControlGate implements AdmissionGate {
   readonly headerNames: readonly string[] = CLASSIFY_HEADERS;
   readonly classifier: Classifier;
+  /** A request's tenant: the name of its `tenant:<name>` flow, else ''. */
+  readonly identity: Identity = {
+    tenantOf: (get) => {
+      const flow = this.classifier.flowId(get);
+      return flow.startsWith('tenant:') ? flow.slice('tenant:'.length) : '';
+    },
+  };
   readonly #opts: FlowControlGateOptions;
   readonly #controllers = new Map<string, Entry>();
   /** Reused for every admit() and release() (read synchronously by the controller). */

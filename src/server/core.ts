@@ -7,7 +7,7 @@
 import { performance } from 'node:perf_hooks';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
-import { hostIsIp, type LimitsConfig, type ProxyConfig, type RouterConfig } from '../config/schema.js';
+import type { LimitsConfig, RouterConfig } from '../config/schema.js';
 import { PassThroughGate, type AdmissionGate } from '../admission.js';
 import { Director, KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, SLO_HEADERS } from '../director/director.js';
 import { SessionTable } from '../sessions/table.js';
@@ -16,9 +16,6 @@ import { registerSessionMetrics } from '../sessions/metrics.js';
 import { DataLayer } from '../endpoints/data-layer.js';
 import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
 import { LiveEndpoints } from '../endpoints/live.js';
-import { UndiciUpstreamClient } from '../proxy/undici-client.js';
-import { H1UpstreamClient } from '../proxy/h1-client.js';
-import { NativeUpstreamClient } from '../proxy/native-client.js';
 import type { UpstreamClient } from '../proxy/upstream.js';
 import { Scheduler } from '../scheduler/scheduler.js';
 import { Disaggregator } from '../director/pd.js';
@@ -33,6 +30,9 @@ import { KIND_RESPONSES, mountResponseReads, ResponsesExchange } from './respons
 import { mountBatchRoutes } from './batch-http.js';
 import type { RequestTracer } from '../telemetry/tracing.js';
 import { buildPrecise, type Precise } from './precise.js';
+import { framingProblem, scanBaggage, scanTraceparent, scanTracestate } from './framing.js';
+import { ReadingList } from './reading-list.js';
+import { newUpstreamClient } from './upstream-choice.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
 export interface RouterOptions {
@@ -52,6 +52,9 @@ export interface RouterOptions {
 
 // Header names read on every inference request, as bytes: uWS converts a JS
 // string argument into a fresh UTF-8 heap copy per call, a Buffer it reads in place.
+// moved out of this file; re-exported for the callers that import them from here
+export { framingProblem, ReadingList, newUpstreamClient };
+
 const H_CONTENT_LENGTH = Buffer.from('content-length');
 const H_REQUEST_ID = Buffer.from('x-request-id');
 const H_AUTHORIZATION = Buffer.from('authorization');
@@ -61,53 +64,6 @@ const FIELD_CTLS = /[\0-\x08\n-\x1f\x7f]/g;
 const CONTENT_TYPE_PREFIX = Buffer.from('content-type: ');
 
 const H_TRANSFER_ENCODING = Buffer.from('transfer-encoding');
-
-// ---- request framing (RFC 9112 6.1, 6.3) ----------------------------------------------------
-// uWS 20.30 frames a body by the FIRST Content-Length line and decodes any
-// Transfer-Encoding value as chunked; a proxy in front of the router may pick
-// another line or refuse the coding, and the two then disagree where the next
-// request starts (request smuggling). req.forEach walks every header line uWS
-// parsed, duplicates included (req.getHeader returns the first one only).
-// Module-level state and callback: no closure per request.
-let scanLength: string | null = null;
-let scanCodings = 0;
-let scanProblem = '';
-// W3C trace context, read in the same walk (no getHeader call per request): repeated
-// lines joined with ',' (tracestate and baggage are lists; two traceparent lines make
-// an invalid value, which the director replaces)
-let scanTraceparent = '';
-let scanTracestate = '';
-let scanBaggage = '';
-function scanFramingHeader(key: string, value: string): void {
-  if (key.length === 11 && key === 'traceparent') scanTraceparent = scanTraceparent === '' ? value : `${scanTraceparent},${value}`;
-  else if (key.length === 10 && key === 'tracestate') scanTracestate = scanTracestate === '' ? value : `${scanTracestate},${value}`;
-  else if (key.length === 7 && key === 'baggage') scanBaggage = scanBaggage === '' ? value : `${scanBaggage},${value}`;
-  else if (key.length === 14 && key === 'content-length') {
-    if (scanLength === null) scanLength = value;
-    else if (value !== scanLength && scanProblem === '') scanProblem = `conflicting Content-Length headers (${JSON.stringify(scanLength)} and ${JSON.stringify(value)})`;
-  } else if (key.length === 17 && key === 'transfer-encoding') {
-    if (++scanCodings > 1) {
-      if (scanProblem === '') scanProblem = 'more than one Transfer-Encoding header';
-    } else if (value.length !== 7 || value.toLowerCase() !== 'chunked') {
-      if (scanProblem === '') scanProblem = `Transfer-Encoding ${JSON.stringify(value)} is not supported (only "chunked")`;
-    }
-  }
-}
-
-/**
- * Why the request's body framing is ambiguous ('' if it is not): Content-Length
- * lines that differ, more than one Transfer-Encoding line, or a coding other
- * than exactly `chunked`. (Content-Length together with Transfer-Encoding, and
- * a Content-Length that is not a number, uWS rejects itself by closing.)
- */
-export function framingProblem(req: HttpRequest): string {
-  scanLength = null;
-  scanCodings = 0;
-  scanProblem = '';
-  scanTraceparent = scanTracestate = scanBaggage = '';
-  req.forEach(scanFramingHeader);
-  return scanProblem;
-}
 
 const KNOWN_PATHS: Record<string, string> = {
   '/v1/chat/completions': 'POST',
@@ -119,58 +75,6 @@ const KNOWN_PATHS: Record<string, string> = {
   '/metrics': 'GET',
 };
 for (const path of KIND_PATHS) KNOWN_PATHS[path] = 'POST';
-
-/**
- * The requests still reading their body: an array with swap-remove through an
- * index kept on each request. A Set would rehash as it grows and shrinks with
- * every request; this allocates nothing per request.
- */
-export class ReadingList {
-  readonly #items: HttpExchange[] = [];
-
-  get size(): number {
-    return this.#items.length;
-  }
-
-  add(r: HttpExchange): void {
-    if (r.readSlot >= 0) return;
-    r.readSlot = this.#items.length;
-    this.#items.push(r);
-  }
-
-  delete(r: HttpExchange): void {
-    const i = r.readSlot;
-    if (i < 0) return;
-    r.readSlot = -1;
-    const last = this.#items.pop()!;
-    if (last !== r) {
-      this.#items[i] = last;
-      last.readSlot = i;
-    }
-  }
-
-  has(r: HttpExchange): boolean {
-    return r.readSlot >= 0 && this.#items[r.readSlot] === r;
-  }
-
-  /** Those whose body reading began before `deadline` (a new array: the sweep is not on the request path). */
-  startedBefore(deadline: number): HttpExchange[] {
-    return this.#items.filter((r) => r.readStart < deadline);
-  }
-}
-
-/**
- * The upstream client `proxy.client` names. `auto`: undici if any endpoint is
- * https; else the native client when every endpoint's host is an IP address
- * (it does no DNS lookups; `localhost` goes to h1, which tries both ::1 and
- * 127.0.0.1); else h1.
- */
-export function newUpstreamClient(cfg: ProxyConfig, set: EndpointSet): UpstreamClient {
-  const c = cfg.client;
-  if (c === 'undici' || (c === 'auto' && set.all.some((ep) => ep.url.startsWith('https:')))) return new UndiciUpstreamClient(cfg);
-  if (c === 'native' || (c === 'auto' && set.all.every((ep) => hostIsIp(ep.url)))) return new NativeUpstreamClient(cfg);
-  return new H1UpstreamClient(cfg);
-}
 
 function localPort(sock: us_listen_socket): number {
   return uws.us_socket_local_port(sock as unknown as Parameters<typeof uws.us_socket_local_port>[0]);
@@ -201,9 +105,7 @@ export class RouterCore {
 
   /** The tenant a request belongs to for flow control ('' without flow control or a tenant): the owner of a Batches API batch. */
   tenantOf(get: (name: string) => string): string {
-    const classifier = (this.gate as { classifier?: import('../flow/classify.js').Classifier }).classifier;
-    const flow = classifier?.flowId(get) ?? '';
-    return flow.startsWith('tenant:') ? flow.slice('tenant:'.length) : '';
+    return this.gate.identity?.tenantOf(get) ?? '';
   }
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;

@@ -6,6 +6,7 @@ import { flowGateFactory } from './flow-gate.js';
 import { VERSION } from '../version.js';
 import { startAdmin, type AdminServer } from './admin.js';
 import { ConfigReloader, ConfigWatcher, type ReloadResult } from './reload.js';
+import { CloseRank, Lifecycle } from './lifecycle.js';
 import type { PluginValidator } from '../config/load.js';
 // loaded only when configured: a feature that is off costs no import (ioredis, grpc-js)
 import type { HighAvailability } from '../ha/standby.js';
@@ -77,7 +78,14 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   // a shared session store (Redis): connected before the first request when it can be (bounded; without it, requests use the local view)
   await core.sessions.shared?.ready();
   const host = opts.host ?? config.listen.host;
-  let port: number;
+  // every started service, in close order (src/server/lifecycle.ts); a failed start closes what started, with no grace
+  const lifecycle = new Lifecycle();
+  lifecycle.add('router', CloseRank.serving, (graceMs) => core.close(graceMs));
+  const failStart = async (err: unknown): Promise<never> => {
+    await lifecycle.close(0);
+    throw err;
+  };
+  let port = 0;
   let ha: HighAvailability | null = null;
   let extProc: ExtProcServer | null = null;
   const discovery: KubernetesDiscovery[] = [];
@@ -88,76 +96,62 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
       const { KubernetesDiscovery, registerDiscoveryMetrics } = await import('../k8s/discovery.js');
       for (const pool of discovered) discovery.push(new KubernetesDiscovery(pool, logger));
       registerDiscoveryMetrics(core.metrics.registry, discovery);
+      lifecycle.add('discovery', CloseRank.discovery, () => Promise.all(discovery.map((d) => d.close())).then(() => undefined));
       await Promise.all(discovery.map((d) => d.start(core.live)));
     }
     if (config.ha) {
       const { HighAvailability } = await import('../ha/standby.js');
-      ha = await HighAvailability.start(config.ha, { endpoints: core.endpoints, store: core.scheduler.prefix?.store ?? null, log: logger });
-      ha.registerMetrics(core.metrics.registry);
-      core.leadership = ha;
+      const started = await HighAvailability.start(config.ha, { endpoints: core.endpoints, store: core.scheduler.prefix?.store ?? null, log: logger });
+      ha = started;
+      lifecycle.add('lease', CloseRank.lease, () => started.close());
+      started.registerMetrics(core.metrics.registry);
+      core.leadership = started;
     }
     port = await core.listen(host, opts.port ?? config.listen.port);
     if (config.extProc) {
       const { ExtProcServer } = await import('../extproc/server.js');
-      extProc = await ExtProcServer.start(core, config.extProc);
+      const started = await ExtProcServer.start(core, config.extProc);
+      extProc = started;
+      lifecycle.add('extProc', CloseRank.serving, (graceMs) => started.close(graceMs));
     }
   } catch (err) {
-    await Promise.all(discovery.map((d) => d.close()));
-    await extProc?.close();
-    await ha?.close();
-    await core.close(0);
-    throw err;
+    await failStart(err);
   }
   const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
   const reloader = opts.configFile !== undefined ? new ConfigReloader(core, opts.configFile, opts.validatePlugin) : null;
-  let watcher: ConfigWatcher | null = null;
   if (reloader !== null && opts.watchConfig !== undefined && opts.watchConfig !== false) {
-    watcher = new ConfigWatcher(reloader, { debounceMs: typeof opts.watchConfig === 'number' ? opts.watchConfig : undefined });
+    const watcher = new ConfigWatcher(reloader, { debounceMs: typeof opts.watchConfig === 'number' ? opts.watchConfig : undefined });
+    lifecycle.add('watcher', CloseRank.watcher, () => watcher.close());
     await watcher.start();
   }
   let admin: AdminServer | null = null;
   if (config.admin !== undefined) {
     try {
-      admin = await startAdmin(core, { ...config.admin, port: opts.adminPort ?? config.admin.port }, reloader);
+      const started = await startAdmin(core, { ...config.admin, port: opts.adminPort ?? config.admin.port }, reloader);
+      admin = started;
+      lifecycle.add('admin', CloseRank.admin, () => started.close());
     } catch (err) {
-      await Promise.all(discovery.map((d) => d.close()));
-      await extProc?.close();
-      await ha?.close();
-      await core.close(0);
-      throw new Error(`cannot start the admin API on ${config.admin.host}:${opts.adminPort ?? config.admin.port}: ${(err as Error).message}`);
+      await failStart(new Error(`cannot start the admin API on ${config.admin.host}:${opts.adminPort ?? config.admin.port}: ${(err as Error).message}`));
     }
   }
   // the async processor (docs/batch.md): loaded only when configured
   let batch: import('../batch/processor.js').BatchProcessor | undefined;
   if (config.batch !== undefined) {
     const { BatchProcessor } = await import('../batch/processor.js');
-    batch = new BatchProcessor({ config: config.batch, director: core.director, endpoints: core.endpoints, log: logger, band: config.batch.band ?? config.flowControl?.bands.at(-1) });
+    const processor = new BatchProcessor({ config: config.batch, director: core.director, endpoints: core.endpoints, log: logger, band: config.batch.band ?? config.flowControl?.bands.at(-1) });
+    batch = processor;
     const { BatchApi } = await import('../batch/api.js');
     const api = new BatchApi({ config: config.batch, log: logger });
+    lifecycle.add('batchApi', CloseRank.batchApi, () => api.close());
+    lifecycle.add('batch', CloseRank.batch, (graceMs) => processor.close(graceMs));
     try {
-      await batch.start();
+      await processor.start();
       await api.start();
       core.batchApi = api;
     } catch (err) {
-      await api.close();
-      await batch.close(0);
-      await admin?.close();
-      await Promise.all(discovery.map((d) => d.close()));
-      await extProc?.close();
-      await ha?.close();
-      await core.close(0);
-      throw err;
+      await failStart(err);
     }
   }
-  const close = async (graceMs?: number) => {
-    // the lease goes first: the standby takes over while this one drains
-    watcher?.close();
-    await ha?.close();
-    await admin?.close();
-    await Promise.all(discovery.map((d) => d.close())); // no endpoint changes while draining
-    await core.batchApi?.close();
-    await batch?.close(graceMs);
-    await Promise.all([extProc?.close(graceMs), core.close(graceMs)]);
-  };
+  const close = (graceMs?: number) => lifecycle.close(graceMs);
   return { host, port, url, core, admin, reload: reloader ? () => reloader.reload() : null, ha, extProc, discovery, ...(batch ? { batch } : {}), close };
 }
