@@ -7,8 +7,8 @@ import { cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { ROOT } from './lib/proc.js';
 import { barChart, lineChart, type Series } from './lib/svg.js';
-import { overheadTable, runProxyOverhead } from './overhead-proxies.js';
-import { floorLines, qualityTable, runQuality, type Row } from './quality.js';
+import { overheadTable, runProxyOverhead } from './system/overhead-proxies.js';
+import { floorLines, qualityTable, runQuality, type Row } from './system/quality.js';
 
 const SCENARIOS = ['overhead', 'quality', 'fairness'];
 
@@ -85,11 +85,11 @@ async function main(argv: string[]): Promise<number> {
   }
 
   if (run.includes('fairness')) {
-    const file = join(ROOT, 'dist', 'bench', 'fairness.js');
+    const file = join(ROOT, 'dist', 'bench', 'system', 'fairness.js');
     if (existsSync(file)) {
       const mod = await import(file);
       if (typeof mod.runFairness === 'function') section('fairness', await mod.runFairness(opts));
-    } else console.error('fairness: not run, dist/bench/fairness.js is not built');
+    } else console.error('fairness: not run, dist/bench/system/fairness.js is not built');
   }
 
   let report = '# Switchyard benchmark report\n\nEach section names the run and the command that produced it.\n\n';

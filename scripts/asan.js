@@ -98,9 +98,11 @@ if (!libasan) {
 // TypeScript loader) run only with SWITCHYARD_ASAN_ALL=1, keeping the CI run
 // well under 3 minutes.
 const SLOW = new Set(['flow-queues-threads.test.ts']);
-const defaults = readdirSync(join(root, 'test'))
-  .filter((f) => /^(prefix-index|native-|flow-queues).*\.test\.ts$/.test(f))
-  .filter((f) => process.env.SWITCHYARD_ASAN_ALL === '1' || !SLOW.has(f))
+// the native tests, wherever they sit under test/ (test/<subject>/)
+const defaults = readdirSync(join(root, 'test'), { recursive: true })
+  .map((f) => String(f))
+  .filter((f) => /^(prefix-index|native-|flow-queues).*\.test\.ts$/.test(f.split('/').pop()))
+  .filter((f) => process.env.SWITCHYARD_ASAN_ALL === '1' || !SLOW.has(f.split('/').pop()))
   .map((f) => join('test', f))
   .sort();
 const files = process.argv.length > 2 ? process.argv.slice(2) : defaults;

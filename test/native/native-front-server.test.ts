@@ -1,0 +1,194 @@
+// The native front end (native/front_server.cc through bindings/front-end.ts FrontServer) on its
+// own, over real loopback sockets: answers in request order for pipelined requests (the second
+// answered first by the handler), HTTP/1.0 close-delimited and keep-alive when asked, a parse error
+// answered at once with its status and the connection closed, a body over the limit answered 413
+// and readable by Node's fetch (not EPIPE), Expect: 100-continue, a streamed (chunked) answer, a
+// client that leaves seen as an abort, the head timeout (408) against a slow client.
+import net from 'node:net';
+import t from 'tap';
+import { FrontServer, frontFields, type FrontRequest } from '../../bindings/front-end.js';
+
+interface Fixture {
+  port: number;
+  requests: FrontRequest[];
+  aborted: number[];
+  server: FrontServer;
+}
+
+/** A server whose handler answers `echo` at once, and holds `/slow` until released. */
+function start(t: Tap.Test, o: ConstructorParameters<typeof FrontServer>[2] = {}): Fixture & { held: Map<string, number> } {
+  const requests: FrontRequest[] = [];
+  const aborted: number[] = [];
+  const held = new Map<string, number>();
+  const server = new FrontServer(
+    (r) => {
+      requests.push(r);
+      if (r.target.startsWith('/slow')) {
+        held.set(r.target, r.id);
+        return;
+      }
+      if (r.target === '/stream') {
+        server.respond(r.id, 200, 'content-type: text/plain\r\n', Buffer.from('a'), false);
+        setTimeout(() => server.write(r.id, Buffer.from('bc'), true), 20);
+        return;
+      }
+      server.respond(r.id, 200, 'content-type: text/plain\r\n', Buffer.from(`${r.method} ${r.target} ${r.body.length}`), true);
+    },
+    (id) => aborted.push(id),
+    o,
+  );
+  const port = server.listen('127.0.0.1', 0);
+  t.teardown(() => server.close());
+  return { port, requests, aborted, server, held };
+}
+
+/** Sends the pieces, collects everything until the server closes or `ms` pass. */
+function exchange(port: number, pieces: string[], ms = 1500, gapMs = 0): Promise<{ data: string; closed: boolean }> {
+  return new Promise((resolve) => {
+    const s = net.connect(port, '127.0.0.1');
+    let data = '';
+    let closed = false;
+    s.on('data', (d) => (data += d.toString('latin1')));
+    s.on('error', () => {});
+    s.on('close', () => {
+      closed = true;
+      clearTimeout(timer);
+      resolve({ data, closed });
+    });
+    const timer = setTimeout(() => {
+      s.destroy();
+      resolve({ data, closed });
+    }, ms);
+    s.on('connect', async () => {
+      for (const p of pieces) {
+        s.write(Buffer.from(p, 'latin1'));
+        if (gapMs) await new Promise((r) => setTimeout(r, gapMs));
+      }
+    });
+  });
+}
+
+const statuses = (data: string) => [...data.matchAll(/HTTP\/1\.[01] (\d{3})/g)].map((m) => Number(m[1]));
+
+t.test('a GET, its fields byte for byte', async (t) => {
+  const f = start(t);
+  const r = await exchange(f.port, ['GET /a HTTP/1.1\r\nHost: x\r\nX-Id: \xffid\xff\r\n\r\n'], 300);
+  t.match(r.data, /^HTTP\/1\.1 200 \r\n/);
+  t.match(r.data, /content-length: 8\r\n/);
+  t.match(r.data, /\r\n\r\nGET \/a 0$/);
+  t.same(frontFields(f.requests[0]!), [['Host', 'x'], ['X-Id', '\xffid\xff']]);
+  t.equal(r.closed, false, 'kept alive');
+});
+
+t.test('two pipelined POSTs are answered in order, the second answered first by the handler', async (t) => {
+  const f = start(t);
+  const post = (p: string) => `POST ${p} HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello`;
+  const pending = exchange(f.port, [post('/slow1') + post('/b')], 600);
+  await new Promise((r) => setTimeout(r, 200));
+  t.equal(f.requests.length, 2, 'both delivered (parsed ahead)');
+  f.server.respond(f.held.get('/slow1')!, 201, '', Buffer.from('first'), true);
+  const r = await pending;
+  t.same(statuses(r.data), [201, 200], 'in order');
+  t.ok(r.data.indexOf('first') < r.data.indexOf('POST /b 5'));
+});
+
+t.test('HTTP/1.0: close-delimited, or kept alive when asked', async (t) => {
+  const f = start(t);
+  const a = await exchange(f.port, ['GET /healthz HTTP/1.0\r\n\r\n']);
+  t.match(a.data, /^HTTP\/1\.0 200 /);
+  t.equal(a.closed, true, 'closed after the answer');
+  const b = await exchange(f.port, ['GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n'], 300);
+  t.match(b.data, /connection: keep-alive\r\n/);
+  t.equal(b.closed, false);
+  const c = await exchange(f.port, ['GET /stream HTTP/1.0\r\n\r\n']);
+  t.match(c.data, /\r\n\r\nabc$/, 'a streamed answer to HTTP/1.0 ends at the close');
+  t.equal(c.closed, true);
+});
+
+t.test('a streamed answer is chunked on HTTP/1.1', async (t) => {
+  const f = start(t);
+  const r = await exchange(f.port, ['GET /stream HTTP/1.1\r\nHost: x\r\n\r\n'], 300);
+  t.match(r.data, /transfer-encoding: chunked\r\n\r\n1\r\na\r\n2\r\nbc\r\n0\r\n\r\n$/);
+});
+
+t.test('parse errors are answered at once and the connection closed', async (t) => {
+  const f = start(t);
+  for (const [req, status] of [
+    ['GET /healthz HTTP/1.1\r\nX-A : 1\r\n\r\n', 400],
+    ['PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n', 505],
+    [`GET / HTTP/1.1\r\nHost: x\r\n${'X-H: v\r\n'.repeat(120)}\r\n`, 431],
+    ['POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n', 501],
+  ] as const) {
+    const r = await exchange(f.port, [req]);
+    t.same(statuses(r.data), [status], `${JSON.stringify(req.slice(0, 30))}: ${status}`);
+    t.match(r.data, /"error":\{"message":/);
+    t.equal(r.closed, true);
+  }
+  t.equal(f.requests.length, 0, 'none reached the handler');
+});
+
+t.test('a GET pipelined behind a malformed request is never served; one before it is', async (t) => {
+  const f = start(t);
+  const r = await exchange(f.port, ['GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nno colon\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n']);
+  t.same(statuses(r.data), [200, 400]);
+  t.same(f.requests.map((q) => q.target), ['/a']);
+});
+
+t.test('Expect: 100-continue is answered before the body', async (t) => {
+  const f = start(t);
+  const s = net.connect(f.port, '127.0.0.1');
+  let data = '';
+  s.on('data', (d) => (data += d.toString('latin1')));
+  await new Promise((r) => s.on('connect', r));
+  s.write('POST /e HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n');
+  await new Promise((r) => setTimeout(r, 100));
+  t.equal(data, 'HTTP/1.1 100 Continue\r\n\r\n');
+  s.write('abc');
+  await new Promise((r) => setTimeout(r, 100));
+  t.match(data, /POST \/e 3$/);
+  s.destroy();
+});
+
+t.test('a body over the limit: 413, readable by fetch (undici), not EPIPE', async (t) => {
+  const f = start(t, { maxBody: 1024 * 1024 });
+  const res = await fetch(`http://127.0.0.1:${f.port}/v1/chat/completions`, { method: 'POST', body: Buffer.alloc(20 * 1024 * 1024, 'a') });
+  t.equal(res.status, 413);
+  t.match(await res.json(), { error: { message: 'Payload Too Large' } });
+  t.equal(f.requests.length, 0);
+  // a client that is still sending when the 413 goes out (a streamed 20 MB body, 1 MiB at a time)
+  let sent = 0;
+  const body = new ReadableStream<Uint8Array>({
+    async pull(c) {
+      if (sent >= 20) return c.close();
+      sent++;
+      await new Promise((r) => setTimeout(r, 5));
+      c.enqueue(new Uint8Array(1024 * 1024));
+    },
+  });
+  const res2 = await fetch(`http://127.0.0.1:${f.port}/v1/files`, { method: 'POST', body, duplex: 'half' } as RequestInit);
+  t.equal(res2.status, 413, 'a streamed body gets the 413 too');
+});
+
+t.test('a client that leaves: its pending requests are aborted', async (t) => {
+  const f = start(t);
+  await exchange(f.port, ['GET /slow2 HTTP/1.1\r\nHost: x\r\n\r\n'], 150);
+  await new Promise((r) => setTimeout(r, 50));
+  t.same(f.aborted, [f.held.get('/slow2')]);
+  t.equal(f.server.respond(f.held.get('/slow2')!, 200, '', null, true), false, 'answering it is a no-op');
+});
+
+t.test('slowloris: a head that trickles in gets 408 at the head timeout, not later', async (t) => {
+  const f = start(t, { headMs: 300 });
+  const t0 = Date.now();
+  const r = await exchange(f.port, 'GET /x HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n'.split(''), 3000, 30);
+  t.same(statuses(r.data), [408]);
+  t.ok(Date.now() - t0 < 1200, `within the head timeout (${Date.now() - t0} ms)`);
+  t.equal(r.closed, true);
+});
+
+t.test('an idle connection is closed without an answer', async (t) => {
+  const f = start(t, { idleMs: 200 });
+  const r = await exchange(f.port, [], 1500);
+  t.equal(r.closed, true);
+  t.equal(r.data, '');
+});
