@@ -26,8 +26,8 @@ t.test('the check fails on an added circle and on a layering violation', async (
   t.equal(formatReport(checkLayering(dir)), '', 'the copy is clean');
 
   // A circle: a.ts → b.ts → a.ts, in a folder no rule names.
-  writeFileSync(join(dir, 'src/zz-a.ts'), "import { b } from '../zz-b.js';\nexport const a = (): number => b + 1;\n");
-  writeFileSync(join(dir, 'src/zz-b.ts'), "import type { a } from '../zz-a.js';\nexport const b = 1;\nexport type A = typeof a;\n");
+  writeFileSync(join(dir, 'src/zz-a.ts'), "import { b } from './zz-b.js';\nexport const a = (): number => b + 1;\n");
+  writeFileSync(join(dir, 'src/zz-b.ts'), "import type { a } from './zz-a.js';\nexport const b = 1;\nexport type A = typeof a;\n");
   let r = checkLayering(dir);
   t.same(r.circles, [['src/zz-a.ts', 'src/zz-b.ts']], 'the circle is found (a type-only back edge counts)');
   t.match(formatReport(r), /import circle: src\/zz-a\.ts ↔ src\/zz-b\.ts/);
