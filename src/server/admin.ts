@@ -10,8 +10,10 @@
 //   DELETE /admin/endpoints/{name}                drain then remove; ?force=1 for a model's last endpoint
 //   POST   /admin/reload                          re-read the config file (as SIGHUP)
 //
-// Errors use the OpenAI error shape; 401 without the token, 404 for an unknown
-// endpoint or pool, 409 for a taken name or a model's last endpoint.
+// Errors use the OpenAI error shape; 400 for a bad body or a malformed %-escape
+// in the path, 401 without the token, 404 for an unknown endpoint or pool, 409
+// for a taken name or a model's last endpoint. Names given here are at most 253
+// bytes of letters, digits, '-', '.', '_'; no field may hold a control character.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { timingSafeEqual } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
@@ -93,10 +95,40 @@ function graceParam(u: URL, body: unknown): number | undefined {
   return n;
 }
 
-/** Validates an endpoint to add: the same rules as a config file's endpoint, plus its pool. */
+/** Control characters: C0, DEL and C1 (U+0080–U+009F). */
+const ANY_CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
+/** An endpoint name given to the admin API: DNS-label characters (plus '_'), at most 253 bytes. */
+const NAME_CHARS = /^[A-Za-z0-9._-]+$/;
+const MAX_NAME_BYTES = 253;
+
+/** The admin API's own limits on an endpoint to add, beyond the config file's rules. */
+function adminLimits(fields: Record<string, unknown>): void {
+  for (const field of ['pool', 'name', 'url', 'revision']) {
+    const v = fields[field];
+    if (typeof v === 'string' && ANY_CONTROL.test(v)) throw new HttpError(400, `${field}: must not contain control characters (C0, DEL, C1 U+0080-U+009F)`, field);
+  }
+  const name = fields.name;
+  if (typeof name === 'string' && name !== '') {
+    const bytes = Buffer.byteLength(name);
+    if (bytes > MAX_NAME_BYTES) throw new HttpError(400, `name: must be at most ${MAX_NAME_BYTES} bytes (got ${bytes})`, 'name');
+    if (!NAME_CHARS.test(name)) throw new HttpError(400, "name: may contain only letters, digits, '-', '.' and '_'", 'name');
+  }
+  if (typeof fields.url === 'string') {
+    let port: string | null = null;
+    try {
+      port = new URL(fields.url).port;
+    } catch {
+      // not a URL: the config rules below say so
+    }
+    if (port === '0') throw new HttpError(400, 'url: port 0 is not a port an engine listens on (use 1-65535)', 'url');
+  }
+}
+
+/** Validates an endpoint to add: the same rules as a config file's endpoint, plus its pool and the admin API's limits. */
 function endpointSpec(body: unknown): EndpointSpec {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new HttpError(400, 'the body must be a JSON object {pool, name, url, role?, revision?}');
   const { pool, ...rest } = body as Record<string, unknown>;
+  adminLimits(body as Record<string, unknown>);
   if (typeof pool !== 'string' || pool === '') throw new HttpError(400, 'pool: must be the name of a configured pool', 'pool');
   const r = endpointConfigSchema.safeParse(rest);
   if (!r.success) {
@@ -104,6 +136,15 @@ function endpointSpec(body: unknown): EndpointSpec {
     throw new HttpError(400, issues.map((i) => `${i.path || '(body)'}: ${i.message}`).join('; '), issues[0]?.path || null);
   }
   return { pool, ...r.data };
+}
+
+/** A path segment, percent-decoded; a malformed escape is the client's error (400), not ours. */
+function decodeSegment(p: string): string {
+  try {
+    return decodeURIComponent(p);
+  } catch {
+    throw new HttpError(400, `path: malformed %-escape in "${p.slice(0, 100)}"`, 'path');
+  }
 }
 
 /** Starts the admin listener of `core` (and of `reloader`, when the router has a config file). */
@@ -124,7 +165,7 @@ export function startAdmin(core: RouterCore, cfg: AdminConfig, reloader: ConfigR
       throw new HttpError(401, 'the admin API needs "Authorization: Bearer <token>"');
     }
     const u = new URL(req.url ?? '/', 'http://admin');
-    const parts = u.pathname.split('/').filter((p) => p !== '').map(decodeURIComponent);
+    const parts = u.pathname.split('/').filter((p) => p !== '').map(decodeSegment);
     const method = req.method ?? 'GET';
     if (parts[0] !== 'admin') throw new HttpError(404, `no admin route ${method} ${u.pathname}`);
     if (parts[1] === 'endpoints' && parts.length === 2) {

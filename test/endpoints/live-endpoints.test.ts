@@ -93,6 +93,53 @@ t.test('admin API: token, list, add, remove (404 unknown, 409 last endpoint)', a
   t.equal(metric(m, 'switchyard_requests_total', { endpoint: 'e2', status: '200' }), 4, 'its request counts stay');
 });
 
+t.test('admin API input: names bounded to 253 bytes of DNS-label characters, no control characters, a bad %-escape is 400, port 0 refused', async (t) => {
+  const fleet = await startFleet(1, { timeScale: 0 });
+  const extra = await startEngine({ timeScale: 0 });
+  const router = await startRouter(validateConfig(cfg(fleet.urls), validatePlugin), { port: 0, host: '127.0.0.1', adminPort: 0 });
+  t.teardown(async () => {
+    await router.close(200);
+    await fleet.close();
+    await extra.close();
+  });
+  const a = router.admin!.url;
+  const refused = async (body: Record<string, unknown>, param: string, message: RegExp, label: string) => {
+    const r = await admin(a, 'POST', '/admin/endpoints', { pool: 'p', url: extra.url, ...body });
+    t.equal(r.status, 400, `${label}: 400`);
+    const err = JSON.parse(r.body).error;
+    t.match(err, { type: 'invalid_request_error', param, message }, `${label}: the error names ${param}`);
+  };
+  await refused({ name: 'n'.repeat(254) }, 'name', /^name: must be at most 253 bytes \(got 254\)/, '254-byte name');
+  await refused({ name: 'é'.repeat(127) }, 'name', /^name: must be at most 253 bytes \(got 254\)/, 'name of 127 two-byte characters');
+  await refused({ name: 'n'.repeat(60_000) }, 'name', /^name: must be at most 253 bytes/, '60 KB name');
+  for (const [label, name] of [['slash', 'a/b'], ['space', 'a b'], ['quote', 'e"x'], ['U+2028', 'a\u2028b'], ['unicode', 'é☃'], ['colon', 'a:b']] as const) {
+    await refused({ name }, 'name', /^name: may contain only letters, digits/, `name with ${label}`);
+  }
+  for (const [label, c] of [['NUL', '\u0000'], ['LF', '\n'], ['DEL', '\u007f'], ['NEL U+0085', '\u0085'], ['U+009F', '\u009f']] as const) {
+    await refused({ name: `a${c}b` }, 'name', /^name: must not contain control characters/, `name with ${label}`);
+    await refused({ name: 'ok', revision: `r${c}` }, 'revision', /^revision: must not contain control characters/, `revision with ${label}`);
+  }
+  await refused({ name: 'ok', url: `${extra.url}\n` }, 'url', /^url: must not contain control characters/, 'url with LF');
+  await refused({ name: 'zero', url: 'http://127.0.0.1:0' }, 'url', /^url: port 0/, 'port 0');
+  await refused({ name: 'zero', url: 'http://127.0.0.1:00' }, 'url', /^url: port 0/, 'port 00');
+
+  const badEscape = await admin(a, 'GET', '/admin/endpoints/%E0%A4%A');
+  t.equal(badEscape.status, 400, 'a malformed %-escape in the path: 400, not 500');
+  t.match(JSON.parse(badEscape.body).error, { type: 'invalid_request_error', param: 'path', message: /^path: malformed %-escape/ });
+  t.equal((await admin(a, 'DELETE', '/admin/endpoints/%zz')).status, 400, 'DELETE with a bad escape: 400');
+
+  // what the tests and docs use stays valid: 253 bytes exactly, letters, digits, '-', '.', '_'
+  for (const name of ['gpu-3', 'b-p0', 'e.2_x', 'N'.repeat(253)]) {
+    const r = await admin(a, 'POST', '/admin/endpoints', { pool: 'p', name, url: extra.url });
+    t.equal(r.status, 201, `"${name.slice(0, 20)}" (${name.length} bytes) is added`);
+    t.equal((await admin(a, 'DELETE', `/admin/endpoints/${name}?wait=1&graceMs=0`)).status, 200, 'and removed');
+  }
+  const dflt = await admin(a, 'POST', '/admin/endpoints', { pool: 'p', url: extra.url });
+  t.equal(dflt.status, 201, 'no name: the derived host:port name is still allowed');
+  t.equal(JSON.parse(dflt.body).endpoint.name, new URL(extra.url).host);
+  t.same((JSON.parse((await admin(a, 'GET', '/admin/endpoints')).body).endpoints as { name: string }[]).map((e) => e.name).sort(), ['e0', new URL(extra.url).host].sort(), 'nothing refused was added');
+});
+
 t.test('config: a non-loopback admin listener needs a token; prefill without decode is refused', async (t) => {
   const e = t.throws(() => validateConfig(cfg(['http://127.0.0.1:1'], { admin: { host: '0.0.0.0' } }))) as ConfigError;
   t.ok(e instanceof ConfigError);
