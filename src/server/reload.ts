@@ -77,20 +77,28 @@ export class ConfigReloader {
  * fs.watch on the file's directory (editors and config-map mounts replace the
  * file rather than write it in place), a debounce so that one save is one
  * reload, and the same path as SIGHUP (validated first; a bad file is refused
- * and the running config keeps serving). Off unless started.
+ * and the running config keeps serving). Only a stable file is reloaded: after
+ * the debounce it is read, read again `settleMs` later, and applied only when
+ * both reads are identical and no change came in between (a file caught
+ * half-written in place, even one whose prefix parses, is never applied; the
+ * next change or a re-check reloads it once whole). Off unless started.
  */
 export class ConfigWatcher {
   readonly #reloader: ConfigReloader;
   readonly #debounceMs: number;
+  readonly #settleMs: number;
   readonly #onResult: (r: ReloadResult) => void;
   #watcher: import('node:fs').FSWatcher | null = null;
   #timer: NodeJS.Timeout | undefined;
   /** The file's text at the last reload this watcher ran (a save that changed nothing reloads nothing). */
   #last: string | null = null;
+  /** Bumped on every change event: a check that sees it move lets the newer one decide. */
+  #generation = 0;
 
-  constructor(reloader: ConfigReloader, opts: { debounceMs?: number; onResult?: (r: ReloadResult) => void } = {}) {
+  constructor(reloader: ConfigReloader, opts: { debounceMs?: number; settleMs?: number; onResult?: (r: ReloadResult) => void } = {}) {
     this.#reloader = reloader;
     this.#debounceMs = opts.debounceMs ?? 300;
+    this.#settleMs = opts.settleMs ?? 100;
     this.#onResult = opts.onResult ?? (() => {});
   }
 
@@ -104,18 +112,33 @@ export class ConfigWatcher {
     this.#watcher = watch(dirname(file), { persistent: false }, (_event, changed) => {
       // some platforms do not name the file: then any change in the directory counts
       if (changed !== null && changed !== name && !String(changed).startsWith('..')) return;
-      clearTimeout(this.#timer);
-      this.#timer = setTimeout(() => void this.#fire(file, readFile), this.#debounceMs);
-      this.#timer.unref();
+      this.#generation++;
+      this.#schedule(file, readFile, this.#debounceMs);
     });
     this.#watcher.on('error', () => {}); // the directory went away: nothing left to watch
   }
 
+  #schedule(file: string, readFile: typeof import('node:fs/promises').readFile, ms: number): void {
+    clearTimeout(this.#timer);
+    this.#timer = setTimeout(() => void this.#fire(file, readFile), ms);
+    this.#timer.unref();
+  }
+
   async #fire(file: string, readFile: typeof import('node:fs/promises').readFile): Promise<void> {
     if (this.#watcher === null) return;
-    const text = await readFile(file, 'utf8').catch(() => null);
-    if (text === null || text === this.#last) return; // gone for a moment (replaced), or unchanged
-    this.#last = text;
+    const generation = this.#generation;
+    const first = await readFile(file, 'utf8').catch(() => null);
+    if (first === null || first === this.#last) return; // gone for a moment (replaced), or unchanged
+    // stable? read again a moment later: a writer still at it changes the text (or sends an event)
+    await new Promise((r) => setTimeout(r, this.#settleMs).unref());
+    if (this.#watcher === null || generation !== this.#generation) return; // a newer change: its own check decides
+    const second = await readFile(file, 'utf8').catch(() => null);
+    if (second !== first) {
+      // still changing without telling us: look again later rather than apply a partial file
+      this.#schedule(file, readFile, this.#debounceMs);
+      return;
+    }
+    this.#last = first;
     this.#onResult(await this.#reloader.reload());
   }
 

@@ -46,8 +46,8 @@ export interface StartRouterOptions extends Partial<Omit<RouterOptions, 'config'
   validatePlugin?: PluginValidator;
   /** Overrides config.admin.port (tests: 0). */
   adminPort?: number;
-  /** Also reload when the config file changes (debounce in ms; true: 300). Needs configFile. */
-  watchConfig?: boolean | number;
+  /** Also reload when the config file changes (debounce in ms; true: 300; or {debounceMs, settleMs}: settle 100). Needs configFile. */
+  watchConfig?: boolean | number | { debounceMs?: number; settleMs?: number };
 }
 
 export function createLogger(level: string): Logger {
@@ -120,7 +120,8 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
   const reloader = opts.configFile !== undefined ? new ConfigReloader(core, opts.configFile, opts.validatePlugin) : null;
   if (reloader !== null && opts.watchConfig !== undefined && opts.watchConfig !== false) {
-    const watcher = new ConfigWatcher(reloader, { debounceMs: typeof opts.watchConfig === 'number' ? opts.watchConfig : undefined });
+    const w = opts.watchConfig;
+    const watcher = new ConfigWatcher(reloader, typeof w === 'number' ? { debounceMs: w } : typeof w === 'object' ? { debounceMs: w.debounceMs, settleMs: w.settleMs } : {});
     lifecycle.add('watcher', CloseRank.watcher, () => watcher.close());
     await watcher.start();
   }

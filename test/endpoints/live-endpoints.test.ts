@@ -359,3 +359,43 @@ t.test('--watch-config: a changed file is reloaded without a signal; a bad one i
   await sleep(300);
   t.equal((await reloads('ok')) + (await reloads('invalid')), 2);
 });
+
+t.test('--watch-config: a file caught half-written in place is not applied; the router keeps the old config until the file is whole', async (t) => {
+  const { stringify } = await import('yaml');
+  const { open } = await import('node:fs/promises');
+  const fleet = await startFleet(3, { timeScale: 0 });
+  const dir = await mkdtemp(join(tmpdir(), 'swy-watch-partial-'));
+  const file = join(dir, 'router.yaml');
+  await writeFile(file, stringify(cfg(fleet.urls.slice(0, 2))));
+  const { loadConfigFile } = await import('../../src/config/load.js');
+  const router = await startRouter(await loadConfigFile(file, validatePlugin), { port: 0, host: '127.0.0.1', adminPort: 0, configFile: file, validatePlugin, watchConfig: 50 });
+  t.teardown(async () => {
+    await router.close(200);
+    await fleet.close();
+  });
+  const names = () => router.core.endpoints.all.map((e) => e.name).sort().join(',');
+  t.equal(names(), 'e0,e1');
+  // the new file (e0, e1, e2) cut where its prefix is still a valid config: the pool with e0 only
+  const full = stringify(cfg(fleet.urls));
+  const cut = full.indexOf('\n', full.indexOf(fleet.urls[0]!)) + 1;
+  const partial = full.slice(0, cut);
+  await writeFile(join(dir, 'prefix.yaml'), partial);
+  t.match((await loadConfigFile(join(dir, 'prefix.yaml'), validatePlugin)).pools[0]!.endpoints.map((e) => e.name), ['e0'], 'the prefix alone is a valid config with e0 only');
+
+  const seen = new Set<string>();
+  const watch = setInterval(() => seen.add(names()), 2);
+  t.teardown(() => clearInterval(watch));
+  // written in place in two writes, a pause longer than the debounce between them
+  const fh = await open(file, 'w');
+  await fh.write(partial);
+  await sleep(80);
+  await fh.write(full.slice(cut));
+  await fh.close();
+  t.ok(await until(() => names() === 'e0,e1,e2', 3000), 'the whole file is applied');
+  await sleep(200);
+  clearInterval(watch);
+  seen.add(names());
+  t.same([...seen].sort(), ['e0,e1', 'e0,e1,e2'], 'the partial config (e0 only) was never applied');
+  const prom = parseProm((await get(router.url, '/metrics')).body);
+  t.equal(metric(prom, 'switchyard_config_reloads_total', { result: 'ok' }), 1, 'one reload: the whole file');
+});
