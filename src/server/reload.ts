@@ -5,7 +5,7 @@
 // the live-endpoint manager: new ones join, removed or changed ones drain and
 // leave. Of the rest only logging.level applies live; a change elsewhere is
 // logged as needing a restart.
-import { loadConfigFile, type PluginValidator } from '../config/load.js';
+import { loadConfigFile, parseConfig, type PluginValidator } from '../config/load.js';
 import type { RouterConfig } from '../config/schema.js';
 import type { ReconcileResult } from '../endpoints/live.js';
 import { ConfigError, type ConfigIssue } from '../errors.js';
@@ -37,19 +37,20 @@ export class ConfigReloader {
     return this.#current;
   }
 
-  reload(): Promise<ReloadResult> {
-    const r = this.#chain.then(() => this.#reload());
+  /** Re-reads the file; `text`: apply this text of it instead (the watcher's checked, stable read). */
+  reload(text?: string): Promise<ReloadResult> {
+    const r = this.#chain.then(() => this.#reload(text));
     this.#chain = r.catch(() => {});
     return r;
   }
 
-  async #reload(): Promise<ReloadResult> {
+  async #reload(text?: string): Promise<ReloadResult> {
     const core = this.#core;
     const log = core.log;
     const reloads = core.metrics.reloads;
     let next: RouterConfig;
     try {
-      next = await loadConfigFile(this.file, this.#validate);
+      next = text !== undefined ? parseConfig(text, this.#validate, this.file) : await loadConfigFile(this.file, this.#validate);
     } catch (err) {
       const issues = err instanceof ConfigError ? err.issues : [{ path: '', message: (err as Error).message }];
       reloads.set('invalid', (reloads.get('invalid') ?? 0) + 1);
@@ -139,7 +140,7 @@ export class ConfigWatcher {
       return;
     }
     this.#last = first;
-    this.#onResult(await this.#reloader.reload());
+    this.#onResult(await this.#reloader.reload(first)); // the text checked stable, not a third read
   }
 
   close(): void {
