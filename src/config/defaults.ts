@@ -93,6 +93,18 @@ export function httpOrigin(s: string): string | null {
   }
 }
 
+/**
+ * The port written in an http(s) URL when it is not a port (not digits, or
+ * above 65535: WHATWG URL refuses both), else null; lets the URL message name
+ * the port instead of the whole URL's shape.
+ */
+export function badUrlPort(s: string): string | null {
+  const m = /^https?:\/\/(?:[^/?#@]*@)?(?:\[[^\]]*\]|[^/?#:[]*):([^/?#]*)/i.exec(s);
+  if (m === null || m[1] === '') return null;
+  const p = m[1]!;
+  return /^\d+$/.test(p) && Number(p) <= 65535 ? null : p;
+}
+
 /** Control characters (C0 and DEL): not allowed in an endpoint name, which goes into a response header. */
 export const CONTROL_CHARS = /[\x00-\x1f\x7f]/;
 

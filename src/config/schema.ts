@@ -10,7 +10,7 @@
 import { ConfigError } from '../errors.js';
 import { adminSchema } from './admin.js';
 import { batchSchema, type BatchConfig } from './batch.js';
-import { CONTROL_CHARS, DEFAULT_FILTERS, DEFAULT_SCORERS, DEFAULTS, httpOrigin, safeName } from './defaults.js';
+import { badUrlPort, CONTROL_CHARS, DEFAULT_FILTERS, DEFAULT_SCORERS, DEFAULTS, httpOrigin, safeName } from './defaults.js';
 import { disaggregationSchema } from './disaggregation.js';
 import { discoverySchema } from './discovery.js';
 import { extProcSchema } from './extproc.js';
@@ -33,7 +33,12 @@ export type { PluginSpec, ScorerSpec } from './plugin-spec.js';
 
 // ---- the schema (zod 4; see schema-kit.ts for why zod).
 
-const urlMessage = (s: unknown) => `must be an http(s) URL with no path, query, fragment or credentials, e.g. http://10.0.0.5:8000 (got ${got(s)})`;
+const urlMessage = (s: unknown) => {
+  // a bad port is named, with the range (new URL() refuses it, which would otherwise read as a bad URL shape)
+  const port = typeof s === 'string' ? badUrlPort(s) : null;
+  if (port !== null) return `port ${JSON.stringify(port)} is not a valid port: it must be an integer 1–65535, e.g. http://10.0.0.5:8000 (got ${got(s)})`;
+  return `must be an http(s) URL with no path, query, fragment or credentials, e.g. http://10.0.0.5:8000 (got ${got(s)})`;
+};
 
 export const endpointConfigSchema = strict(
   {

@@ -27,10 +27,10 @@ const USAGE = `usage: switchyard serve [options]
 examples:
   switchyard serve                                  # 4 simulated engines, port 8000
   switchyard serve --config router.yaml --port 9000
-  switchyard serve --upstream http://10.0.0.5:8000 --upstream http://10.0.0.6:8000 \
+  switchyard serve --upstream http://10.0.0.5:8000 --upstream http://10.0.0.6:8000 \\
                    --model llama-3-8b --engine vllm
   switchyard serve --config router.yaml --print-config
-  curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \
+  curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \\
        -d '{"model":"open-model","messages":[{"role":"user","content":"hi"}]}'
 
 With neither --config nor --upstream, the router starts 4 simulated engines

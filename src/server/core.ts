@@ -464,6 +464,15 @@ export class RouterCore {
     }
   }
 
+  /**
+   * Sets the logger's level (a config reload's logging.level) and refreshes the
+   * cached debug flag the per-request path reads.
+   */
+  setLogLevel(level: string): void {
+    this.log.level = level;
+    this.#debug = this.log.isLevelEnabled('debug');
+  }
+
   get activeRequests(): number {
     return this.#active;
   }

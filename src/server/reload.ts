@@ -64,7 +64,7 @@ export class ConfigReloader {
     const [was, now] = [discovered(prev), discovered(next)];
     for (const name of new Set([...was.keys(), ...now.keys()])) if (was.get(name) !== now.get(name)) restartNeeded.push(`pools.${name}.discovery`);
     const changes = core.live.reconcile('config', next.pools);
-    if (next.logging.level !== prev.logging.level) log.level = next.logging.level;
+    if (next.logging.level !== prev.logging.level) core.setLogLevel(next.logging.level);
     this.#current = next;
     reloads.set('ok', (reloads.get('ok') ?? 0) + 1);
     log.info({ file: this.file, ...changes }, 'config reloaded');

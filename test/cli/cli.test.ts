@@ -46,6 +46,32 @@ t.test('--help for every command, with examples; exit 0', async (t) => {
   t.match(bad.err, /unknown command 'frobnicate'/);
 });
 
+t.test('--help examples: every line whole (a continuation backslash is printed, not swallowed)', async (t) => {
+  const { main } = await import('../../src/cli.js');
+  for (const args of [['--help'], ['serve', '--help'], ['sim', '--help'], ['check', '--help']]) {
+    const printed: string[] = [];
+    const log = console.log;
+    console.log = (...a: unknown[]) => void printed.push(a.join(' '));
+    try {
+      t.equal(await main(args), 0, `${args.join(' ')}: exit 0`);
+    } finally {
+      console.log = log;
+    }
+    const text = printed.join('\n');
+    const section = /\nexamples:\n([\s\S]*?)(?:\n\n|$)/.exec(text);
+    t.ok(section, `${args.join(' ')}: an examples section`);
+    const lines = section![1]!.split('\n');
+    lines.forEach((line, i) => {
+      const continued = i > 0 && lines[i - 1]!.endsWith(' \\');
+      if (continued) t.match(line, /^\s{4,}\S/, `${args.join(' ')}: a continuation line is indented: ${line}`);
+      else t.match(line, /^ {2}(switchyard|curl) /, `${args.join(' ')}: an example starts a line: ${line}`);
+      // two commands run together on one line is a swallowed line break
+      t.notMatch(line.trim().slice(1), /\s(switchyard (serve|sim|check)|curl) /, `${args.join(' ')}: one command per line: ${line}`);
+      t.notMatch(line, /\S {4,}-/, `${args.join(' ')}: no joined continuation: ${line}`);
+    });
+  }
+});
+
 t.test('check: a valid config prints the resolved config with defaults, exit 0', async (t) => {
   const r = run(['check', '--config', join(FIX, 'router-valid.yaml')]);
   t.equal(r.code, 0, r.err);

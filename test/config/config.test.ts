@@ -89,6 +89,23 @@ t.test('not a mapping, wrong types', async (t) => {
   t.same(q.pools[0].endpoints.map((e) => e.name), ['e0', 'e1']);
 });
 
+t.test('--upstream with a bad port: the message names the port and the valid range', async (t) => {
+  for (const [url, port] of [
+    ['http://127.0.0.1:90001', '90001'],
+    ['http://[::1]:65536', '65536'],
+    ['https://engine.local:80a', '80a'],
+  ]) {
+    t.throws(() => quickConfig([url!], 'm', 'vllm'), { message: new RegExp(`pools\\[0\\]\\.endpoints\\[0\\]\\.url: port "${port}" is not a valid port: it must be an integer 1–65535.*${url!.replace(/[.[\]]/g, '\\$&')}`) }, url);
+  }
+  // the same in a config file
+  t.throws(() => parseConfig('apiVersion: switchyard/v1\nkind: Router\npools: [{ name: p, models: [m], endpoints: [{ url: "http://10.0.0.5:123456" }] }]\n'), {
+    message: /pools\[0\]\.endpoints\[0\]\.url: port "123456" is not a valid port/,
+  });
+  // other bad URLs keep the general message; a good port still loads
+  t.throws(() => quickConfig(['http://127.0.0.1:8000/v1'], 'm', 'vllm'), { message: /must be an http\(s\) URL with no path/ });
+  t.equal(quickConfig(['http://127.0.0.1:65535'], 'm', 'vllm').pools[0].endpoints[0].url, 'http://127.0.0.1:65535');
+});
+
 t.test('switchyard serve: exit code 2 and every problem on stderr', async (t) => {
   const bin = fileURLToPath(new URL('../../bin/switchyard.js', import.meta.url));
   const r = spawnSync(process.execPath, [bin, 'serve', '--config', fixture('router-invalid.yaml')], { encoding: 'utf8', timeout: 20000 });

@@ -291,6 +291,37 @@ t.test('reload: a good file adds, replaces and removes endpoints; a bad one is r
   t.equal(metric(m, 'switchyard_config_reloads_total', { result: 'ok' }), 1);
 });
 
+t.test('reload: a changed logging.level applies (the per-request debug line appears after info -> debug)', async (t) => {
+  const fleet = await startFleet(1, { timeScale: 0 });
+  const dir = await mkdtemp(join(tmpdir(), 'swy-reload-level-'));
+  const file = join(dir, 'router.json');
+  await writeFile(file, JSON.stringify(cfg(fleet.urls, { logging: { level: 'info' } })));
+  const { loadConfigFile } = await import('../../src/config/load.js');
+  const { default: pino } = await import('pino');
+  const lines: { level: number; msg: string }[] = [];
+  const logger = pino({ level: 'info' }, { write: (s: string) => void lines.push(JSON.parse(s)) });
+  const router = await startRouter(await loadConfigFile(file, validatePlugin), { port: 0, host: '127.0.0.1', configFile: file, validatePlugin, logger });
+  t.teardown(async () => {
+    await router.close(200);
+    await fleet.close();
+  });
+  const requestLines = () => lines.filter((l) => l.msg === 'request').length;
+  t.equal((await post(router.url, '/v1/chat/completions', chat())).status, 200);
+  t.equal(requestLines(), 0, 'at info: no per-request line');
+
+  await writeFile(file, JSON.stringify(cfg(fleet.urls, { logging: { level: 'debug' } })));
+  t.match(await router.reload!(), { ok: true, restartNeeded: [] });
+  t.equal(router.core.log.level, 'debug');
+  t.equal((await post(router.url, '/v1/chat/completions', chat())).status, 200);
+  t.ok(await until(() => requestLines() === 1, 2000), 'at debug after the reload: the per-request line is logged');
+
+  await writeFile(file, JSON.stringify(cfg(fleet.urls, { logging: { level: 'warn' } })));
+  t.match(await router.reload!(), { ok: true });
+  t.equal((await post(router.url, '/v1/chat/completions', chat())).status, 200);
+  await sleep(50);
+  t.equal(requestLines(), 1, 'back above debug: no more per-request lines');
+});
+
 t.test('SIGHUP reloads a running `switchyard serve`', async (t) => {
   const fleet = await startFleet(2, { timeScale: 0 });
   t.teardown(() => fleet.close());
