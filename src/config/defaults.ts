@@ -45,7 +45,8 @@ export const DEFAULTS = {
     parseOffloadBytes: 256 * 1024,
     parseWorkers: 2,
   } satisfies LimitsConfig,
-  logging: { level: 'info' as const },
+  logging: { level: 'info' as const, access: false, accessSample: 1 },
+  shutdown: { graceMs: 120_000, drainDelayMs: 0 },
   admin: ADMIN_DEFAULTS,
   disaggregation: DISAGGREGATION_DEFAULTS,
 };

@@ -185,7 +185,26 @@ export const routerConfigSchema = strict(
       },
       'must be a mapping',
     ).prefault({}),
-    logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
+    logging: strict(
+      {
+        level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level),
+        access: z.boolean({ error: (i) => `must be true or false (got ${got(i.input)})` }).default(DEFAULTS.logging.access).describe('one info line per finished request (no keys, no bodies)'),
+        accessSample: z
+          .number({ error: (i) => `must be a number in [0, 1] (got ${got(i.input)})` })
+          .min(0, { error: 'must be a number in [0, 1]' })
+          .max(1, { error: 'must be a number in [0, 1]' })
+          .default(DEFAULTS.logging.accessSample)
+          .describe('the share of requests the access log writes'),
+      },
+      'must be a mapping',
+    ).prefault({}),
+    shutdown: strict(
+      {
+        graceMs: int(0, 86_400_000).default(DEFAULTS.shutdown.graceMs).describe('how long in-flight requests get to finish after SIGTERM/SIGINT'),
+        drainDelayMs: int(0, 600_000).default(DEFAULTS.shutdown.drainDelayMs).describe('after the signal, keep accepting this long with /readyz at 503 (balancers notice)'),
+      },
+      'must be a mapping',
+    ).prefault({}),
     tracing: tracingSchema.describe('OpenTelemetry tracing over OTLP (docs/observability.md); off by default'),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
     sessions: sessionsSchema.describe('conversations: identification, pins to endpoints, turn priority (docs/responses.md)'),
@@ -247,6 +266,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     proxy: v.proxy,
     limits: v.limits,
     logging: v.logging,
+    shutdown: v.shutdown,
     sessions: sessionsFollowingResponses(doc, v.sessions, v.responses),
     responses: v.responses,
     tracing: v.tracing,

@@ -106,6 +106,21 @@ export interface LimitsConfig {
   parseWorkers: number;
 }
 
+export interface LoggingConfig {
+  level: (typeof LOG_LEVELS)[number];
+  /** One info line per finished request (docs/observability.md); off by default. */
+  access: boolean;
+  /** The share of requests the access log writes (0–1; 1: every request). */
+  accessSample: number;
+}
+
+export interface ShutdownConfig {
+  /** How long in-flight requests get to finish after a signal; then streams end with an SSE error, others with a 503. */
+  graceMs: number;
+  /** After the signal, /readyz answers 503 but the router keeps accepting this long (balancers notice), then stops accepting. */
+  drainDelayMs: number;
+}
+
 export interface RouterConfig {
   apiVersion: typeof API_VERSION;
   kind: 'Router';
@@ -115,7 +130,9 @@ export interface RouterConfig {
   dataLayer: DataLayerConfig;
   proxy: ProxyConfig;
   limits: LimitsConfig;
-  logging: { level: (typeof LOG_LEVELS)[number] };
+  logging: LoggingConfig;
+  /** How SIGTERM/SIGINT drain the router (docs/operations.md). */
+  shutdown: ShutdownConfig;
   /** OpenTelemetry spans over OTLP (docs/observability.md); off by default. */
   tracing: TracingConfig;
   /** The validated, defaulted flowControl block; undefined when the config has none. */

@@ -1021,8 +1021,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     this.#finish(failed ? 'failed' : 'ok', status === 0 ? 502 : status);
   }
 
-  /** The client went away (the transport saw it): abort upstream, release all accounting. */
-  clientAborted(): void {
+  /** The client went away (the transport saw it; `status` 499), or the router cut the request (503 at a drain's end): abort upstream, release all accounting. */
+  clientAborted(status = 499): void {
     if (this.aborted) return;
     this.aborted = true;
     this.#call?.abort();
@@ -1036,9 +1036,9 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
         this.#admitted = false;
         this.director.gate.release(this.#ticket, 'aborted', this);
       }
-      this.director.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, 499);
-      if (this.trace !== null) this.trace.end(performance.now(), 499, 'client closed the request');
-      this.port.done(499);
+      this.director.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, status);
+      if (this.trace !== null) this.trace.end(performance.now(), status, status === 499 ? 'client closed the request' : 'cut by the router (shutdown)');
+      this.port.done(status);
     }
     const cb = this.onabort;
     this.onabort = null;

@@ -245,14 +245,14 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
 
   // ---- transport side: abort and backpressure -------------------------------------
 
-  clientAborted(): void {
+  clientAborted(status = 499): void {
     if (this.#aborted) return;
     this.#aborted = true;
     const f = this.#flight;
-    if (f !== null) f.clientAborted(); // a running flight calls done(499)
+    if (f !== null) f.clientAborted(status); // a running flight calls done(status)
     if (!this.#over) {
-      if (f === null) this.#svc.countRequest(this.model, 499);
-      this.#end(499);
+      if (f === null) this.#svc.countRequest(this.model, status);
+      this.#end(status);
     }
   }
 

@@ -7,7 +7,7 @@
 import { performance } from 'node:perf_hooks';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
-import type { LimitsConfig, RouterConfig } from '../config/schema.js';
+import type { LimitsConfig, RouterConfig, ShutdownConfig } from '../config/schema.js';
 import { PassThroughGate, type AdmissionGate } from '../admission.js';
 import { Director, KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, SLO_HEADERS } from '../director/director.js';
 import { SessionTable } from '../sessions/table.js';
@@ -32,6 +32,7 @@ import type { RequestTracer } from '../telemetry/tracing.js';
 import { buildPrecise, type Precise } from './precise.js';
 import { framingProblem, scanBaggage, scanTraceparent, scanTracestate } from './framing.js';
 import { ReadingList } from './reading-list.js';
+import { ActiveList } from './drain.js';
 import { newUpstreamClient } from './upstream-choice.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
@@ -109,11 +110,14 @@ export class RouterCore {
   }
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
+  /** The drain's grace and delay (config.shutdown; a reload replaces it). */
+  shutdown: ShutdownConfig;
   /** Requests still reading their body (for the 408 sweep). */
   readonly reading = new ReadingList();
   /** performance.now() at the last body-timeout sweep: requests stamp their start with it (no clock read per request). */
   clock = performance.now();
-  #active = 0;
+  /** Inference requests in flight (a drain cuts those left at its grace's end). */
+  readonly #inFlight = new ActiveList<HttpExchange>();
   #idPrefix = randomBytes(4).toString('hex');
   #idCounter = 0;
   /** The session header's name as bytes, or null when the header is no session source. */
@@ -192,6 +196,7 @@ export class RouterCore {
     // latency plugins read the request's objectives (x-slo-ttft-ms, x-slo-tpot-ms) besides the gate's headers
     this.#headerNames = this.scheduler.latency ? [...gate.headerNames, ...SLO_HEADERS] : gate.headerNames;
     this.limits = cfg.limits;
+    this.shutdown = cfg.shutdown;
     this.director = new Director({
       scheduler: this.scheduler,
       upstream: this.upstream,
@@ -427,7 +432,7 @@ export class RouterCore {
       if (scanBaggage !== '') h.baggage = scanBaggage;
     }
     if (h !== null) ctx.headers = h;
-    this.#active++;
+    this.#inFlight.add(ctx);
     // bound methods, not arrow closures: uWS calls onData once per request, and a
     // fresh closure pays V8's lazy-code install on its first call
     res.onAborted(ctx.onClientAbort.bind(ctx));
@@ -454,12 +459,12 @@ export class RouterCore {
 
   /** Called once per inference request when it ends (any way). */
   requestEnded(ctx: HttpExchange, status: number): void {
-    this.#active--;
+    this.#inFlight.delete(ctx);
     if (this.#debug) {
       const f = ctx.flight;
       this.log.debug({ id: ctx.requestId, model: f?.model, endpoint: f?.endpoint?.name, status, path: f?.path }, 'request');
     }
-    if (this.#active === 0 && this.#drainWaiters.length > 0) {
+    if (this.#inFlight.size === 0 && this.#drainWaiters.length > 0) {
       for (const w of this.#drainWaiters.splice(0)) w();
     }
   }
@@ -474,7 +479,27 @@ export class RouterCore {
   }
 
   get activeRequests(): number {
-    return this.#active;
+    return this.#inFlight.size;
+  }
+
+  /**
+   * A drain begins: /readyz answers 503 and answers close their connections,
+   * while the router keeps accepting (a balancer notices before it stops).
+   */
+  beginDrain(): void {
+    this.draining = true;
+  }
+
+  /**
+   * Ends every request still in flight (a drain's grace is over, or a second
+   * signal): streams get an SSE error event, the rest a 503; logged with their
+   * ids (the first 50). `graceMs` names the grace that ran out (0: none).
+   */
+  cutInFlight(graceMs: number): number {
+    if (this.#inFlight.size === 0) return 0;
+    const { count, ids } = this.#inFlight.cutAll(graceMs);
+    this.log.warn({ cut: count, grace_ms: graceMs, request_ids: ids }, `shutdown: ${count} request(s) still in flight ended (streams with an SSE error event, others with a 503)`);
+    return count;
   }
 
   listen(host: string, port: number): Promise<number> {
@@ -600,7 +625,8 @@ export class RouterCore {
       uws.us_listen_socket_close(this.#listenSocket);
       this.#listenSocket = null;
     }
-    if (this.#active > 0) {
+    if (this.#inFlight.size > 0) {
+      this.log.info({ in_flight: this.#inFlight.size, grace_ms: graceMs }, 'draining: waiting for in-flight requests');
       await new Promise<void>((resolve) => {
         const t = setTimeout(resolve, graceMs);
         this.#drainWaiters.push(() => {
@@ -608,6 +634,8 @@ export class RouterCore {
           resolve();
         });
       });
+      // the grace is over: what still runs ends with an error the client can read, not a reset
+      if (this.cutInFlight(graceMs) > 0) await new Promise((r) => setTimeout(r, 50)); // the last bytes leave before the sockets close
     }
     clearInterval(this.#sweep);
     this.live.close();

@@ -11,6 +11,7 @@ import type { HttpResponse } from '../uws.js';
 import type { LimitsConfig } from '../config/schema.js';
 import type { Director } from '../director/director.js';
 import { statusLine } from './http-errors.js';
+import { SHUTDOWN_CODE, type Cuttable } from './drain.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
 
@@ -35,7 +36,8 @@ export interface ExchangeFlight {
   readonly endpoint?: Endpoint;
   /** P/D: the endpoint whose prefill the decode leg used (x-switchyard-prefill-endpoint); null when none. */
   readonly prefillEndpoint?: Endpoint | null;
-  clientAborted(): void;
+  /** The client went away (499), or the router cut the request (`status`: 503 at a drain's end). */
+  clientAborted(status?: number): void;
   pause(): void;
   resume(): void;
 }
@@ -70,7 +72,7 @@ function corkedError(): void {
   cur.errorCorked(curStatus, curMessage, curParam, curEndpoint, curRejection, curClose, curCode);
 }
 
-export class HttpExchange implements ClientPort {
+export class HttpExchange implements ClientPort, Cuttable {
   readonly core: ExchangeHost;
   readonly res: HttpResponse;
   readonly kind: number;
@@ -86,6 +88,8 @@ export class HttpExchange implements ClientPort {
   readStart = 0;
   /** Position in core.reading while the body is being read; -1 otherwise. */
   readSlot = -1;
+  /** Position in the router's in-flight list (src/server/drain.ts); -1 otherwise. */
+  activeSlot = -1;
   /** The director's side of this request (or a Responses turn's), once the body has arrived. */
   flight: ExchangeFlight | null = null;
   #raw: Buffer | null = null;
@@ -171,6 +175,28 @@ export class HttpExchange implements ClientPort {
     if (!this.#done) {
       this.core.metrics.countRequest('', -1, 499);
       this.done(499);
+    }
+  }
+
+  /**
+   * A drain's grace is over: a stream whose head went out ends with `sseEvent`
+   * (a chunked answer that is not SSE is cut), an answer not begun is a 503;
+   * the director's side is aborted (upstream call, accounting) with status 503.
+   */
+  cutForShutdown(sseEvent: string, message: string): void {
+    if (this.#done || this.#aborted) return;
+    this.core.reading.delete(this);
+    this.#aborted = true; // the flight's later writes are dropped
+    const res = this.res;
+    if (this.#started) {
+      // not end(…, true): uWS drops a chunked stream's last chunk when asked to close with it (the router closes the sockets after)
+      if (this.#contentType.startsWith('text/event-stream')) res.cork(() => res.end(sseEvent));
+      else res.close();
+    } else this.#error(503, message, null, this.#endpoint, null, true, SHUTDOWN_CODE);
+    if (this.flight !== null) this.flight.clientAborted(503);
+    else {
+      this.core.metrics.countRequest('', -1, 503);
+      this.done(503);
     }
   }
 

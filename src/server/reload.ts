@@ -3,7 +3,7 @@
 // log, switchyard_config_reloads_total{result="invalid"}) and the running
 // config keeps serving. A good one reconciles the config's endpoints through
 // the live-endpoint manager: new ones join, removed or changed ones drain and
-// leave. Of the rest only logging.level applies live; a change elsewhere is
+// leave. Of the rest logging.level and shutdown apply live; a change elsewhere is
 // logged as needing a restart.
 import { loadConfigFile, parseConfig, type PluginValidator } from '../config/load.js';
 import type { RouterConfig } from '../config/schema.js';
@@ -65,6 +65,7 @@ export class ConfigReloader {
     for (const name of new Set([...was.keys(), ...now.keys()])) if (was.get(name) !== now.get(name)) restartNeeded.push(`pools.${name}.discovery`);
     const changes = core.live.reconcile('config', next.pools);
     if (next.logging.level !== prev.logging.level) core.setLogLevel(next.logging.level);
+    core.shutdown = next.shutdown;
     this.#current = next;
     reloads.set('ok', (reloads.get('ok') ?? 0) + 1);
     log.info({ file: this.file, ...changes }, 'config reloaded');
