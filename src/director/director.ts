@@ -77,7 +77,7 @@ export class Director {
     this.scheduler = o.scheduler;
     this.upstream = o.upstream;
     this.gate = o.gate;
-    this.wantsUsage = o.gate.wantsUsage === true;
+    this.wantsUsage = o.gate.wantsUsage === true || o.scanUsage === true;
     this.metrics = o.metrics;
     this.log = o.log;
     this.maxRetries = o.maxRetries;
@@ -240,6 +240,10 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   #picked = false;
   #tried: Endpoint[] | null = null;
   #attempts = 0;
+  /** Attempts after the first one (the access log's `retries`). */
+  get retries(): number {
+    return this.#attempts;
+  }
   #call: UpstreamCall | null = null;
   #dispatchedAt = 0;
   #status = 0;
@@ -800,6 +804,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       }
       if (status < 400) this.director.pd.paired();
     }
+    if (status >= 500) this.endpoint.events?.upstreamFailed(this.endpoint, `answered HTTP ${status}`, false);
     if (status >= 500 && this.#canRetry()) {
       if (this.trace !== null) this.trace.legFirstByte(performance.now(), status);
       this.#retry(`endpoint ${this.endpoint.name} answered HTTP ${status}`);
@@ -940,6 +945,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
 
   onUpstreamError(err: Error): void {
     if (this.aborted || this.#done) return;
+    this.endpoint.events?.upstreamFailed(this.endpoint, err.message, this.#started);
     if (this.#canRetry()) {
       this.#retry(`endpoint ${this.endpoint.name}: ${err.message}`);
       return;

@@ -4,10 +4,19 @@
 // to the router's own in-flight counts.
 import { performance } from 'node:perf_hooks';
 import { Client } from 'undici';
-import type { Endpoint, EndpointSet } from './endpoint.js';
+import type { Endpoint, EndpointSet, Health } from './endpoint.js';
 import { readEngineMetrics } from './engine-metrics.js';
 
 export type CapacityListener = (ep: Endpoint) => void;
+
+/** Why a health check failed, for the log: the error's code and message (DNS, refused, timeout), its cause's when wrapped. */
+export function checkFailure(err: unknown): string {
+  const e = err as { code?: string; message?: string; cause?: { code?: string; message?: string } };
+  const inner = e?.cause?.code !== undefined ? e.cause : e;
+  const code = inner?.code ?? (e as Error)?.name;
+  const msg = inner?.message ?? String(err);
+  return code !== undefined && !msg.includes(code) ? `${code}: ${msg}` : msg;
+}
 
 /** Largest /metrics body read; a bigger one fails the scrape (real engines send well under 1 MiB). */
 export const MAX_METRICS_BYTES = 16 * 1024 * 1024;
@@ -165,15 +174,21 @@ export class DataLayer {
       const signal = AbortSignal.timeout(this.#set.dataLayer.healthTimeoutMs);
       const res = await client.request({ path: '/health', method: 'GET', signal });
       await res.body.dump();
-      ep.health = res.statusCode === 200 ? 'up' : 'down';
-    } catch {
+      this.#health(ep, res.statusCode === 200 ? 'up' : 'down', `GET /health answered HTTP ${res.statusCode}`);
+    } catch (err) {
       // a removed endpoint's connection was closed under the check: not a health verdict
       if (ep.removed) return;
-      ep.health = 'down';
+      this.#health(ep, 'down', checkFailure(err));
     } finally {
       ep.healthAt = performance.now();
       this.#checking[ep.id] = false;
     }
+  }
+
+  #health(ep: Endpoint, to: Health, reason: string): void {
+    const from = ep.health;
+    ep.health = to;
+    if (from !== to && !this.#closed) ep.events?.health(ep, from, to, reason);
   }
 
   async close(): Promise<void> {

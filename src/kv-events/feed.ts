@@ -95,6 +95,8 @@ export class KvEventFeed implements DecodeCounts {
    * mode scores the endpoint while its stream is down and its record is as stale as the events'.
    */
   onEngineReset: ((id: number) => void) | null = null;
+  /** Called when an engine's stream connects or loses its publisher (the router's log); null: none. */
+  onConnection: ((name: string, endpoint: string, connected: boolean) => void) | null = null;
   /** Engine resets seen (disconnects and restarts), over all streams. */
   engineResets = 0;
   // one drain's input to applyPayloads, reused
@@ -171,6 +173,7 @@ export class KvEventFeed implements DecodeCounts {
         if (cb !== null) for (const h of feed.holders) cb(h);
       },
     );
+    feed.stream.onConnection = (connected) => this.onConnection?.(ep.name, ep.endpoint, connected);
     this.#feeds.push(feed);
     for (const h of feed.holders) this.#byId[h] = feed;
     if (!this.#closed) feed.stream.start();

@@ -107,6 +107,9 @@ export class KvEventStream {
     this.#onReset = onReset;
   }
 
+  /** Called when the stream's socket connects (true) or loses its publisher (false): the router logs it. */
+  onConnection: ((connected: boolean) => void) | null = null;
+
   /** Whether the index's entries for this engine can be trusted (else: score it by the approximate mode). */
   get healthy(): boolean {
     return this.#problem === null;
@@ -123,11 +126,13 @@ export class KvEventStream {
     this.#sub = sub;
     sub.events.on('connect', () => {
       if (this.#problem === 'connecting' || this.#problem === 'disconnected') this.#problem = null;
+      if (!this.#closed) this.onConnection?.(true);
     });
     sub.events.on('disconnect', () => {
       // the engine went away: whatever it sends while we are not connected is lost, and it may come back
       // restarted with an empty cache; forget its entries, and on the next batch join again (replay from 0)
       if (this.#closed) return;
+      this.onConnection?.(false);
       this.#setProblem('disconnected');
       this.counters.clears++;
       this.#push('clear');

@@ -157,7 +157,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
     process.stdout.write(configYaml(config));
     return 0;
   }
-  const log = createLogger(config.logging.level);
+  const log = createLogger(config.logging.level, { sync: false });
 
   let router;
   try {

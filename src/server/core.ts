@@ -33,6 +33,7 @@ import { buildPrecise, type Precise } from './precise.js';
 import { framingProblem, scanBaggage, scanTraceparent, scanTracestate } from './framing.js';
 import { ReadingList } from './reading-list.js';
 import { ActiveList } from './drain.js';
+import { StateLog } from './state-log.js';
 import { newUpstreamClient } from './upstream-choice.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
@@ -123,6 +124,11 @@ export class RouterCore {
   /** The session header's name as bytes, or null when the header is no session source. */
   readonly #sessionHeader: Buffer | null;
   #debug: boolean;
+  /** logging.access (a reload changes it) and its sample share. */
+  #access: boolean;
+  #accessSample: number;
+  /** Endpoint state changes, KV-event streams and upstream failures, one log line each. */
+  readonly stateLog: StateLog;
   #app: TemplatedApp;
   #listenSocket: us_listen_socket | null = null;
   #host = '';
@@ -151,7 +157,10 @@ export class RouterCore {
     this.log = opts.logger;
     this.#raiseFdLimit = opts.raiseFdLimit !== false;
     this.#debug = this.log.isLevelEnabled('debug');
+    this.#access = cfg.logging.access;
+    this.#accessSample = cfg.logging.accessSample;
     const set = (this.endpoints = new EndpointSet(cfg.pools, cfg.dataLayer));
+    const stateLog = (this.stateLog = new StateLog(this.log, set));
     const sessions = (this.sessions = new SessionTable(set, cfg.sessions));
     if (cfg.sessions.store !== 'memory') sessions.shared = new RedisSessions(cfg.sessions.store, cfg.sessions.ttlMs, this.log);
     sessions.start();
@@ -159,6 +168,7 @@ export class RouterCore {
     const precise = (this.precise = buildPrecise(cfg, set));
     this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, sessions, precise: precise?.feed, decodeProfile: cfg.disaggregation?.decode });
     if (precise !== null) {
+      precise.feed.onConnection = (name, endpoint, connected) => stateLog.kvStream(name, endpoint, connected);
       // an engine that may have lost its cache is not believed to hold anything by the approximate fallback either
       precise.feed.onEngineReset = (id) => {
         const ep = set.byId(id);
@@ -211,6 +221,7 @@ export class RouterCore {
       tracer: opts.tracer ?? null,
       tokens: precise?.tokens ?? null,
       pd: this.pd,
+      scanUsage: cfg.logging.access,
     });
     if (opts.tracer) this.metrics.registerTracing(opts.tracer.stats);
     this.responses = cfg.responses.enabled
@@ -416,7 +427,7 @@ export class RouterCore {
     else idHeader = headerBytes(id);
     const auth = req.getHeader(H_AUTHORIZATION);
     const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this, res, kind, id, idHeader, auth, contentLength) : new HttpExchange(this, res, kind, id, idHeader, auth, contentLength);
-    if (kind === KIND_RESPONSES) (ctx as ResponsesExchange).tenant = this.tenantOf((n) => req.getHeader(n));
+    if (kind === KIND_RESPONSES || this.#access) ctx.tenant = this.tenantOf((n) => req.getHeader(n));
     const names = this.#headerNames;
     let h: Record<string, string> | null = null;
     if (names.length > 0) {
@@ -460,22 +471,51 @@ export class RouterCore {
   /** Called once per inference request when it ends (any way). */
   requestEnded(ctx: HttpExchange, status: number): void {
     this.#inFlight.delete(ctx);
-    if (this.#debug) {
-      const f = ctx.flight;
-      this.log.debug({ id: ctx.requestId, model: f?.model, endpoint: f?.endpoint?.name, status, path: f?.path }, 'request');
-    }
+    if (this.#access ? this.#accessSample >= 1 || Math.random() < this.#accessSample : this.#debug) this.#accessLine(ctx, status);
     if (this.#inFlight.size === 0 && this.#drainWaiters.length > 0) {
       for (const w of this.#drainWaiters.splice(0)) w();
     }
   }
 
   /**
-   * Sets the logger's level (a config reload's logging.level) and refreshes the
-   * cached debug flag the per-request path reads.
+   * The access log's line of one finished request (logging.access: at info;
+   * without it at debug): who, what, where, how it ended and how long it
+   * took. Never a key, a header value other than the request id, or a body.
    */
-  setLogLevel(level: string): void {
+  #accessLine(ctx: HttpExchange, status: number): void {
+    const f = ctx.flight;
+    const now = performance.now();
+    const line = {
+      event: 'access',
+      id: ctx.requestId,
+      method: 'POST',
+      path: f?.path ?? ctx.path,
+      status,
+      duration_ms: Math.round((now - ctx.startedAt) * 10) / 10,
+      ttft_ms: ctx.firstByteAt > 0 ? Math.round((ctx.firstByteAt - ctx.startedAt) * 10) / 10 : null,
+      tenant: ctx.tenant,
+      model: f?.model || null,
+      endpoint: f?.endpoint?.name ?? null,
+      prefill_endpoint: f?.prefillEndpoint?.name ?? null,
+      tokens: f !== null && f.completionTokens !== undefined && f.completionTokens >= 0 ? f.completionTokens : null,
+      bytes: f?.responseBytes ?? 0,
+      retries: f?.retries ?? 0,
+    };
+    if (this.#access) this.log.info(line, 'request');
+    else this.log.debug(line, 'request');
+  }
+
+  /**
+   * Sets the logger's level (a config reload's logging.level) and refreshes the
+   * cached debug flag the per-request path reads; `logging` the access log's switch.
+   */
+  setLogLevel(level: string, logging?: RouterConfig['logging']): void {
     this.log.level = level;
     this.#debug = this.log.isLevelEnabled('debug');
+    if (logging !== undefined) {
+      this.#access = logging.access;
+      this.#accessSample = logging.accessSample;
+    }
   }
 
   get activeRequests(): number {

@@ -3,6 +3,7 @@
 // chunks with backpressure, error answers). Knows nothing of scheduling.
 // Writes made from upstream socket callbacks are corked through module-level
 // functions (no closure per write).
+import { performance } from 'node:perf_hooks';
 import type { Rejected } from '../admission.js';
 import type { ClientPort } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
@@ -10,6 +11,7 @@ import { errorBody } from '../proxy/error-shape.js';
 import type { HttpResponse } from '../uws.js';
 import type { LimitsConfig } from '../config/schema.js';
 import type { Director } from '../director/director.js';
+import { KIND_PATHS } from '../director/kinds.js';
 import { statusLine } from './http-errors.js';
 import { SHUTDOWN_CODE, type Cuttable } from './drain.js';
 
@@ -38,6 +40,10 @@ export interface ExchangeFlight {
   readonly prefillEndpoint?: Endpoint | null;
   /** The client went away (499), or the router cut the request (`status`: 503 at a drain's end). */
   clientAborted(status?: number): void;
+  /** For the access log and the outcome metrics, where the side keeps them (the director's Flight does). */
+  readonly completionTokens?: number;
+  readonly responseBytes?: number;
+  readonly retries?: number;
   pause(): void;
   resume(): void;
 }
@@ -85,6 +91,11 @@ export class HttpExchange implements ClientPort, Cuttable {
   headers: Readonly<Record<string, string>> = EMPTY;
   /** The session header's value ('' when absent or not read). */
   sessionHeader = '';
+  /** The request's tenant (read for the Responses API and the access log; '' otherwise). */
+  tenant = '';
+  /** performance.now() when the request's headers arrived, and when its answer's first bytes went out (0: not yet). */
+  readonly startedAt = performance.now();
+  firstByteAt = 0;
   readStart = 0;
   /** Position in core.reading while the body is being read; -1 otherwise. */
   readSlot = -1;
@@ -103,6 +114,11 @@ export class HttpExchange implements ClientPort, Cuttable {
   #done = false;
   #paused = false;
   #onWritable: ((offset: number) => boolean) | null = null;
+
+  /** The request's route (the access log's, before a flight knows it). */
+  get path(): string {
+    return KIND_PATHS[this.kind] ?? '/v1/responses';
+  }
 
   constructor(core: ExchangeHost, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, authorization: string, contentLength: number) {
     this.core = core;
@@ -290,6 +306,7 @@ export class HttpExchange implements ClientPort, Cuttable {
     // draining: a stream says it closes its connection (a whole answer's end() does that itself)
     if (streamed && this.core.draining) res.writeHeader('connection', 'close');
     this.#started = true;
+    this.firstByteAt = performance.now();
   }
 
   writeCorked(chunk: Buffer | string): void {
