@@ -193,6 +193,7 @@ export class RouterCore {
       });
     }
     this.metrics = new RouterMetrics(set);
+    stateLog.countUpstream = (id, kind) => this.metrics.countUpstreamError(id, kind);
     this.pd?.metrics.register(this.metrics.registry);
     this.live = new LiveEndpoints(set, { graceMs: cfg.admin?.drainGraceMs });
     this.metrics.live = this.live.counters;
@@ -471,6 +472,8 @@ export class RouterCore {
   /** Called once per inference request when it ends (any way). */
   requestEnded(ctx: HttpExchange, status: number): void {
     this.#inFlight.delete(ctx);
+    const now = performance.now();
+    this.metrics.countOutcome(ctx.flight?.model ?? '', ctx.outcome, ctx.rejectReason, (now - ctx.startedAt) / 1000, ctx.firstByteAt > 0 ? (ctx.firstByteAt - ctx.startedAt) / 1000 : -1);
     if (this.#access ? this.#accessSample >= 1 || Math.random() < this.#accessSample : this.#debug) this.#accessLine(ctx, status);
     if (this.#inFlight.size === 0 && this.#drainWaiters.length > 0) {
       for (const w of this.#drainWaiters.splice(0)) w();

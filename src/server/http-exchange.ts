@@ -14,6 +14,7 @@ import type { Director } from '../director/director.js';
 import { KIND_PATHS } from '../director/kinds.js';
 import { statusLine } from './http-errors.js';
 import { SHUTDOWN_CODE, type Cuttable } from './drain.js';
+import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_CLIENT_ERROR, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, OUTCOME_TIMEOUT, statusOutcome } from './outcomes.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
 
@@ -96,6 +97,9 @@ export class HttpExchange implements ClientPort, Cuttable {
   /** performance.now() when the request's headers arrived, and when its answer's first bytes went out (0: not yet). */
   readonly startedAt = performance.now();
   firstByteAt = 0;
+  /** How the request ended (src/server/outcomes.ts; -1 until decided) and a rejection's reason. */
+  outcome = -1;
+  rejectReason = '';
   readStart = 0;
   /** Position in core.reading while the body is being read; -1 otherwise. */
   readSlot = -1;
@@ -112,6 +116,9 @@ export class HttpExchange implements ClientPort, Cuttable {
   #started = false;
   #aborted = false;
   #done = false;
+  #inBegin = false;
+  /** done()'s status while inside begin(); -1: none. */
+  #endedStatus = -1;
   #paused = false;
   #onWritable: ((offset: number) => boolean) | null = null;
 
@@ -163,7 +170,15 @@ export class HttpExchange implements ClientPort, Cuttable {
     this.core.reading.delete(this);
     const raw = this.#raw === null ? Buffer.alloc(0) : this.#raw.length === this.#received ? this.#raw : this.#raw.subarray(0, this.#received);
     this.#raw = null;
-    this.flight = this.begin(raw);
+    // an answer given inside begin() (a bad body, no endpoint) ends the request before `flight` is set:
+    // its end is reported once begin() returns, so the metrics and the access log see the flight's model
+    this.#inBegin = true;
+    try {
+      this.flight = this.begin(raw);
+    } finally {
+      this.#inBegin = false;
+    }
+    if (this.#endedStatus >= 0) this.core.requestEnded(this, this.#endedStatus);
   }
 
   /** Hands the complete body over: to the director (a subclass may hand it elsewhere). */
@@ -174,6 +189,7 @@ export class HttpExchange implements ClientPort, Cuttable {
   /** An error answer from the transport itself (413, 408), before the director took the request; closes the connection. */
   reject(status: number, message: string): void {
     if (this.#done || this.#aborted) return;
+    this.outcome = status === 408 ? OUTCOME_TIMEOUT : OUTCOME_CLIENT_ERROR;
     this.#error(status, message, null, undefined, null, true);
     this.core.metrics.countRequest('', -1, status);
     this.done(status);
@@ -189,6 +205,7 @@ export class HttpExchange implements ClientPort, Cuttable {
       return;
     }
     if (!this.#done) {
+      this.outcome = OUTCOME_CANCELLED;
       this.core.metrics.countRequest('', -1, 499);
       this.done(499);
     }
@@ -203,6 +220,7 @@ export class HttpExchange implements ClientPort, Cuttable {
     if (this.#done || this.#aborted) return;
     this.core.reading.delete(this);
     this.#aborted = true; // the flight's later writes are dropped
+    this.outcome = OUTCOME_SHUTDOWN;
     const res = this.res;
     if (this.#started) {
       // not end(…, true): uWS drops a chunked stream's last chunk when asked to close with it (the router closes the sockets after)
@@ -241,6 +259,7 @@ export class HttpExchange implements ClientPort, Cuttable {
   }
 
   fail(sseEvent: string | null): void {
+    if (this.outcome < 0) this.outcome = OUTCOME_MID_STREAM;
     if (this.#aborted) return;
     cur = this;
     curEvent = sseEvent;
@@ -249,6 +268,10 @@ export class HttpExchange implements ClientPort, Cuttable {
   }
 
   error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null, code?: string): void {
+    if (this.outcome < 0) {
+      this.outcome = errorOutcome(status, message, endpoint !== undefined, rejection !== null);
+      if (rejection !== null) this.rejectReason = rejection.reason ?? '';
+    }
     if (this.#aborted) return;
     this.#error(status, message, param, endpoint, rejection, false, code);
   }
@@ -256,6 +279,12 @@ export class HttpExchange implements ClientPort, Cuttable {
   done(status: number): void {
     if (this.#done) return;
     this.#done = true;
+    // an answer that ran to its end (or a status the director counted without an error call)
+    if (this.outcome < 0) this.outcome = statusOutcome(status);
+    if (this.#inBegin) {
+      this.#endedStatus = status;
+      return;
+    }
     this.core.requestEnded(this, status);
   }
 

@@ -6,6 +6,7 @@
 // the events.
 import type { Logger } from 'pino';
 import type { Endpoint, EndpointEvents, EndpointSet, Health } from '../endpoints/endpoint.js';
+import { upstreamKind } from './outcomes.js';
 
 /** At most one upstream-failure line per endpoint in this long (the rest are counted into the next). */
 export const UPSTREAM_LOG_EVERY_MS = 10_000;
@@ -15,6 +16,8 @@ export class StateLog implements EndpointEvents {
   /** Per endpoint id: when its last upstream-failure line went out, and the failures since. */
   readonly #lastUpstreamAt: number[] = [];
   readonly #suppressed: number[] = [];
+  /** Counts each upstream failure by kind (the router's metrics); null: not counted. */
+  countUpstream: ((endpointId: number, kind: number) => void) | null = null;
 
   constructor(log: Logger, set: EndpointSet) {
     this.#log = log;
@@ -38,6 +41,7 @@ export class StateLog implements EndpointEvents {
   }
 
   upstreamFailed(ep: Endpoint, message: string, midStream: boolean): void {
+    this.countUpstream?.(ep.id, upstreamKind(message, midStream));
     const now = Date.now();
     const last = this.#lastUpstreamAt[ep.id] ?? 0;
     if (now - last < UPSTREAM_LOG_EVERY_MS) {
