@@ -29,6 +29,7 @@ export const DEFAULTS = {
     healthTimeoutMs: 1000,
     breakerFailures: 3,
     breakerCooldownMs: 5000,
+    modelCheckIntervalMs: 30_000,
   } satisfies DataLayerConfig,
   proxy: {
     client: 'auto' as (typeof UPSTREAM_CLIENTS)[number],

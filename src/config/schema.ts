@@ -55,6 +55,11 @@ export const endpointConfigSchema = strict(
           ctx.addIssue({ code: 'custom', message: urlMessage(s), input: s });
           return z.NEVER;
         }
+        if (new URL(origin).port === '0') {
+          // a valid URL, but no engine listens on port 0 (every request would fail to connect)
+          ctx.addIssue({ code: 'custom', message: `port 0 is not a port an engine listens on: it must be an integer 1–65535, e.g. http://10.0.0.5:8000 (got ${got(s)})`, input: s });
+          return z.NEVER;
+        }
         return origin;
       })
       .describe('http://host:port or https://host:port, no path, query, fragment or credentials'),
@@ -143,6 +148,9 @@ const dataLayerSchema = strict(
     healthTimeoutMs: int(1, 3_600_000).default(d.healthTimeoutMs),
     breakerFailures: int(1, 1_000_000).default(d.breakerFailures),
     breakerCooldownMs: int(1, 3_600_000).default(d.breakerCooldownMs),
+    modelCheckIntervalMs: int(0, 86_400_000)
+      .default(d.modelCheckIntervalMs)
+      .describe("how often each endpoint's GET /v1/models is read: an endpoint that does not list a model of its pool is not ready for it (0: never)"),
   },
   'must be a mapping',
 ).prefault({});

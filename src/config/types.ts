@@ -81,6 +81,8 @@ export interface DataLayerConfig {
   healthTimeoutMs: number;
   breakerFailures: number;
   breakerCooldownMs: number;
+  /** How often each endpoint's GET /v1/models is read to check it serves its pool's models (0: never; absent: 30 s). */
+  modelCheckIntervalMs?: number;
 }
 
 export const UPSTREAM_CLIENTS = ['auto', 'h1', 'native', 'undici'] as const;

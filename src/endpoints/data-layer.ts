@@ -20,6 +20,8 @@ export function checkFailure(err: unknown): string {
 
 /** Largest /metrics body read; a bigger one fails the scrape (real engines send well under 1 MiB). */
 export const MAX_METRICS_BYTES = 16 * 1024 * 1024;
+/** Largest GET /v1/models body read (an engine with many LoRA adapters lists each). */
+const MAX_MODELS_BYTES = 1024 * 1024;
 
 export class DataLayer {
   readonly #set: EndpointSet;
@@ -174,7 +176,11 @@ export class DataLayer {
       const signal = AbortSignal.timeout(this.#set.dataLayer.healthTimeoutMs);
       const res = await client.request({ path: '/health', method: 'GET', signal });
       await res.body.dump();
+      const was = ep.health;
       this.#health(ep, res.statusCode === 200 ? 'up' : 'down', `GET /health answered HTTP ${res.statusCode}`);
+      // which models it serves: at its first good check, when it comes back (it may have restarted with another), and every modelCheckIntervalMs
+      const every = this.#set.dataLayer.modelCheckIntervalMs ?? 30_000;
+      if (ep.health === 'up' && every > 0 && (was !== 'up' || performance.now() - ep.modelsCheckedAt >= every)) await this.#checkModels(ep, client);
     } catch (err) {
       // a removed endpoint's connection was closed under the check: not a health verdict
       if (ep.removed) return;
@@ -183,6 +189,40 @@ export class DataLayer {
       ep.healthAt = performance.now();
       this.#checking[ep.id] = false;
     }
+  }
+
+  /**
+   * Reads GET /v1/models: the pool's models the engine does not list are
+   * missing there. An engine without the route, or an answer that is not an
+   * OpenAI model list, tells nothing (nothing is marked missing).
+   */
+  async #checkModels(ep: Endpoint, client: Client): Promise<void> {
+    ep.modelsCheckedAt = performance.now();
+    let served: string[] | null = null;
+    try {
+      const res = await client.request({ path: '/v1/models', method: 'GET', signal: AbortSignal.timeout(this.#set.dataLayer.healthTimeoutMs) });
+      if (res.statusCode !== 200) {
+        await res.body.dump();
+        return;
+      }
+      let size = 0;
+      const chunks: Buffer[] = [];
+      for await (const chunk of res.body as AsyncIterable<Buffer>) {
+        size += chunk.length;
+        if (size > MAX_MODELS_BYTES) throw new RangeError('model list too large');
+        chunks.push(chunk);
+      }
+      const j = JSON.parse(Buffer.concat(chunks, size).toString('utf8')) as { data?: unknown };
+      if (!Array.isArray(j.data)) return;
+      served = j.data.map((m) => (m as { id?: unknown })?.id).filter((id): id is string => typeof id === 'string');
+    } catch {
+      return; // unreachable meanwhile, or not a model list: the health check has its own verdict
+    }
+    if (ep.removed || this.#closed) return;
+    const missing = ep.models.filter((m) => !served.includes(m));
+    const before = ep.missingModels ?? [];
+    ep.missingModels = missing.length > 0 ? missing : null;
+    if (missing.join('\0') !== before.join('\0')) ep.events?.models(ep, missing, served.slice(0, 32));
   }
 
   #health(ep: Endpoint, to: Health, reason: string): void {

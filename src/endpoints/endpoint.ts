@@ -21,6 +21,8 @@ export interface EndpointEvents {
   health(ep: Endpoint, from: Health, to: Health, reason: string): void;
   breaker(ep: Endpoint, open: boolean): void;
   draining(ep: Endpoint): void;
+  /** The endpoint's GET /v1/models lists `served`: `missing` are its pool's models it does not serve (empty: all served again). */
+  models(ep: Endpoint, missing: readonly string[], served: readonly string[]): void;
   /** A request's upstream leg failed (connect, DNS, reset, timeout); `midStream`: after bytes went to the client. */
   upstreamFailed(ep: Endpoint, message: string, midStream: boolean): void;
 }
@@ -89,6 +91,14 @@ export class Endpoint {
   /** The learned latency model, when a latency plugin (predicted-latency) uses one; null otherwise. */
   latency: LatencyModel | null = null;
 
+  /**
+   * Models of its pool the engine does not serve (its GET /v1/models does not
+   * list them): not routed there, and /readyz is not ready for them on its
+   * account. Null: none missing, or not checked (an engine without the route).
+   */
+  missingModels: readonly string[] | null = null;
+  /** performance.now() of the last /v1/models check; 0: never. */
+  modelsCheckedAt = 0;
   /** State-change listener (the router's log), shared by the set's endpoints; null: none. */
   events: EndpointEvents | null = null;
 
@@ -183,6 +193,11 @@ export class Endpoint {
   /** Can requests be sent here now? Unknown health counts as routable. */
   routable(now: number): boolean {
     return this.health !== 'down' && !this.breakerOpen(now);
+  }
+
+  /** Serves `model` as far as its /v1/models says (unchecked: yes). */
+  serves(model: string): boolean {
+    return this.missingModels === null || !this.missingModels.includes(model);
   }
 
   /** Ready for /readyz: known healthy (or health checks off) and breaker closed. */

@@ -121,8 +121,8 @@ export async function runServeCli(argv: string[]): Promise<number> {
         const { startFleet } = await import('../sim/index.js');
         fleet = await startFleet(4, { models, engine: (args.engine as Engine | undefined) ?? 'vllm' });
       }
-      // --print-config starts nothing: the simulated engines' ports show as 0 (chosen at start)
-      const urls = fleet?.urls ?? ['http://127.0.0.1:0', 'http://127.0.0.1:0', 'http://127.0.0.1:0', 'http://127.0.0.1:0'];
+      // --print-config starts nothing: validated with placeholder ports, printed with port 0 (chosen at start)
+      const urls = fleet?.urls ?? [1, 2, 3, 4].map((p) => `http://127.0.0.1:${p}`);
       config = validateConfig(
         {
           apiVersion: API_VERSION,
@@ -154,6 +154,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
   if (args['print-config']) {
     if (args.host !== undefined) config.listen.host = args.host;
     if (port !== undefined) config.listen.port = port;
+    if (args.config === undefined && args.upstream === undefined) for (const e of config.pools[0]!.endpoints) e.url = 'http://127.0.0.1:0';
     process.stdout.write(configYaml(config));
     return 0;
   }

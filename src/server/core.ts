@@ -412,10 +412,27 @@ export class RouterCore {
     const checks = set.dataLayer.healthIntervalMs > 0;
     const notReady: string[] = [];
     for (const m of set.models()) {
-      if (!set.forModel(m)!.some((ep) => ep.ready(now, checks))) notReady.push(m);
+      if (!set.forModel(m)!.some((ep) => ep.ready(now, checks) && ep.serves(m))) notReady.push(m);
     }
-    if (notReady.length === 0) this.#json(res, 200, '{"status":"ready"}');
-    else this.#json(res, 503, JSON.stringify({ status: 'not ready', models_without_ready_endpoint: notReady }));
+    if (notReady.length === 0) return this.#json(res, 200, '{"status":"ready"}');
+    // why, per model: each endpoint's problem (not-ready path only)
+    const reasons: Record<string, string[]> = {};
+    for (const m of notReady) {
+      const eps = set.forModel(m)!;
+      reasons[m] =
+        eps.length === 0
+          ? ['no active endpoint']
+          : eps.map((ep) =>
+              !ep.serves(m)
+                ? `${ep.name}: the engine does not serve "${m}" (its /v1/models does not list it)`
+                : ep.health === 'down'
+                  ? `${ep.name}: health check failing`
+                  : ep.breakerOpen(now)
+                    ? `${ep.name}: circuit breaker open`
+                    : `${ep.name}: not checked yet`,
+            );
+    }
+    this.#json(res, 503, JSON.stringify({ status: 'not ready', models_without_ready_endpoint: notReady, reasons }));
   }
 
   #inference(res: HttpResponse, req: HttpRequest, kind: number): void {

@@ -346,6 +346,16 @@ export class RouterMetrics {
       },
     });
     new Gauge({
+      name: 'switchyard_endpoint_model_missing',
+      help: "1 per endpoint and model of its pool that its engine's GET /v1/models does not list (not routed there, not ready for it).",
+      labelNames: ['endpoint', 'model'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const ep of set.all) for (const model of ep.missingModels ?? []) this.set({ endpoint: ep.name, model }, 1);
+      },
+    });
+    new Gauge({
       name: 'switchyard_endpoint_draining',
       help: '1 while the endpoint drains (takes no new request; removed once its requests end or its grace period does).',
       labelNames: ['endpoint'],

@@ -40,6 +40,15 @@ export class StateLog implements EndpointEvents {
     this.#log.info({ event: 'endpoint.draining', ...where(ep), origin: ep.origin, in_flight: ep.inFlight }, `endpoint ${ep.name} is draining (no new requests)`);
   }
 
+  models(ep: Endpoint, missing: readonly string[], served: readonly string[]): void {
+    if (missing.length > 0) {
+      this.#log.warn(
+        { event: 'endpoint.model_mismatch', ...where(ep), missing, served },
+        `endpoint ${ep.name} does not serve ${missing.map((m) => `"${m}"`).join(', ')} (its /v1/models lists ${served.map((m) => `"${m}"`).join(', ') || 'nothing'}): not routed there, not ready for it`,
+      );
+    } else this.#log.info({ event: 'endpoint.model_match', ...where(ep), served }, `endpoint ${ep.name} serves its pool's models again`);
+  }
+
   upstreamFailed(ep: Endpoint, message: string, midStream: boolean): void {
     this.countUpstream?.(ep.id, upstreamKind(message, midStream));
     const now = Date.now();
