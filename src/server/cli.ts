@@ -224,6 +224,13 @@ export async function runServeCli(argv: string[]): Promise<number> {
   process.on('SIGTERM', onTerm);
   process.on('SIGHUP', onHup);
   if (router.admin) log.info({ url: router.admin.url }, `admin API listening on ${router.admin.url}`);
+  if (fleet !== undefined) {
+    // a container image run without arguments lands here: say loudly that nothing real answers
+    log.warn(
+      { event: 'serve.simulated', engines: fleet.urls },
+      'serving 4 SIMULATED engines (no --config or --upstream): every answer is generated text, not a model; give --config FILE or --upstream URL to route to real engines',
+    );
+  }
   try {
     await new Promise<void>((resolve) => (onStop = resolve));
     log.info({ in_flight: router.core.activeRequests }, 'not accepting new connections');

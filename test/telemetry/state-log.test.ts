@@ -172,3 +172,13 @@ t.test('a leader change is logged: the standby of a pair takes over when the act
   b.child.kill('SIGTERM');
   t.same(await b.exited, [0, null]);
 });
+
+t.test('serve without --config or --upstream warns that it serves simulated engines (a container image run without arguments)', async (t) => {
+  const { child, out, exited } = await spawnServe(t, ['--port', '0']);
+  const w = await until(out, (l) => l.event === 'serve.simulated');
+  t.equal(w?.level, 'warn');
+  t.match(w?.msg, /SIMULATED engines/);
+  t.equal((w?.engines as string[]).length, 4);
+  child.kill('SIGTERM');
+  t.same(await exited, [0, null]);
+});
