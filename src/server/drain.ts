@@ -2,6 +2,7 @@
 // its grace ends: a stream gets an SSE error event (OpenAI's error shape) and
 // its end, an answer not yet begun a 503, and each is logged and counted.
 import { errorBody } from '../proxy/error-shape.js';
+import { SlotList } from './reading-list.js';
 
 /** What the drain needs of a request in flight (HttpExchange). */
 export interface Cuttable {
@@ -24,40 +25,17 @@ export function shutdownEvent(message: string): string {
   return `data: ${errorBody(503, message, null, SHUTDOWN_CODE)}\n\ndata: [DONE]\n\n`;
 }
 
-/**
- * The requests in flight: an array with swap-remove through an index kept on
- * each request (no allocation per request, unlike a Set that rehashes as it
- * grows and shrinks).
- */
-export class ActiveList<T extends Cuttable> {
-  readonly #items: T[] = [];
-
-  get size(): number {
-    return this.#items.length;
-  }
-
-  add(r: T): void {
-    if (r.activeSlot >= 0) return;
-    r.activeSlot = this.#items.length;
-    this.#items.push(r);
-  }
-
-  delete(r: T): void {
-    const i = r.activeSlot;
-    if (i < 0) return;
-    r.activeSlot = -1;
-    const last = this.#items.pop()!;
-    if (last !== r) {
-      this.#items[i] = last;
-      last.activeSlot = i;
-    }
+/** The requests in flight (swap-remove through each request's `activeSlot`; no allocation per request). */
+export class ActiveList<T extends Cuttable> extends SlotList<'activeSlot', T> {
+  constructor() {
+    super('activeSlot');
   }
 
   /** Cuts every request still in flight; returns the ids of those cut (at most `maxIds` of them) and their count. */
   cutAll(graceMs: number, maxIds = 50): { count: number; ids: string[] } {
     const message = shutdownMessage(graceMs);
     const event = shutdownEvent(message);
-    const all = [...this.#items]; // each cut removes itself
+    const all = [...this.items]; // each cut removes itself
     const ids: string[] = [];
     for (const r of all) {
       if (ids.length < maxIds) ids.push(r.requestId);
