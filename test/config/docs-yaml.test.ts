@@ -99,3 +99,14 @@ t.test('the real `switchyard check` accepts the first router config of each doc 
   }
   t.ok(seen.size >= 5, `${seen.size} docs with a router config`);
 });
+
+t.test("docs/config.md's sample validation output is what serve prints for test/fixtures/router-docs-sample.yaml (needs dist/)", async (t) => {
+  const md = readFileSync(join(ROOT, 'docs', 'config.md'), 'utf8');
+  const m = /```\n\$ switchyard serve --config router\.yaml\n([\s\S]*?)```/.exec(md);
+  t.ok(m, 'the sample is in docs/config.md');
+  const dir = mkdtempSync(join(tmpdir(), 'swy-docs-'));
+  writeFileSync(join(dir, 'router.yaml'), readFileSync(join(ROOT, 'test', 'fixtures', 'router-docs-sample.yaml')));
+  const r = spawnSync(process.execPath, [join(ROOT, 'bin', 'switchyard.js'), 'serve', '--config', 'router.yaml'], { cwd: dir, encoding: 'utf8' });
+  t.equal(r.status, 2, 'exit 2');
+  t.equal(m?.[1], r.stderr, 'docs/config.md shows the current output (paste the actual stderr there when it changes)');
+});
