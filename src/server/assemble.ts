@@ -142,11 +142,27 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
     const api = new BatchApi({ config: config.batch, log });
     lifecycle.add('batchApi', CloseRank.batchApi, () => api.close());
     lifecycle.add('batch', CloseRank.batch, (graceMs) => processor.close(graceMs));
-    await processor.start();
-    await api.start();
+    try {
+      await processor.start();
+      await api.start();
+    } catch (err) {
+      // one message naming the block and the address (ioredis says only "Connection is closed.")
+      throw new Error(`batch: cannot use the Redis at ${redactUrl(config.batch.redis)} (batch.redis): ${(err as Error).message}`);
+    }
     batchApi = api;
   }
   return { parts: { ...parts, batchApi, leadership: ha }, ha, discovery, batch };
+}
+
+/** A URL for a message: its password (redis://:secret@host) replaced by ***. */
+export function redactUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password !== '') u.password = '***';
+    return u.toString().replace(/\/$/, '');
+  } catch {
+    return '(unparsable URL)';
+  }
 }
 
 /** The parts built before anything starts (the batch API and the lease come later). */

@@ -169,7 +169,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
       await fleet?.close();
       return 2;
     }
-    log.error({ err }, 'the router failed to start');
+    log.error({ err }, `the router failed to start: ${(err as Error)?.message ?? String(err)}`);
     await fleet?.close();
     return 1;
   }

@@ -450,7 +450,8 @@ export class RouterCore {
       duration_ms: Math.round((now - ctx.startedAt) * 10) / 10,
       ttft_ms: ctx.firstByteAt > 0 ? Math.round((ctx.firstByteAt - ctx.startedAt) * 10) / 10 : null,
       tenant: ctx.tenant,
-      model: f?.model || null,
+      // the client's text: bounded (a body may name a model of megabytes)
+      model: f?.model ? (f.model.length > 256 ? `${f.model.slice(0, 256)}…` : f.model) : null,
       endpoint: f?.endpoint?.name ?? null,
       prefill_endpoint: f?.prefillEndpoint?.name ?? null,
       tokens: f !== null && f.completionTokens !== undefined && f.completionTokens >= 0 ? f.completionTokens : null,

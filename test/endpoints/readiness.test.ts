@@ -111,3 +111,17 @@ t.test('admin API changes say they are in memory only, and a reload brings the f
   t.equal(r.status, 200, r.body);
   t.same(await names(), ['a', 'b', 'c'], 'the file endpoint removed through the API is back; the one added through the API stays');
 });
+
+t.test('a batch block whose Redis is down: serve exits 1 with one message naming the block and the address (password hidden)', async (t) => {
+  const file = join(mkdtempSync(join(tmpdir(), 'swy-ready-')), 'router.yaml');
+  writeFileSync(
+    file,
+    'apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: 0 }\npools:\n  - { name: p, models: [m], endpoints: [{ url: "http://127.0.0.1:9" }] }\nbatch: { redis: "redis://:s3cret-pw@127.0.0.1:1" }\n',
+  );
+  const r = spawnSync(process.execPath, [bin, 'serve', '--config', file], { encoding: 'utf8', timeout: 30_000 });
+  t.equal(r.status, 1);
+  const line = r.stdout.split('\n').find((l) => l.includes('failed to start'));
+  t.ok(line, r.stdout.slice(-500));
+  t.match(JSON.parse(line!).msg, /^the router failed to start: batch: cannot use the Redis at redis:\/\/:\*\*\*@127\.0\.0\.1:1 \(batch\.redis\): /);
+  t.notMatch(r.stdout + r.stderr, /s3cret-pw/, 'the password is not printed');
+});

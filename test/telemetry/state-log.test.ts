@@ -182,3 +182,20 @@ t.test('serve without --config or --upstream warns that it serves simulated engi
   child.kill('SIGTERM');
   t.same(await exited, [0, null]);
 });
+
+t.test('the access log bounds what the client wrote: a huge model name is cut', async (t) => {
+  const fleet = await startFleet(1, { models: ['m'], timeScale: 0 });
+  t.teardown(() => fleet.close());
+  const file = join(mkdtempSync(join(tmpdir(), 'swy-log-')), 'router.yaml');
+  writeFileSync(file, `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: 0 }\nlogging: { access: true }\npools:\n  - { name: p, models: [m], endpoints: [{ name: e0, url: "${fleet.urls[0]}" }] }\n`);
+  const { child, url, out, exited } = await spawnServe(t, ['--config', file]);
+  const huge = 'x'.repeat(1_000_000);
+  const r = await send(url, 'POST', '/v1/completions', { model: huge, prompt: 'hi' }).done;
+  t.equal(r.status, 404);
+  const line = await until(out, (l) => l.event === 'access');
+  t.ok(line, 'logged');
+  t.ok((line!.model as string).length <= 257, `the model cut to 256 characters (${(line!.model as string).length})`);
+  t.ok(out().length < 100_000, 'the log did not take the megabyte');
+  child.kill('SIGTERM');
+  t.same(await exited, [0, null]);
+});
