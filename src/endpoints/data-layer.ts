@@ -222,7 +222,7 @@ export class DataLayer {
     const missing = ep.models.filter((m) => !served.includes(m));
     const before = ep.missingModels ?? [];
     ep.missingModels = missing.length > 0 ? missing : null;
-    if (missing.join('\0') !== before.join('\0')) ep.events?.models(ep, missing, served.slice(0, 32));
+    if (missing.join('\0') !== before.join('\0')) ep.events?.models(ep, missing, served.slice(0, 32).map((m) => (m.length > 256 ? `${m.slice(0, 256)}…` : m))); // the engine's text, bounded for the log
   }
 
   #health(ep: Endpoint, to: Health, reason: string): void {
