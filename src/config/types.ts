@@ -4,6 +4,7 @@
 // there; this file puts them together.
 import { ACCELERATOR_NAMES, type AcceleratorName } from '../accelerators.js';
 import type { AdminConfig } from './admin.js';
+import type { ServerConfig } from './server.js';
 import type { BatchConfig } from './batch.js';
 import type { DisaggregationConfig } from './disaggregation.js';
 import type { DiscoveryConfig } from './discovery.js';
@@ -131,6 +132,8 @@ export interface RouterConfig {
   scheduling: SchedulingConfig;
   dataLayer: DataLayerConfig;
   proxy: ProxyConfig;
+  /** The HTTP front end (docs/front-end.md); absent in a hand-built config: the defaults. */
+  server?: ServerConfig;
   limits: LimitsConfig;
   logging: LoggingConfig;
   /** How SIGTERM/SIGINT drain the router (docs/operations.md). */

@@ -3,6 +3,7 @@
 // its end, an answer not yet begun a 503, and each is logged and counted.
 import { errorBody } from '../proxy/error-shape.js';
 import { SlotList } from './reading-list.js';
+import type { ExchangeFlight } from './http-exchange.js';
 
 /** What the drain needs of a request in flight (HttpExchange). */
 export interface Cuttable {
@@ -11,6 +12,20 @@ export interface Cuttable {
   readonly requestId: string;
   /** Ends the request now: an SSE error event for a stream whose head went out, else a 503. */
   cutForShutdown(sseEvent: string, message: string): void;
+}
+
+/** What the router keeps of a request in flight, on either front end (HttpExchange, NativeExchange): the drain's cut, the outcome metrics, the access log. */
+export interface InFlightRequest extends Cuttable {
+  readonly flight: ExchangeFlight | null;
+  /** How it ended (src/server/outcomes.ts), and a rejection's reason. */
+  readonly outcome: number;
+  readonly rejectReason: string;
+  /** performance.now() when its headers arrived, and when its answer's first bytes went out (0: none). */
+  readonly startedAt: number;
+  readonly firstByteAt: number;
+  readonly tenant: string;
+  /** Its route. */
+  readonly path: string;
 }
 
 /** The `code` of the error a drain's cut request gets. */
@@ -26,7 +41,7 @@ export function shutdownEvent(message: string): string {
 }
 
 /** The requests in flight (swap-remove through each request's `activeSlot`; no allocation per request). */
-export class ActiveList<T extends Cuttable> extends SlotList<'activeSlot', T> {
+export class ActiveList<T extends Cuttable = InFlightRequest> extends SlotList<'activeSlot', T> {
   constructor() {
     super('activeSlot');
   }
