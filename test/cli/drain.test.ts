@@ -131,3 +131,25 @@ t.test('a second signal (after the 1 s repeat window) ends the streams with an S
   t.equal(JSON.parse(events.at(-2)!).error.code, 'router_shutting_down');
   t.match(out(), /second signal: stopping now/);
 });
+
+t.test('the native front end (server.frontEnd: native): the same cut at the grace end, the outcomes counted', async (t) => {
+  const fleet = await slowSim(t);
+  const file = configFile(fleet.urls[0], '{ graceMs: 1000 }\nserver: { frontEnd: native }');
+  const { child, url, out, exited } = await spawnServe(t, ['--config', file]);
+  const ok = await send(url, 'POST', '/v1/completions', { model: 'm', prompt: 'hi', max_tokens: 1 }).done;
+  t.equal(ok.status, 200);
+  const { scrape, metric } = await import('../support/sim-util.js');
+  t.equal(metric(await scrape(url), 'switchyard_request_outcomes_total', { model: 'm', outcome: 'ok' }), 1, 'outcomes on the native front end');
+  const s = stream(url);
+  const whole = send(url, 'POST', '/v1/completions', { model: 'm', prompt: 'hello', max_tokens: 30, ignore_eos: true });
+  await s.first;
+  child.kill('SIGTERM');
+  const [r, w] = await Promise.all([s.done, whole.done]);
+  t.notOk(r.error, `the stream ended cleanly: ${r.error}`);
+  const events = sseData(r.body);
+  t.equal(events.at(-1), '[DONE]');
+  t.equal(JSON.parse(events.at(-2)!).error.code, 'router_shutting_down');
+  t.equal(w.status, 503, w.body);
+  t.same(await exited, [0, null]);
+  t.match(out(), /"cut":2/);
+});
