@@ -5,6 +5,7 @@ import { createHash } from 'node:crypto';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { BatchConfig } from '../config/batch.js';
+import { SwitchyardError } from '../errors.js';
 import { defineScripts, type ScriptRedis } from './lua.js';
 
 /** An answer of the API: status, JSON (or file bytes) and its content type. */
@@ -15,14 +16,19 @@ export interface ApiAnswer {
 }
 
 /** A request the API refuses: the OpenAI error fields. */
-export class BatchApiError extends Error {
+/** A Files or Batches API request refused: `status`, `param` and `code` (the OpenAI error code, null: the status's default) go into the answer. */
+export class BatchApiError extends SwitchyardError<string | null> {
   constructor(
     readonly status: number,
     message: string,
     readonly param: string | null = null,
-    readonly code: string | null = null,
+    override readonly code: string | null = null,
   ) {
     super(message);
+  }
+
+  override get swyCode(): string {
+    return 'SWY_ERR_BATCH_API';
   }
 }
 
