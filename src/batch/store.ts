@@ -77,6 +77,16 @@ export class BatchStore {
   outStream(id: string): string {
     return `${this.#p}:batch:${id}:out`;
   }
+  /** A batch's custom_ids in line order (JSON text, one a line), snapshotted at validation: its files never need the input again. */
+  batchIds(id: string): string {
+    return `${this.#p}:batch:${id}:ids`;
+  }
+
+  /** Writes `data` to `key` in FILE_CHUNK pieces (one command per piece, never the whole in one buffer). */
+  async putChunked(key: string, data: Buffer): Promise<void> {
+    await this.redis.set(key, data.subarray(0, FILE_CHUNK));
+    for (let at = FILE_CHUNK; at < data.length; at += FILE_CHUNK) await this.redis.append(key, data.subarray(at, at + FILE_CHUNK));
+  }
   /**
    * A tenant's part of the key space: its lists and usage live under
    * `<prefix>:t:<tag>:`, the tag a digest of the tenant name ('' — the
@@ -117,8 +127,7 @@ export class BatchStore {
     const created = now();
     const key = this.fileData(id);
     try {
-      await this.redis.set(key, data.subarray(0, FILE_CHUNK));
-      for (let at = FILE_CHUNK; at < data.length; at += FILE_CHUNK) await this.redis.append(key, data.subarray(at, at + FILE_CHUNK));
+      await this.putChunked(key, data);
       await this.redis
         .multi()
         .hset(this.fileKey(id), 'filename', filename, 'purpose', purpose, 'bytes', String(data.length), 'created_at', String(created), 'tenant', tenant)

@@ -176,14 +176,30 @@ t.test('F5: the input file of an active batch cannot be deleted (409 file_in_use
   t.equal((await a.files.delete(file.id)).deleted, true, 'deletable once the batch ended');
 });
 
-t.test('F4/F5: a batch whose input is lost mid-run ends failed, saying why, with an error file (not finalizing forever)', async (t) => {
+t.test('F5: a batch whose input bytes are lost mid-run still completes: its custom_ids were snapshotted at validation', async (t) => {
   const { a, redisUrl } = await setup(t, { maxInFlight: 1 }, 1);
   const file = await a.files.create({ file: await jsonl(Array.from({ length: 30 }, (_, i) => chatLine(`l${i}`))), purpose: 'batch' });
   const batch = await a.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
   await until(() => a.batches.retrieve(batch.id), (x) => x.status === 'in_progress', 10000);
   const r = new Redis(redisUrl);
   t.teardown(() => r.disconnect());
+  t.equal(await r.exists(`swy:batch:${batch.id}:ids`), 1, 'the snapshot is there');
   t.equal(await r.del(`swy:file:${file.id}:data`), 1, 'the input bytes lost behind the API');
+  const end = await until(() => a.batches.retrieve(batch.id), (x) => x.status !== 'in_progress' && x.status !== 'finalizing', 30000);
+  t.equal(end.status, 'completed');
+  const lines = (await (await a.files.content(end.output_file_id!)).text()).trim().split('\n').map((l) => JSON.parse(l) as { custom_id: string });
+  t.same(lines.map((l) => l.custom_id), Array.from({ length: 30 }, (_, i) => `l${i}`), 'every custom_id once, in input order');
+  t.equal(await r.exists(`swy:batch:${batch.id}:ids`), 0, 'the snapshot goes with the batch');
+});
+
+t.test('F4: a batch whose input and custom_id snapshot are both lost mid-run ends failed, saying why, with an error file (not finalizing forever)', async (t) => {
+  const { a, redisUrl } = await setup(t, { maxInFlight: 1 }, 1);
+  const file = await a.files.create({ file: await jsonl(Array.from({ length: 30 }, (_, i) => chatLine(`l${i}`))), purpose: 'batch' });
+  const batch = await a.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  await until(() => a.batches.retrieve(batch.id), (x) => x.status === 'in_progress', 10000);
+  const r = new Redis(redisUrl);
+  t.teardown(() => r.disconnect());
+  t.equal(await r.del(`swy:file:${file.id}:data`, `swy:batch:${batch.id}:ids`), 2, 'the input bytes and the snapshot lost behind the API');
   const end = await until(() => a.batches.retrieve(batch.id), (x) => x.status !== 'in_progress' && x.status !== 'finalizing', 30000);
   t.equal(end.status, 'failed');
   t.match(end.errors?.data?.[0], { code: 'batch_failed', message: /deleted/ }, 'the reason in errors');
