@@ -88,6 +88,8 @@ export class Tracker {
       return; // Redis away: the next tick
     }
     for (const id of ids) if (!this.#working.has(id)) void this.#step(id);
+    // files past their expires_at go (one tick's worth at a time)
+    await this.#s.expireFiles().catch((err: Error) => this.#s.log.debug({ err: err.message }, 'batch api: expiring files failed; the next tick'));
   }
 
   /** One pass over a batch: whatever its status asks for next. */
@@ -151,7 +153,7 @@ export class Tracker {
     const tag = id.slice('batch_'.length);
     let errId = '';
     try {
-      const f = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, h.tenant ?? '');
+      const f = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, h.tenant ?? '', Number(h.output_expires_after || 0));
       await f.add(json({ id: `batch_req_${tag}_failed`, custom_id: null, response: null, error: { code: 'batch_failed', message: why } }));
       errId = await f.close();
     } catch {
@@ -266,8 +268,9 @@ export class Tracker {
     const customIds = await this.#customIds(id, h, results.size > 0 || expired);
     const tag = id.slice('batch_'.length);
     const tenant = h.tenant ?? '';
-    const out = this.#s.chunkedFile(`file-${tag}-output`, `${id}_output.jsonl`, tenant);
-    const errs = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, tenant);
+    const keep = Number(h.output_expires_after || 0);
+    const out = this.#s.chunkedFile(`file-${tag}-output`, `${id}_output.jsonl`, tenant, keep);
+    const errs = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, tenant, keep);
     // the lines are built LINES_CHUNK at a time in the JSONL worker (each answer's body parsed and written out again)
     const j: ResultLinesJob = { tag, batchId: id, expired, lines: [], statuses: [], bodies: [], ids: [] };
     let bytes = 0;
