@@ -112,6 +112,8 @@ export class KvEventFeed implements DecodeCounts {
    * mode scores the endpoint while its stream is down and its record is as stale as the events'.
    */
   onEngineReset: ((id: number) => void) | null = null;
+  /** Called when an engine's stream connects or loses its publisher (the router's log); null: none. */
+  onConnection: ((name: string, endpoint: string, connected: boolean) => void) | null = null;
   /** Engine resets seen (disconnects and restarts), over all streams. */
   engineResets = 0;
   /** Drains that threw (their batches were lost: the streams they came from were cleared and marked unhealthy). */
@@ -233,6 +235,7 @@ export class KvEventFeed implements DecodeCounts {
         }
       },
     );
+    feed.stream.onConnection = (connected) => this.onConnection?.(ep.name, ep.endpoint, connected);
     this.#feeds.push(feed);
     for (const h of feed.holders) this.#byId[h] = feed;
     if (!this.#closed) feed.stream.start();

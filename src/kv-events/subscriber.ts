@@ -134,6 +134,9 @@ export class KvEventStream {
     this.#onReset = onReset;
   }
 
+  /** Called when the stream's socket connects (true) or loses its publisher (false): the router logs it. */
+  onConnection: ((connected: boolean) => void) | null = null;
+
   /** Whether the index's entries for this engine can be trusted (else: score it by the approximate mode). */
   get healthy(): boolean {
     return this.#problem === null;
@@ -161,6 +164,7 @@ export class KvEventStream {
     sub.events.on('connect', () => {
       if (sub !== this.#sub) return;
       if (this.#problem === 'connecting' || this.#problem === 'disconnected') this.#problem = null;
+      if (!this.#closed) this.onConnection?.(true);
     });
     sub.events.on('disconnect', () => {
       // the engine went away (or sent a frame over maxMessageBytes, which makes libzmq drop it): whatever it
@@ -168,6 +172,7 @@ export class KvEventStream {
       // its entries, and on the next batch join again (replay from 0)
       if (this.#closed || sub !== this.#sub) return;
       this.counters.disconnects++;
+      this.onConnection?.(false);
       this.#setProblem('disconnected');
       this.counters.clears++;
       this.#push('clear');
