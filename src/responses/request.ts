@@ -2,18 +2,23 @@
 // naming it, `input[2].content[0].type` style), and its input rendered once
 // into chat messages as a JSON fragment (`{"role":..,"content":..},...`), the
 // form the store keeps, so no later turn parses or renders it again.
+import { SwitchyardError } from '../errors.js';
 import { jsonNestsDeeper } from '../json-depth.js';
 import { newItemId } from './ids.js';
 
-/** A request the Responses layer answers itself, in OpenAI's error shape. */
-export class ResponsesError extends Error {
+/** A request the Responses layer answers itself, in OpenAI's error shape: `status`, `param` and `code` (the OpenAI error code, undefined: the status's default). */
+export class ResponsesError extends SwitchyardError<string | undefined> {
   constructor(
     readonly status: number,
     message: string,
     readonly param: string | null = null,
-    readonly code?: string,
+    override readonly code: string | undefined = undefined,
   ) {
     super(message);
+  }
+
+  override get swyCode(): string {
+    return 'SWY_ERR_RESPONSES_REQUEST';
   }
 }
 

@@ -3,7 +3,7 @@
 // its end, an answer not yet begun a 503, and each is logged and counted.
 import { errorBody } from '../proxy/error-shape.js';
 import { SlotList } from './reading-list.js';
-import type { ExchangeFlight } from './http-exchange.js';
+import type { ExchangeFlight } from './exchange-flight.js';
 
 /** What the drain needs of a request in flight (HttpExchange). */
 export interface Cuttable {

@@ -14,6 +14,7 @@ import type { Director } from '../director/director.js';
 import { KIND_PATHS } from '../director/kinds.js';
 import { statusLine } from './http-errors.js';
 import { SHUTDOWN_CODE, type Cuttable } from './drain.js';
+import type { ExchangeFlight } from './exchange-flight.js';
 import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_CLIENT_ERROR, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, OUTCOME_TIMEOUT, statusOutcome } from './outcomes.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
@@ -32,22 +33,7 @@ export interface ExchangeHost {
   requestEnded(x: HttpExchange, status: number): void;
 }
 
-/** What the exchange needs of the side that took its body over (the director's Flight, a Responses turn). */
-export interface ExchangeFlight {
-  readonly model: string;
-  readonly path: string;
-  readonly endpoint?: Endpoint;
-  /** P/D: the endpoint whose prefill the decode leg used (x-switchyard-prefill-endpoint); null when none. */
-  readonly prefillEndpoint?: Endpoint | null;
-  /** The client went away (499), or the router cut the request (`status`: 503 at a drain's end). */
-  clientAborted(status?: number): void;
-  /** For the access log and the outcome metrics, where the side keeps them (the director's Flight does). */
-  readonly completionTokens?: number;
-  readonly responseBytes?: number;
-  readonly retries?: number;
-  pause(): void;
-  resume(): void;
-}
+export type { ExchangeFlight } from './exchange-flight.js';
 
 /** uWS hands header values over one char per byte: echo non-ASCII ones as their original bytes. */
 export function headerBytes(s: string): string | Buffer {

@@ -1,7 +1,6 @@
 // Lists of requests with O(1) add and delete through an index kept on each
 // request: the requests still reading their body (the 408 sweep walks it) and,
 // in drain.ts, the requests in flight.
-import type { HttpExchange } from './http-exchange.js';
 
 /**
  * An array with swap-remove through the slot field `key` of each item (-1:
@@ -43,14 +42,23 @@ export class SlotList<K extends string, T extends Record<K, number>> {
   }
 }
 
+/** What the 408 sweep needs of a request still reading its body (HttpExchange). */
+export interface ReadingRequest {
+  readSlot: number;
+  /** The sweep clock when its body reading began. */
+  readonly readStart: number;
+  /** Answers with `status` and ends the request. */
+  reject(status: number, message: string): void;
+}
+
 /** The requests still reading their body. */
-export class ReadingList extends SlotList<'readSlot', HttpExchange> {
+export class ReadingList extends SlotList<'readSlot', ReadingRequest> {
   constructor() {
     super('readSlot');
   }
 
   /** Those whose body reading began before `deadline` (a new array: the sweep is not on the request path). */
-  startedBefore(deadline: number): HttpExchange[] {
+  startedBefore(deadline: number): ReadingRequest[] {
     return this.items.filter((r) => r.readStart < deadline);
   }
 }
