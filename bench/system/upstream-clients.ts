@@ -15,6 +15,9 @@ import { join } from 'node:path';
 import { CLI, cpuSeconds, freePort, start, waitReady, type Proc, runMain, option } from '../lib/proc.js';
 import { hasWrk, runWrk } from '../lib/wrk.js';
 import { median } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const arg = (name: string, def: string) => option(argv, name) ?? def;

@@ -76,7 +76,7 @@ export class Director implements FlightHost {
     this.scheduler = o.scheduler;
     this.upstream = o.upstream;
     this.gate = o.gate;
-    this.wantsUsage = o.gate.wantsUsage === true;
+    this.wantsUsage = o.gate.wantsUsage === true || o.scanUsage === true;
     this.metrics = o.metrics;
     this.log = o.log;
     this.maxRetries = o.maxRetries;
@@ -196,6 +196,7 @@ export class Flight extends RetryingFlight implements UpstreamSink, PdFlight {
       }
       if (status < 400) this.director.pd.paired();
     }
+    if (status >= 500) this.endpoint.events?.upstreamFailed(this.endpoint, `answered HTTP ${status}`, false);
     if (status >= 500 && this.canRetry()) {
       if (this.trace !== null) this.trace.legFirstByte(performance.now(), status);
       this.retry(`endpoint ${this.endpoint.name} answered HTTP ${status}`);
@@ -336,6 +337,7 @@ export class Flight extends RetryingFlight implements UpstreamSink, PdFlight {
 
   override onUpstreamError(err: Error): void {
     if (this.aborted || this.done) return;
+    this.endpoint.events?.upstreamFailed(this.endpoint, err.message, this.relayStarted);
     if (this.canRetry()) {
       this.retry(`endpoint ${this.endpoint.name}: ${err.message}`);
       return;
@@ -421,8 +423,8 @@ export class Flight extends RetryingFlight implements UpstreamSink, PdFlight {
     this.finish(failed ? 'failed' : 'ok', status === 0 ? 502 : status);
   }
 
-  /** The client went away (the transport saw it): abort upstream, release all accounting. */
-  clientAborted(): void {
+  /** The client went away (the transport saw it; `status` 499), or the router cut the request (503 at a drain's end): abort upstream, release all accounting. */
+  clientAborted(status = 499): void {
     if (this.aborted) return;
     this.aborted = true;
     this.call?.abort();
@@ -436,9 +438,9 @@ export class Flight extends RetryingFlight implements UpstreamSink, PdFlight {
         this.admitted = false;
         this.director.gate.release(this.ticket, 'aborted', this);
       }
-      this.director.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, 499);
-      if (this.trace !== null) this.trace.end(performance.now(), 499, 'client closed the request');
-      this.port.done(499);
+      this.director.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, status);
+      if (this.trace !== null) this.trace.end(performance.now(), status, status === 499 ? 'client closed the request' : 'cut by the router (shutdown)');
+      this.port.done(status);
     }
     const cb = this.onabort;
     this.onabort = null;

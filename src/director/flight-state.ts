@@ -111,6 +111,10 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   protected picked = false;
   protected tried: Endpoint[] | null = null;
   protected attempts = 0;
+  /** Attempts after the first one (the access log's `retries`). */
+  get retries(): number {
+    return this.attempts;
+  }
   protected call: UpstreamCall | null = null;
   protected dispatchedAt = 0;
   protected status = 0;
