@@ -88,9 +88,10 @@ export class TurnOutput {
   }
 
   /** Events that close the open item (its .done events, output_item.done); '' when none is open. */
-  #close(): string {
+  #close(status: ItemStatus = 'completed'): string {
     const it = this.#open;
     if (it === null) return '';
+    if (it.kind === KIND_CALL) this.#checkCall(it); // throws: the item stays open (incomplete in the failed response)
     this.#open = null;
     it.done = true;
     const ix = { item_id: it.id, output_index: it.index };
@@ -104,10 +105,9 @@ export class TurnOutput {
         sseEvent('response.output_text.done', this.seq++, { ...ix, content_index: 0, text: it.text, logprobs: it.logprobs }) +
         sseEvent('response.content_part.done', this.seq++, { ...ix, content_index: 0, part: outputText(it.text, it.logprobs) });
     } else {
-      this.#checkCall(it);
       out = sseEvent('response.function_call_arguments.done', this.seq++, { ...ix, arguments: it.text, name: it.name });
     }
-    return out + sseEvent('response.output_item.done', this.seq++, { output_index: it.index, item: this.#json(it, 'completed') });
+    return out + sseEvent('response.output_item.done', this.seq++, { output_index: it.index, item: this.#json(it, status) });
   }
 
   /** Opens an item: closes the open one, then output_item.added (and content_part.added for text). */
@@ -198,14 +198,14 @@ export class TurnOutput {
   }
 
   /** A stream that carried no output: an empty assistant message's events (a Response always holds an item). */
-  emptyMessage(): string {
+  emptyMessage(status: ItemStatus): string {
     const it = (this.#message = this.#add(KIND_MESSAGE, newItemId()));
-    return this.#openItem(it) + this.#close();
+    return this.#openItem(it) + this.#close(status);
   }
 
   /** The end of a streamed answer: closes the open item (throws EngineOutputError on a bad call). */
-  finish(): string {
-    return this.#close();
+  finish(status: ItemStatus): string {
+    return this.#close(status);
   }
 
   // ---- whole (a JSON answer) ------------------------------------------------------------

@@ -559,9 +559,10 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   #completeStream(): void {
     const res = this.#output();
     const status: ResponseStatus = this.#finishReason === 'length' ? 'incomplete' : 'completed';
+    const itemStatus = status === 'incomplete' ? 'incomplete' : 'completed';
     let closing: string;
     try {
-      closing = res.finish();
+      closing = res.finish(itemStatus);
     } catch (err) {
       if (!(err instanceof EngineOutputError)) throw err;
       this.#streamFailed('server_error', err.message);
@@ -569,11 +570,10 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     }
     if (res.items === 0) {
       // the engine sent no output at all: an empty assistant message, as a Response always holds one
-      closing = res.emptyMessage();
+      closing = res.emptyMessage(itemStatus);
     }
     this.#client.write(closing);
     let final: Record<string, unknown> | null = null;
-    const itemStatus = status === 'incomplete' ? 'incomplete' : 'completed';
     const render = () => JSON.stringify((final = responseObject(this, status, res.output(itemStatus), this.#usage, null)));
     this.#store(res, render, () => {
       this.#answered();
