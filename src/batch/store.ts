@@ -39,7 +39,8 @@ export function noSuchFile(id: string): BatchApiError {
 }
 
 export function fileObject(id: string, h: BatchHash): Record<string, unknown> {
-  return { id, object: 'file', bytes: Number(h.bytes), created_at: Number(h.created_at), filename: h.filename, purpose: h.purpose, status: 'processed', expires_at: null, status_details: null };
+  // expires_at and status_details are optional and not nullable in OpenAI's File: left out while unset
+  return { id, object: 'file', bytes: Number(h.bytes), created_at: Number(h.created_at), filename: h.filename, purpose: h.purpose, status: 'processed' };
 }
 
 /** The Redis side of the API: one client, the key layout, the file writes both Files and the tracker make. */

@@ -23,6 +23,8 @@ interface Item {
   name: string;
   logprobs: unknown[];
   done: boolean;
+  /** Its status once done. */
+  status: ItemStatus;
 }
 
 /** A tool call of the engine's answer, as chat completions carry it (whole, or a streamed fragment). */
@@ -76,7 +78,7 @@ export class TurnOutput {
   }
 
   #add(kind: number, id: string): Item {
-    const it: Item = { kind, id, index: this.#items.length, text: '', callId: '', name: '', logprobs: [], done: false };
+    const it: Item = { kind, id, index: this.#items.length, text: '', callId: '', name: '', logprobs: [], done: false, status: 'completed' };
     this.#items.push(it);
     return it;
   }
@@ -94,6 +96,7 @@ export class TurnOutput {
     if (it.kind === KIND_CALL) this.#checkCall(it); // throws: the item stays open (incomplete in the failed response)
     this.#open = null;
     it.done = true;
+    it.status = status;
     const ix = { item_id: it.id, output_index: it.index };
     let out = '';
     if (it.kind === KIND_REASONING) {
@@ -211,7 +214,7 @@ export class TurnOutput {
   // ---- whole (a JSON answer) ------------------------------------------------------------
 
   /** Builds the items of a non-streamed answer's message (throws EngineOutputError). */
-  whole(message: { content?: unknown; reasoning_content?: unknown; reasoning?: unknown; tool_calls?: unknown } | undefined, lp: unknown): void {
+  whole(message: { content?: unknown; reasoning_content?: unknown; reasoning?: unknown; tool_calls?: unknown } | undefined, lp: unknown, status: ItemStatus): void {
     const r = message?.reasoning_content ?? message?.reasoning;
     if (typeof r === 'string' && r.length > 0) {
       const it = (this.#reasoning = this.#add(KIND_REASONING, newReasoningId()));
@@ -236,13 +239,16 @@ export class TurnOutput {
       this.#checkCall(it);
       it.done = true;
     }
+    // the answer's last item is the one a length stop cut short
+    const last = this.#items[this.#items.length - 1];
+    if (last !== undefined) last.status = status;
   }
 
   // ---- results ----------------------------------------------------------------------------
 
-  /** The Response's output: every item, `status` for the finished ones, 'incomplete' for one still open. */
-  output(status: ItemStatus): unknown[] {
-    return this.#items.map((it) => this.#json(it, it.done ? status : 'incomplete'));
+  /** The Response's output: every item with its status ('incomplete' for one still open, as in a failed stream). */
+  output(): unknown[] {
+    return this.#items.map((it) => this.#json(it, it.done ? it.status : 'incomplete'));
   }
 
   /** The assistant message the store keeps (what the next turn sends back to the engine). */

@@ -484,11 +484,10 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
       return;
     }
     const out = this.#output();
-    out.whole(choice.message, choice.logprobs); // throws EngineOutputError: a 502
     const status: ResponseStatus = choice.finish_reason === 'length' ? 'incomplete' : 'completed';
+    out.whole(choice.message, choice.logprobs, status === 'incomplete' ? 'incomplete' : 'completed'); // throws EngineOutputError: a 502
     const usage = usageOf(o.usage);
-    const itemStatus = status === 'incomplete' ? 'incomplete' : 'completed';
-    this.#store(out, () => JSON.stringify(responseObject(this, status, out.output(itemStatus), usage, null)), (body) => {
+    this.#store(out, () => JSON.stringify(responseObject(this, status, out.output(), usage, null)), (body) => {
       this.#answered();
       this.#client.head(200, 'application/json', this.endpoint!, Buffer.byteLength(body));
       this.#client.end(body);
@@ -574,7 +573,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     }
     this.#client.write(closing);
     let final: Record<string, unknown> | null = null;
-    const render = () => JSON.stringify((final = responseObject(this, status, res.output(itemStatus), this.#usage, null)));
+    const render = () => JSON.stringify((final = responseObject(this, status, res.output(), this.#usage, null)));
     this.#store(res, render, () => {
       this.#answered();
       this.#streamEnded = true;
@@ -594,7 +593,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     if (this.#streamEnded) return;
     this.#streamEnded = true;
     const res = this.#output();
-    const r = responseObject(this, 'failed', res.output('completed'), this.#usage, { code, message });
+    const r = responseObject(this, 'failed', res.output(), this.#usage, { code, message });
     const err = sseEvent('error', res.seq++, { code, message, param: null });
     this.#client.end(err + sseEvent('response.failed', res.seq++, { response: r }));
     this.#svc.stats.failed++;
