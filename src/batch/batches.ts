@@ -6,7 +6,7 @@ import { cancelKey } from './processor.js';
 import { move, type Status } from './tracker.js';
 import { BATCH_ID, BatchApiError, json, now, type ApiAnswer, type BatchHash, type BatchStore } from './store.js';
 
-export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/completions'] as const;
+export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/responses'] as const;
 export const COMPLETION_WINDOW = '24h';
 const num = (s: string | undefined) => (s === undefined || s === '' ? null : Number(s));
 

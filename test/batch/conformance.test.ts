@@ -10,7 +10,7 @@ import { startFleet } from '../../src/sim/index.js';
 import { startRouter } from '../../src/server/router.js';
 import { startRedis } from '../support/redis-util.js';
 import { validatePlugin } from '../support/router-util.js';
-import { BATCH, BATCH_LINE, check, ERROR_BODY, FILE, FILE_DELETED, list, type Shape } from '../../testkit/openai-shapes.js';
+import { BATCH, BATCH_LINE, check, ERROR_BODY, FILE, FILE_DELETED, list, RESPONSE, type Shape } from '../../testkit/openai-shapes.js';
 
 function conforms(t: Tap.Test, shape: Shape, v: unknown, what: string): void {
   const errs = check(shape, v);
@@ -86,6 +86,57 @@ t.test('File, Batch, their lists and the result files conform', async (t) => {
   conforms(t, FILE, (await req(url, 'GET', `/v1/files/${b.output_file_id}`)).json, 'output file');
   const del = await req(url, 'DELETE', `/v1/files/${b.output_file_id}`);
   conforms(t, FILE_DELETED, del.json, 'deleted file');
+});
+
+async function runBatch(t: Tap.Test, url: string, endpoint: string, lines: string[]): Promise<{ batch: any; out: any[] }> {
+  const up = await upload(url, lines.join('\n') + '\n');
+  t.equal(up.status, 200, `${endpoint}: uploaded`);
+  const created = await req(url, 'POST', '/v1/batches', { input_file_id: up.json.id, endpoint, completion_window: '24h' });
+  t.equal(created.status, 200, `${endpoint}: created ${created.status === 200 ? '' : created.text}`);
+  conforms(t, BATCH, created.json, `${endpoint} batch`);
+  let b = created.json;
+  const end = Date.now() + 30_000;
+  while (!['completed', 'failed', 'expired', 'cancelled'].includes(b.status) && Date.now() < end) {
+    await new Promise((r) => setTimeout(r, 100));
+    b = (await req(url, 'GET', `/v1/batches/${b.id}`)).json;
+  }
+  conforms(t, BATCH, b, `${endpoint} batch, finished`);
+  const out = b.output_file_id ? (await req(url, 'GET', `/v1/files/${b.output_file_id}/content`)).text.trim().split('\n').map((l) => JSON.parse(l)) : [];
+  out.forEach((l, i) => conforms(t, BATCH_LINE, l, `${endpoint} output line ${i}`));
+  return { batch: b, out };
+}
+
+t.test('batches of /v1/responses and /v1/embeddings requests', async (t) => {
+  const url = await setup(t);
+  const rl = (id: string) => JSON.stringify({ custom_id: id, method: 'POST', url: '/v1/responses', body: { model: 'open-model', input: `hi ${id}`, max_output_tokens: 3 } });
+  const r = await runBatch(t, url, '/v1/responses', [rl('r1'), rl('r2')]);
+  t.equal(r.batch.status, 'completed');
+  t.equal(r.out.length, 2);
+  for (const l of r.out) {
+    t.equal(l.response.status_code, 200);
+    conforms(t, RESPONSE, l.response.body, `Response of ${l.custom_id}`);
+    const got = await req(url, 'GET', `/v1/responses/${l.response.body.id}`);
+    t.equal(got.status, 200, 'the batch turn is stored and can be continued');
+  }
+  const el = (id: string) => JSON.stringify({ custom_id: id, method: 'POST', url: '/v1/embeddings', body: { model: 'open-model', input: `text ${id}` } });
+  const e = await runBatch(t, url, '/v1/embeddings', [el('e1'), el('e2'), el('e3')]);
+  t.equal(e.batch.status, 'completed');
+  t.equal(e.out.length, 3);
+  for (const l of e.out) {
+    t.equal(l.response.status_code, 200);
+    t.equal(l.response.body.object, 'list');
+    t.type(l.response.body.data[0].embedding[0], 'number');
+  }
+  const bad = await upload(url, JSON.stringify({ custom_id: 'x', method: 'POST', url: '/v1/responses', body: { model: 'open-model' } }) + '\n');
+  const b = await req(url, 'POST', '/v1/batches', { input_file_id: bad.json.id, endpoint: '/v1/responses', completion_window: '24h' });
+  let st = b.json;
+  const end = Date.now() + 30_000;
+  while (!['completed', 'failed'].includes(st.status) && Date.now() < end) {
+    await new Promise((r) => setTimeout(r, 100));
+    st = (await req(url, 'GET', `/v1/batches/${b.json.id}`)).json;
+  }
+  t.equal(st.status, 'failed', 'a line without input fails validation');
+  t.equal(st.errors.data[0].param, 'body.input');
 });
 
 t.test('the Files and Batches APIs answer bad input with the Error object', async (t) => {
