@@ -11,7 +11,8 @@
 import t from 'tap';
 import OpenAI from 'openai';
 import { startTestRouter } from '../support/router-util.js';
-import { startScriptedEngine, type ScriptedEngine, type ScriptedTurn } from '../../testkit/scripted-engine.js';
+import { startScriptedEngine, type ScriptedTurn } from '../../testkit/scripted-engine.js';
+import { EngineModel } from '../../testkit/reference/engine-model.js';
 import { check, checkStreamOrder, ERROR_BODY, INPUT_ITEM, list, RESPONSE, STREAM_EVENT } from '../../testkit/openai-shapes.js';
 
 const tools: OpenAI.Responses.FunctionTool[] = [
@@ -212,6 +213,19 @@ for (const stream of [false, true]) {
     t.equal((eng.bodies[3]!.messages as any[])[5].content, 'Checking one more thing.', "the assistant's text is kept beside its call");
   });
 }
+
+t.test('the tool loop on the reference engine model (the agent benchmark\'s second engine): its prefix cache hits grow turn by turn', async (t) => {
+  const engines = [new EngineModel({ port: 0, timeScale: 0, blockChars: 64 }), new EngineModel({ port: 0, timeScale: 0, blockChars: 64 })];
+  const urls = await Promise.all(engines.map((e) => e.listen()));
+  t.teardown(() => Promise.all(engines.map((e) => e.close())));
+  const r = await startTestRouter(t, { n: 1, pools: () => [{ name: 'p', models: ['open-model'], endpoints: urls.map((url, i) => ({ name: `m${i}`, url })) }] });
+  const client = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'sk-test', maxRetries: 0 });
+  for (const stream of [false, true]) {
+    const out = await toolLoop(t, client, stream, result);
+    const cached = out.map((x) => x.usage!.input_tokens_details.cached_tokens);
+    t.ok(cached[4]! > cached[2]! && cached[2]! > 0, `cached tokens grow along the chain (${cached.join(', ')}): the session stays on one engine`);
+  }
+});
 
 t.test('reasoning, text and two parallel calls in one streamed turn: four items opened and closed in order', async (t) => {
   const turn: ScriptedTurn = {
