@@ -221,9 +221,14 @@ export function renderText(input: string): RenderedInput {
   return { fragment: `{"role":"user","content":${JSON.stringify(input)}}`, ids: newItemId(), bytes: input.length, refs: [] };
 }
 
-/** True when the conversation fragment `conv` holds a tool call with this id (as items.ts and turn.ts render calls). */
-export function chainHasCall(conv: string, id: string): boolean {
-  return conv.includes(`{"id":${JSON.stringify(id)},"type":"function"`);
+/** A tool call as items.ts and output.ts render it: `{"id":<JSON string>,"type":"function"`. */
+const CALL = /\{"id":("(?:[^"\\]|\\.)*"),"type":"function"/g;
+
+/** The call ids (JSON-quoted) of the tool calls in the conversation fragment `conv`: one pass, however many outputs are checked. */
+export function chainCalls(conv: string): Set<string> {
+  const out = new Set<string>();
+  for (const m of conv.matchAll(CALL)) out.add(m[1]!);
+  return out;
 }
 
 // ---- stored messages → items (input_items) -------------------------------------------

@@ -11,7 +11,7 @@ import type { Rejected } from '../admission.js';
 import { KIND_CHAT, type ClientPort, type Director, type Flight } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { newResponseId } from './ids.js';
-import { chainHasCall, messageBounds } from './items.js';
+import { chainCalls, messageBounds } from './items.js';
 import { EngineOutputError, TurnOutput, type ChatToolCall } from './output.js';
 import { responseObject, sseEvent, usageOf, type ResponseHead, type ResponseStatus, type Usage } from './render.js';
 import { parseTurnRequest, ResponsesError, type TurnRequest } from './request.js';
@@ -61,6 +61,9 @@ function dropEntries(ids: string, d: number): string {
   }
   return ids.slice(at);
 }
+
+/** truncation: "auto": the most times a turn is sent again with fewer messages. */
+const MAX_RESENDS = 4;
 
 const MODE_NONE = 0;
 /** Buffering the engine's JSON answer (200). */
@@ -112,10 +115,14 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   #sseCr = false;
   #out: TurnOutput | null = null;
   #finishReason: string | null = null;
-  /** The conversation sent (instructions excluded): the parent's messages, then this input. */
+  /** The conversation sent (instructions excluded): the parent's messages, then this input (after truncation: its tail). */
   #conv = '';
+  /** The whole conversation, before any truncation. */
+  #full = '';
   /** Messages dropped from the conversation's front by truncation: "auto" (0: none). */
   #dropped = 0;
+  /** Truncated conversations sent again (at most MAX_RESENDS: an engine that answers context errors forever costs a bounded number of round trips). */
+  #resends = 0;
   /** The parent's id entries left after truncation (null: none dropped). */
   #droppedIds: string | null = null;
   /** The engine answered a context-length error and the turn resends a truncated conversation when the flight is done. */
@@ -217,13 +224,16 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     this.#parent = parent;
     this.#root = parent === null ? this.id : parent.root;
     // every function_call_output answers a call of this input or of the chain
-    for (const ref of req.callRefs) {
-      if (parent === null || !chainHasCall(parent.conv, ref.callId)) {
-        throw new ResponsesError(400, `No tool call found for function call output with call_id ${JSON.stringify(ref.callId)}.`, ref.param);
+    if (req.callRefs.length > 0) {
+      const calls = parent === null ? new Set<string>() : chainCalls(parent.conv);
+      for (const ref of req.callRefs) {
+        if (!calls.has(JSON.stringify(ref.callId))) {
+          throw new ResponsesError(400, `No tool call found for function call output with call_id ${JSON.stringify(ref.callId)}.`, ref.param);
+        }
       }
     }
     // the conversation as chat messages: the stored turns, then this input (instructions, this request's only, go first)
-    this.#conv = parent !== null && parent.conv !== '' ? `${parent.conv},${req.inputFragment}` : req.inputFragment;
+    this.#conv = this.#full = parent !== null && parent.conv !== '' ? `${parent.conv},${req.inputFragment}` : req.inputFragment;
     const size = this.#conv.length + req.instructionsFragment.length;
     if (size > this.#svc.maxInputBytes) {
       throw new ResponsesError(
@@ -263,13 +273,13 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
    * drop, or the error is another one (relayed).
    */
   #truncate(body: string): boolean {
-    if (this.req.truncation !== 'auto' || this.#status !== 400 || this.#parent === null) return false;
+    if (this.req.truncation !== 'auto' || this.#status !== 400 || this.#parent === null || this.#resends >= MAX_RESENDS) return false;
     const max = /maximum context length is (\d+)/.exec(body);
     if (max === null) return false;
     const got = /(\d+) (?:input tokens|in the messages)/.exec(body);
     const stored = countEntries(this.#parent.ids);
     if (this.#dropped >= stored) return false; // only this turn's input is left: the engine's answer stands
-    const conv = this.#conv;
+    const conv = this.#full;
     const bounds = messageBounds(conv, stored + countEntries(this.req.inputIds), 0, stored);
     if (bounds === null) return false;
     const ins = this.req.instructionsFragment.length;
@@ -286,6 +296,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     this.#dropped = d;
     this.#conv = conv.slice(d < stored ? bounds[2 * d]! : bounds[2 * stored - 1]! + 1);
     this.#droppedIds = dropEntries(this.#parent.ids, d);
+    this.#resends++;
     return true;
   }
 

@@ -419,4 +419,16 @@ t.test('truncation: auto drops the oldest turns when the engine says the context
   const j = await d.json();
   shapeOk(t, ERROR_BODY, j, 'context error');
   t.match(j.error.message, /maximum context length/);
+  t.equal(j.error.code, 'context_length_exceeded');
+  // an engine that answers the context error whatever it is sent: a bounded number of resends, then its error
+  let chain = b.id;
+  for (let i = 0; i < 8; i++) {
+    eng.push({ content: 'x'.repeat(100) });
+    chain = (await client.responses.create({ model: 'open-model', input: `turn ${i} ` + 'y'.repeat(100), previous_response_id: chain })).id;
+  }
+  eng.push(...Array.from({ length: 20 }, () => ({ error: ctx(105) })));
+  const before = eng.bodies.length;
+  const e = await fetch(`${url}/v1/responses`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'open-model', input: 'q', previous_response_id: chain, truncation: 'auto' }) });
+  t.equal(e.status, 400, 'the error stands after the resends');
+  t.equal(eng.bodies.length - before, 5, 'the first try and at most four resends');
 });
