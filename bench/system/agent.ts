@@ -434,6 +434,7 @@ export function agentRatios(rows: AgentRow[]): string {
     s +=
       `- ${rate} conv/s: TTFT p90 round-robin / session = ${rr ? fmt(rr.ttftP90 / se.ttftP90, 2) : '—'}×, ` +
       `prefix-only / session = ${po ? fmt(po.ttftP90 / se.ttftP90, 2) : '—'}×; ` +
+      `warm turns (2+) TTFT p90 round-robin / session = ${rr ? fmt(rr.laterP90 / se.laterP90, 2) : '—'}×; ` +
       `conversation p90 round-robin / session = ${rr ? fmt(rr.convP90 / se.convP90, 2) : '—'}×, prefix-only / session = ${po ? fmt(po.convP90 / se.convP90, 2) : '—'}×\n`;
   }
   return s;
