@@ -60,6 +60,9 @@ import { join } from 'node:path';
 import { Pool } from 'undici';
 import { CLI, ROOT, freePort, freePortRange, start, waitReady, option, runMain } from '../lib/proc.js';
 import { expGap, fmt, quantile, rng } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const NO_SESSION_FILTERS = '  filters: [model, healthy, role]\n';
 export const AGENT_POLICIES: Record<string, string> = {

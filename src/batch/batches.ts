@@ -4,7 +4,7 @@
 import { randomBytes } from 'node:crypto';
 import { cancelKey } from './processor.js';
 import { move, type Status } from './tracker.js';
-import { BATCH_ID, BatchApiError, json, now, type ApiAnswer, type BatchHash, type BatchStore } from './store.js';
+import { BATCH_ID, BatchApiError, expiresAfter, json, now, type ApiAnswer, type BatchHash, type BatchStore } from './store.js';
 
 export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/responses'] as const;
 export const COMPLETION_WINDOW = '24h';
@@ -39,6 +39,11 @@ export class Batches {
       const ok = typeof md === 'object' && !Array.isArray(md) && Object.keys(md).length <= 16 && Object.entries(md).every(([k, v]) => k.length <= 64 && typeof v === 'string' && v.length <= 512);
       if (!ok) throw new BatchApiError(400, 'metadata must be an object of at most 16 string values (keys ≤ 64, values ≤ 512 characters)', 'metadata', 'invalid_value');
     }
+    // output_expires_after: the expiry of its output and error files, from their own creation
+    const oe = o.output_expires_after;
+    if (oe !== undefined && (oe === null || typeof oe !== 'object' || Array.isArray(oe))) throw new BatchApiError(400, 'output_expires_after must be an object {anchor: "created_at", seconds}', 'output_expires_after', 'invalid_value');
+    const oeo = (oe ?? {}) as Record<string, unknown>;
+    const outputExpires = oe === undefined ? 0 : expiresAfter(oeo.anchor ?? null, oeo.seconds ?? null, 'output_expires_after', this.#s.cfg.minExpiresAfterSeconds);
     const file = await this.#s.fileMeta(o.input_file_id, tenant);
     if (file === null) throw new BatchApiError(400, `input_file_id ${JSON.stringify(o.input_file_id)}: no such file`, 'input_file_id', 'file_not_found');
     if (file.purpose !== 'batch') throw new BatchApiError(400, `input_file_id ${JSON.stringify(o.input_file_id)} has purpose "${file.purpose}", not "batch"`, 'input_file_id', 'invalid_file_purpose');
@@ -55,6 +60,7 @@ export class Batches {
       skipped: '0',
       enqueued: '0',
       tenant,
+      output_expires_after: outputExpires > 0 ? String(outputExpires) : '',
     };
     await this.#s.redis.multi().hset(this.#s.batchKey(id), h).zadd(this.#s.batches(tenant), Date.now(), id).sadd(this.#s.active, id).exec();
     this.#kick(id);

@@ -19,6 +19,7 @@ import { haSchema } from './ha.js';
 import { filterSpec, scorerSpec } from './plugin-spec.js';
 import { kvEventsEndpointSchema, poolPrefixSchema, tierWeightsSchema } from './prefix-mode.js';
 import { responsesSchema, type ResponsesConfig } from './responses.js';
+import { serverSchema } from './server.js';
 import { crossFieldRules, type PluginCheck } from './rules.js';
 import { ALWAYS, got, int, isMapping, listError, nonEmpty, num, oneOf, strict, toConfigIssues, z } from './schema-kit.js';
 import { SESSION_DEFAULTS, sessionsSchema, type SessionsConfig } from './sessions.js';
@@ -29,6 +30,7 @@ export * from './types.js';
 export * from './defaults.js';
 export { PD_MODES, DEFAULT_DECODE_SCORERS, DEFAULT_PREFILL_FILTERS, DEFAULT_PREFILL_SCORERS, type DisaggregationConfig } from './disaggregation.js';
 export type { AdminConfig } from './admin.js';
+export { FRONT_ENDS, SERVER_DEFAULTS, type ServerConfig } from './server.js';
 export type { PluginSpec, ScorerSpec } from './plugin-spec.js';
 
 // ---- the schema (zod 4; see schema-kit.ts for why zod).
@@ -53,6 +55,11 @@ export const endpointConfigSchema = strict(
         const origin = httpOrigin(s);
         if (origin === null) {
           ctx.addIssue({ code: 'custom', message: urlMessage(s), input: s });
+          return z.NEVER;
+        }
+        if (new URL(origin).port === '0') {
+          // a valid URL, but no engine listens on port 0 (every request would fail to connect)
+          ctx.addIssue({ code: 'custom', message: `port 0 is not a port an engine listens on: it must be an integer 1–65535, e.g. http://10.0.0.5:8000 (got ${got(s)})`, input: s });
           return z.NEVER;
         }
         return origin;
@@ -143,6 +150,9 @@ const dataLayerSchema = strict(
     healthTimeoutMs: int(1, 3_600_000).default(d.healthTimeoutMs),
     breakerFailures: int(1, 1_000_000).default(d.breakerFailures),
     breakerCooldownMs: int(1, 3_600_000).default(d.breakerCooldownMs),
+    modelCheckIntervalMs: int(0, 86_400_000)
+      .default(d.modelCheckIntervalMs)
+      .describe("how often each endpoint's GET /v1/models is read: an endpoint that does not list a model of its pool is not ready for it (0: never)"),
   },
   'must be a mapping',
 ).prefault({});
@@ -173,6 +183,7 @@ export const routerConfigSchema = strict(
     scheduling: schedulingSchema,
     dataLayer: dataLayerSchema,
     proxy: proxySchema,
+    server: serverSchema.describe('the HTTP front end and its connection limits (docs/front-end.md)'),
     limits: strict(
       {
         maxBodyBytes: int(1, 2 ** 31 - 1).default(DEFAULTS.limits.maxBodyBytes),
@@ -185,7 +196,26 @@ export const routerConfigSchema = strict(
       },
       'must be a mapping',
     ).prefault({}),
-    logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
+    logging: strict(
+      {
+        level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level),
+        access: z.boolean({ error: (i) => `must be true or false (got ${got(i.input)})` }).default(DEFAULTS.logging.access).describe('one info line per finished request (no keys, no bodies)'),
+        accessSample: z
+          .number({ error: (i) => `must be a number in [0, 1] (got ${got(i.input)})` })
+          .min(0, { error: 'must be a number in [0, 1]' })
+          .max(1, { error: 'must be a number in [0, 1]' })
+          .default(DEFAULTS.logging.accessSample)
+          .describe('the share of requests the access log writes'),
+      },
+      'must be a mapping',
+    ).prefault({}),
+    shutdown: strict(
+      {
+        graceMs: int(0, 86_400_000).default(DEFAULTS.shutdown.graceMs).describe('how long in-flight requests get to finish after SIGTERM/SIGINT'),
+        drainDelayMs: int(0, 600_000).default(DEFAULTS.shutdown.drainDelayMs).describe('after the signal, keep accepting this long with /readyz at 503 (balancers notice)'),
+      },
+      'must be a mapping',
+    ).prefault({}),
     tracing: tracingSchema.describe('OpenTelemetry tracing over OTLP (docs/observability.md); off by default'),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
     sessions: sessionsSchema.describe('conversations: identification, pins to endpoints, turn priority (docs/responses.md)'),
@@ -245,8 +275,10 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     scheduling: v.scheduling,
     dataLayer: v.dataLayer,
     proxy: v.proxy,
+    server: v.server,
     limits: v.limits,
     logging: v.logging,
+    shutdown: v.shutdown,
     sessions: sessionsFollowingResponses(doc, v.sessions, v.responses),
     responses: v.responses,
     tracing: v.tracing,

@@ -333,14 +333,14 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
 
   // ---- transport side: abort and backpressure -------------------------------------
 
-  clientAborted(): void {
+  clientAborted(status = 499): void {
     if (this.#aborted) return;
     this.#aborted = true;
     const f = this.#flight;
-    if (f !== null) f.clientAborted(); // a running flight calls done(499)
+    if (f !== null) f.clientAborted(status); // a running flight calls done(status)
     if (!this.#over) {
-      if (f === null) this.#svc.countRequest(this.model, 499);
-      this.#end(499);
+      if (f === null) this.#svc.countRequest(this.model, status);
+      this.#end(status);
     }
   }
 
@@ -425,7 +425,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
 
   fail(_sseEvent: string | null): void {
     const msg = `upstream endpoint ${this.endpoint?.name ?? ''} failed mid-response`;
-    if (this.#mode === MODE_SSE) this.#streamFailed('server_error', msg);
+    if (this.#mode === MODE_SSE) this.#streamFailed('server_error', msg, true);
     else {
       this.#svc.stats.failed++;
       this.#client.error(502, msg, null, this.endpoint, null);
@@ -600,13 +600,16 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
    * error and the output streamed so far on the response, the stream's last
    * event. The openai SDKs yield both to the caller's iterator.
    */
-  #streamFailed(code: string, message: string): void {
+  /** `midStream`: the engine failed after the head went out: ended through client.fail (counted as a mid-stream failure). */
+  #streamFailed(code: string, message: string, midStream = false): void {
     if (this.#streamEnded) return;
     this.#streamEnded = true;
     const res = this.#output();
     const r = responseObject(this, 'failed', res.output(), this.#usage, { code, message });
     const err = sseEvent('error', res.seq++, { code, message, param: null });
-    this.#client.end(err + sseEvent('response.failed', res.seq++, { response: r }));
+    const events = err + sseEvent('response.failed', res.seq++, { response: r });
+    if (midStream) this.#client.fail(events);
+    else this.#client.end(events);
     this.#svc.stats.failed++;
   }
 
