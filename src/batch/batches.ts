@@ -6,7 +6,7 @@ import { cancelKey } from './processor.js';
 import { move, type Status } from './tracker.js';
 import { BATCH_ID, BatchApiError, expiresAfter, json, now, type ApiAnswer, type BatchHash, type BatchStore } from './store.js';
 
-export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/completions'] as const;
+export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/responses'] as const;
 export const COMPLETION_WINDOW = '24h';
 const num = (s: string | undefined) => (s === undefined || s === '' ? null : Number(s));
 
@@ -119,28 +119,34 @@ export class Batches {
   }
 }
 
+/**
+ * The Batch object. Fields the reference types as optional and not nullable
+ * (errors, the output/error file ids, the timestamps of states not reached)
+ * are left out until they have a value, never sent as null.
+ */
 function batchObject(id: string, h: BatchHash, expireAfterSeconds: number): Record<string, unknown> {
   const created = Number(h.created_at);
-  return {
-    id,
-    object: 'batch',
-    endpoint: h.endpoint,
-    errors: h.errors ? { object: 'list', data: JSON.parse(h.errors) as unknown } : null,
-    input_file_id: h.input_file_id,
-    completion_window: COMPLETION_WINDOW,
-    status: h.status,
-    output_file_id: h.output_file_id || null,
-    error_file_id: h.error_file_id || null,
-    created_at: created,
-    in_progress_at: num(h.in_progress_at),
-    expires_at: created + expireAfterSeconds,
-    finalizing_at: num(h.finalizing_at),
-    completed_at: num(h.completed_at),
-    failed_at: num(h.failed_at),
-    expired_at: num(h.expired_at),
-    cancelling_at: num(h.cancelling_at),
-    cancelled_at: num(h.cancelled_at),
-    request_counts: { total: Number(h.total), completed: Number(h.completed), failed: Number(h.failed) },
-    metadata: h.metadata ? (JSON.parse(h.metadata) as unknown) : null,
+  const o: Record<string, unknown> = { id, object: 'batch', endpoint: h.endpoint };
+  if (h.errors) o.errors = { object: 'list', data: JSON.parse(h.errors) as unknown };
+  o.input_file_id = h.input_file_id;
+  o.completion_window = COMPLETION_WINDOW;
+  o.status = h.status;
+  if (h.output_file_id) o.output_file_id = h.output_file_id;
+  if (h.error_file_id) o.error_file_id = h.error_file_id;
+  o.created_at = created;
+  const at = (k: 'in_progress_at' | 'finalizing_at' | 'completed_at' | 'failed_at' | 'expired_at' | 'cancelling_at' | 'cancelled_at') => {
+    const v = num(h[k]);
+    if (v !== null) o[k] = v;
   };
+  at('in_progress_at');
+  o.expires_at = created + expireAfterSeconds;
+  at('finalizing_at');
+  at('completed_at');
+  at('failed_at');
+  at('expired_at');
+  at('cancelling_at');
+  at('cancelled_at');
+  o.request_counts = { total: Number(h.total), completed: Number(h.completed), failed: Number(h.failed) };
+  o.metadata = h.metadata ? (JSON.parse(h.metadata) as unknown) : null;
+  return o;
 }

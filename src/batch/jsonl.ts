@@ -61,6 +61,7 @@ export function checkLine(line: string, n: number, endpoint: string, seen: Set<s
   if (b.stream === true) return { code: 'invalid_value', message: `line ${n}: body.stream is not supported in a batch`, param: 'body.stream', line: n };
   if (endpoint === '/v1/chat/completions' && !Array.isArray(b.messages)) return { code: 'missing_required_parameter', message: `line ${n}: body.messages must be an array`, param: 'body.messages', line: n };
   if (endpoint === '/v1/completions' && b.prompt === undefined) return { code: 'missing_required_parameter', message: `line ${n}: body.prompt is required`, param: 'body.prompt', line: n };
+  if ((endpoint === '/v1/embeddings' || endpoint === '/v1/responses') && b.input === undefined) return { code: 'missing_required_parameter', message: `line ${n}: body.input is required`, param: 'body.input', line: n };
   return null;
 }
 

@@ -45,8 +45,10 @@ export function noSuchFile(id: string): BatchApiError {
 }
 
 export function fileObject(id: string, h: BatchHash): Record<string, unknown> {
-  const expires = h.expires_at ? Number(h.expires_at) : null;
-  return { id, object: 'file', bytes: Number(h.bytes), created_at: Number(h.created_at), filename: h.filename, purpose: h.purpose, status: 'processed', expires_at: expires, status_details: null };
+  // expires_at and status_details are optional and not nullable in OpenAI's File: left out while unset (expires_at when the file does not expire)
+  const o: Record<string, unknown> = { id, object: 'file', bytes: Number(h.bytes), created_at: Number(h.created_at), filename: h.filename, purpose: h.purpose, status: 'processed' };
+  if (h.expires_at) o.expires_at = Number(h.expires_at);
+  return o;
 }
 
 /** The longest expiry OpenAI accepts: 30 days. */

@@ -136,7 +136,7 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
   let batchApi: BatchApi | null = null;
   if (config.batch !== undefined) {
     const { BatchProcessor } = await import('../batch/processor.js');
-    const processor = new BatchProcessor({ config: config.batch, director: parts.director, endpoints: parts.endpoints, log, band: config.batch.band ?? config.flowControl?.bands.at(-1) });
+    const processor = new BatchProcessor({ config: config.batch, director: parts.director, endpoints: parts.endpoints, log, band: config.batch.band ?? config.flowControl?.bands.at(-1), responses: parts.responses });
     batch = processor;
     const { BatchApi } = await import('../batch/api.js');
     const api = new BatchApi({ config: config.batch, log });
