@@ -305,21 +305,21 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
           Arm(c, body_ms_);  // the body timeout runs from the last progress
           return;
         }
-        Deliver(c, at + c->chunks.consumed());
+        Deliver(c, at + c->chunks.consumed(), c->body.data(), c->body.size());
       } else {
         const size_t have = c->in.size() - at;
         if (static_cast<double>(have) < c->remaining) {
           Arm(c, body_ms_);
           return;
         }
-        c->body.assign(c->in.data() + at, static_cast<size_t>(c->remaining));
-        Deliver(c, at + static_cast<size_t>(c->remaining));
+        // the body is handed over from where it was read (no copy into c->body first)
+        Deliver(c, at + static_cast<size_t>(c->remaining), c->in.data() + at, static_cast<size_t>(c->remaining));
       }
     }
   }
 
   // A whole request: queue its answer slot, hand it to JavaScript, keep the bytes after it.
-  void Deliver(Conn* c, size_t end) {
+  void Deliver(Conn* c, size_t end, const char* bp, size_t bn) {
     const h1req::RequestHead& h = c->parser.head();
     const double id = ++next_id_;
     c->queue.emplace_back(id, h.keep_alive, h.minor == 0);
@@ -333,7 +333,7 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       napi_value head, offsets, body;
       const size_t head_at = kXferOffsets, body_at = kXferOffsets + limits_.max_head;
       const bool xfer = xfer_ != nullptr && h.field_count * 16 <= kXferOffsets && h.head_len <= limits_.max_head;
-      const bool body_in = xfer && c->body.size() <= xfer_len_ - body_at;
+      const bool body_in = xfer && bn <= xfer_len_ - body_at;
       if (xfer) {
         uint32_t* o = reinterpret_cast<uint32_t*>(xfer_);
         for (uint32_t k = 0; k < h.field_count; k++) {
@@ -357,10 +357,10 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
         offsets = oa;
       }
       if (body_in) {
-        if (!c->body.empty()) memcpy(xfer_ + body_at, c->body.data(), c->body.size());
-        napi_create_uint32(env, static_cast<uint32_t>(c->body.size()), &body);
+        if (bn > 0) memcpy(xfer_ + body_at, bp, bn);
+        napi_create_uint32(env, static_cast<uint32_t>(bn), &body);
       } else {
-        body = Napi::Buffer<char>::Copy(env, c->body.data(), c->body.size());
+        body = Napi::Buffer<char>::Copy(env, bp, bn);
       }
       napi_value method, target;
       napi_create_string_latin1(env, base + h.method.at, h.method.len, &method);
@@ -649,14 +649,12 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     const bool end = info[4].As<Napi::Boolean>().Value();
     const char* body = nullptr;
     size_t blen = 0;
-    std::string text;
+    const bool text = info[3].IsString();  // UTF-8, written straight into the answer: no Buffer made in JavaScript
     if (info[3].IsBuffer()) {
       body = info[3].As<Napi::Buffer<char>>().Data();
       blen = info[3].As<Napi::Buffer<char>>().Length();
-    } else if (info[3].IsString()) {  // UTF-8, no Buffer made in JavaScript
-      text = info[3].As<Napi::String>().Utf8Value();
-      body = text.data();
-      blen = text.size();
+    } else if (text) {
+      napi_get_value_string_utf8(env, info[3], nullptr, 0, &blen);
     }
     std::string& out = p->out;
     out += p->http10 ? "HTTP/1.0 " : "HTTP/1.1 ";
@@ -681,7 +679,8 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     else if (!p->keep_alive) out += "connection: close\r\n";
     out += "\r\n";
     p->head_sent = true;
-    AppendBody(p, body, blen, end || no_body);
+    if (text) AppendText(env, p, info[3], blen, end || no_body);
+    else AppendBody(p, body, blen, end || no_body);
     Conn* c = requests_[id];
     Flush(c);
     return Napi::Number::New(env, Pressure(c, p, id));
@@ -699,19 +698,40 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     if (p == nullptr || !p->head_sent || p->done) return Napi::Number::New(env, kGone);
     const char* body = nullptr;
     size_t blen = 0;
-    std::string text;
-    if (info[1].IsBuffer()) {
-      body = info[1].As<Napi::Buffer<char>>().Data();
-      blen = info[1].As<Napi::Buffer<char>>().Length();
-    } else if (info[1].IsString()) {
-      text = info[1].As<Napi::String>().Utf8Value();
-      body = text.data();
-      blen = text.size();
+    const bool end = info[2].As<Napi::Boolean>().Value();
+    if (info[1].IsString()) {
+      napi_get_value_string_utf8(env, info[1], nullptr, 0, &blen);
+      AppendText(env, p, info[1], blen, end);
+    } else {
+      if (info[1].IsBuffer()) {
+        body = info[1].As<Napi::Buffer<char>>().Data();
+        blen = info[1].As<Napi::Buffer<char>>().Length();
+      }
+      AppendBody(p, body, blen, end);
     }
-    AppendBody(p, body, blen, info[2].As<Napi::Boolean>().Value());
     Conn* c = requests_[id];
     Flush(c);
     return Napi::Number::New(env, Pressure(c, p, id));
+  }
+
+  // A string body of n UTF-8 bytes, encoded straight into the answer's bytes.
+  void AppendText(napi_env env, Pending* p, napi_value v, size_t n, bool end) {
+    if (n == 0 || p->done) {
+      AppendBody(p, nullptr, 0, end);
+      return;
+    }
+    if (p->chunked_out) {
+      char size[24];
+      snprintf(size, sizeof(size), "%zx\r\n", n);
+      p->out += size;
+    }
+    const size_t at = p->out.size();
+    p->out.resize(at + n + 1);  // napi writes a terminating NUL
+    size_t w = 0;
+    napi_get_value_string_utf8(env, v, p->out.data() + at, n + 1, &w);
+    p->out.resize(at + w);
+    if (p->chunked_out) p->out += "\r\n";
+    AppendBody(p, nullptr, 0, end);
   }
 
   void AppendBody(Pending* p, const char* b, size_t n, bool end) {
