@@ -4,6 +4,7 @@
 // there; this file puts them together.
 import { ACCELERATOR_NAMES, type AcceleratorName } from '../accelerators.js';
 import type { AdminConfig } from './admin.js';
+import type { ServerConfig } from './server.js';
 import type { BatchConfig } from './batch.js';
 import type { DisaggregationConfig } from './disaggregation.js';
 import type { DiscoveryConfig } from './discovery.js';
@@ -114,6 +115,8 @@ export interface RouterConfig {
   scheduling: SchedulingConfig;
   dataLayer: DataLayerConfig;
   proxy: ProxyConfig;
+  /** The HTTP front end (docs/front-end.md); absent in a hand-built config: the defaults. */
+  server?: ServerConfig;
   limits: LimitsConfig;
   logging: { level: (typeof LOG_LEVELS)[number] };
   /** OpenTelemetry spans over OTLP (docs/observability.md); off by default. */

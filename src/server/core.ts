@@ -1,15 +1,16 @@
-// The router's HTTP transport on uWebSockets.js: routes, body limits and
-// timeouts, the non-inference endpoints, and graceful shutdown. It owns the
-// router's parts (endpoints, data layer, scheduler, upstream client, gate,
-// director) and hands each inference request, once its body has arrived, to
-// the director (src/director/), which knows nothing of uWS. The per-request
-// transport object is HttpExchange (http-exchange.ts).
+// The router's server side: it owns the router's parts (endpoints, data
+// layer, scheduler, upstream client, gate, director), the answers that are
+// not inference (readiness, models), the 408 sweep, the accept guard and
+// graceful shutdown. Client connections are a FrontEnd's (front-end.ts):
+// uWebSockets.js (front-uws.ts) or the native HTTP/1.1 front end
+// (front-native.ts), chosen by server.frontEnd; each hands every inference
+// request, once its body has arrived, to the director (src/director/).
 import { performance } from 'node:perf_hooks';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { LimitsConfig, RouterConfig } from '../config/schema.js';
 import { PassThroughGate, type AdmissionGate } from '../admission.js';
-import { Director, KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, SLO_HEADERS } from '../director/director.js';
+import { Director, SLO_HEADERS } from '../director/director.js';
 import { SessionTable } from '../sessions/table.js';
 import { RedisSessions } from '../sessions/redis.js';
 import { registerSessionMetrics } from '../sessions/metrics.js';
@@ -19,21 +20,20 @@ import { LiveEndpoints } from '../endpoints/live.js';
 import type { UpstreamClient } from '../proxy/upstream.js';
 import { Scheduler } from '../scheduler/scheduler.js';
 import { Disaggregator } from '../director/pd.js';
-import { errorBody, statusLine } from './http-errors.js';
-import { headerBytes, HttpExchange } from './http-exchange.js';
+import type { HttpExchange } from './http-exchange.js';
 import { AcceptGuard } from './accept-guard.js';
 import { lowestFreeFd, raiseFdLimit } from '../../bindings/index.js';
 import { Counter, Gauge } from 'prom-client';
 import { RouterMetrics } from './metrics.js';
 import { ResponsesService } from '../responses/service.js';
-import { KIND_RESPONSES, mountResponseReads, ResponsesExchange } from './responses-http.js';
-import { mountBatchRoutes } from './batch-http.js';
 import type { RequestTracer } from '../telemetry/tracing.js';
 import { buildPrecise, type Precise } from './precise.js';
-import { framingProblem, scanBaggage, scanTraceparent, scanTracestate } from './framing.js';
+import { framingProblem } from './framing.js';
 import { ReadingList } from './reading-list.js';
 import { newUpstreamClient } from './upstream-choice.js';
-import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
+import { chooseFrontEnd, type FrontEnd, type FrontHost } from './front-end.js';
+import { UwsFrontEnd } from './front-uws.js';
+import { NativeFrontEnd } from './front-native.js';
 
 export interface RouterOptions {
   config: RouterConfig;
@@ -50,37 +50,15 @@ export interface RouterOptions {
   tracer?: RequestTracer | null;
 }
 
-// Header names read on every inference request, as bytes: uWS converts a JS
-// string argument into a fresh UTF-8 heap copy per call, a Buffer it reads in place.
 // moved out of this file; re-exported for the callers that import them from here
 export { framingProblem, ReadingList, newUpstreamClient };
 
-const H_CONTENT_LENGTH = Buffer.from('content-length');
-const H_REQUEST_ID = Buffer.from('x-request-id');
-const H_AUTHORIZATION = Buffer.from('authorization');
 /** Bytes a header field value must not hold (controls other than HTAB). */
 const FIELD_CTL = /[\0-\x08\n-\x1f\x7f]/;
 const FIELD_CTLS = /[\0-\x08\n-\x1f\x7f]/g;
 const CONTENT_TYPE_PREFIX = Buffer.from('content-type: ');
 
-const H_TRANSFER_ENCODING = Buffer.from('transfer-encoding');
-
-const KNOWN_PATHS: Record<string, string> = {
-  '/v1/chat/completions': 'POST',
-  '/v1/completions': 'POST',
-  '/v1/responses': 'POST',
-  '/v1/models': 'GET',
-  '/healthz': 'GET',
-  '/readyz': 'GET',
-  '/metrics': 'GET',
-};
-for (const path of KIND_PATHS) KNOWN_PATHS[path] = 'POST';
-
-function localPort(sock: us_listen_socket): number {
-  return uws.us_socket_local_port(sock as unknown as Parameters<typeof uws.us_socket_local_port>[0]);
-}
-
-export class RouterCore {
+export class RouterCore implements FrontHost {
   readonly config: RouterConfig;
   readonly log: Logger;
   readonly endpoints: EndpointSet;
@@ -117,17 +95,19 @@ export class RouterCore {
   #idPrefix = randomBytes(4).toString('hex');
   #idCounter = 0;
   /** The session header's name as bytes, or null when the header is no session source. */
-  readonly #sessionHeader: Buffer | null;
+  readonly sessionHeaderBytes: Buffer | null;
+  /** The session header's name ('' when the header is no session source). */
+  readonly sessionHeaderName: string;
   #debug: boolean;
-  #app: TemplatedApp;
-  #listenSocket: us_listen_socket | null = null;
-  #host = '';
+  /** The client listener (server.frontEnd): uWebSockets.js or the native HTTP/1.1 front end. */
+  readonly frontEnd: FrontEnd;
   readonly #raiseFdLimit: boolean;
   /** Stops accepting near the open-file limit (null until listening). */
   acceptGuard: AcceptGuard | null = null;
   #sweep: NodeJS.Timeout;
   #sweepEvery: number;
-  #modelsBody: string;
+  /** GET /v1/models's body (rebuilt when the endpoints change). */
+  modelsBody: string;
   #drainWaiters: (() => void)[] = [];
   /**
    * close() began: /readyz answers 503, and every answer closes its connection
@@ -139,7 +119,7 @@ export class RouterCore {
   /** Per endpoint id: content type -> the response header block of headerBlock(). */
   readonly #headerBlocks: Map<string, Buffer>[] = [];
   /** Request headers handed to the director: the gate's, plus the SLO headers when a latency plugin reads them. */
-  readonly #headerNames: readonly string[];
+  readonly headerNames: readonly string[];
   port = 0;
 
   constructor(opts: RouterOptions) {
@@ -151,7 +131,8 @@ export class RouterCore {
     const sessions = (this.sessions = new SessionTable(set, cfg.sessions));
     if (cfg.sessions.store !== 'memory') sessions.shared = new RedisSessions(cfg.sessions.store, cfg.sessions.ttlMs, this.log);
     sessions.start();
-    this.#sessionHeader = cfg.sessions.sources.includes('header') ? Buffer.from(cfg.sessions.header) : null;
+    this.sessionHeaderName = cfg.sessions.sources.includes('header') ? cfg.sessions.header.toLowerCase() : '';
+    this.sessionHeaderBytes = this.sessionHeaderName !== '' ? Buffer.from(cfg.sessions.header) : null;
     const precise = (this.precise = buildPrecise(cfg, set));
     this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, sessions, precise: precise?.feed, decodeProfile: cfg.disaggregation?.decode });
     if (precise !== null) {
@@ -190,7 +171,7 @@ export class RouterCore {
     precise?.registerMetrics(this.metrics.registry, () => this.scheduler.prefix);
     this.scheduler.registerMetrics(this.metrics.registry);
     // latency plugins read the request's objectives (x-slo-ttft-ms, x-slo-tpot-ms) besides the gate's headers
-    this.#headerNames = this.scheduler.latency ? [...gate.headerNames, ...SLO_HEADERS] : gate.headerNames;
+    this.headerNames = this.scheduler.latency ? [...gate.headerNames, ...SLO_HEADERS] : gate.headerNames;
     this.limits = cfg.limits;
     this.director = new Director({
       scheduler: this.scheduler,
@@ -217,14 +198,14 @@ export class RouterCore {
         object: 'list',
         data: set.models().map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
       });
-    this.#modelsBody = modelsBody();
+    this.modelsBody = modelsBody();
     set.onChange(() => {
-      this.#modelsBody = modelsBody();
+      this.modelsBody = modelsBody();
     });
     const sweepEvery = (this.#sweepEvery = Math.max(10, Math.min(1000, Math.floor(cfg.limits.requestBodyTimeoutMs / 4))));
     this.#sweep = setInterval(() => this.#sweepSlowBodies(), sweepEvery);
     this.#sweep.unref();
-    this.#app = this.#routes(uws.App());
+    this.frontEnd = chooseFrontEnd(cfg.server, this.log) === 'native' ? new NativeFrontEnd(this) : new UwsFrontEnd(this);
   }
 
   /**
@@ -259,137 +240,11 @@ export class RouterCore {
     return `${this.#idPrefix}-${(++this.#idCounter).toString(36)}`;
   }
 
-  #routes(app: TemplatedApp): TemplatedApp {
-    app.post('/v1/chat/completions', (res, req) => this.#inference(res, req, KIND_CHAT));
-    app.post('/v1/completions', (res, req) => this.#inference(res, req, KIND_COMPLETION));
-    // passthrough routes (embeddings, vLLM's score/rerank/tokenize/detokenize): same path, same handling, load-aware routing
-    for (let kind = KIND_EMBEDDINGS; kind < KIND_PATHS.length; kind++) app.post(KIND_PATHS[kind]!, (res, req) => this.#inference(res, req, kind));
-    if (this.responses !== null) {
-      app.post('/v1/responses', (res, req) => this.#inference(res, req, KIND_RESPONSES));
-      mountResponseReads(app, this);
-    }
-    mountBatchRoutes(app, this);
-    app.get('/v1/models', (res, req) => {
-      if (!this.#badlyFramed(res, req)) this.#json(res, 200, this.#modelsBody);
-    });
-    app.get('/healthz', (res, req) => {
-      if (!this.#badlyFramed(res, req)) this.#json(res, 200, '{"status":"ok"}');
-    });
-    app.get('/readyz', (res, req) => {
-      if (!this.#badlyFramed(res, req)) this.#readyz(res);
-    });
-    app.get('/metrics', (res, req) => {
-      if (this.#badlyFramed(res, req)) return;
-      // prom-client renders asynchronously: the response may be gone before the text is
-      let aborted = false;
-      res.onAborted(() => {
-        aborted = true;
-      });
-      const contentType = this.metrics.registry.contentType;
-      this.metrics.text().then(
-        (body) => {
-          if (aborted) return;
-          res.cork(() => {
-            res.writeStatus('200 OK').writeHeader('content-type', contentType).end(body, this.draining);
-          });
-        },
-        (err: unknown) => {
-          this.log.error({ err }, '/metrics: rendering failed');
-          if (aborted) return;
-          res.cork(() => {
-            res.writeStatus(statusLine(500)).writeHeader('content-type', 'application/json');
-            res.end(errorBody(500, 'metrics rendering failed'), this.draining);
-          });
-        },
-      );
-    });
-    app.any('/*', (res, req) => {
-      if (this.#badlyFramed(res, req)) return;
-      const url = req.getUrl();
-      const method = req.getMethod().toUpperCase();
-      const allowed = url === '/v1/responses' && this.responses === null ? undefined : KNOWN_PATHS[url];
-      if (method === 'HEAD') {
-        // a HEAD answer has headers only, or the keep-alive connection goes out of sync
-        const status = allowed === 'GET' ? 200 : allowed !== undefined ? 405 : 404;
-        res.cork(() => {
-          res.writeStatus(statusLine(status));
-          if (status === 405) res.writeHeader('allow', allowed!);
-          res.endWithoutBody();
-        });
-        return;
-      }
-      // uWS reads and drops the body of a request it has no onData for (by its
-      // Content-Length or chunks), so the connection stays in step and can stay
-      // open. Only a declared body over the limit closes it (not worth reading);
-      // that answer is deferred, as a "Connection: close" written inside the
-      // handler does not stop uWS from serving a request pipelined behind it.
-      const cl = req.getHeader(H_CONTENT_LENGTH);
-      const close = cl !== '' && Number(cl) > this.limits.maxBodyBytes;
-      const [status, message] =
-        allowed !== undefined ? [405, `method ${method} is not allowed on ${url} (use ${allowed})`] : [404, `no route for ${method} ${url}`];
-      if (close) this.#deferredError(res, status, message, allowed);
-      else this.#error(res, status, message, false, allowed);
-    });
-    return app;
-  }
-
-  /**
-   * Rejects ambiguous body framing (framingProblem) with 400 and a closed
-   * connection; true if it did. GET routes check only when a Content-Length
-   * or Transfer-Encoding is present (two header lookups, no header walk).
-   */
-  #badlyFramed(res: HttpResponse, req: HttpRequest, always = false): boolean {
-    if (!always && req.getHeader(H_CONTENT_LENGTH) === '' && req.getHeader(H_TRANSFER_ENCODING) === '') return false;
-    const problem = framingProblem(req);
-    if (problem === '') return false;
-    this.#deferredError(res, 400, `bad request framing: ${problem}`);
-    return true;
-  }
-
-  /**
-   * Answers `status` and closes the connection, after uWS has finished with
-   * the bytes of this read. An answer written inside the handler is lost when
-   * uWS then closes the socket itself (a body it cannot parse: the write is
-   * still in its cork buffer), and uWS clears the close flag when the next
-   * pipelined request of the same read starts, so it would serve that one.
-   * Deferred, the request is still pending when uWS meets a pipelined one:
-   * uWS closes the connection (no answer rather than a served hidden request).
-   */
-  #deferredError(res: HttpResponse, status: number, message: string, allow?: string): void {
-    this.metrics.countRequest('', -1, status);
-    let gone = false;
-    res.onAborted(() => {
-      gone = true;
-    });
-    setImmediate(() => {
-      if (gone) return;
-      res.cork(() => {
-        res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json');
-        if (allow) res.writeHeader('allow', allow);
-        res.end(errorBody(status, message), true);
-      });
-    });
-  }
-
-  #json(res: HttpResponse, status: number, body: string): void {
-    res.cork(() => {
-      res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(body, this.draining);
-    });
-  }
-
-  #error(res: HttpResponse, status: number, message: string, close: boolean, allow?: string): void {
-    this.metrics.countRequest('', -1, status);
-    res.cork(() => {
-      res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json');
-      if (allow) res.writeHeader('allow', allow);
-      res.end(errorBody(status, message), close || this.draining);
-    });
-  }
-
-  #readyz(res: HttpResponse): void {
+  /** GET /readyz's answer (both front ends): status and body. */
+  readiness(): [number, string] {
     // draining: a load balancer that checks over a kept-alive connection must take the router out
-    if (this.draining) return this.#json(res, 503, '{"status":"shutting down"}');
-    if (this.leadership !== null && !this.leadership.leading) return this.#json(res, 503, '{"status":"standby"}');
+    if (this.draining) return [503, '{"status":"shutting down"}'];
+    if (this.leadership !== null && !this.leadership.leading) return [503, '{"status":"standby"}'];
     const set = this.endpoints;
     const now = performance.now();
     const checks = set.dataLayer.healthIntervalMs > 0;
@@ -397,47 +252,13 @@ export class RouterCore {
     for (const m of set.models()) {
       if (!set.forModel(m)!.some((ep) => ep.ready(now, checks))) notReady.push(m);
     }
-    if (notReady.length === 0) this.#json(res, 200, '{"status":"ready"}');
-    else this.#json(res, 503, JSON.stringify({ status: 'not ready', models_without_ready_endpoint: notReady }));
+    if (notReady.length === 0) return [200, '{"status":"ready"}'];
+    return [503, JSON.stringify({ status: 'not ready', models_without_ready_endpoint: notReady })];
   }
 
-  #inference(res: HttpResponse, req: HttpRequest, kind: number): void {
-    if (this.#badlyFramed(res, req, true)) return;
-    const clText = req.getHeader(H_CONTENT_LENGTH);
-    const contentLength = clText === '' ? -1 : Number(clText);
-    let id = req.getHeader(H_REQUEST_ID);
-    let idHeader: string | Buffer;
-    if (id === '' || id.length > 256) idHeader = id = this.newRequestId();
-    else idHeader = headerBytes(id);
-    const auth = req.getHeader(H_AUTHORIZATION);
-    const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this, res, kind, id, idHeader, auth, contentLength) : new HttpExchange(this, res, kind, id, idHeader, auth, contentLength);
-    if (kind === KIND_RESPONSES) (ctx as ResponsesExchange).tenant = this.tenantOf((n) => req.getHeader(n));
-    const names = this.#headerNames;
-    let h: Record<string, string> | null = null;
-    if (names.length > 0) {
-      h = {};
-      for (let i = 0; i < names.length; i++) h[names[i]] = req.getHeader(names[i]);
-    }
-    if (this.#sessionHeader !== null && kind < KIND_EMBEDDINGS) ctx.sessionHeader = req.getHeader(this.#sessionHeader);
-    // the trace headers framingProblem() collected (#badlyFramed ran it): for every upstream leg
-    if (scanTraceparent !== '' || scanTracestate !== '' || scanBaggage !== '') {
-      h ??= {};
-      if (scanTraceparent !== '') h.traceparent = scanTraceparent;
-      if (scanTracestate !== '') h.tracestate = scanTracestate;
-      if (scanBaggage !== '') h.baggage = scanBaggage;
-    }
-    if (h !== null) ctx.headers = h;
+  /** An inference request began (the front end's side of requestEnded). */
+  requestBegan(): void {
     this.#active++;
-    // bound methods, not arrow closures: uWS calls onData once per request, and a
-    // fresh closure pays V8's lazy-code install on its first call
-    res.onAborted(ctx.onClientAbort.bind(ctx));
-    if (contentLength > this.limits.maxBodyBytes) {
-      ctx.reject(413, `request body of ${contentLength} bytes exceeds the limit of ${this.limits.maxBodyBytes} bytes`);
-      return;
-    }
-    ctx.readStart = this.clock;
-    this.reading.add(ctx);
-    res.onData(ctx.onBodyChunk.bind(ctx));
   }
 
   #sweepSlowBodies(): void {
@@ -453,7 +274,7 @@ export class RouterCore {
   }
 
   /** Called once per inference request when it ends (any way). */
-  requestEnded(ctx: HttpExchange, status: number): void {
+  requestEnded(ctx: { readonly requestId: string; readonly flight: HttpExchange['flight'] }, status: number): void {
     this.#active--;
     if (this.#debug) {
       const f = ctx.flight;
@@ -477,48 +298,17 @@ export class RouterCore {
     return this.#active;
   }
 
-  listen(host: string, port: number): Promise<number> {
-    return new Promise((resolve, reject) => {
-      const done = (sock: us_listen_socket | false): void => {
-        if (!sock) {
-          reject(new Error(`cannot listen on ${host}:${port} (address in use or not available)`));
-          return;
-        }
-        this.#listenSocket = sock;
-        this.port = localPort(sock);
-        this.#host = host;
-        this.#startAcceptGuard();
-        resolve(this.port);
-      };
-      if (port !== 0) {
-        this.#app.listen(host, port, done);
-        return;
-      }
-      // An OS-picked port: uWS sets SO_REUSEADDR only on a listening socket given a port, and
-      // without it the connections accepted on it keep a new listening socket from binding
-      // there (listening again after a pause at the open-file limit). So: learn a free port,
-      // then listen on it as on any configured port (a few tries in case another process takes it).
-      for (let attempt = 0; attempt < 5; attempt++) {
-        let picked = 0;
-        this.#app.listen(host, 0, (probe) => {
-          if (!probe) return;
-          picked = localPort(probe);
-          uws.us_listen_socket_close(probe);
-        });
-        if (picked === 0) break;
-        let sock: us_listen_socket | false = false;
-        this.#app.listen(host, picked, (s) => {
-          sock = s;
-        });
-        if (sock) return done(sock);
-      }
-      done(false);
-    });
+  /** Listens on the front end (config.server.frontEnd, see chooseFrontEnd); resolves the port. */
+  async listen(host: string, port: number): Promise<number> {
+    this.port = await this.frontEnd.listen(host, port);
+    this.#startAcceptGuard();
+    return this.port;
   }
 
   /**
-   * Near the file-descriptor limit, stop accepting (close the listening
-   * socket: uWS would otherwise retry a failing accept() in a busy loop) and
+   * Near the file-descriptor limit, stop accepting (uWS: close the listening
+   * socket, as it would otherwise retry a failing accept() in a busy loop;
+   * native: close each new connection at once) and
    * keep serving the connections already open; listen again once some close.
    */
   #startAcceptGuard(): void {
@@ -535,8 +325,7 @@ export class RouterCore {
       limit,
       probe: lowestFreeFd,
       pause: (inUse) => {
-        if (this.#listenSocket) uws.us_listen_socket_close(this.#listenSocket);
-        this.#listenSocket = null;
+        this.frontEnd.pauseAccepting();
         this.log.warn(
           { open_fds: inUse, limit, reserve: guard.reserve },
           'at the open-file limit: not accepting new connections until some close (connections already open are served)',
@@ -544,13 +333,7 @@ export class RouterCore {
       },
       resume: (inUse) => {
         if (this.draining) return true;
-        let ok = false;
-        // uWS calls back synchronously
-        this.#app.listen(this.#host, this.port, (sock) => {
-          if (!sock) return;
-          this.#listenSocket = sock;
-          ok = true;
-        });
+        const ok = this.frontEnd.resumeAccepting();
         if (ok) {
           failedAt = 0;
           this.log.info({ open_fds: inUse, limit }, 'below the open-file limit again: accepting connections');
@@ -596,10 +379,7 @@ export class RouterCore {
   async close(graceMs = 10_000): Promise<void> {
     this.draining = true;
     this.acceptGuard?.stop();
-    if (this.#listenSocket) {
-      uws.us_listen_socket_close(this.#listenSocket);
-      this.#listenSocket = null;
-    }
+    this.frontEnd.stopListening();
     if (this.#active > 0) {
       await new Promise<void>((resolve) => {
         const t = setTimeout(resolve, graceMs);
@@ -611,7 +391,7 @@ export class RouterCore {
     }
     clearInterval(this.#sweep);
     this.live.close();
-    (this.#app as unknown as { close(): void }).close();
+    this.frontEnd.close();
     await this.gate.close?.();
     await this.director.close();
     await this.responses?.close();

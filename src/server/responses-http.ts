@@ -29,10 +29,29 @@ export class ResponsesExchange extends HttpExchange {
   }
 }
 
-type Op = (svc: ResponsesService, tenant: string, id: string, query: string) => Promise<{ status: number; body: string }>;
+export type Op = (svc: ResponsesService, tenant: string, id: string, query: string) => Promise<{ status: number; body: string }>;
+
+/** Runs a read of the store and writes its answer (either front end: `write` writes the status and JSON body). */
+export function runResponsesOp(host: ResponsesHost, op: Op, id: string, query: string, tenant: string, write: (status: number, body: string) => void): void {
+  const svc = host.responses!;
+  const out = (status: number, body: string) => {
+    host.metrics.countRequest('', -1, status);
+    write(status, body);
+  };
+  op(svc, tenant, id, query).then(
+    (a) => out(a.status, a.body),
+    (err: unknown) => {
+      if (err instanceof ResponsesError) out(err.status, errorBody(err.status, err.message, err.param, err.code));
+      else if (err instanceof StoreUnavailableError) out(503, errorBody(503, err.message, null, 'store_unavailable'));
+      else {
+        svc.log.error({ err }, 'internal error reading the Responses store');
+        out(500, errorBody(500, `internal error: ${(err as Error)?.message ?? String(err)}`));
+      }
+    },
+  );
+}
 
 function answer(host: ResponsesHost, res: HttpResponse, req: HttpRequest, op: Op): void {
-  const svc = host.responses!;
   const id = req.getParameter(0) ?? '';
   const query = req.getQuery() ?? '';
   const tenant = host.tenantOf((n) => req.getHeader(n));
@@ -40,29 +59,17 @@ function answer(host: ResponsesHost, res: HttpResponse, req: HttpRequest, op: Op
   res.onAborted(() => {
     gone = true;
   });
-  const write = (status: number, body: string) => {
-    host.metrics.countRequest('', -1, status);
+  runResponsesOp(host, op, id, query, tenant, (status, body) => {
     if (gone) return;
     res.cork(() => {
       res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(body, host.draining);
     });
-  };
-  op(svc, tenant, id, query).then(
-    (a) => write(a.status, a.body),
-    (err: unknown) => {
-      if (err instanceof ResponsesError) write(err.status, errorBody(err.status, err.message, err.param, err.code));
-      else if (err instanceof StoreUnavailableError) write(503, errorBody(503, err.message, null, 'store_unavailable'));
-      else {
-        svc.log.error({ err }, 'internal error reading the Responses store');
-        write(500, errorBody(500, `internal error: ${(err as Error)?.message ?? String(err)}`));
-      }
-    },
-  );
+  });
 }
 
-const retrieve: Op = (svc, tenant, id) => svc.retrieve(tenant, id);
-const remove: Op = (svc, tenant, id) => svc.remove(tenant, id);
-const inputItems: Op = (svc, tenant, id, query) => svc.inputItems(tenant, id, query);
+export const retrieve: Op = (svc, tenant, id) => svc.retrieve(tenant, id);
+export const remove: Op = (svc, tenant, id) => svc.remove(tenant, id);
+export const inputItems: Op = (svc, tenant, id, query) => svc.inputItems(tenant, id, query);
 
 /** GET / DELETE routes (POST is the router's inference route with KIND_RESPONSES). */
 export function mountResponseReads(app: TemplatedApp, host: ResponsesHost): void {
