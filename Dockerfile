@@ -12,7 +12,10 @@
 # g++); `npm ci` runs node-gyp (the C++ addon) and tsc (dist/), then the dev
 # dependencies are pruned. Runtime stage: the slim image, the built files
 # only, as the unprivileged `node` user.
-ARG NODE_VERSION=20.20
+# Node 24 (LTS, supported until April 2028): uWebSockets.js has no binary for it, so the router serves
+# on the native front end (docs/front-end.md); test/deploy/node-version.test.ts keeps this in step with
+# package.json's engines and the LTS end-of-life dates (docs/portability.md).
+ARG NODE_VERSION=24.22
 
 FROM node:${NODE_VERSION}-bookworm AS build
 WORKDIR /app
