@@ -227,7 +227,17 @@ export class NativeFrontEnd implements FrontEnd {
       const b = batchRoute(method, path);
       if (b !== null) return this.#batch(r, b.op, b.withBody, b.param, query);
     }
+    if (method === 'OPTIONS') return this.#options(r, path);
     this.#unrouted(r, method, path);
+  }
+
+  /** OPTIONS * and OPTIONS / (HAProxy's bare `option httpchk`): 204 with the server's methods; a known path: its own. */
+  #options(r: FrontRequest, path: string): void {
+    const known = KNOWN_PATHS[path];
+    const allow = path === '*' || path === '/' ? 'GET, HEAD, POST, DELETE, OPTIONS' : known === 'GET' ? 'GET, HEAD, OPTIONS' : known !== undefined ? `${known}, OPTIONS` : '';
+    if (allow === '') return this.#unrouted(r, 'OPTIONS', path);
+    this.#h.metrics.countRequest('', -1, 204);
+    this.#server.respond(r.id, 204, `allow: ${allow}\r\n`, null, true, this.#h.draining);
   }
 
   #unrouted(r: FrontRequest, method: string, path: string): void {
