@@ -89,7 +89,6 @@ function unpacked() {
 }
 
 const dir = unpacked();
-process.env.SWITCHYARD_STANDALONE = '1';
 // The SEA's own require loads built-in modules only: boot.cjs is an ordinary file, so its import()
 // goes through the normal ESM loader.
 const boot = createRequire(path.join(dir, 'boot.cjs'))('./boot.cjs');
