@@ -87,7 +87,7 @@ export interface DataLayerConfig {
 export const UPSTREAM_CLIENTS = ['auto', 'h1', 'native', 'undici'] as const;
 
 export interface ProxyConfig {
-  /** Upstream HTTP client: the lean built-in HTTP/1.1 client, the native (addon) HTTP/1.1 client, or undici. */
+  /** Upstream HTTP client: the native (addon) HTTP/1.1 client, or undici (https); `h1` is an older name of `native`. */
   client: (typeof UPSTREAM_CLIENTS)[number];
   maxRetries: number;
   connectionsPerEndpoint: number;

@@ -1,7 +1,8 @@
-// The router's server side: it owns the router's parts (endpoints, data
-// layer, scheduler, upstream client, gate, director), the answers that are
-// not inference (readiness, models), the 408 sweep, the accept guard and
-// graceful shutdown. Client connections are a FrontEnd's (front-end.ts):
+// The router's server side: it serves with the router's parts (endpoints,
+// data layer, scheduler, upstream client, gate, director, ...), which
+// assemble.ts builds and hands it, and owns the answers that are not
+// inference (readiness, models), the 408 sweep, the accept guard and graceful
+// shutdown. Client connections are a FrontEnd's (front-end.ts):
 // uWebSockets.js (front-uws.ts) or the native HTTP/1.1 front end
 // (front-native.ts), chosen by server.frontEnd; each hands every inference
 // request, once its body has arrived, to the director (src/director/).
@@ -9,45 +10,33 @@ import { performance } from 'node:perf_hooks';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { LimitsConfig, RouterConfig } from '../config/schema.js';
-import { PassThroughGate, type AdmissionGate } from '../admission.js';
-import { Director, SLO_HEADERS } from '../director/director.js';
-import { SessionTable } from '../sessions/table.js';
-import { RedisSessions } from '../sessions/redis.js';
-import { registerSessionMetrics } from '../sessions/metrics.js';
-import { DataLayer } from '../endpoints/data-layer.js';
-import { EndpointSet, type Endpoint } from '../endpoints/endpoint.js';
-import { LiveEndpoints } from '../endpoints/live.js';
+import type { AdmissionGate } from '../admission.js';
+import { type Director, SLO_HEADERS } from '../director/director.js';
+import type { SessionTable } from '../sessions/table.js';
+import type { DataLayer } from '../endpoints/data-layer.js';
+import type { EndpointSet, Endpoint } from '../endpoints/endpoint.js';
+import type { LiveEndpoints } from '../endpoints/live.js';
 import type { UpstreamClient } from '../proxy/upstream.js';
-import { Scheduler } from '../scheduler/scheduler.js';
-import { Disaggregator } from '../director/pd.js';
+import type { Scheduler } from '../scheduler/scheduler.js';
+import type { Disaggregator } from '../director/pd.js';
 import type { HttpExchange } from './http-exchange.js';
 import { AcceptGuard } from './accept-guard.js';
 import { lowestFreeFd, raiseFdLimit } from '../../bindings/index.js';
 import { Counter, Gauge } from 'prom-client';
-import { RouterMetrics } from './metrics.js';
-import { ResponsesService } from '../responses/service.js';
-import type { RequestTracer } from '../telemetry/tracing.js';
-import { buildPrecise, type Precise } from './precise.js';
+import type { RouterMetrics } from './metrics.js';
+import type { ResponsesService } from '../responses/service.js';
+import type { Precise } from './precise.js';
 import { framingProblem } from './framing.js';
 import { ReadingList } from './reading-list.js';
 import { newUpstreamClient } from './upstream-choice.js';
 import { chooseFrontEnd, type FrontEnd, type FrontHost } from './front-end.js';
 import { UwsFrontEnd } from './front-uws.js';
 import { NativeFrontEnd } from './front-native.js';
+import type { RouterParts } from './assemble.js';
 
-export interface RouterOptions {
-  config: RouterConfig;
-  logger: Logger;
-  /** Admission gate, or a factory given the endpoints. Default: flow control when config.flowControl is set (startRouter builds it), else admit everything. */
-  gate?: AdmissionGate | ((endpoints: EndpointSet) => AdmissionGate);
-  /** Upstream client. Default: undici pools. */
-  upstream?: UpstreamClient;
-  /** Random source for pickers (tests may seed it). */
-  random?: () => number;
+export interface CoreOptions {
   /** Raise the process's open-file soft limit to its hard limit when listening (default true). */
   raiseFdLimit?: boolean;
-  /** OpenTelemetry tracing (startRouter builds it when config.tracing.enabled); absent = off. */
-  tracer?: RequestTracer | null;
 }
 
 // moved out of this file; re-exported for the callers that import them from here
@@ -76,8 +65,8 @@ export class RouterCore implements FrontHost {
   readonly sessions: SessionTable;
   /** The Responses API (null when `responses.enabled` is false). */
   readonly responses: ResponsesService | null;
-  /** The Files and Batches API (set by startRouter when `config.batch` is; docs/batch.md). */
-  batchApi: import('../batch/api.js').BatchApi | null = null;
+  /** The Files and Batches API (when `config.batch` is set; docs/batch.md). */
+  readonly batchApi: import('../batch/api.js').BatchApi | null;
   /** P/D disaggregation (config.disaggregation), or null. */
   readonly pd: Disaggregator | null;
 
@@ -115,83 +104,37 @@ export class RouterCore implements FrontHost {
    */
   draining = false;
   /** A hot-standby pair's lease (src/ha/): /readyz answers 503 while this router is the standby. Null: no pair. */
-  leadership: { readonly leading: boolean } | null = null;
+  readonly leadership: { readonly leading: boolean } | null;
   /** Per endpoint id: content type -> the response header block of headerBlock(). */
   readonly #headerBlocks: Map<string, Buffer>[] = [];
   /** Request headers handed to the director: the gate's, plus the SLO headers when a latency plugin reads them. */
   readonly headerNames: readonly string[];
   port = 0;
 
-  constructor(opts: RouterOptions) {
-    const cfg = (this.config = opts.config);
-    this.log = opts.logger;
+  constructor(parts: RouterParts, opts: CoreOptions = {}) {
+    const cfg = (this.config = parts.config);
+    this.log = parts.log;
     this.#raiseFdLimit = opts.raiseFdLimit !== false;
     this.#debug = this.log.isLevelEnabled('debug');
-    const set = (this.endpoints = new EndpointSet(cfg.pools, cfg.dataLayer));
-    const sessions = (this.sessions = new SessionTable(set, cfg.sessions));
-    if (cfg.sessions.store !== 'memory') sessions.shared = new RedisSessions(cfg.sessions.store, cfg.sessions.ttlMs, this.log);
-    sessions.start();
+    const set = (this.endpoints = parts.endpoints);
+    this.dataLayer = parts.dataLayer;
+    this.live = parts.live;
+    this.sessions = parts.sessions;
+    this.precise = parts.precise;
+    this.scheduler = parts.scheduler;
+    this.upstream = parts.upstream;
+    const gate = (this.gate = parts.gate);
+    this.pd = parts.pd;
+    this.metrics = parts.metrics;
+    this.director = parts.director;
+    this.responses = parts.responses;
+    this.batchApi = parts.batchApi;
+    this.leadership = parts.leadership;
     this.sessionHeaderName = cfg.sessions.sources.includes('header') ? cfg.sessions.header.toLowerCase() : '';
     this.sessionHeaderBytes = this.sessionHeaderName !== '' ? Buffer.from(cfg.sessions.header) : null;
-    const precise = (this.precise = buildPrecise(cfg, set));
-    this.scheduler = new Scheduler(set, cfg.scheduling, { random: opts.random, sessions, precise: precise?.feed, decodeProfile: cfg.disaggregation?.decode });
-    if (precise !== null) {
-      // an engine that may have lost its cache is not believed to hold anything by the approximate fallback either
-      precise.feed.onEngineReset = (id) => {
-        const ep = set.byId(id);
-        if (ep !== undefined) this.scheduler.prefix?.clear(ep);
-      };
-    }
-    this.upstream = opts.upstream ?? newUpstreamClient(cfg.proxy, set);
-    const g = opts.gate;
-    const gate: AdmissionGate = (this.gate = g === undefined ? new PassThroughGate() : typeof g === 'function' ? g(set) : g);
-    const dl = (this.dataLayer = new DataLayer(set));
-    dl.onCapacity((ep) => this.scheduler.onCapacity(ep));
-    const pdc = cfg.disaggregation;
-    if (pdc !== undefined) {
-      // the prefill profile: its own filters, scorers and picker (and its own prefix index) over the same endpoints
-      const prefill = new Scheduler(set, { ...pdc.prefill, prefixBlockSize: cfg.scheduling.prefixBlockSize }, { random: opts.random });
-      dl.onCapacity((ep) => prefill.onCapacity(ep));
-      this.pd = new Disaggregator(pdc, set, prefill, this.upstream, this.scheduler.prefix?.blockSize ?? 0, this.scheduler.prefix);
-    } else this.pd = null;
-    if (gate.onCapacity) {
-      dl.onScrape((ep) => {
-        for (const m of ep.models) gate.onCapacity!(m);
-      });
-    }
-    this.metrics = new RouterMetrics(set);
-    this.pd?.metrics.register(this.metrics.registry);
-    this.live = new LiveEndpoints(set, { graceMs: cfg.admin?.drainGraceMs });
-    this.metrics.live = this.live.counters;
-    // a removed endpoint's connections close (busy ones once their request ends): no descriptor stays open to it
-    set.onRemoved((ep) => this.upstream.forget?.(ep));
-    // the gate's families (flow control) join the router's registry
-    gate.registerMetrics?.(this.metrics.registry);
-    registerSessionMetrics(this.metrics.registry, sessions);
-    precise?.registerMetrics(this.metrics.registry, () => this.scheduler.prefix);
-    this.scheduler.registerMetrics(this.metrics.registry);
     // latency plugins read the request's objectives (x-slo-ttft-ms, x-slo-tpot-ms) besides the gate's headers
     this.headerNames = this.scheduler.latency ? [...gate.headerNames, ...SLO_HEADERS] : gate.headerNames;
     this.limits = cfg.limits;
-    this.director = new Director({
-      scheduler: this.scheduler,
-      upstream: this.upstream,
-      gate,
-      metrics: this.metrics,
-      log: this.log,
-      maxRetries: cfg.proxy.maxRetries,
-      maxJsonDepth: cfg.limits.maxJsonDepth,
-      parseOffloadBytes: cfg.limits.parseOffloadBytes,
-      parseWorkers: cfg.limits.parseWorkers,
-      sessions,
-      tracer: opts.tracer ?? null,
-      tokens: precise?.tokens ?? null,
-      pd: this.pd,
-    });
-    if (opts.tracer) this.metrics.registerTracing(opts.tracer.stats);
-    this.responses = cfg.responses.enabled
-      ? new ResponsesService({ config: cfg.responses, director: this.director, log: this.log, countRequest: (m, e, s) => this.metrics.countRequest(m, e, s), registry: this.metrics.registry })
-      : null;
     const created = Math.floor(Date.now() / 1000);
     const modelsBody = () =>
       JSON.stringify({
@@ -375,7 +318,7 @@ export class RouterCore implements FrontHost {
     });
   }
 
-  /** Stops accepting, waits up to `graceMs` for in-flight requests, then closes everything. */
+  /** Stops accepting, waits up to `graceMs` for in-flight requests, then closes the HTTP app. */
   async close(graceMs = 10_000): Promise<void> {
     this.draining = true;
     this.acceptGuard?.stop();
@@ -390,17 +333,7 @@ export class RouterCore implements FrontHost {
       });
     }
     clearInterval(this.#sweep);
-    this.live.close();
     this.frontEnd.close();
-    await this.gate.close?.();
-    await this.director.close();
-    await this.responses?.close();
-    await this.scheduler.close();
-    await this.sessions.close();
-    await this.precise?.close();
-    await this.pd?.prefill.close();
-    await this.dataLayer.close();
-    await this.upstream.close();
-    await this.director.tracer?.close(); // the last spans go out (bounded by the export timeout)
+    // the components it served with close after every listener has drained (the lifecycle's `parts`, assemble.ts)
   }
 }

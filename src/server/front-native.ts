@@ -248,13 +248,12 @@ export class NativeFrontEnd implements FrontEnd {
     this.#h.metrics.countRequest('', -1, status);
     const lines = status === 405 ? `${JSON_LINES}allow: ${allowed}\r\n` : JSON_LINES;
     // a HEAD answer has headers only
-    const body =
-      method === 'HEAD' ? null : Buffer.from(errorBody(status, status === 405 ? `method ${method} is not allowed on ${path} (use ${allowed})` : `no route for ${method} ${path}`));
+    const body = method === 'HEAD' ? null : errorBody(status, status === 405 ? `method ${method} is not allowed on ${path} (use ${allowed})` : `no route for ${method} ${path}`);
     this.#server.respond(r.id, status, lines, body, true, this.#h.draining);
   }
 
   #json(id: number, status: number, body: string, contentType = JSON_LINES): void {
-    this.#server.respond(id, status, contentType, body === '' ? null : Buffer.from(body), true, this.#h.draining);
+    this.#server.respond(id, status, contentType, body === '' ? null : body, true, this.#h.draining);
   }
 
   #metrics(id: number, head: boolean): void {
@@ -275,7 +274,7 @@ export class NativeFrontEnd implements FrontEnd {
     const id = r.id;
     const write = (status: number, body: string | Buffer, contentType = 'application/json') => {
       h.metrics.countRequest('', -1, status);
-      this.#server.respond(id, status, `content-type: ${fieldValue(contentType)}\r\n`, typeof body === 'string' ? Buffer.from(body) : body, true, h.draining);
+      this.#server.respond(id, status, `content-type: ${fieldValue(contentType)}\r\n`, body, true, h.draining);
     };
     const api = h.batchApi;
     if (api === null) return write(404, BATCH_NOT_CONFIGURED());
@@ -387,8 +386,8 @@ export class NativeExchange implements ClientPort {
     return s;
   }
 
-  #send(chunk: Buffer | string, end: boolean): void {
-    const b = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
+  #send(b: Buffer | string, end: boolean): void {
+    // a string goes over as it is (the server writes its UTF-8): no Buffer per chunk
     let r: number;
     if (!this.#started) {
       this.#started = true;
@@ -431,7 +430,7 @@ export class NativeExchange implements ClientPort {
       if (ra > 0) s += `retry-after: ${Math.ceil(ra)}\r\n`;
     }
     this.#started = true;
-    this.#server.respond(this.id, status, s, Buffer.from(errorBody(status, message, param, code)), true, this.#h.draining);
+    this.#server.respond(this.id, status, s, errorBody(status, message, param, code), true, this.#h.draining);
   }
 
   done(status: number): void {
