@@ -14,6 +14,9 @@ import { pathToFileURL } from 'node:url';
 import { pino } from 'pino';
 import { median } from '../lib/stats.js';
 import { option, runMain, ROOT } from '../lib/proc.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const base = option(argv, '--base') ?? '';
