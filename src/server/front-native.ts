@@ -6,6 +6,7 @@
 // (`wanted`: no JavaScript walk of the head). An inference request becomes a
 // NativeExchange, the director's ClientPort; a streamed answer that the
 // server reports FULL pauses the upstream read until its socket drains.
+import { performance } from 'node:perf_hooks';
 import { Gauge, Counter } from 'prom-client';
 import type { Rejected } from '../admission.js';
 import type { ClientPort } from '../director/director.js';
@@ -18,6 +19,8 @@ import type { ExchangeFlight } from './http-exchange.js';
 import { KIND_RESPONSES, inputItems, remove, retrieve, runResponsesOp, type Op as ResponsesOp } from './responses-http.js';
 import { BATCH_NOT_CONFIGURED, batchRoute, isBatchPath, runBatchOp } from './batch-http.js';
 import { knownPaths, type FrontEnd, type FrontHost } from './front-end.js';
+import { SHUTDOWN_CODE, type InFlightRequest } from './drain.js';
+import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, statusOutcome } from './outcomes.js';
 
 const KNOWN_PATHS = knownPaths(KIND_PATHS);
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
@@ -296,7 +299,7 @@ export class NativeFrontEnd implements FrontEnd {
     let requestId = w[W_REQUEST_ID]!;
     if (requestId === '' || requestId.length > 256) requestId = h.newRequestId();
     const x = new NativeExchange(this, h, this.#server, r.id, kind, requestId, w[W_AUTHORIZATION]!);
-    if (kind === KIND_RESPONSES) x.tenant = h.tenantOf((n) => this.header(r, n));
+    if (kind === KIND_RESPONSES || h.accessLog) x.tenant = h.tenantOf((n) => this.header(r, n));
     const names = h.headerNames;
     let hd: Record<string, string> | null = null;
     if (names.length > 0) {
@@ -314,14 +317,21 @@ export class NativeFrontEnd implements FrontEnd {
       if (bg !== '') hd.baggage = bg;
     }
     if (hd !== null) x.headers = hd;
-    h.requestBegan();
+    h.requestBegan(x);
     this.#live.set(r.id, x);
-    x.flight = kind === KIND_RESPONSES ? h.responses!.begin(x, x.tenant, requestId, x.authorization, x.headers, r.body) : h.director.begin(x, kind, requestId, x.authorization, x.headers, r.body, '', x.sessionHeader);
+    // an answer given inside begin() (a bad body, no endpoint) is reported once begin() returns: the metrics see the flight's model
+    x.beginning = true;
+    try {
+      x.flight = kind === KIND_RESPONSES ? h.responses!.begin(x, x.tenant, requestId, x.authorization, x.headers, r.body) : h.director.begin(x, kind, requestId, x.authorization, x.headers, r.body, '', x.sessionHeader);
+    } finally {
+      x.beginning = false;
+    }
+    if (x.endedStatus >= 0) h.requestEnded(x, x.endedStatus);
   }
 }
 
 /** One inference request on the native front end: the director's (or a Responses turn's) ClientPort. */
-export class NativeExchange implements ClientPort {
+export class NativeExchange implements ClientPort, InFlightRequest {
   readonly id: number;
   readonly kind: number;
   readonly requestId: string;
@@ -331,6 +341,17 @@ export class NativeExchange implements ClientPort {
   /** The Responses API's tenant (POST /v1/responses). */
   tenant = '';
   flight: ExchangeFlight | null = null;
+  /** Position in the router's in-flight list (src/server/drain.ts); -1 otherwise. */
+  activeSlot = -1;
+  /** How the request ended (src/server/outcomes.ts; -1 until decided) and a rejection's reason. */
+  outcome = -1;
+  rejectReason = '';
+  /** performance.now() when the request arrived, and when its answer's first bytes went out (0: not yet). */
+  readonly startedAt = performance.now();
+  firstByteAt = 0;
+  /** Inside begin(): done() is reported after it returns (`endedStatus`, -1: not ended). */
+  beginning = false;
+  endedStatus = -1;
   readonly #fe: NativeFrontEnd;
   readonly #h: FrontHost;
   readonly #server: FrontServer;
@@ -341,6 +362,11 @@ export class NativeExchange implements ClientPort {
   #aborted = false;
   #done = false;
   #paused = false;
+
+  /** The request's route. */
+  get path(): string {
+    return KIND_PATHS[this.kind] ?? '/v1/responses';
+  }
 
   constructor(fe: NativeFrontEnd, h: FrontHost, server: FrontServer, id: number, kind: number, requestId: string, authorization: string) {
     this.#fe = fe;
@@ -361,8 +387,29 @@ export class NativeExchange implements ClientPort {
       return;
     }
     if (!this.#done) {
+      this.outcome = OUTCOME_CANCELLED;
       this.#h.metrics.countRequest('', -1, 499);
       this.done(499);
+    }
+  }
+
+  /**
+   * A drain's grace is over: a stream whose head went out ends with `sseEvent`
+   * (a chunked answer that is not SSE is cut), an answer not begun is a 503;
+   * the director's side is aborted with status 503.
+   */
+  cutForShutdown(sseEvent: string, message: string): void {
+    if (this.#done || this.#aborted) return;
+    this.outcome = OUTCOME_SHUTDOWN;
+    if (this.#started) {
+      if (this.#contentType.startsWith('text/event-stream')) this.#send(sseEvent, true);
+      else this.#server.abort(this.id);
+    } else this.error(503, message, null, this.#endpoint, null, SHUTDOWN_CODE);
+    this.#aborted = true; // the flight's later writes are dropped
+    if (this.flight !== null) this.flight.clientAborted(503);
+    else {
+      this.#h.metrics.countRequest('', -1, 503);
+      this.done(503);
     }
   }
 
@@ -391,6 +438,7 @@ export class NativeExchange implements ClientPort {
     let r: number;
     if (!this.#started) {
       this.#started = true;
+      this.firstByteAt = performance.now();
       // draining: the connection closes after this answer (a stream says so in its head)
       r = this.#server.respond(this.id, this.#status, this.#lines(), b, end, this.#h.draining);
     } else r = this.#server.write(this.id, b, end);
@@ -413,12 +461,17 @@ export class NativeExchange implements ClientPort {
   }
 
   fail(sseEvent: string | null): void {
+    if (this.outcome < 0) this.outcome = OUTCOME_MID_STREAM;
     if (this.#aborted) return;
     if (sseEvent !== null) this.#send(sseEvent, true);
     else this.#server.abort(this.id); // cut: the client sees the stream end without its last chunk
   }
 
   error(status: number, message: string, param: string | null, ep: Endpoint | undefined, rejection: Rejected | null, code?: string): void {
+    if (this.outcome < 0) {
+      this.outcome = errorOutcome(status, message, ep !== undefined, rejection !== null);
+      if (rejection !== null) this.rejectReason = rejection.reason ?? '';
+    }
     if (this.#aborted) return;
     let s = `${JSON_LINES}x-request-id: ${this.requestId}\r\n`;
     if (ep) s += `x-switchyard-endpoint: ${Buffer.from(ep.name).toString('latin1')}\r\n`;
@@ -436,7 +489,9 @@ export class NativeExchange implements ClientPort {
   done(status: number): void {
     if (this.#done) return;
     this.#done = true;
+    if (this.outcome < 0) this.outcome = statusOutcome(status);
     this.#fe.ended(this);
-    this.#h.requestEnded(this, status);
+    if (this.beginning) this.endedStatus = status;
+    else this.#h.requestEnded(this, status);
   }
 }

@@ -175,7 +175,7 @@ export class UwsFrontEnd implements FrontEnd {
     else idHeader = headerBytes(id);
     const auth = req.getHeader(H_AUTHORIZATION);
     const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this.#h, res, kind, id, idHeader, auth, contentLength) : new HttpExchange(this.#h, res, kind, id, idHeader, auth, contentLength);
-    if (kind === KIND_RESPONSES) (ctx as ResponsesExchange).tenant = this.#h.tenantOf((n) => req.getHeader(n));
+    if (kind === KIND_RESPONSES || this.#h.accessLog) ctx.tenant = this.#h.tenantOf((n) => req.getHeader(n));
     const names = this.#h.headerNames;
     let h: Record<string, string> | null = null;
     if (names.length > 0) {
@@ -191,7 +191,7 @@ export class UwsFrontEnd implements FrontEnd {
       if (scanBaggage !== '') h.baggage = scanBaggage;
     }
     if (h !== null) ctx.headers = h;
-    this.#h.requestBegan();
+    this.#h.requestBegan(ctx);
     // bound methods, not arrow closures: uWS calls onData once per request, and a
     // fresh closure pays V8's lazy-code install on its first call
     res.onAborted(ctx.onClientAbort.bind(ctx));

@@ -21,8 +21,7 @@ export interface ResponsesHost extends ExchangeHost {
 }
 
 export class ResponsesExchange extends HttpExchange {
-  /** Set by the route from the request's headers (tenantOf), before the body is read. */
-  tenant = '';
+  // tenant: set by the route from the request's headers (tenantOf), before the body is read
 
   override begin(raw: Buffer): ExchangeFlight {
     return (this.core as ResponsesHost).responses!.begin(this, this.tenant, this.requestId, this.authorization, this.headers, raw);
