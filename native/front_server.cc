@@ -400,9 +400,39 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       c->body.clear();
       c->head_armed = false;
       c->st = keep ? Conn::St::Head : Conn::St::Closing;  // no request after one that closes
-      Call(on_request_, 8, argv);
+      CallBatched(on_request_, 8, argv);
     }
     if (c->st == Conn::St::Closing) uv_timer_stop(&c->timer);
+  }
+
+  // A request's callback: a plain call (no callback scope per request); the microtasks and nextTicks it
+  // queued run once per loop iteration, for every request of that iteration, when the check handle
+  // enters a callback scope (OnCheck), as uWebSockets.js does. Before listen (no check handle): Call.
+  void CallBatched(Napi::FunctionReference& fn, size_t argc, napi_value* argv) {
+    if (!check_init_) {
+      Call(fn, argc, argv);
+      return;
+    }
+    napi_env env = Env();
+    napi_value recv, result;
+    napi_get_global(env, &recv);
+    if (napi_call_function(env, recv, fn.Value(), argc, argv, &result) == napi_pending_exception) {
+      napi_value err;
+      napi_get_and_clear_last_exception(env, &err);
+      napi_fatal_exception(env, err);
+    }
+    if (!check_armed_) {
+      check_armed_ = true;
+      uv_check_start(&check_, OnCheck);
+    }
+  }
+
+  static void OnCheck(uv_check_t* h) {
+    FrontServerWrap* self = static_cast<FrontServerWrap*>(h->data);
+    self->check_armed_ = false;
+    uv_check_stop(h);
+    Napi::HandleScope scope(self->Env());
+    self->Call(self->noop_, 0, nullptr);  // leaving the callback scope runs the queued ticks and microtasks
   }
 
   void Call(Napi::FunctionReference& fn, size_t argc, napi_value* argv) {
@@ -621,6 +651,14 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       return env.Undefined();
     }
     listening_ = true;
+    if (!check_init_) {
+      uv_check_init(loop_, &check_);
+      check_.data = this;
+      uv_unref(reinterpret_cast<uv_handle_t*>(&check_));  // it never keeps the process alive
+      check_init_ = true;
+      noop_ = Napi::Persistent(Napi::Function::New(env, [](const Napi::CallbackInfo&) {}));
+      Ref();  // until the check handle's close callback
+    }
     Ref();
     sockaddr_storage bound;
     int len = sizeof(bound);
@@ -812,6 +850,12 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     if (closed_) return info.Env().Undefined();
     closed_ = true;
     StopListening();
+    if (check_init_) {
+      check_init_ = false;
+      check_armed_ = false;
+      uv_check_stop(&check_);
+      uv_close(reinterpret_cast<uv_handle_t*>(&check_), [](uv_handle_t* h) { static_cast<FrontServerWrap*>(h->data)->Unref(); });
+    }
     std::vector<Conn*> all;
     for (auto& kv : conns_) all.push_back(kv.first);
     for (Conn* c : all) CloseConn(c);
@@ -829,6 +873,10 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
   double max_file_ = 16 << 20;
   uint64_t body_ms_ = 10000;
   std::vector<std::string> wanted_;
+  uv_check_t check_;
+  bool check_init_ = false;
+  bool check_armed_ = false;
+  Napi::FunctionReference noop_;
   Napi::Reference<Napi::ArrayBuffer> xfer_ref_;
   char* xfer_ = nullptr;
   size_t xfer_len_ = 0;
