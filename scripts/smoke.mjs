@@ -60,14 +60,15 @@ async function json(path, body) {
 
 let failed = false;
 try {
-  // up: /healthz answers 200 once the router listens
+  // up: /readyz answers 200 once the router listens and an endpoint is ready (/healthz is 200 sooner,
+  // while the simulated engines' first health checks are still under way)
   const t0 = Date.now();
   for (;;) {
     if (over) throw new Error('the router exited before it listened');
     try {
-      if ((await fetch(base + '/healthz')).status === 200) break;
+      if ((await fetch(base + '/readyz')).status === 200) break;
     } catch {}
-    if (Date.now() - t0 > START_MS) throw new Error(`the router did not answer /healthz within ${START_MS / 1000} s`);
+    if (Date.now() - t0 > START_MS) throw new Error(`the router was not ready (/readyz 200) within ${START_MS / 1000} s`);
     await new Promise((r) => setTimeout(r, 200));
   }
   check(`router up on ${base} (${Date.now() - t0} ms, ${bin ? bin : `node ${process.version}`})`, true);

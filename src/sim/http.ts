@@ -207,16 +207,32 @@ class NodeResponse implements SimHttpResponse {
     this.#done = true;
     if (closeConnection === true && !this.#headSent) this.#headers.push(['Connection', 'close']);
     this.#head();
-    this.res.end(body);
+    // Node 22's ServerResponse drops the body of an end() called while corked: end after uncork
+    if (this.#corked) this.#endBody = body ?? '';
+    else this.res.end(body);
     return this;
   }
 
+  #corked = false;
+  #endBody: string | null = null;
+
   cork(fn: () => void): this {
+    if (this.#corked) {
+      fn();
+      return this;
+    }
+    this.#corked = true;
     this.res.cork();
     try {
       fn();
     } finally {
+      this.#corked = false;
       this.res.uncork();
+      const body = this.#endBody;
+      if (body !== null) {
+        this.#endBody = null;
+        this.res.end(body);
+      }
     }
     return this;
   }
