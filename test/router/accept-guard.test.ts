@@ -102,7 +102,8 @@ t.test('switchyard serve at a low open-file limit: no busy loop, open connection
   const port = await new Promise<number>((resolve, reject) => {
     const started = Date.now();
     const look = setInterval(() => {
-      const m = /listening on http:\/\/[0-9.]+:(\d+)/.exec(out) ?? /"url":"http:\/\/[0-9.]+:(\d+)"/.exec(out);
+      // the listening line only: a state-change line (endpoint.down) carrying the engine's url may come first
+      const m = /listening on http:\/\/[0-9.]+:(\d+)/.exec(out) ?? /"url":"http:\/\/[0-9.]+:(\d+)"[^\n]*"msg":"switchyard router listening/.exec(out);
       if (m) {
         clearInterval(look);
         resolve(Number(m[1]));
