@@ -4,7 +4,7 @@
 import { writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { configJsonSchemaText } from '../dist/src/config/json-schema.js';
-import { registry } from '../dist/src/scheduler/builtins.js';
+import { registry } from '../dist/src/scheduler/plugins/index.js';
 
 const file = fileURLToPath(new URL('../schema/switchyard-v1.schema.json', import.meta.url));
 writeFileSync(file, configJsonSchemaText(registry.factories()));

@@ -29,6 +29,7 @@ import type { Rejected } from '../admission.js';
 import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import { KIND_CHAT, KIND_COMPLETION, type ClientPort, type Director } from '../director/director.js';
 import { errorBody } from '../proxy/error-shape.js';
+import { ANONYMOUS, type Caller } from '../identity.js';
 
 const ID_RE = /^[A-Za-z0-9._:-]{1,256}$/;
 
@@ -365,7 +366,9 @@ export class BatchProcessor {
       for (const n of this.#director.gate.headerNames) headers[n] = '';
       if (this.#band !== '') headers['x-priority'] = this.#band;
       if (e.tenant !== '') headers['x-tenant-id'] = e.tenant;
-      this.#director.begin(port, e.kind, `batch-${e.requestId}-${++this.#seq}`, '', headers, e.body);
+      // the line's creator: its tenant's flow (and the tenant rate limits count)
+      const caller: Caller = e.tenant === '' ? ANONYMOUS : { ...ANONYMOUS, tenant: e.tenant, flow: `tenant:${e.tenant}` };
+      this.#director.begin(port, e.kind, `batch-${e.requestId}-${++this.#seq}`, caller, headers, e.body);
     });
   }
 

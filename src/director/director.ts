@@ -11,6 +11,7 @@ import { performance } from 'node:perf_hooks';
 import type { Logger } from 'pino';
 import type { AbortLike, Admission, AdmissionGate, FinishedRequest, Rejected } from '../admission.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
+import type { Caller } from '../identity.js';
 import { SseErrorRewriter } from '../proxy/sse-errors.js';
 import { appendTraceHeaders } from '../proxy/trace-context.js';
 import type { UpstreamCall, UpstreamClient, UpstreamSink } from '../proxy/upstream.js';
@@ -136,13 +137,13 @@ export class Director {
     port: ClientPort,
     kind: Kind,
     requestId: string,
-    authorization: string,
+    caller: Caller,
     headers: Readonly<Record<string, string>>,
     body: Buffer,
     sessionKey = '',
     sessionHeader = '',
   ): Flight {
-    const f = new Flight(this, port, kind, requestId, authorization, headers);
+    const f = new Flight(this, port, kind, requestId, caller, headers);
     f.sessionKey = sessionKey;
     f.sessionHeader = sessionHeader;
     return this.#start(f, body);
@@ -157,12 +158,12 @@ export class Director {
     port: DecisionPort,
     kind: Kind,
     requestId: string,
-    authorization: string,
+    caller: Caller,
     headers: Readonly<Record<string, string>>,
     body: Buffer,
     sessionKey = '',
   ): Flight {
-    const f = new Flight(this, port, kind, requestId, authorization, headers);
+    const f = new Flight(this, port, kind, requestId, caller, headers);
     f.sessionKey = sessionKey;
     f.decideOnly = true;
     return this.#start(f, body);
@@ -226,7 +227,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   readonly director: Director;
   readonly port: ClientPort;
   readonly kind: Kind;
-  readonly authorization: string;
+  /** Who sent the request (src/identity.ts): the gate's flow and band ceiling, the model allow-list. Never forwarded upstream. */
+  readonly caller: Caller;
   #raw: Buffer | null = null;
   /** P/D: this request's legs (src/director/pd-attempt.ts); null until disaggregation takes it, and always for other requests. */
   #pd: PdAttempt | null = null;
@@ -271,13 +273,13 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
   #lastAt = 0;
   #events = 0;
 
-  constructor(director: Director, port: ClientPort, kind: Kind, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
+  constructor(director: Director, port: ClientPort, kind: Kind, requestId: string, caller: Caller, headers: Readonly<Record<string, string>>) {
     this.director = director;
     this.port = port;
     this.kind = kind;
     this.path = KIND_PATHS[kind];
     this.requestId = requestId;
-    this.authorization = authorization;
+    this.caller = caller;
     this.headers = headers;
   }
 
@@ -341,7 +343,8 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       }
       model = this.model = d.soleModel;
     }
-    if (!d.scheduler.hasModel(model)) {
+    // a model outside the caller's allow-list is answered exactly as one that does not exist (existence does not leak)
+    if (!d.scheduler.hasModel(model) || (this.caller.models !== null && !this.caller.models.has(model))) {
       this.#reply(404, `The model \`${model}\` does not exist.`, 'model', null);
       return;
     }
@@ -567,8 +570,9 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
    */
   legHeaders(endpoint: Endpoint): string[] {
     return this.traceLeg(
-      this.authorization
-        ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
+      // the client's Authorization never goes upstream: the endpoint's pool key (upstreamAuth), if any
+      endpoint.upstreamAuthorization !== ''
+        ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', endpoint.upstreamAuthorization]
         : ['content-type', 'application/json', 'x-request-id', this.requestId],
       endpoint,
       this.trace !== null ? performance.now() : 0,

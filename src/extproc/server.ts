@@ -45,6 +45,8 @@ export interface ExtProcHost {
   /** The fallback list is read from it right after a pick. */
   readonly scheduler: { fallbacks(primary: Endpoint, max: number, out: Endpoint[]): Endpoint[] };
   newRequestId(): string;
+  /** Who a request is, or a Refusal (401) when authentication requires a key it lacks (src/identity.ts). */
+  callerOf(get: (name: string) => string): import('../identity.js').Caller | import('../identity.js').Refusal;
 }
 
 /** `host:port` of an endpoint URL, as the proxy addresses it. */

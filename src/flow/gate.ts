@@ -51,7 +51,7 @@ interface Entry {
 
 /** What admit() reads of a request; tests may leave out everything past bodyBytes. */
 export type GateRequest = Pick<RequestInfo, 'model' | 'headers' | 'bodyBytes'> &
-  Partial<Pick<RequestInfo, 'promptBytes' | 'body' | 'continuation'>>;
+  Partial<Pick<RequestInfo, 'promptBytes' | 'body' | 'continuation' | 'caller'>>;
 
 const PASS: Admitted = Object.freeze({ admitted: true as const, ticket: null });
 
@@ -138,8 +138,15 @@ export class FlowControlGate implements AdmissionGate {
   admit(info: GateRequest, signal: AbortLike): Admission | Promise<Admission> {
     if (!this.#opts.config.enabled) return PASS;
     this.#headers = info.headers;
-    const flowId = this.classifier.flowId(this.#get);
-    const band = this.classifier.band(flowId, this.#get('x-priority'));
+    // the caller's flow when authentication decided it (an API key's tenant), else the headers'
+    const c = info.caller;
+    const flowId = c !== undefined && c.flow !== '' ? c.flow : this.classifier.flowId(this.#get);
+    let band = this.classifier.band(flowId, this.#get('x-priority'));
+    // the key's band ceiling: a higher band (declared for its flow) is clamped to it
+    if (c !== undefined && c.maxBand !== '') {
+      const ceiling = this.classifier.bandIndex(c.maxBand);
+      if (ceiling > band) band = ceiling;
+    }
     this.#headers = {};
     const e = this.#entry(info.model);
     const req = this.#req;

@@ -10,6 +10,7 @@ import type { Logger } from 'pino';
 import type { Rejected } from '../admission.js';
 import { KIND_CHAT, type ClientPort, type Director, type Flight } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
+import type { Caller } from '../identity.js';
 import { newItemId, newResponseId } from './ids.js';
 import { assistantMessage, deltaEvent, messageItem, outputText, responseObject, sseEvent, usageOf, type ResponseHead, type ResponseStatus, type Usage } from './render.js';
 import { parseTurnRequest, ResponsesError, type TurnRequest } from './request.js';
@@ -70,7 +71,8 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   /** The tenant the turn belongs to ('' = anonymous): the scope of every store key it reads and writes. */
   readonly #tenant: string;
   readonly #requestId: string;
-  readonly #authorization: string;
+  /** Who sent the turn: its inner chat request carries the same caller. */
+  readonly #caller: Caller;
   readonly #headers: Readonly<Record<string, string>>;
   #parent: StoredResponse | null = null;
   #root = '';
@@ -97,12 +99,12 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   /** The client's stream ended (completed or failed). */
   #streamEnded = false;
 
-  constructor(svc: TurnHost, client: ClientPort, tenant: string, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
+  constructor(svc: TurnHost, client: ClientPort, caller: Caller, requestId: string, headers: Readonly<Record<string, string>>) {
     this.#svc = svc;
     this.#client = client;
-    this.#tenant = tenant;
+    this.#tenant = caller.tenant;
+    this.#caller = caller;
     this.#requestId = requestId;
-    this.#authorization = authorization;
     this.#headers = headers;
   }
 
@@ -209,7 +211,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     body += '}';
     // the session key: the chain's root, within the tenant (the store keys are tenant-scoped, so is the pin)
     const session = this.#tenant === '' ? this.#root : `${this.#tenant.length}:${this.#tenant}:${this.#root}`;
-    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#authorization, this.#headers, Buffer.from(body), session);
+    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#caller, this.#headers, Buffer.from(body), session);
   }
 
   /** An answer of the Responses layer itself (bad input, no previous response, store down). */

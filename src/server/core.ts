@@ -33,6 +33,8 @@ import { buildPrecise, type Precise } from './precise.js';
 import { framingProblem, scanBaggage, scanTraceparent, scanTracestate } from './framing.js';
 import { ReadingList } from './reading-list.js';
 import { newUpstreamClient } from './upstream-choice.js';
+import type { ApiKeyAuthenticator } from '../auth/authenticator.js';
+import { ANONYMOUS, isRefusal, type Caller, type HeaderGetter, type Refusal } from '../identity.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
 export interface RouterOptions {
@@ -48,7 +50,13 @@ export interface RouterOptions {
   raiseFdLimit?: boolean;
   /** OpenTelemetry tracing (startRouter builds it when config.tracing.enabled); absent = off. */
   tracer?: RequestTracer | null;
+  /** API-key authentication (startRouter builds it from config.auth: src/auth/keys.ts); absent = none. */
+  auth?: ApiKeyAuthenticator | null;
 }
+
+// the request whose headers the module-level getter reads (no closure per request)
+let curReq: HttpRequest;
+const getCurHeader: HeaderGetter = (name) => curReq.getHeader(name);
 
 // Header names read on every inference request, as bytes: uWS converts a JS
 // string argument into a fresh UTF-8 heap copy per call, a Buffer it reads in place.
@@ -57,7 +65,6 @@ export { framingProblem, ReadingList, newUpstreamClient };
 
 const H_CONTENT_LENGTH = Buffer.from('content-length');
 const H_REQUEST_ID = Buffer.from('x-request-id');
-const H_AUTHORIZATION = Buffer.from('authorization');
 /** Bytes a header field value must not hold (controls other than HTAB). */
 const FIELD_CTL = /[\0-\x08\n-\x1f\x7f]/;
 const FIELD_CTLS = /[\0-\x08\n-\x1f\x7f]/g;
@@ -103,9 +110,54 @@ export class RouterCore {
   /** P/D disaggregation (config.disaggregation), or null. */
   readonly pd: Disaggregator | null;
 
-  /** The tenant a request belongs to for flow control ('' without flow control or a tenant): the owner of a Batches API batch. */
-  tenantOf(get: (name: string) => string): string {
-    return this.gate.identity?.tenantOf(get) ?? '';
+  /**
+   * API-key authentication (config.auth), or null. Replaced whole on a config
+   * reload: new requests see the new keys at once, a request that resolved its
+   * caller keeps it to its end.
+   */
+  get auth(): ApiKeyAuthenticator | null {
+    return this.#auth;
+  }
+  set auth(a: ApiKeyAuthenticator | null) {
+    this.#auth = a;
+    this.#modelsFor.clear();
+  }
+  #auth: ApiKeyAuthenticator | null = null;
+  /** Callers by tenant without auth (flow control's tenants): one shared object per tenant. */
+  readonly #tenantCallers = new Map<string, Caller>();
+
+  /**
+   * Who a request is (src/identity.ts), decided once as it arrives: with
+   * `auth` its key's caller, or a Refusal (401); without, the flow-control
+   * tenant (an API key of flowControl.tenants, or a trusted header) or the
+   * anonymous caller.
+   */
+  callerOf(get: HeaderGetter): Caller | Refusal {
+    if (this.#auth !== null) return this.#auth.authenticate(get);
+    const id = this.gate.identity;
+    if (id === undefined) return ANONYMOUS;
+    const tenant = id.tenantOf(get);
+    if (tenant === '') return ANONYMOUS;
+    let c = this.#tenantCallers.get(tenant);
+    if (c === undefined) {
+      if (this.#tenantCallers.size >= 4096) this.#tenantCallers.clear();
+      c = Object.freeze({ ...ANONYMOUS, tenant });
+      this.#tenantCallers.set(tenant, c);
+    }
+    return c;
+  }
+
+  /** The tenant a request belongs to ('' = the anonymous scope, also for a refused request). */
+  tenantOf(get: HeaderGetter): string {
+    const c = this.callerOf(get);
+    return isRefusal(c) ? '' : c.tenant;
+  }
+
+  /** Answers 401 for a refused request (OpenAI's body: invalid_request_error, code invalid_api_key). */
+  unauthorized(res: HttpResponse, refusal: Refusal, declaredLength = ''): void {
+    // a body declared over the limit is not worth reading: answer after uWS is done with this read, then close
+    if (declaredLength !== '' && Number(declaredLength) > this.limits.maxBodyBytes) this.#deferredError(res, 401, refusal.refused);
+    else this.#error(res, 401, refusal.refused, false);
   }
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
@@ -128,6 +180,9 @@ export class RouterCore {
   #sweep: NodeJS.Timeout;
   #sweepEvery: number;
   #modelsBody: string;
+  /** /v1/models bodies of callers with a model allow-list (cleared when endpoints or keys change). */
+  readonly #modelsFor = new Map<Caller, string>();
+  #modelsOf: (allowed: ReadonlySet<string> | null) => string;
   #drainWaiters: (() => void)[] = [];
   /**
    * close() began: /readyz answers 503, and every answer closes its connection
@@ -211,15 +266,20 @@ export class RouterCore {
     this.responses = cfg.responses.enabled
       ? new ResponsesService({ config: cfg.responses, director: this.director, log: this.log, countRequest: (m, e, s) => this.metrics.countRequest(m, e, s), registry: this.metrics.registry })
       : null;
+    this.#auth = opts.auth ?? null;
     const created = Math.floor(Date.now() / 1000);
-    const modelsBody = () =>
+    const modelsBody = (this.#modelsOf = (allowed: ReadonlySet<string> | null) =>
       JSON.stringify({
         object: 'list',
-        data: set.models().map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
-      });
-    this.#modelsBody = modelsBody();
+        data: set
+          .models()
+          .filter((id) => allowed === null || allowed.has(id))
+          .map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
+      }));
+    this.#modelsBody = modelsBody(null);
     set.onChange(() => {
-      this.#modelsBody = modelsBody();
+      this.#modelsBody = modelsBody(null);
+      this.#modelsFor.clear();
     });
     const sweepEvery = (this.#sweepEvery = Math.max(10, Math.min(1000, Math.floor(cfg.limits.requestBodyTimeoutMs / 4))));
     this.#sweep = setInterval(() => this.#sweepSlowBodies(), sweepEvery);
@@ -270,7 +330,11 @@ export class RouterCore {
     }
     mountBatchRoutes(app, this);
     app.get('/v1/models', (res, req) => {
-      if (!this.#badlyFramed(res, req)) this.#json(res, 200, this.#modelsBody);
+      if (this.#badlyFramed(res, req)) return;
+      curReq = req;
+      const caller = this.callerOf(getCurHeader);
+      if (isRefusal(caller)) return this.unauthorized(res, caller);
+      this.#json(res, 200, caller.models === null ? this.#modelsBody : this.#modelsBodyOf(caller));
     });
     app.get('/healthz', (res, req) => {
       if (!this.#badlyFramed(res, req)) this.#json(res, 200, '{"status":"ok"}');
@@ -371,6 +435,17 @@ export class RouterCore {
     });
   }
 
+  /** /v1/models for a caller with an allow-list: only its models. */
+  #modelsBodyOf(caller: Caller): string {
+    let b = this.#modelsFor.get(caller);
+    if (b === undefined) {
+      if (this.#modelsFor.size >= 4096) this.#modelsFor.clear();
+      b = this.#modelsOf(caller.models);
+      this.#modelsFor.set(caller, b);
+    }
+    return b;
+  }
+
   #json(res: HttpResponse, status: number, body: string): void {
     res.cork(() => {
       res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(body, this.draining);
@@ -404,14 +479,15 @@ export class RouterCore {
   #inference(res: HttpResponse, req: HttpRequest, kind: number): void {
     if (this.#badlyFramed(res, req, true)) return;
     const clText = req.getHeader(H_CONTENT_LENGTH);
+    curReq = req;
+    const caller = this.callerOf(getCurHeader);
+    if (isRefusal(caller)) return this.unauthorized(res, caller, clText);
     const contentLength = clText === '' ? -1 : Number(clText);
     let id = req.getHeader(H_REQUEST_ID);
     let idHeader: string | Buffer;
     if (id === '' || id.length > 256) idHeader = id = this.newRequestId();
     else idHeader = headerBytes(id);
-    const auth = req.getHeader(H_AUTHORIZATION);
-    const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this, res, kind, id, idHeader, auth, contentLength) : new HttpExchange(this, res, kind, id, idHeader, auth, contentLength);
-    if (kind === KIND_RESPONSES) (ctx as ResponsesExchange).tenant = this.tenantOf((n) => req.getHeader(n));
+    const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this, res, kind, id, idHeader, caller, contentLength) : new HttpExchange(this, res, kind, id, idHeader, caller, contentLength);
     const names = this.#headerNames;
     let h: Record<string, string> | null = null;
     if (names.length > 0) {

@@ -10,6 +10,7 @@ import { errorBody } from '../proxy/error-shape.js';
 import type { HttpResponse } from '../uws.js';
 import type { LimitsConfig } from '../config/schema.js';
 import type { Director } from '../director/director.js';
+import type { Caller } from '../identity.js';
 import { statusLine } from './http-errors.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
@@ -77,7 +78,8 @@ export class HttpExchange implements ClientPort {
   readonly requestId: string;
   /** The x-request-id value as written back to the client (see headerBytes). */
   readonly requestIdHeader: string | Buffer;
-  readonly authorization: string;
+  /** Who sent the request (resolved before the body was read; src/identity.ts). */
+  readonly caller: Caller;
   readonly contentLength: number;
   /** Headers the admission gate asked for (lower-case names; '' when absent). */
   headers: Readonly<Record<string, string>> = EMPTY;
@@ -100,13 +102,13 @@ export class HttpExchange implements ClientPort {
   #paused = false;
   #onWritable: ((offset: number) => boolean) | null = null;
 
-  constructor(core: ExchangeHost, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, authorization: string, contentLength: number) {
+  constructor(core: ExchangeHost, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, caller: Caller, contentLength: number) {
     this.core = core;
     this.res = res;
     this.kind = kind;
     this.requestId = requestId;
     this.requestIdHeader = requestIdHeader;
-    this.authorization = authorization;
+    this.caller = caller;
     this.contentLength = contentLength;
   }
 
@@ -148,7 +150,7 @@ export class HttpExchange implements ClientPort {
 
   /** Hands the complete body over: to the director (a subclass may hand it elsewhere). */
   begin(raw: Buffer): ExchangeFlight {
-    return this.core.director.begin(this, this.kind, this.requestId, this.authorization, this.headers, raw, '', this.sessionHeader);
+    return this.core.director.begin(this, this.kind, this.requestId, this.caller, this.headers, raw, '', this.sessionHeader);
   }
 
   /** An error answer from the transport itself (413, 408), before the director took the request; closes the connection. */

@@ -6,6 +6,7 @@ import type { ResponsesService } from '../responses/service.js';
 import { ResponsesError } from '../responses/request.js';
 import { StoreUnavailableError } from '../responses/store.js';
 import type { HttpRequest, HttpResponse, TemplatedApp } from '../uws.js';
+import { isRefusal, type Caller, type Refusal } from '../identity.js';
 import { errorBody, statusLine } from './http-errors.js';
 import { HttpExchange, type ExchangeFlight, type ExchangeHost } from './http-exchange.js';
 
@@ -13,19 +14,19 @@ import { HttpExchange, type ExchangeFlight, type ExchangeHost } from './http-exc
 export { KIND_RESPONSES } from '../director/kinds.js';
 
 export interface ResponsesHost extends ExchangeHost {
-  /** The tenant of a request ('' = the anonymous scope): the one place the Responses API learns who owns what. */
-  tenantOf(get: (name: string) => string): string;
+  /** Who a request is (its tenant, '' = the anonymous scope, is the one place the Responses API learns who owns what), or a Refusal. */
+  callerOf(get: (name: string) => string): Caller | Refusal;
+  /** Answers 401 for a refused request. */
+  unauthorized(res: HttpResponse, refusal: Refusal): void;
   readonly responses: ResponsesService | null;
   readonly draining: boolean;
   readonly metrics: ExchangeHost['metrics'];
 }
 
 export class ResponsesExchange extends HttpExchange {
-  /** Set by the route from the request's headers (tenantOf), before the body is read. */
-  tenant = '';
-
   override begin(raw: Buffer): ExchangeFlight {
-    return (this.core as ResponsesHost).responses!.begin(this, this.tenant, this.requestId, this.authorization, this.headers, raw);
+    // every stored turn belongs to the caller's tenant
+    return (this.core as ResponsesHost).responses!.begin(this, this.caller, this.requestId, this.headers, raw);
   }
 }
 
@@ -35,7 +36,9 @@ function answer(host: ResponsesHost, res: HttpResponse, req: HttpRequest, op: Op
   const svc = host.responses!;
   const id = req.getParameter(0) ?? '';
   const query = req.getQuery() ?? '';
-  const tenant = host.tenantOf((n) => req.getHeader(n));
+  const caller = host.callerOf((n) => req.getHeader(n));
+  if (isRefusal(caller)) return host.unauthorized(res, caller);
+  const tenant = caller.tenant;
   let gone = false;
   res.onAborted(() => {
     gone = true;

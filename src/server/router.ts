@@ -3,6 +3,7 @@ import { pino, type Logger } from 'pino';
 import type { RouterConfig } from '../config/schema.js';
 import { RouterCore, type RouterOptions } from './core.js';
 import { flowGateFactory } from './flow-gate.js';
+import { loadAuth } from '../auth/keys.js';
 import { VERSION } from '../version.js';
 import { startAdmin, type AdminServer } from './admin.js';
 import { ConfigReloader, ConfigWatcher, type ReloadResult } from './reload.js';
@@ -64,9 +65,11 @@ export function createLogger(level: string): Logger {
 export async function startRouter(config: RouterConfig, opts: StartRouterOptions = {}): Promise<RunningRouter> {
   const logger = opts.logger ?? createLogger(config.logging.level);
   const gate = opts.gate ?? (await flowGateFactory(config));
+  // API keys (config.auth): the keys file and variable are read now, and again on every reload
+  const auth = opts.auth !== undefined ? opts.auth : await loadAuth(config);
   // OpenTelemetry is loaded only when tracing is on
   const tracer = opts.tracer ?? (config.tracing.enabled ? await (await import('../telemetry/tracing.js')).createTracer(config.tracing, VERSION) : null);
-  const core = new RouterCore({ config, logger, gate, upstream: opts.upstream, random: opts.random, raiseFdLimit: opts.raiseFdLimit, tracer });
+  const core = new RouterCore({ config, logger, gate, upstream: opts.upstream, random: opts.random, raiseFdLimit: opts.raiseFdLimit, tracer, auth });
   try {
     await core.responses?.open(); // a sqlite file that cannot be opened stops the start
   } catch (err) {
