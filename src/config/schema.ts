@@ -193,6 +193,16 @@ export const routerConfigSchema = strict(
       'must be a mapping',
     ).prefault({}),
     logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
+    metrics: strict(
+      {
+        maxLabelValues: int(1, 1_000_000)
+          .default(1000) // as src/metrics/label-cap.ts's default
+          .describe('distinct values of a tenant or flow label; later ones are counted under (overflow)'),
+      },
+      'must be a mapping',
+    )
+      .prefault({})
+      .describe('bounds on the metric series (docs/observability.md)'),
     tracing: tracingSchema.describe('OpenTelemetry tracing over OTLP (docs/observability.md); off by default'),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
     sessions: sessionsSchema.describe('conversations: identification, pins to endpoints, turn priority (docs/responses.md)'),
@@ -274,6 +284,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     sessions: sessionsFollowingResponses(doc, v.sessions, v.responses),
     responses: v.responses,
     tracing: v.tracing,
+    metrics: v.metrics,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   if (v.admin !== undefined) cfg.admin = v.admin;

@@ -129,6 +129,8 @@ export interface RouterConfig {
   responses: ResponsesConfig;
   /** The admin API (docs/operations.md); undefined when the config has none (no admin listener). */
   admin?: AdminConfig;
+  /** Bounds on the router's metric series (docs/observability.md). */
+  metrics: { maxLabelValues: number };
   /** API-key authentication (docs/security.md); undefined: none (tenants from flowControl.tenants, if any). */
   auth?: AuthConfig;
   /** Prefill/decode disaggregation (docs/disaggregation.md); undefined: every request goes to one endpoint. */
