@@ -34,6 +34,7 @@ import { framingProblem, scanBaggage, scanTraceparent, scanTracestate } from './
 import { ReadingList } from './reading-list.js';
 import { newUpstreamClient } from './upstream-choice.js';
 import type { ApiKeyAuthenticator } from '../auth/authenticator.js';
+import { UsageCounters } from '../auth/usage.js';
 import { ANONYMOUS, isRefusal, type Caller, type HeaderGetter, type Refusal } from '../identity.js';
 import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
 
@@ -123,6 +124,8 @@ export class RouterCore {
     this.#modelsFor.clear();
   }
   #auth: ApiKeyAuthenticator | null = null;
+  /** Requests and in-flight counts per tenant and per key (GET /admin/tenants). */
+  readonly usage: UsageCounters;
   /** Callers by tenant without auth (flow control's tenants): one shared object per tenant. */
   readonly #tenantCallers = new Map<string, Caller>();
 
@@ -267,6 +270,7 @@ export class RouterCore {
       ? new ResponsesService({ config: cfg.responses, director: this.director, log: this.log, countRequest: (m, e, s) => this.metrics.countRequest(m, e, s), registry: this.metrics.registry })
       : null;
     this.#auth = opts.auth ?? null;
+    this.usage = new UsageCounters(cfg.metrics.maxLabelValues);
     const created = Math.floor(Date.now() / 1000);
     const modelsBody = (this.#modelsOf = (allowed: ReadonlySet<string> | null) =>
       JSON.stringify({
@@ -488,6 +492,14 @@ export class RouterCore {
     if (id === '' || id.length > 256) idHeader = id = this.newRequestId();
     else idHeader = headerBytes(id);
     const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this, res, kind, id, idHeader, caller, contentLength) : new HttpExchange(this, res, kind, id, idHeader, caller, contentLength);
+    const tc = (ctx.tenantCounts = this.usage.tenant(caller.tenant));
+    tc.requests++;
+    tc.inFlight++;
+    const kc = (ctx.keyCounts = this.usage.key(caller.keyId));
+    if (kc !== null) {
+      kc.requests++;
+      kc.inFlight++;
+    }
     const names = this.#headerNames;
     let h: Record<string, string> | null = null;
     if (names.length > 0) {
