@@ -51,6 +51,8 @@ export interface FrontRequest {
   head: Buffer;
   offsets: Uint32Array;
   body: Buffer;
+  /** The values of the options' `wanted` fields, in that order: '' when absent, repeated lines joined with ','; one char per byte. */
+  wanted: string[];
 }
 
 export interface FrontServerOptions {
@@ -60,11 +62,29 @@ export interface FrontServerOptions {
   maxLines?: number;
   /** Body bytes (413 over it, after draining what the client sends). */
   maxBody?: number;
-  /** A head must arrive within this, a body must progress within this (408). */
+  /** Body bytes of a request to /v1/files (the Files API's upload); default maxBody. */
+  maxFileBody?: number;
+  /** A head must arrive within this from its first byte (408). */
   headMs?: number;
+  /** A body must progress within this (408); default headMs. */
+  bodyMs?: number;
   /** A connection with no request begun is closed after this. */
   idleMs?: number;
+  /** Open connections at most (0: no limit); one more is closed at once. */
+  maxConnections?: number;
+  /** Field names (any case) whose values each request carries in `wanted`. */
+  wanted?: readonly string[];
+  /** A streamed answer that respond/write reported FULL for can take more (its socket drained). */
+  onDrain?: (id: number) => void;
+  /** The front end answered a request itself (400, 408, 413, 417, 431, 501, 505). */
+  onReject?: (status: number) => void;
 }
+
+/** What respond and write report. */
+export const GONE = 0;
+export const SENT = 1;
+/** Sent, but the answer's bytes wait on a slow client: stop producing until onDrain(id). */
+export const FULL = 2;
 
 /**
  * The native HTTP/1.1 front end (native/front_server.cc): a listener on this thread's event loop.
@@ -77,14 +97,15 @@ export class FrontServer {
 
   constructor(onRequest: (r: FrontRequest) => void, onAbort: (id: number) => void, o: FrontServerOptions = {}) {
     this.#n = new native.FrontServer(
-      (id: number, method: string, target: string, minor: number, head: Buffer, offsets: Uint32Array, body: Buffer) =>
-        onRequest({ id, method, target, minor, head, offsets, body }),
+      (id: number, method: string, target: string, minor: number, head: Buffer, offsets: Uint32Array, body: Buffer, wanted: string[]) =>
+        onRequest({ id, method, target, minor, head, offsets, body, wanted }),
       onAbort,
       o.maxHead ?? 64 * 1024,
       o.maxLines ?? 100,
       o.maxBody ?? 16 * 1024 * 1024,
       o.headMs ?? 10_000,
       o.idleMs ?? 10_000,
+      { onDrain: o.onDrain, onReject: o.onReject, wanted: o.wanted ?? [], bodyMs: o.bodyMs, maxConnections: o.maxConnections ?? 0, maxFileBody: o.maxFileBody },
     );
   }
 
@@ -96,15 +117,37 @@ export class FrontServer {
   /**
    * The answer's head (headLines: "name: value\r\n" per field, one char per byte; the server adds
    * content-length, or chunked framing when not ended, and connection) and its first body bytes.
-   * False when the request is gone (aborted) or already answered.
+   * `close`: the connection closes after this answer. GONE when the request is gone (aborted) or
+   * already answered; FULL when its bytes wait on the client (see onDrain).
    */
-  respond(id: number, status: number, headLines: string, body: Buffer | null, end: boolean): boolean {
-    return this.#n.respond(id, status, headLines, body, end) as boolean;
+  respond(id: number, status: number, headLines: string, body: Buffer | null, end: boolean, close = false): number {
+    return this.#n.respond(id, status, headLines, body, end, close) as number;
   }
 
-  /** More body for a streamed answer; end finishes it. False when the request is gone. */
-  write(id: number, chunk: Buffer | null, end: boolean): boolean {
-    return this.#n.write(id, chunk, end) as boolean;
+  /** More body for a streamed answer; end finishes it. GONE, SENT or FULL as respond. */
+  write(id: number, chunk: Buffer | null, end: boolean): number {
+    return this.#n.write(id, chunk, end) as number;
+  }
+
+  /** Cuts the connection of a request (an answer that cannot be finished); its unanswered requests are aborted. */
+  abort(id: number): void {
+    this.#n.abort(id);
+  }
+
+  /** Stops listening; the open connections are served on. */
+  unlisten(): void {
+    this.#n.unlisten();
+  }
+
+  /** false: each new connection is closed at once (the accept guard near the open-file limit). */
+  setAccepting(on: boolean): void {
+    this.#n.setAccepting(on);
+  }
+
+  /** Open connections, and connections refused (the limit, or not accepting) since start. */
+  stats(): { connections: number; refused: number } {
+    const [connections, refused] = this.#n.stats() as [number, number];
+    return { connections, refused };
   }
 
   /** Stops listening and closes every connection (their pending requests are aborted). */
@@ -112,7 +155,6 @@ export class FrontServer {
     this.#n.close();
   }
 }
-
 /** The field lines of a request: [name, value] with one char per byte. */
 export function frontFields(r: FrontRequest): [string, string][] {
   const out: [string, string][] = [];

@@ -36,6 +36,11 @@ constexpr size_t kMaxQueued = 16;           // requests parsed ahead of their an
 constexpr size_t kDrainBytes = 64u << 20;   // what a 413'd client may still send before the close
 constexpr uint64_t kDrainMs = 2000;
 constexpr size_t kReadBuf = 64 * 1024;
+constexpr size_t kHighWater = 64 * 1024;    // queued answer bytes past which respond/write report "full"
+constexpr size_t kLowWater = 16 * 1024;     // ... and onDrain fires once the socket's queue is below this
+
+// A result of respond/write.
+constexpr int kGone = 0, kSent = 1, kFull = 2;
 
 class FrontServerWrap;
 
@@ -47,6 +52,7 @@ struct Pending {
   bool head_sent = false;
   bool chunked_out = false;
   bool done = false;
+  bool want_drain = false;  // respond/write said "full": onDrain(id) when the socket drains
   std::string out;  // bytes waiting until this request is the first of its connection
 };
 
@@ -68,6 +74,7 @@ struct Conn {
   uint32_t writes = 0;  // writes in flight
   int handles = 2;       // the tcp and the timer, counted down by their close callbacks
   size_t body_at = 0;    // where the body starts in `in`
+  double limit = 0;      // the body limit of the current request
   bool head_armed = false;
   bool closing = false;
   explicit Conn(h1req::Limits l) : parser(l) {}
@@ -89,6 +96,10 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
                            InstanceMethod<&FrontServerWrap::Respond>("respond"),
                            InstanceMethod<&FrontServerWrap::Write>("write"),
                            InstanceMethod<&FrontServerWrap::Close>("close"),
+                           InstanceMethod<&FrontServerWrap::Abort>("abort"),
+                           InstanceMethod<&FrontServerWrap::Unlisten>("unlisten"),
+                           InstanceMethod<&FrontServerWrap::SetAccepting>("setAccepting"),
+                           InstanceMethod<&FrontServerWrap::Stats>("stats"),
                        });
   }
 
@@ -115,6 +126,34 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     max_body_ = v[2];
     head_ms_ = static_cast<uint64_t>(v[3]);
     idle_ms_ = static_cast<uint64_t>(v[4]);
+    body_ms_ = head_ms_;
+    max_file_ = max_body_;
+    if (info.Length() > 7 && info[7].IsObject()) {  // options: onDrain, onReject, wanted, bodyMs, maxConnections, maxFileBody
+      Napi::Object o = info[7].As<Napi::Object>();
+      Napi::Value d = o.Get("onDrain");
+      if (d.IsFunction()) on_drain_ = Napi::Persistent(d.As<Napi::Function>());
+      Napi::Value rj = o.Get("onReject");
+      if (rj.IsFunction()) on_reject_ = Napi::Persistent(rj.As<Napi::Function>());
+      Napi::Value w = o.Get("wanted");
+      if (w.IsArray()) {
+        Napi::Array a = w.As<Napi::Array>();
+        for (uint32_t i = 0; i < a.Length() && i < 64; i++) {
+          std::string n = a.Get(i).ToString().Utf8Value();
+          for (char& ch : n) ch = static_cast<char>(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
+          wanted_.push_back(std::move(n));
+        }
+      }
+      auto num = [&](const char* k, double lo, double& out) {
+        Napi::Value x = o.Get(k);
+        if (x.IsNumber() && x.As<Napi::Number>().DoubleValue() >= lo) out = x.As<Napi::Number>().DoubleValue();
+      };
+      double bms = static_cast<double>(body_ms_), mc = 0;
+      num("bodyMs", 1, bms);
+      num("maxConnections", 0, mc);
+      num("maxFileBody", 1, max_file_);
+      body_ms_ = static_cast<uint64_t>(bms);
+      max_conns_ = static_cast<size_t>(mc);
+    }
     on_request_ = Napi::Persistent(info[0].As<Napi::Function>());
     on_abort_ = Napi::Persistent(info[1].As<Napi::Function>());
     if (napi_get_uv_event_loop(env, &loop_) != napi_ok || loop_ == nullptr) {
@@ -141,13 +180,20 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     uv_timer_init(self->loop_, &c->timer);
     c->tcp.data = c;
     c->timer.data = c;
+    self->Ref();  // CloseConn's handle callbacks Unref
     if (uv_accept(l, reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0) {
+      self->CloseConn(c);
+      return;
+    }
+    // over the connection limit, or not accepting (near the open-file limit): closed at once, so
+    // the kernel's backlog does not fill with connections nobody serves
+    if (!self->accepting_ || (self->max_conns_ > 0 && self->conns_.size() >= self->max_conns_)) {
+      self->refused_++;
       self->CloseConn(c);
       return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
     self->conns_[c] = true;
-    self->Ref();
     uv_read_start(reinterpret_cast<uv_stream_t*>(&c->tcp), OnAlloc, OnRead);
     self->Arm(c, self->idle_ms_);
   }
@@ -212,8 +258,9 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
           return;
         }
         const h1req::RequestHead& h = c->parser.head();
-        if (h.length > max_body_) {
-          Reject(c, 413);
+        c->limit = IsFileTarget(c->in.data() + h.target.at, h.target.len) ? max_file_ : max_body_;
+        if (h.length > c->limit) {
+          Reject(c, 413, h.length);
           return;
         }
         c->chunked = h.chunked;
@@ -237,20 +284,20 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
           Reject(c, 400);
           return;
         }
-        if (static_cast<double>(c->body.size()) > max_body_) {
+        if (static_cast<double>(c->body.size()) > c->limit) {
           Reject(c, 413);
           return;
         }
         if (r == h1req::Result::More) {
           c->in.resize(at);  // all of it consumed: framing dropped, data kept in body
-          Arm(c, head_ms_);  // the body timeout runs from the last progress
+          Arm(c, body_ms_);  // the body timeout runs from the last progress
           return;
         }
         Deliver(c, at + c->chunks.consumed());
       } else {
         const size_t have = c->in.size() - at;
         if (static_cast<double>(have) < c->remaining) {
-          Arm(c, head_ms_);
+          Arm(c, body_ms_);
           return;
         }
         c->body.assign(c->in.data() + at, static_cast<size_t>(c->remaining));
@@ -280,15 +327,43 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       napi_value method, target;
       napi_create_string_latin1(env, base + h.method.at, h.method.len, &method);
       napi_create_string_latin1(env, base + h.target.at, h.target.len, &target);
-      napi_value argv[7] = {Napi::Number::New(env, id), method, target, Napi::Number::New(env, h.minor), head, offsets,
-                            Napi::Buffer<char>::Copy(env, c->body.data(), c->body.size())};
+      // the values of the fields the router reads (one string each, '' when absent, repeated lines joined
+      // with ','): no JavaScript walk of the head per request
+      napi_value wanted;
+      napi_create_array_with_length(env, wanted_.size(), &wanted);
+      for (uint32_t w = 0; w < wanted_.size(); w++) {
+        const std::string& n = wanted_[w];
+        std::string joined;
+        const char* one = nullptr;
+        size_t one_len = 0;
+        int seen = 0;
+        for (uint32_t k = 0; k < h.field_count; k++) {
+          const h1req::Field& f = h.fields[k];
+          if (f.name.len != n.size() || !SameLower(base + f.name.at, n)) continue;
+          if (seen == 0) {
+            one = base + f.value.at;
+            one_len = f.value.len;
+          } else {
+            if (seen == 1) joined.assign(one, one_len);
+            joined += ',';
+            joined.append(base + f.value.at, f.value.len);
+          }
+          seen++;
+        }
+        napi_value v;
+        if (seen > 1) napi_create_string_latin1(env, joined.data(), joined.size(), &v);
+        else napi_create_string_latin1(env, one == nullptr ? "" : one, one_len, &v);
+        napi_set_element(env, wanted, w, v);
+      }
+      napi_value argv[8] = {Napi::Number::New(env, id), method, target, Napi::Number::New(env, h.minor), head, offsets,
+                            Napi::Buffer<char>::Copy(env, c->body.data(), c->body.size()), wanted};
       const bool keep = h.keep_alive;
       c->in.erase(0, end);
       c->parser.Reset();
       c->body.clear();
       c->head_armed = false;
       c->st = keep ? Conn::St::Head : Conn::St::Closing;  // no request after one that closes
-      Call(on_request_, 7, argv);
+      Call(on_request_, 8, argv);
     }
     if (c->st == Conn::St::Closing) uv_timer_stop(&c->timer);
   }
@@ -305,11 +380,34 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
   }
 
   // A framing error (or 408, 413): answer it after the answers before it, then close (413: drain first).
-  void Reject(Conn* c, int status) {
+  // declared: the Content-Length of a 413'd body (-1: unknown, chunked).
+  void Reject(Conn* c, int status, double declared = -1) {
     const char* reason = status == 400 ? "Bad Request" : status == 408 ? "Request Timeout" : status == 413 ? "Payload Too Large"
                          : status == 417 ? "Expectation Failed" : status == 431 ? "Request Header Fields Too Large"
                          : status == 501 ? "Not Implemented" : status == 505 ? "HTTP Version Not Supported" : "Error";
-    std::string msg = std::string("{\"error\":{\"message\":\"") + reason + "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
+    std::string text;
+    if (status == 413) {
+      char lim[32], dec[32];
+      snprintf(lim, sizeof(lim), "%.0f", c->limit);
+      snprintf(dec, sizeof(dec), "%.0f", declared);
+      text = declared >= 0 ? std::string("request body of ") + dec + " bytes exceeds the limit of " + lim + " bytes"
+                           : std::string("request body exceeds the limit of ") + lim + " bytes";
+    } else {
+      text = status == 400   ? "bad request: the request's framing is malformed (RFC 9112)"
+             : status == 408 ? "the request did not arrive in time"
+             : status == 417 ? "unsupported Expect (only 100-continue)"
+             : status == 431 ? "request header fields too large (too many lines or too many bytes)"
+             : status == 501 ? "unsupported transfer coding (only chunked)"
+             : status == 505 ? "HTTP version not supported (HTTP/1.0 and HTTP/1.1 are)"
+                             : reason;
+    }
+    std::string msg = "{\"error\":{\"message\":\"" + text + "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":" +
+                      (status == 413 ? "\"request_too_large\"" : "null") + "}}";
+    if (!on_reject_.IsEmpty()) {
+      Napi::HandleScope scope(Env());
+      napi_value argv[1] = {Napi::Number::New(Env(), status)};
+      Call(on_reject_, 1, argv);
+    }
     std::string out = "HTTP/1.1 " + std::to_string(status) + " " + reason + "\r\ncontent-type: application/json\r\ncontent-length: " +
                       std::to_string(msg.size()) + "\r\nconnection: close\r\n\r\n" + msg;
     c->st = status == 413 ? Conn::St::Drain : Conn::St::Closing;
@@ -385,7 +483,37 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     delete w;
     c->writes--;
     if (c->closing) return;
-    if (status < 0 || close_after) c->server->CloseConn(c);
+    if (status < 0 || close_after) {
+      c->server->CloseConn(c);
+      return;
+    }
+    if (!c->queue.empty() && c->queue.front().want_drain && c->tcp.write_queue_size < kLowWater) {
+      Pending& f = c->queue.front();
+      f.want_drain = false;
+      FrontServerWrap* self = c->server;
+      if (self->on_drain_.IsEmpty()) return;
+      Napi::HandleScope scope(self->Env());
+      napi_value argv[1] = {Napi::Number::New(self->Env(), f.id)};
+      self->Call(self->on_drain_, 1, argv);
+    }
+  }
+
+  // What respond/write report: kFull when the answer's bytes wait (in its own slot or the socket's queue).
+  static int Pressure(Conn* c, Pending* p, double id) {
+    if (c->closing) return kGone;
+    // p may be gone from the queue (a finished answer): it is found again by id
+    size_t queued = c->tcp.write_queue_size;
+    for (Pending& q : c->queue) {
+      if (q.id != id) continue;
+      queued += q.out.size();
+      if (queued > kHighWater && !q.done) {
+        q.want_drain = true;
+        return kFull;
+      }
+      break;
+    }
+    (void)p;
+    return kSent;
   }
 
   void ShutdownWrite(Conn* c) {
@@ -472,8 +600,10 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       Napi::TypeError::New(env, "respond(id, status, headLines, body, end)").ThrowAsJavaScriptException();
       return env.Undefined();
     }
-    Pending* p = Find(info[0].As<Napi::Number>().DoubleValue());
-    if (p == nullptr || p->head_sent) return Napi::Boolean::New(env, false);
+    const double id = info[0].As<Napi::Number>().DoubleValue();
+    Pending* p = Find(id);
+    if (p == nullptr || p->head_sent) return Napi::Number::New(env, kGone);
+    if (info.Length() > 5 && info[5].IsBoolean() && info[5].As<Napi::Boolean>().Value()) p->keep_alive = false;  // close after it
     const int status = info[1].As<Napi::Number>().Int32Value();
     if (status < 200 || status > 599) {
       Napi::RangeError::New(env, "status must be in [200, 599]").ThrowAsJavaScriptException();
@@ -510,9 +640,9 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     out += "\r\n";
     p->head_sent = true;
     AppendBody(p, body, blen, end || no_body);
-    Conn* c = requests_[p->id];
+    Conn* c = requests_[id];
     Flush(c);
-    return Napi::Boolean::New(env, true);
+    return Napi::Number::New(env, Pressure(c, p, id));
   }
 
   // write(id, chunk: Buffer|null, end: boolean) -> boolean
@@ -522,8 +652,9 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       Napi::TypeError::New(env, "write(id, chunk, end)").ThrowAsJavaScriptException();
       return env.Undefined();
     }
-    Pending* p = Find(info[0].As<Napi::Number>().DoubleValue());
-    if (p == nullptr || !p->head_sent || p->done) return Napi::Boolean::New(env, false);
+    const double id = info[0].As<Napi::Number>().DoubleValue();
+    Pending* p = Find(id);
+    if (p == nullptr || !p->head_sent || p->done) return Napi::Number::New(env, kGone);
     const char* body = nullptr;
     size_t blen = 0;
     if (info[1].IsBuffer()) {
@@ -531,8 +662,9 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       blen = info[1].As<Napi::Buffer<char>>().Length();
     }
     AppendBody(p, body, blen, info[2].As<Napi::Boolean>().Value());
-    Flush(requests_[p->id]);
-    return Napi::Boolean::New(env, true);
+    Conn* c = requests_[id];
+    Flush(c);
+    return Napi::Number::New(env, Pressure(c, p, id));
   }
 
   void AppendBody(Pending* p, const char* b, size_t n, bool end) {
@@ -559,12 +691,60 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     return nullptr;
   }
 
+  // abort(id): cuts the connection of a request (an answer that cannot be finished); its pending requests are aborted.
+  Napi::Value Abort(const Napi::CallbackInfo& info) {
+    if (info.Length() < 1 || !info[0].IsNumber()) return info.Env().Undefined();
+    auto it = requests_.find(info[0].As<Napi::Number>().DoubleValue());
+    if (it != requests_.end()) CloseConn(it->second);
+    return info.Env().Undefined();
+  }
+
+  // unlisten(): stops accepting (the listening socket closes); open connections are served on.
+  Napi::Value Unlisten(const Napi::CallbackInfo& info) {
+    StopListening();
+    return info.Env().Undefined();
+  }
+
+  // setAccepting(bool): false closes each new connection at once (the accept guard near the open-file limit).
+  Napi::Value SetAccepting(const Napi::CallbackInfo& info) {
+    if (info.Length() > 0 && info[0].IsBoolean()) accepting_ = info[0].As<Napi::Boolean>().Value();
+    return info.Env().Undefined();
+  }
+
+  // stats() -> [open connections, connections refused (limit or not accepting)]
+  Napi::Value Stats(const Napi::CallbackInfo& info) {
+    Napi::Array a = Napi::Array::New(info.Env(), 2);
+    a.Set(0u, Napi::Number::New(info.Env(), static_cast<double>(conns_.size())));
+    a.Set(1u, Napi::Number::New(info.Env(), static_cast<double>(refused_)));
+    return a;
+  }
+
+  void StopListening() {
+    if (!listening_) return;
+    listening_ = false;
+    uv_close(reinterpret_cast<uv_handle_t*>(&listener_), [](uv_handle_t* h) { static_cast<FrontServerWrap*>(h->data)->Unref(); });
+  }
+
+  static bool SameLower(const char* p, const std::string& lower) {
+    for (size_t i = 0; i < lower.size(); i++) {
+      char ch = p[i];
+      if (ch >= 'A' && ch <= 'Z') ch = static_cast<char>(ch + 32);
+      if (ch != lower[i]) return false;
+    }
+    return true;
+  }
+
+  // The Files API's upload takes the larger limit (maxFileBody): /v1/files, then the end, '?' or '/'.
+  static bool IsFileTarget(const char* t, size_t n) {
+    static const char kP[] = "/v1/files";
+    const size_t k = sizeof(kP) - 1;
+    return n >= k && memcmp(t, kP, k) == 0 && (n == k || t[k] == '?' || t[k] == '/');
+  }
+
   Napi::Value Close(const Napi::CallbackInfo& info) {
     if (closed_) return info.Env().Undefined();
     closed_ = true;
-    if (listening_) {
-      uv_close(reinterpret_cast<uv_handle_t*>(&listener_), [](uv_handle_t* h) { static_cast<FrontServerWrap*>(h->data)->Unref(); });
-    }
+    StopListening();
     std::vector<Conn*> all;
     for (auto& kv : conns_) all.push_back(kv.first);
     for (Conn* c : all) CloseConn(c);
@@ -576,6 +756,14 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
   uv_tcp_t listener_;
   bool listening_ = false;
   bool closed_ = false;
+  bool accepting_ = true;
+  size_t max_conns_ = 0;  // 0: no limit
+  double refused_ = 0;
+  double max_file_ = 16 << 20;
+  uint64_t body_ms_ = 10000;
+  std::vector<std::string> wanted_;
+  Napi::FunctionReference on_drain_;
+  Napi::FunctionReference on_reject_;
   h1req::Limits limits_;
   double max_body_ = 16 << 20;
   uint64_t head_ms_ = 10000, idle_ms_ = 10000;

@@ -60,9 +60,23 @@ bool Core::AddPool(uint32_t id, const std::string& ip, uint32_t port) {
     return false;
   }
   if (pools_[id]) {
-    // re-registering an endpoint id (a new address, or after ClosePool): new connections use it
-    pools_[id]->addr = p->addr;
-    pools_[id]->closed = false;
+    // re-registering an endpoint id (a new address, or after ClosePool): new connections use it;
+    // on a new address (the endpoint's DNS name moved) idle connections to the old one close now and
+    // busy ones when their call ends, so nothing is sent to the old address once the call ends
+    Pool* q = pools_[id].get();
+    const bool moved = std::memcmp(&q->addr, &p->addr, sizeof(p->addr)) != 0;
+    q->addr = p->addr;
+    q->closed = false;
+    if (moved) {
+      q->gen++;
+      std::vector<Conn*> idle;
+      idle.swap(q->idle);
+      for (Conn* k : idle) {
+        k->in_idle = false;
+        k->Close();
+      }
+      Schedule();
+    }
     return true;
   }
   pools_[id] = std::move(p);
@@ -375,7 +389,7 @@ void Core::OnIdle(uv_idle_t*) {}
 
 // ---- connection -------------------------------------------------------------------------------
 
-Conn::Conn(Core* c, Pool* p) : core(c), pool(p) {
+Conn::Conn(Core* c, Pool* p) : core(c), pool(p), gen(p->gen) {
   uv_tcp_init(c->loop(), &tcp);
   tcp.data = this;
   creq.data = this;
@@ -588,7 +602,8 @@ void Conn::Complete(bool extra_bytes) {
   const bool was_paused = c->paused;
   c->conn = nullptr;
   core->FreeCall(c);
-  if (!parser.keep_alive() || writing || extra_bytes || out.size() > out_off || core->closed() || pool->closed) {
+  if (!parser.keep_alive() || writing || extra_bytes || out.size() > out_off || core->closed() || pool->closed ||
+      gen != pool->gen) {
     Close();
     return;
   }

@@ -115,6 +115,7 @@ struct Pool {
   sockaddr_storage addr{};
   uint32_t open = 0;
   bool closed = false;  // ClosePool: its endpoint is gone; connections close as their calls end
+  uint32_t gen = 0;  // bumped when AddPool gives the pool a new address: older connections are never parked again
   std::vector<Conn*> idle;
   std::deque<int32_t> queue;  // waiting call ids (stale ids are skipped)
 };
@@ -128,6 +129,7 @@ class Conn {
   uv_tcp_t tcp;
   Core* const core;
   Pool* const pool;
+  const uint32_t gen;  // the pool's address generation this connection was opened for
   Call* call = nullptr;
   Conn* prev = nullptr;
   Conn* next = nullptr;

@@ -25,8 +25,8 @@
 //
 // Not yet SwitchyardErrors: ResponsesError (src/responses/request.ts),
 // BatchApiError (src/batch/api.ts) and UpstreamSocketError
-// (src/proxy/h1-client.ts) use `code` for the OpenAI error code or the socket
-// errno, which the Responses API, Batches and the h1 client read (docs/errors.md).
+// (src/proxy/upstream.ts) use `code` for the OpenAI error code or the socket
+// errno, which the Responses API, Batches and the upstream clients read (docs/errors.md).
 
 export class SwitchyardError extends Error {
   readonly code: string;

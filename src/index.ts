@@ -12,7 +12,6 @@ export { startRouter, type RunningRouter, type StartRouterOptions } from './serv
 export type { AdmissionGate, Admission, Admitted, Rejected, RequestInfo, AbortLike, ReleaseOutcome } from './admission.js';
 export type { UpstreamClient, UpstreamCall, UpstreamSink, UpstreamRequest } from './proxy/upstream.js';
 export { SwitchyardError, ConfigError, PluginError, NoEndpointError, UnknownModelError } from './errors.js';
-export { H1UpstreamClient } from './proxy/h1-client.js';
 export { NativeUpstreamClient } from './proxy/native-client.js';
 export { UndiciUpstreamClient } from './proxy/undici-client.js';
 export { PassThroughGate } from './admission.js';

@@ -46,6 +46,7 @@ interface Run {
   rps: number;
   cpuUs: number;
   userUs: number;
+  p50us: number;
   p99us: number;
   errors: number;
 }
@@ -116,6 +117,7 @@ async function main(): Promise<void> {
             rps: w.rps,
             cpuUs: ((cpuSeconds(pid) - c0) / n) * 1e6,
             userUs: ((cpuSeconds(pid, true) - u0) / n) * 1e6,
+            p50us: w.p50Us,
             p99us: w.p99Us,
             errors: w.errors + w.non2xx,
           });
@@ -125,8 +127,8 @@ async function main(): Promise<void> {
     bar.done();
     const f = (n: number) => Math.round(n).toLocaleString('en-US');
     console.log(`router A/B: base = ${base}, this = ${ROOT}${extra ? ` with ${JSON.stringify(extra)}` : ''}${authKeys > 0 ? ` (${authKeys} keys; every request to both carries one)` : ''}${extraAll ? `; both with ${JSON.stringify(extraAll)}` : ''}; proxy.client ${client}; ${rounds} interleaved round(s) of ${seconds} s (medians); wrk -t1; engine = switchyard sim --time-scale 0`);
-    console.log('| connections | build | req/s | router CPU µs/req | of which user µs/req | p99 µs | errors | CPU/req vs base | user/req vs base | req/s vs base |');
-    console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|');
+    console.log('| connections | build | req/s | router CPU µs/req | of which user µs/req | p50 µs | p99 µs | errors | CPU/req vs base | user/req vs base | req/s vs base |');
+    console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
     for (const c of connections) {
       const med = (name: string) => {
         const xs = runs.get(`${name}@${c}`)!;
@@ -134,6 +136,7 @@ async function main(): Promise<void> {
           rps: median(xs.map((x) => x.rps)),
           cpuUs: median(xs.map((x) => x.cpuUs)),
           userUs: median(xs.map((x) => x.userUs)),
+          p50us: median(xs.map((x) => x.p50us)),
           p99us: median(xs.map((x) => x.p99us)),
           errors: xs.reduce((a, x) => a + x.errors, 0),
         };
@@ -143,7 +146,7 @@ async function main(): Promise<void> {
         const x = med(name);
         const pct = (a: number, z: number) => `${((a / z) * 100).toFixed(0)} %`;
         console.log(
-          `| ${c} | ${name} | ${f(x.rps)} | ${x.cpuUs.toFixed(1)} | ${x.userUs.toFixed(1)} | ${f(x.p99us)} | ${x.errors} | ${pct(x.cpuUs, b.cpuUs)} | ${pct(x.userUs, b.userUs)} | ${pct(x.rps, b.rps)} |`,
+          `| ${c} | ${name} | ${f(x.rps)} | ${x.cpuUs.toFixed(1)} | ${x.userUs.toFixed(1)} | ${f(x.p50us)} | ${f(x.p99us)} | ${x.errors} | ${pct(x.cpuUs, b.cpuUs)} | ${pct(x.userUs, b.userUs)} | ${pct(x.rps, b.rps)} |`,
         );
       }
     }

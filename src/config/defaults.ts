@@ -1,6 +1,5 @@
 // The Router config's defaults (what an absent field becomes) and the URL and
 // address helpers the schema and the router share.
-import { isIP } from 'node:net';
 import { ADMIN_DEFAULTS } from './admin.js';
 import { DISAGGREGATION_DEFAULTS } from './disaggregation.js';
 import { DEFAULT_PICKER, type PluginSpec, type ScorerSpec } from './plugin-spec.js';
@@ -56,29 +55,10 @@ export function isLoopback(host: string): boolean {
   return h === 'localhost' || h === '::1' || /^127\.\d+\.\d+\.\d+$/.test(h) || h === '::ffff:127.0.0.1';
 }
 
-/** True when an http URL's host is an IP address literal (what `proxy.client: auto` hands to the native client). */
-export function hostIsIp(url: string): boolean {
-  try {
-    return isIP(new URL(url).hostname.replace(/^\[|\]$/g, '')) !== 0;
-  } catch {
-    return false;
-  }
-}
-
-/** True when an http URL's host is an IP address literal or localhost (what the native client can connect to). */
-export function hostIsAddress(url: string): boolean {
-  try {
-    const host = new URL(url).hostname.replace(/^\[|\]$/g, '');
-    return host === 'localhost' || isIP(host) !== 0;
-  } catch {
-    return false;
-  }
-}
-
 /**
  * The origin (`scheme://host[:port]`, scheme lower-cased) of an http(s) URL
  * without path, query, fragment or credentials, or null. The clients and the
- * data layer take the stored URL as is: `HTTP://h` failed in the h1 client,
+ * data layer take the stored URL as is: `HTTP://h` failed in an upstream client,
  * and a `#fragment` made the data layer's undici client throw at startup.
  */
 export function httpOrigin(s: string): string | null {

@@ -3,7 +3,7 @@
 // reach, P/D roles, the admin token, the precise pools' shared index). They run
 // as a refinement of the whole schema on whatever parsed, so their problems are
 // reported with every other one (field paths, one pass).
-import { CONTROL_CHARS, httpOrigin, isLoopback, hostIsAddress, safeName } from './defaults.js';
+import { CONTROL_CHARS, httpOrigin, isLoopback, safeName } from './defaults.js';
 import type { PluginSpec } from './plugin-spec.js';
 import { preciseRules } from './prefix-mode.js';
 import { isMapping, type z } from './schema-kit.js';
@@ -128,8 +128,6 @@ export function crossFieldRules<T>(validatePlugin?: PluginCheck) {
           const url = isMapping(e) && typeof e.url === 'string' ? httpOrigin(e.url) : null;
           if (url === null) return; // reported by the url field
           if (url.startsWith('https:')) add(['pools', i, 'endpoints', j, 'url'], 'https endpoints need proxy.client: undici (or auto)');
-          else if (client === 'native' && !hostIsAddress(url))
-            add(['pools', i, 'endpoints', j, 'url'], 'proxy.client: native needs an IP address or localhost as host (it does no DNS lookups); use h1 or auto');
         });
       });
     }

@@ -20,6 +20,7 @@ import { haSchema } from './ha.js';
 import { filterSpec, scorerSpec } from './plugin-spec.js';
 import { kvEventsEndpointSchema, poolPrefixSchema, tierWeightsSchema } from './prefix-mode.js';
 import { responsesSchema, type ResponsesConfig } from './responses.js';
+import { serverSchema } from './server.js';
 import { crossFieldRules, type PluginCheck } from './rules.js';
 import { ALWAYS, got, int, isMapping, listError, nonEmpty, num, oneOf, strict, toConfigIssues, z } from './schema-kit.js';
 import { SESSION_DEFAULTS, sessionsSchema, type SessionsConfig } from './sessions.js';
@@ -31,6 +32,7 @@ export * from './defaults.js';
 export { PD_MODES, DEFAULT_DECODE_SCORERS, DEFAULT_PREFILL_FILTERS, DEFAULT_PREFILL_SCORERS, type DisaggregationConfig } from './disaggregation.js';
 export type { AdminConfig } from './admin.js';
 export type { AuthConfig, AuthKeyConfig } from './auth.js';
+export { FRONT_ENDS, SERVER_DEFAULTS, type ServerConfig } from './server.js';
 export type { PluginSpec, ScorerSpec } from './plugin-spec.js';
 
 // ---- the schema (zod 4; see schema-kit.ts for why zod).
@@ -180,6 +182,7 @@ export const routerConfigSchema = strict(
     scheduling: schedulingSchema,
     dataLayer: dataLayerSchema,
     proxy: proxySchema,
+    server: serverSchema.describe('the HTTP front end and its connection limits (docs/front-end.md)'),
     limits: strict(
       {
         maxBodyBytes: int(1, 2 ** 31 - 1).default(DEFAULTS.limits.maxBodyBytes),
@@ -279,6 +282,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     scheduling: v.scheduling,
     dataLayer: v.dataLayer,
     proxy: v.proxy,
+    server: v.server,
     limits: v.limits,
     logging: v.logging,
     sessions: sessionsFollowingResponses(doc, v.sessions, v.responses),

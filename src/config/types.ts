@@ -5,6 +5,7 @@
 import { ACCELERATOR_NAMES, type AcceleratorName } from '../accelerators.js';
 import type { AdminConfig } from './admin.js';
 import type { AuthConfig } from './auth.js';
+import type { ServerConfig } from './server.js';
 import type { BatchConfig } from './batch.js';
 import type { DisaggregationConfig } from './disaggregation.js';
 import type { DiscoveryConfig } from './discovery.js';
@@ -89,7 +90,7 @@ export interface DataLayerConfig {
 export const UPSTREAM_CLIENTS = ['auto', 'h1', 'native', 'undici'] as const;
 
 export interface ProxyConfig {
-  /** Upstream HTTP client: the lean built-in HTTP/1.1 client, the native (addon) HTTP/1.1 client, or undici. */
+  /** Upstream HTTP client: the native (addon) HTTP/1.1 client, or undici (https); `h1` is an older name of `native`. */
   client: (typeof UPSTREAM_CLIENTS)[number];
   maxRetries: number;
   connectionsPerEndpoint: number;
@@ -117,6 +118,8 @@ export interface RouterConfig {
   scheduling: SchedulingConfig;
   dataLayer: DataLayerConfig;
   proxy: ProxyConfig;
+  /** The HTTP front end (docs/front-end.md); absent in a hand-built config: the defaults. */
+  server?: ServerConfig;
   limits: LimitsConfig;
   logging: { level: (typeof LOG_LEVELS)[number] };
   /** OpenTelemetry spans over OTLP (docs/observability.md); off by default. */

@@ -1,15 +1,19 @@
-// The native HTTP/1.1 upstream client (`proxy.client: native`): the sockets,
-// connection pools, request writes, response parsing and timeouts live in the
-// addon (native/upstream_core.h/.cc; the parser is native/h1_parser.h, the N-API class native/upstream_client.cc) on this thread's libuv loop; this file
-// owns call ids and turns the addon's batched event records into sink calls.
-// Compared with the h1 client it takes Node's stream machinery (StreamBase
-// reads, WriteWraps, per-socket JS callbacks) off every proxied request: one
-// JS->native call per request and at most one native->JS call per event-loop
-// turn for all responses that progressed in it.
+// The native HTTP/1.1 upstream client (`proxy.client: native`, and `auto` for
+// plain-http endpoints): the sockets, connection pools, request writes,
+// response parsing and timeouts live in the addon (native/upstream_core.h/.cc;
+// the parser is native/h1_parser.h, the N-API class native/upstream_client.cc)
+// on this thread's libuv loop; this file owns call ids and turns the addon's
+// batched event records into sink calls: one JS->native call per request and
+// at most one native->JS call per event-loop turn for all responses that
+// progressed in it.
 //
-// Endpoints must be plain http:// with an IP address or `localhost` as host
-// (the addon does no DNS resolution); config validation says so.
-import { isIP } from 'node:net';
+// The addon connects to addresses only. An endpoint named by DNS name
+// (`http://localhost:8001`, `http://engine.internal:8000`) is resolved here,
+// asynchronously (resolver.ts): calls sent before its first address wait for
+// the lookup; the name is looked up again when its TTL passes (in the
+// background) and after a connect failure, and every address it has is tried
+// before a connect error reaches the caller. The host header stays the name.
+import { performance } from 'node:perf_hooks';
 import { getSystemErrorName } from 'node:util';
 import {
   NativeUpstreamConnections,
@@ -25,8 +29,9 @@ import {
 import type { ProxyConfig } from '../config/schema.js';
 import { DEFAULTS } from '../config/schema.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
-import { UpstreamSocketError } from './h1-client.js';
+import { DEFAULT_DNS_TTL_MS, hostName, LOOKUP_RETRY_MS, NamedHost, systemLookup, type LookupFn } from './resolver.js';
 import type { UpstreamCall, UpstreamClient, UpstreamRequest, UpstreamSink } from './upstream.js';
+import { UpstreamSocketError } from './upstream.js';
 
 const SLOT_MASK = UPSTREAM_MAX_SLOTS - 1;
 const GEN_MASK = 0x7ff; // ids stay positive int32s
@@ -40,8 +45,6 @@ export function nativeEndpointProblem(url: string): string | null {
     return `not a URL: ${url}`;
   }
   if (u.protocol !== 'http:') return `the native client speaks plain http only (${url}); use proxy.client: undici`;
-  const host = u.hostname.replace(/^\[|\]$/g, '');
-  if (host !== 'localhost' && isIP(host) === 0) return `the native client needs an IP address or localhost as host (${url}); use proxy.client: h1`;
   return null;
 }
 
@@ -54,6 +57,10 @@ class NativeCall implements UpstreamCall {
   paused = false;
   /** A reused connection failed before any response byte: sent once more on a fresh one. */
   redispatched = false;
+  /** Named endpoints: the address this call dialled, the addresses it moved on from, whether it made the name be looked up again. */
+  addr: string | undefined = undefined;
+  moves = 0;
+  relooked = false;
 
   constructor(client: NativeUpstreamClient, pool: number, req: UpstreamRequest, sink: UpstreamSink) {
     this.client = client;
@@ -119,6 +126,13 @@ function errorOf(errno: number, reason: number): UpstreamSocketError {
   }
 }
 
+export interface NativeClientOptions {
+  /** Resolves endpoints' DNS names (default: node:dns, every address); tests pass their own. */
+  lookup?: LookupFn;
+  /** How long a looked-up address is used before the name is looked up again (ms). */
+  dnsTtlMs?: number;
+}
+
 export class NativeUpstreamClient implements UpstreamClient {
   readonly conns: NativeUpstreamConnections;
   readonly #calls: (NativeCall | undefined)[] = [];
@@ -129,12 +143,18 @@ export class NativeUpstreamClient implements UpstreamClient {
   readonly #types: string[] = [];
   /** Per pool: the last request line + host header written (see #write). */
   readonly #lines: ({ method: string; path: string; text: string } | undefined)[] = [];
+  /** Per pool named by DNS name: its addresses (undefined: an IP address, registered once). */
+  readonly #names: (NamedHost<NativeCall> | undefined)[] = [];
+  readonly #lookup: LookupFn;
+  readonly #ttlMs: number;
   #live = 0;
   #closed = false;
   #destroyed = false;
 
-  constructor(cfg: ProxyConfig = DEFAULTS.proxy) {
+  constructor(cfg: ProxyConfig = DEFAULTS.proxy, opts: NativeClientOptions = {}) {
     this.conns = new NativeUpstreamConnections(cfg, (n) => this.#onEvents(n));
+    this.#lookup = opts.lookup ?? systemLookup;
+    this.#ttlMs = opts.dnsTtlMs ?? DEFAULT_DNS_TTL_MS;
   }
 
   send(ep: Endpoint, req: UpstreamRequest, sink: UpstreamSink): UpstreamCall {
@@ -156,8 +176,107 @@ export class NativeUpstreamClient implements UpstreamClient {
     call.id = slot | (this.#gens[slot]! << UPSTREAM_SLOT_BITS);
     this.#calls[slot] = call;
     this.#live++;
+    const named = this.#names[ep.id];
+    if (named !== undefined && !this.#addressed(named, call)) return call; // sent when the lookup answers
     this.#write(call, host);
     return call;
+  }
+
+  /** A call to a named endpoint: true when it can be written now (an address is known), else it waits for the lookup. */
+  #addressed(n: NamedHost<NativeCall>, call: NativeCall): boolean {
+    if (n.addrs.length > 0) {
+      // past the TTL: look again in the background; this call uses the address in hand
+      if (!n.looking && performance.now() >= n.expires) this.#resolve(n);
+      call.addr = n.address;
+      return true;
+    }
+    n.waiting.push(call);
+    if (!n.looking) this.#resolve(n);
+    return false;
+  }
+
+  #resolve(n: NamedHost<NativeCall>): void {
+    n.looking = true;
+    let p: Promise<readonly { address: string }[]>;
+    try {
+      p = this.#lookup(n.name);
+    } catch (err) {
+      p = Promise.reject(err);
+    }
+    p.then(
+      (list) => this.#looked(n, list.map((a) => a.address), null),
+      (err: NodeJS.ErrnoException) => this.#looked(n, null, err),
+    );
+  }
+
+  #looked(n: NamedHost<NativeCall>, list: string[] | null, err: NodeJS.ErrnoException | null): void {
+    n.looking = false;
+    if (this.#destroyed || this.#names[n.pool] !== n) return; // forgotten or destroyed: its waiting calls were failed then
+    const now = performance.now();
+    if (list !== null && list.length > 0) {
+      const moved = n.update(list, now, this.#ttlMs);
+      // a new address: the addon closes idle connections to the old one, busy ones when their call ends
+      if (moved !== null && !this.#register(n, moved)) list = null;
+    }
+    const waiting = n.waiting;
+    n.waiting = [];
+    if (list === null || list.length === 0) {
+      n.expires = now + (n.addrs.length > 0 ? LOOKUP_RETRY_MS : 0);
+      if (n.addrs.length === 0) {
+        const why = err === null ? 'no address' : (err.code ?? err.message);
+        for (const call of waiting) this.#fail(call, new UpstreamSocketError(`cannot resolve ${n.name}: ${why}`, err?.code ?? 'ENOTFOUND'));
+        return;
+      }
+    }
+    for (const call of waiting) {
+      if (call.sink === null) continue; // aborted while waiting
+      call.addr = n.address;
+      this.#write(call, this.#hosts[call.pool]!);
+      if (call.paused) this.conns.pause(call.id);
+    }
+  }
+
+  /** Points the pool at `address`; false (and the name's addresses dropped) when the addon refuses it. */
+  #register(n: NamedHost<NativeCall>, address: string): boolean {
+    try {
+      this.conns.addPool(n.pool, address, n.port);
+      return true;
+    } catch {
+      n.addrs = [];
+      return false;
+    }
+  }
+
+  #fail(call: NativeCall, err: UpstreamSocketError): void {
+    const sink = call.sink;
+    if (sink === null) return;
+    call.sink = null;
+    this.release(call);
+    sink.onUpstreamError(err);
+  }
+
+  /**
+   * A call to a named endpoint did not connect: it dials the name's next
+   * address, or, when it has tried them all, waits for the name to be looked
+   * up again (once per call). False: the error goes to the caller.
+   */
+  #redial(n: NamedHost<NativeCall>, call: NativeCall): boolean {
+    const next = n.next(call.addr);
+    if (next !== null) this.#register(n, next);
+    if (call.moves + 1 < n.addrs.length) {
+      call.moves++;
+      call.addr = n.address;
+      this.#write(call, this.#hosts[call.pool]!);
+      if (call.paused) this.conns.pause(call.id);
+      return true;
+    }
+    if (call.relooked) return false;
+    call.relooked = true;
+    call.moves = 0;
+    n.expires = 0;
+    n.waiting.push(call);
+    if (!n.looking) this.#resolve(n);
+    return true;
   }
 
   #write(call: NativeCall, host: string): void {
@@ -180,8 +299,10 @@ export class NativeUpstreamClient implements UpstreamClient {
     const problem = nativeEndpointProblem(ep.url);
     if (problem !== null) throw new UpstreamSocketError(problem, 'EPROTO');
     const u = new URL(ep.url);
-    const host = u.hostname.replace(/^\[|\]$/g, '');
-    this.conns.addPool(ep.id, host === 'localhost' ? '127.0.0.1' : host, Number(u.port || 80));
+    const port = Number(u.port || 80);
+    const name = hostName(u);
+    if (name === null) this.conns.addPool(ep.id, u.hostname.replace(/^\[|\]$/g, ''), port);
+    else this.#names[ep.id] = new NamedHost(name, port, ep.id); // registered with the addon when the lookup answers
     this.#hosts[ep.id] = u.host;
     return u.host;
   }
@@ -195,6 +316,11 @@ export class NativeUpstreamClient implements UpstreamClient {
     if (this.#destroyed || this.#hosts[ep.id] === undefined) return;
     this.#hosts[ep.id] = undefined;
     this.#lines[ep.id] = undefined;
+    const n = this.#names[ep.id];
+    if (n !== undefined) {
+      this.#names[ep.id] = undefined;
+      for (const call of n.waiting) this.#fail(call, errorOf(0, UpstreamErrorReason.ClientClosed));
+    }
     this.conns.closePool(ep.id);
   }
 
@@ -261,6 +387,10 @@ export class NativeUpstreamClient implements UpstreamClient {
   }
 
   #onError(call: NativeCall, sink: UpstreamSink, errno: number, reason: number, stale: boolean): void {
+    if (reason === UpstreamErrorReason.Connect || reason === UpstreamErrorReason.ConnectTimeout) {
+      const n = this.#names[call.pool];
+      if (n !== undefined && !this.#closed && this.#redial(n, call)) return;
+    }
     if (stale && !call.redispatched && !this.#closed) {
       // A kept-alive connection the endpoint closed while idle: the request
       // never reached it; send it once more on a fresh connection.
@@ -289,6 +419,12 @@ export class NativeUpstreamClient implements UpstreamClient {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    for (const n of this.#names) {
+      if (n === undefined) continue;
+      const waiting = n.waiting;
+      n.waiting = [];
+      for (const call of waiting) this.#fail(call, errorOf(0, UpstreamErrorReason.ClientClosed));
+    }
     this.conns.close();
     if (this.#live === 0) this.#scheduleDestroy();
   }

@@ -4,7 +4,7 @@
 // the raw header list). Backpressure: onData returns false while paused, and
 // undici's resume callback restarts the flow.
 //
-// Two things undici does not do as the native and h1 clients do, fixed here:
+// Two things undici does not do as the native client does, fixed here:
 // - headersTimeoutMs bounds the time from send() to the final response head,
 //   whatever 1xx heads arrive (undici restarts its headers timer on each 1xx,
 //   so an engine sending 102 every 100 ms held a request forever): one coarse
@@ -20,7 +20,7 @@ import type { ProxyConfig } from '../config/schema.js';
 import { DEFAULTS } from '../config/schema.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import type { UpstreamCall, UpstreamClient, UpstreamRequest, UpstreamSink } from './upstream.js';
-import { UpstreamSocketError } from './h1-client.js';
+import { UpstreamSocketError } from './upstream.js';
 import { SwitchyardError } from '../errors.js';
 
 /** Upper bound of the headers sweep's tick (a call fails up to two ticks after its limit). */

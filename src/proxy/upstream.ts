@@ -1,6 +1,7 @@
 // The upstream client seam: send one request to an endpoint and receive its
 // status, headers, body chunks, end or error; pause/resume for backpressure;
-// abort. undici is the first implementation (undici-client.ts).
+// abort. The native client (native-client.ts) serves plain http, undici
+// (undici-client.ts) https.
 import type { Endpoint } from '../endpoints/endpoint.js';
 
 export interface UpstreamSink {
@@ -36,4 +37,14 @@ export interface UpstreamClient {
    * its idle connections now and each busy one when its call ends.
    */
   forget?(ep: Endpoint): void;
+}
+
+/** A socket-level failure of an upstream call; `code` is the errno-style code (ECONNREFUSED, ETIMEDOUT, EPROTO, ...). */
+export class UpstreamSocketError extends Error {
+  readonly code: string;
+  constructor(message: string, code: string) {
+    super(message);
+    this.name = 'UpstreamSocketError';
+    this.code = code;
+  }
 }

@@ -4,23 +4,74 @@
 import type { ApiAnswer, BatchApi } from '../batch/api.js';
 import type { HttpRequest, HttpResponse, TemplatedApp } from '../uws.js';
 import { isRefusal, type Caller, type Refusal } from '../identity.js';
-import { errorBody, statusLine } from './http-errors.js';
+import { answerUnauthorized, errorBody, statusLine } from './http-errors.js';
 
 export interface BatchHost {
   /** Set by startRouter when `config.batch` is (null until then and without it). */
   readonly batchApi: BatchApi | null;
   readonly draining: boolean;
+  readonly limits: { readonly maxBodyBytes: number };
   readonly metrics: { countRequest(model: string, endpoint: number, status: number): void };
   readonly log: { error(o: object, msg: string): void };
   /** Who a request is (its tenant: an API key's, or a trusted header's; '' for none), or a Refusal. */
   callerOf(get: (name: string) => string): Caller | Refusal;
-  /** Answers 401 for a refused request. */
-  unauthorized(res: HttpResponse, refusal: Refusal, declaredLength?: string): void;
 }
 
-type Op = (api: BatchApi, param: string, query: string, contentType: string, body: Buffer | null, tenant: string) => Promise<ApiAnswer>;
+export type Op = (api: BatchApi, param: string, query: string, contentType: string, body: Buffer | null, tenant: string) => Promise<ApiAnswer>;
 
 const NOT_CONFIGURED = 'the Files and Batches API needs a `batch:` block (a Redis) in the router config (docs/batch.md)';
+
+/**
+ * Runs one Files/Batches call and writes its answer (either front end: `write` writes the status, body
+ * and content type); store and internal errors become OpenAI errors.
+ */
+export function runBatchOp(
+  host: BatchHost,
+  api: BatchApi,
+  op: Op,
+  param: string,
+  query: string,
+  contentType: string,
+  body: Buffer | null,
+  tenant: string,
+  write: (status: number, body: string | Buffer, contentType?: string) => void,
+): void {
+  op(api, param, query, contentType, body, tenant).then(
+    (a) => write(a.status, a.body, a.contentType),
+    (err: unknown) => {
+      const e = err as { status?: unknown; message?: string; param?: string | null; code?: string | null };
+      if (typeof e?.status === 'number' && 'param' in (e as object)) write(e.status, errorBody(e.status, e.message ?? '', e.param ?? null, e.code ?? undefined));
+      else if (/redis|connect|ECONNREFUSED|Connection is closed|max retries|timed out/i.test(String(e?.message)))
+        write(503, errorBody(503, `the batch store (Redis) is unavailable: ${e?.message}`, null, 'store_unavailable'));
+      else {
+        host.log.error({ err }, 'batch api: internal error');
+        write(500, errorBody(500, `internal error: ${e?.message ?? String(err)}`));
+      }
+    },
+  );
+}
+
+/** The answer every Files/Batches route gives without a `batch:` block. */
+export const BATCH_NOT_CONFIGURED = (): string => errorBody(404, NOT_CONFIGURED, null, 'batch_not_configured');
+
+/**
+ * The Files/Batches route of a request (the native front end's table; uWS mounts the same list):
+ * its call, whether it reads a body, its path parameter; null when none matches.
+ */
+export function batchRoute(method: string, path: string): { op: Op; withBody: boolean; param: string } | null {
+  for (const r of ROUTES) {
+    if (r.method !== method) continue;
+    const m = r.pattern.exec(path);
+    if (m !== null) return { op: r.op, withBody: r.withBody, param: m[1] ?? '' };
+  }
+  return null;
+}
+
+/** True when a path is one of the Files/Batches routes' (any method): the 405s. */
+export function isBatchPath(path: string): boolean {
+  for (const r of ROUTES) if (r.pattern.test(path)) return true;
+  return false;
+}
 
 function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: boolean, op: Op): void {
   const param = req.getParameter(0) ?? '';
@@ -31,7 +82,7 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
   // The request is only readable inside this call, so the identity is taken now.
   const caller = host.callerOf((n) => req.getHeader(n));
   const declared = req.getHeader('content-length');
-  if (isRefusal(caller)) return host.unauthorized(res, caller, declared);
+  if (isRefusal(caller)) return answerUnauthorized(host, res, caller.refused, declared);
   const tenant = caller.tenant;
   const bodyless = declared === '0' || (declared === '' && req.getHeader('transfer-encoding') === '');
   let gone = false;
@@ -52,21 +103,7 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
     write(404, errorBody(404, NOT_CONFIGURED, null, 'batch_not_configured'));
     return;
   }
-  const run = (body: Buffer | null) => {
-    op(api, param, query, contentType, body, tenant).then(
-      (a) => write(a.status, a.body, a.contentType),
-      (err: unknown) => {
-        const e = err as { status?: unknown; message?: string; param?: string | null; code?: string | null };
-        if (typeof e?.status === 'number' && 'param' in (e as object)) write(e.status, errorBody(e.status, e.message ?? '', e.param ?? null, e.code ?? undefined));
-        else if (/redis|connect|ECONNREFUSED|Connection is closed|max retries|timed out/i.test(String(e?.message)))
-          write(503, errorBody(503, `the batch store (Redis) is unavailable: ${e?.message}`, null, 'store_unavailable'));
-        else {
-          host.log.error({ err }, 'batch api: internal error');
-          write(500, errorBody(500, `internal error: ${e?.message ?? String(err)}`));
-        }
-      },
-    );
-  };
+  const run = (body: Buffer | null) => runBatchOp(host, api, op, param, query, contentType, body, tenant, write);
   if (!withBody) return run(null);
   if (bodyless) return run(Buffer.alloc(0));
   const limit = api.maxFileBytes;
@@ -109,15 +146,35 @@ const retrieve: Op = (api, id, _q, _ct, _b, tenant) => api.retrieveBatch(id, ten
 const list: Op = (api, _p, query, _ct, _b, tenant) => api.listBatches(query, tenant);
 const cancel: Op = (api, id, _q, _ct, _b, tenant) => api.cancelBatch(id, tenant);
 
+interface Route {
+  method: string;
+  uws: 'post' | 'get' | 'del';
+  path: string;
+  pattern: RegExp;
+  withBody: boolean;
+  op: Op;
+}
+const route = (method: string, path: string, withBody: boolean, op: Op): Route => ({
+  method,
+  uws: method === 'POST' ? 'post' : method === 'GET' ? 'get' : 'del',
+  path,
+  pattern: new RegExp(`^${path.replace(':id', '([^/]+)')}$`),
+  withBody,
+  op,
+});
+const ROUTES: readonly Route[] = [
+  route('POST', '/v1/files', true, upload),
+  route('GET', '/v1/files', false, listFiles),
+  route('GET', '/v1/files/:id', false, retrieveFile),
+  route('GET', '/v1/files/:id/content', false, fileContent),
+  route('DELETE', '/v1/files/:id', false, deleteFile),
+  route('POST', '/v1/batches', true, create),
+  route('GET', '/v1/batches', false, list),
+  route('GET', '/v1/batches/:id', false, retrieve),
+  route('POST', '/v1/batches/:id/cancel', false, cancel),
+];
+
 /** Mounts the routes (always: without `batch:` they answer that it is not configured). */
 export function mountBatchRoutes(app: TemplatedApp, host: BatchHost): void {
-  app.post('/v1/files', (res, req) => handle(host, res, req, true, upload));
-  app.get('/v1/files', (res, req) => handle(host, res, req, false, listFiles));
-  app.get('/v1/files/:id', (res, req) => handle(host, res, req, false, retrieveFile));
-  app.get('/v1/files/:id/content', (res, req) => handle(host, res, req, false, fileContent));
-  app.del('/v1/files/:id', (res, req) => handle(host, res, req, false, deleteFile));
-  app.post('/v1/batches', (res, req) => handle(host, res, req, true, create));
-  app.get('/v1/batches', (res, req) => handle(host, res, req, false, list));
-  app.get('/v1/batches/:id', (res, req) => handle(host, res, req, false, retrieve));
-  app.post('/v1/batches/:id/cancel', (res, req) => handle(host, res, req, false, cancel));
+  for (const r of ROUTES) app[r.uws](r.path, (res, req) => handle(host, res, req, r.withBody, r.op));
 }

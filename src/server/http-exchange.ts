@@ -11,7 +11,6 @@ import type { HttpResponse } from '../uws.js';
 import type { LimitsConfig } from '../config/schema.js';
 import type { Director } from '../director/director.js';
 import type { Caller } from '../identity.js';
-import type { Counts } from '../auth/usage.js';
 import { statusLine } from './http-errors.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
@@ -81,9 +80,6 @@ export class HttpExchange implements ClientPort {
   readonly requestIdHeader: string | Buffer;
   /** Who sent the request (resolved before the body was read; src/identity.ts). */
   readonly caller: Caller;
-  /** The caller's tenant and key usage counters (GET /admin/tenants): in flight until done(). */
-  tenantCounts: Counts | null = null;
-  keyCounts: Counts | null = null;
   readonly contentLength: number;
   /** Headers the admission gate asked for (lower-case names; '' when absent). */
   headers: Readonly<Record<string, string>> = EMPTY;
@@ -220,8 +216,6 @@ export class HttpExchange implements ClientPort {
   done(status: number): void {
     if (this.#done) return;
     this.#done = true;
-    if (this.tenantCounts !== null) this.tenantCounts.inFlight--;
-    if (this.keyCounts !== null) this.keyCounts.inFlight--;
     this.core.requestEnded(this, status);
   }
 

@@ -7,7 +7,8 @@ export type CloseFn = (graceMs?: number) => Promise<void> | void;
  * Close ranks: lower closes first; services of the same rank close together.
  * The lease goes first (the standby takes over while this one drains), then
  * everything that changes state (config watcher, admin API, endpoint discovery),
- * then batch work, and last the listeners that drain client requests.
+ * then batch work, then the listeners that drain client requests, and last
+ * the components they served with (director, scheduler, upstream client, ...).
  */
 export const CloseRank = {
   watcher: 1,
@@ -17,6 +18,8 @@ export const CloseRank = {
   batchApi: 5,
   batch: 6,
   serving: 7,
+  /** The router's components (assemble.ts), after every listener has drained. */
+  parts: 8,
 } as const;
 
 interface Entry {

@@ -1,10 +1,8 @@
 // Starting and stopping a router: the library entry point for the HTTP server.
 import { pino, type Logger } from 'pino';
 import type { RouterConfig } from '../config/schema.js';
-import { RouterCore, type RouterOptions } from './core.js';
-import { flowGateFactory } from './flow-gate.js';
-import { loadAuth } from '../auth/keys.js';
-import { VERSION } from '../version.js';
+import { RouterCore, type CoreOptions } from './core.js';
+import { assembleRouter, type AssembleOptions, type Assembly } from './assemble.js';
 import { startAdmin, type AdminServer } from './admin.js';
 import { ConfigReloader, ConfigWatcher, type ReloadResult } from './reload.js';
 import { CloseRank, Lifecycle } from './lifecycle.js';
@@ -35,12 +33,10 @@ export interface RunningRouter {
   close(graceMs?: number): Promise<void>;
 }
 
-export interface StartRouterOptions extends Partial<Omit<RouterOptions, 'config'>> {
+export interface StartRouterOptions extends Partial<Omit<AssembleOptions, 'config'>>, CoreOptions {
   /** Overrides config.listen. */
   host?: string;
   port?: number;
-  /** Wait for the first round of health checks and scrapes before listening (default true). */
-  waitForFirstScrape?: boolean;
   /** The config file the config came from: reload() re-reads it (SIGHUP, POST /admin/reload). */
   configFile?: string;
   /** Checks plugin specs of a reloaded config (the CLI passes the registry's). */
@@ -56,60 +52,35 @@ export function createLogger(level: string): Logger {
 }
 
 /**
- * Builds and starts a router from a validated config: endpoints, data layer,
- * scheduler, upstream client, and the admission gate (flow control when
- * `config.flowControl` is set, unless `opts.gate` replaces it), then listens.
- * The CLI and library users get the same router from the same config. Throws
- * ConfigError for an invalid flowControl block.
+ * Builds and starts a router from a validated config: assembleRouter
+ * (assemble.ts) builds and starts the components (the admission gate is flow
+ * control when `config.flowControl` is set, unless `opts.gate` replaces it),
+ * RouterCore serves with them; then it listens, and the ext_proc listener,
+ * the config watcher and the admin API start. The CLI and library users get
+ * the same router from the same config. Throws ConfigError for an invalid
+ * flowControl block.
  */
 export async function startRouter(config: RouterConfig, opts: StartRouterOptions = {}): Promise<RunningRouter> {
   const logger = opts.logger ?? createLogger(config.logging.level);
-  const gate = opts.gate ?? (await flowGateFactory(config));
-  // API keys (config.auth): the keys file and variable are read now, and again on every reload
-  const auth = opts.auth !== undefined ? opts.auth : await loadAuth(config);
-  // OpenTelemetry is loaded only when tracing is on
-  const tracer = opts.tracer ?? (config.tracing.enabled ? await (await import('../telemetry/tracing.js')).createTracer(config.tracing, VERSION) : null);
-  const core = new RouterCore({ config, logger, gate, upstream: opts.upstream, random: opts.random, raiseFdLimit: opts.raiseFdLimit, tracer, auth });
-  try {
-    await core.responses?.open(); // a sqlite file that cannot be opened stops the start
-  } catch (err) {
-    await core.close(0);
-    throw err;
-  }
-  const ready = core.dataLayer.start();
-  if (opts.waitForFirstScrape !== false) await ready;
-  // a shared session store (Redis): connected before the first request when it can be (bounded; without it, requests use the local view)
-  await core.sessions.shared?.ready();
-  const host = opts.host ?? config.listen.host;
   // every started service, in close order (src/server/lifecycle.ts); a failed start closes what started, with no grace
   const lifecycle = new Lifecycle();
-  lifecycle.add('router', CloseRank.serving, (graceMs) => core.close(graceMs));
   const failStart = async (err: unknown): Promise<never> => {
     await lifecycle.close(0);
     throw err;
   };
-  let port = 0;
-  let ha: HighAvailability | null = null;
-  let extProc: ExtProcServer | null = null;
-  const discovery: KubernetesDiscovery[] = [];
+  let assembly: Assembly;
   try {
-    // pools with discovery: their pods become endpoints through core.live (loaded only when configured)
-    const discovered = config.pools.filter((p) => p.discovery !== undefined);
-    if (discovered.length > 0) {
-      const { KubernetesDiscovery, registerDiscoveryMetrics } = await import('../k8s/discovery.js');
-      for (const pool of discovered) discovery.push(new KubernetesDiscovery(pool, logger));
-      registerDiscoveryMetrics(core.metrics.registry, discovery);
-      lifecycle.add('discovery', CloseRank.discovery, () => Promise.all(discovery.map((d) => d.close())).then(() => undefined));
-      await Promise.all(discovery.map((d) => d.start(core.live)));
-    }
-    if (config.ha) {
-      const { HighAvailability } = await import('../ha/standby.js');
-      const started = await HighAvailability.start(config.ha, { endpoints: core.endpoints, store: core.scheduler.prefix?.store ?? null, log: logger });
-      ha = started;
-      lifecycle.add('lease', CloseRank.lease, () => started.close());
-      started.registerMetrics(core.metrics.registry);
-      core.leadership = started;
-    }
+    assembly = await assembleRouter({ config, logger, gate: opts.gate, upstream: opts.upstream, random: opts.random, tracer: opts.tracer, waitForFirstScrape: opts.waitForFirstScrape, auth: opts.auth }, lifecycle);
+  } catch (err) {
+    return failStart(err);
+  }
+  const { ha, discovery, batch } = assembly;
+  const core = new RouterCore(assembly.parts, { raiseFdLimit: opts.raiseFdLimit });
+  lifecycle.add('router', CloseRank.serving, (graceMs) => core.close(graceMs));
+  const host = opts.host ?? config.listen.host;
+  let port = 0;
+  let extProc: ExtProcServer | null = null;
+  try {
     port = await core.listen(host, opts.port ?? config.listen.port);
     if (config.extProc) {
       const { ExtProcServer } = await import('../extproc/server.js');
@@ -138,24 +109,6 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
       await failStart(new Error(`cannot start the admin API on ${config.admin.host}:${opts.adminPort ?? config.admin.port}: ${(err as Error).message}`));
     }
   }
-  // the async processor (docs/batch.md): loaded only when configured
-  let batch: import('../batch/processor.js').BatchProcessor | undefined;
-  if (config.batch !== undefined) {
-    const { BatchProcessor } = await import('../batch/processor.js');
-    const processor = new BatchProcessor({ config: config.batch, director: core.director, endpoints: core.endpoints, log: logger, band: config.batch.band ?? config.flowControl?.bands.at(-1) });
-    batch = processor;
-    const { BatchApi } = await import('../batch/api.js');
-    const api = new BatchApi({ config: config.batch, log: logger });
-    lifecycle.add('batchApi', CloseRank.batchApi, () => api.close());
-    lifecycle.add('batch', CloseRank.batch, (graceMs) => processor.close(graceMs));
-    try {
-      await processor.start();
-      await api.start();
-      core.batchApi = api;
-    } catch (err) {
-      await failStart(err);
-    }
-  }
   const close = (graceMs?: number) => lifecycle.close(graceMs);
-  return { host, port, url, core, admin, reload: reloader ? () => reloader.reload() : null, ha, extProc, discovery, ...(batch ? { batch } : {}), close };
+  return { host, port, url, core, admin, reload: reloader ? () => reloader.reload() : null, ha, extProc, discovery, ...(batch !== null ? { batch } : {}), close };
 }

@@ -153,7 +153,7 @@ t.test('a body over the limit: 413, readable by fetch (undici), not EPIPE', asyn
   const f = start(t, { maxBody: 1024 * 1024 });
   const res = await fetch(`http://127.0.0.1:${f.port}/v1/chat/completions`, { method: 'POST', body: Buffer.alloc(20 * 1024 * 1024, 'a') });
   t.equal(res.status, 413);
-  t.match(await res.json(), { error: { message: 'Payload Too Large' } });
+  t.match(await res.json(), { error: { message: /exceeds the limit of \d+ bytes/, type: 'invalid_request_error', code: 'request_too_large' } });
   t.equal(f.requests.length, 0);
   // a client that is still sending when the 413 goes out (a streamed 20 MB body, 1 MiB at a time)
   let sent = 0;
@@ -174,7 +174,7 @@ t.test('a client that leaves: its pending requests are aborted', async (t) => {
   await exchange(f.port, ['GET /slow2 HTTP/1.1\r\nHost: x\r\n\r\n'], 150);
   await new Promise((r) => setTimeout(r, 50));
   t.same(f.aborted, [f.held.get('/slow2')]);
-  t.equal(f.server.respond(f.held.get('/slow2')!, 200, '', null, true), false, 'answering it is a no-op');
+  t.equal(f.server.respond(f.held.get('/slow2')!, 200, '', null, true), 0, 'answering it is a no-op (GONE)');
 });
 
 t.test('slowloris: a head that trickles in gets 408 at the head timeout, not later', async (t) => {
@@ -191,4 +191,115 @@ t.test('an idle connection is closed without an answer', async (t) => {
   const r = await exchange(f.port, [], 1500);
   t.equal(r.closed, true);
   t.equal(r.data, '');
+});
+
+t.test('wanted: the values of the named fields, any case, repeated lines joined with ","', async (t) => {
+  const got: string[][] = [];
+  const server = new FrontServer(
+    (r) => {
+      got.push(r.wanted);
+      server.respond(r.id, 200, '', null, true);
+    },
+    () => {},
+    { wanted: ['x-request-id', 'TraceState', 'authorization', 'x-absent'] },
+  );
+  const port = server.listen('127.0.0.1', 0);
+  t.teardown(() => server.close());
+  await exchange(port, ['GET / HTTP/1.1\r\nHost: x\r\nX-Request-ID: \xffa\r\ntracestate: a=1\r\nTRACESTATE: b=2\r\nAuthorization: Bearer k\r\n\r\n'], 300);
+  t.same(got, [['\xffa', 'a=1,b=2', 'Bearer k', '']]);
+});
+
+t.test('respond(..., close): the connection closes after that answer, nothing behind it is served', async (t) => {
+  const server = new FrontServer(
+    (r) => server.respond(r.id, 200, '', Buffer.from('x'), true, true),
+    () => {},
+  );
+  const port = server.listen('127.0.0.1', 0);
+  t.teardown(() => server.close());
+  const r = await exchange(port, ['GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n'], 1000);
+  t.same(statuses(r.data), [200]);
+  t.match(r.data, /connection: close\r\n/);
+  t.ok(r.closed);
+});
+
+t.test('backpressure: FULL past the high-water mark, onDrain once the client reads', async (t) => {
+  let id = 0;
+  const drained: number[] = [];
+  const server = new FrontServer(
+    (r) => {
+      id = r.id;
+      server.respond(r.id, 200, '', null, false);
+    },
+    () => {},
+    { onDrain: (i) => drained.push(i) },
+  );
+  const port = server.listen('127.0.0.1', 0);
+  t.teardown(() => server.close());
+  const s = net.connect(port, '127.0.0.1');
+  s.on('error', () => {});
+  t.teardown(() => s.destroy());
+  await new Promise((r) => s.on('connect', r));
+  s.pause(); // the client does not read
+  s.write('GET / HTTP/1.1\r\nHost: x\r\n\r\n');
+  while (id === 0) await new Promise((r) => setTimeout(r, 10));
+  const chunk = Buffer.alloc(256 * 1024, 'a');
+  let result = 1;
+  let writes = 0;
+  while (result === 1 && writes < 400) {
+    result = server.write(id, chunk, false);
+    writes++;
+    await new Promise((r) => setImmediate(r));
+  }
+  t.equal(result, 2, `FULL after ${writes} writes of 256 KiB to a client that does not read`);
+  t.same(drained, [], 'no drain while the client does not read');
+  let read = 0;
+  s.on('data', (b) => (read += b.length));
+  s.resume();
+  for (let i = 0; i < 200 && drained.length === 0; i++) await new Promise((r) => setTimeout(r, 10));
+  t.same(drained, [id], 'onDrain once the client read');
+  t.equal(server.write(id, null, true), 1, 'then the end is SENT');
+});
+
+t.test('abort(id) cuts the connection and reports its unanswered requests', async (t) => {
+  const aborted: number[] = [];
+  const server = new FrontServer(
+    (r) => {
+      server.respond(r.id, 200, '', Buffer.from('partial'), false);
+      setTimeout(() => server.abort(r.id), 20);
+    },
+    (i) => aborted.push(i),
+  );
+  const port = server.listen('127.0.0.1', 0);
+  t.teardown(() => server.close());
+  const r = await exchange(port, ['GET / HTTP/1.1\r\nHost: x\r\n\r\n'], 1000);
+  t.ok(r.closed, 'closed');
+  t.notMatch(r.data, /0\r\n\r\n$/, 'no last chunk: the client sees the answer cut');
+  t.equal(aborted.length, 1, 'reported aborted');
+});
+
+t.test('maxConnections and setAccepting(false): new connections closed at once, counted', async (t) => {
+  const server = new FrontServer(
+    (r) => server.respond(r.id, 200, '', Buffer.from('ok'), true),
+    () => {},
+    { maxConnections: 1 },
+  );
+  const port = server.listen('127.0.0.1', 0);
+  t.teardown(() => server.close());
+  const first = net.connect(port, '127.0.0.1');
+  first.on('error', () => {});
+  t.teardown(() => first.destroy());
+  await new Promise((r) => first.on('connect', r));
+  await new Promise((r) => setTimeout(r, 50));
+  const over = await exchange(port, ['GET / HTTP/1.1\r\nHost: x\r\n\r\n'], 1000);
+  t.ok(over.closed && over.data === '', 'the second connection: closed, unanswered');
+  t.same(server.stats(), { connections: 1, refused: 1 });
+  first.destroy();
+  await new Promise((r) => setTimeout(r, 50));
+  server.setAccepting(false);
+  const paused = await exchange(port, ['GET / HTTP/1.1\r\nHost: x\r\n\r\n'], 1000);
+  t.ok(paused.closed && paused.data === '', 'not accepting: closed, unanswered');
+  server.setAccepting(true);
+  const again = await exchange(port, ['GET / HTTP/1.1\r\nHost: x\r\n\r\n'], 300);
+  t.same(statuses(again.data), [200], 'accepting again');
+  t.equal(server.stats().refused, 2);
 });

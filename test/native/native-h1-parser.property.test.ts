@@ -1,7 +1,7 @@
-// Property tests of the two HTTP/1.1 response parsers (the native one in
-// native/h1_parser.h, through the addon's test-only h1ParseForTest, and the
-// TS client's src/proxy/h1-parser.ts) against the plain reference model in
-// test/reference/h1-response-model.ts: generated responses (1xx heads,
+// Property tests of the HTTP/1.1 response parser (native/h1_parser.h, through
+// the addon's test-only h1ParseForTest; the TypeScript client's parser that was
+// tested here alongside it is gone) against the plain reference model in
+// testkit/reference/h1-response-model.ts: generated responses (1xx heads,
 // content-length, chunked framing with extensions and trailers, until-close
 // bodies, Connection and Transfer-Encoding lists, bounds at their limits,
 // byte-level mutations, extra bytes after the response) fed in random read
@@ -11,7 +11,6 @@
 import fc from 'fast-check';
 import t from 'tap';
 import { h1ParseForTest, type H1ParseProbe } from '../../bindings/upstream-client.js';
-import { H1Result, H1ResponseParser } from '../../src/proxy/h1-parser.js';
 import { MAX_CHUNK_EXT, MAX_HEAD, MAX_TRAILERS, readResponse, type ModelResult } from '../../testkit/reference/h1-response-model.js';
 
 const RUNS = Number(process.env.H1_PROPERTY_RUNS ?? 1000);
@@ -130,53 +129,7 @@ const withSplits = mutated.chain((s) =>
   ),
 );
 
-// ---- the two parsers, fed alike -----------------------------------------------------------------
-
-function runTs(input: string, splits: number[], eof: boolean): H1ParseProbe {
-  const p = new H1ResponseParser();
-  p.start();
-  const out: H1ParseProbe = { outcome: 'more', error: 0, heads: 0, status: 0, type: '', length: -1, keepAlive: true, consumed: 0, body: Buffer.alloc(0) };
-  const pieces: Buffer[] = [];
-  const sink = {
-    onHead(status: number, type: string, length: number): boolean {
-      out.heads++;
-      out.status = status;
-      out.type = type;
-      out.length = length;
-      return true;
-    },
-    onBody(buf: Buffer, a: number, b: number): boolean {
-      pieces.push(Buffer.from(buf.subarray(a, b)));
-      return true;
-    },
-  };
-  const bytes = Buffer.from(input, 'latin1');
-  let at = 0;
-  for (const end of [...splits, bytes.length]) {
-    // each read in a buffer of its own that is scribbled over afterwards, as the shared read buffer would be
-    const read = Buffer.from(bytes.subarray(at, end));
-    const r = p.feed(read, sink);
-    read.fill(0x3f);
-    if (r === H1Result.Done) {
-      out.outcome = 'done';
-      out.consumed = at + p.consumed;
-      break;
-    }
-    if (r === H1Result.Fail) {
-      out.outcome = 'fail';
-      break;
-    }
-    at = end;
-  }
-  if (out.outcome === 'more' && eof && p.eof()) {
-    out.outcome = 'eof';
-    out.consumed = bytes.length;
-  }
-  out.error = p.error;
-  out.keepAlive = p.keepAlive;
-  out.body = Buffer.concat(pieces);
-  return out;
-}
+// ---- the parser, fed -----------------------------------------------------------------
 
 function runNative(input: string, splits: number[], eof: boolean): H1ParseProbe {
   return h1ParseForTest(Buffer.from(input, 'latin1'), Uint32Array.from(splits), eof);
@@ -195,10 +148,7 @@ function view(r: ModelResult | H1ParseProbe): Record<string, unknown> {
   };
 }
 
-for (const [name, run] of [
-  ['native', runNative],
-  ['ts', runTs],
-] as const) {
+for (const [name, run] of [['native', runNative]] as const) {
   t.test(`${name} parser = reference model over generated responses and read splits`, (t) => {
     const outcomes: Record<string, number> = {};
     fc.assert(
@@ -246,7 +196,6 @@ t.test('fixed cases: the drifts between the old TS and native parsers, both now 
     if (/exactly/.test(what)) t.equal(want.outcome, 'done', `model: ${what} is accepted`);
     if (/over the limit/.test(what)) t.equal(want.outcome, 'fail', `model: ${what} is refused`);
     t.same(view(runNative(input, [], eof)), want, `native: ${what}`);
-    t.same(view(runTs(input, [], eof)), want, `ts: ${what}`);
   }
   t.end();
 });

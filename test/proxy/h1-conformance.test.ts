@@ -1,23 +1,25 @@
 // One HTTP/1.1 behaviour for the router: the same scripted engine bytes, over
-// real loopback sockets, through both plain-http clients (the TS h1 client,
-// used for DNS names such as `localhost`, and the native client, used for IP
-// addresses) must give the same outcome. Each case is one of the places where
-// the two had drifted (Connection token lists, CRLF after chunk data, the
-// chunk size line, the trailer bound, Transfer-Encoding's final coding, the
-// status line); the expected outcome is RFC 9112's, as
-// test/reference/h1-response-model.ts states it.
+// real loopback sockets, through the plain-http client (the native one) to an
+// endpoint given by IP address and to one given by DNS name (`localhost`,
+// resolved in TypeScript) must give the same outcome. Each case is one of the
+// places where the native client and the retired TypeScript one had drifted
+// (Connection token lists, CRLF after chunk data, the chunk size line, the
+// trailer bound, Transfer-Encoding's final coding, the status line); the
+// expected outcome is RFC 9112's, as testkit/reference/h1-response-model.ts
+// states it.
 import t from 'tap';
 import type { Socket } from 'node:net';
-import { H1UpstreamClient } from '../../src/proxy/h1-client.js';
 import { NativeUpstreamClient } from '../../src/proxy/native-client.js';
 import { EndpointSet } from '../../src/endpoints/endpoint.js';
 import type { UpstreamClient } from '../../src/proxy/upstream.js';
 import { DEFAULTS } from '../../src/config/schema.js';
 import { collect as collectAt, rawEngine } from '../support/router-util.js';
 
+// the native client over an endpoint given by IP address, and by DNS name (the
+// TypeScript client these cases also ran over served names until it was retired)
 const CLIENTS = [
-  ['h1', H1UpstreamClient],
-  ['native', NativeUpstreamClient],
+  ['native', NativeUpstreamClient, '127.0.0.1'],
+  ['native, endpoint named localhost', NativeUpstreamClient, 'localhost'],
 ] as const;
 
 // short limits: a client that waits for bytes that never come fails the case fast instead of hanging it
@@ -32,7 +34,7 @@ interface Result {
 const collect = (client: UpstreamClient, set: EndpointSet) => collectAt(client, set, '/v1/completions');
 
 /** A raw engine: answers the n-th request (1-based, over all connections) with answer(n); counts connections. */
-const engine = (t: Tap.Test, answer: (n: number, sock: Socket) => void) => rawEngine(t, (sock, n) => answer(n, sock));
+const engineAt = (host: string, t: Tap.Test, answer: (n: number, sock: Socket) => void) => rawEngine(t, (sock, n) => answer(n, sock), host);
 
 /** Connection reuse after a first answer `first` (second answer: a plain 200): 1 or 2 connections. */
 const reuse: [string, string, number][] = [
@@ -63,7 +65,8 @@ const outcome: [string, string, { body: string } | { error: 'EPROTO' }, boolean]
   ['a response head over 64 KiB is a protocol error', 'HTTP/1.1 200 OK\r\nx-pad: ' + 'p'.repeat(70 * 1024) + '\r\nContent-Length: 1\r\n\r\na', { error: 'EPROTO' }, false],
 ];
 
-for (const [name, Client] of CLIENTS) {
+for (const [name, Client, host] of CLIENTS) {
+  const engine = (t: Tap.Test, answer: (n: number, sock: Socket) => void) => engineAt(host, t, answer);
   for (const [what, first, want] of reuse) {
     t.test(`${name}: ${what}`, async (t) => {
       const { set, conns } = await engine(t, (n, sock) => sock.write(n === 1 ? first : 'HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb', 'latin1'));

@@ -573,15 +573,18 @@ t.test('bad arguments are TypeError/RangeError, never a crash; hostnames are ref
   n.abort(12345); // unknown ids are ignored
   n.pause(12345);
   n.resume(12345);
-  const named = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'dns', url: 'http://engine.internal:8000', role: 'both' }] }]);
+  // https is not the native client's: refused at the send and by config validation
+  const tls = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'tls', url: 'https://10.0.0.1:8443', role: 'both' }] }]);
   const c = client(t);
   const noop = { onUpstreamHeaders() {}, onUpstreamData() {}, onUpstreamEnd() {}, onUpstreamError() {} };
-  t.throws(() => c.send(named.all[0]!, { method: 'GET', path: '/', headers: [], body: null }, noop), { code: 'EPROTO', message: /IP address or localhost/ });
+  t.throws(() => c.send(tls.all[0]!, { method: 'GET', path: '/', headers: [], body: null }, noop), { code: 'EPROTO', message: /plain http only/ });
   t.throws(
-    () => validateConfig({ apiVersion: API_VERSION, kind: 'Router', proxy: { client: 'native' }, pools: [{ name: 'p', models: ['m'], endpoints: [{ name: 'a', url: 'http://engine.internal:8000' }] }] }),
+    () => validateConfig({ apiVersion: API_VERSION, kind: 'Router', proxy: { client: 'native' }, pools: [{ name: 'p', models: ['m'], endpoints: [{ name: 'a', url: 'https://10.0.0.1:8443' }] }] }),
     ConfigError,
     'config validation names the problem',
   );
+  // endpoints named by DNS name are the native client's too (looked up by the router: test/proxy/native-dns.test.ts)
+  t.doesNotThrow(() => validateConfig({ apiVersion: API_VERSION, kind: 'Router', proxy: { client: 'native' }, pools: [{ name: 'p', models: ['m'], endpoints: [{ name: 'a', url: 'http://engine.internal:8000' }] }] }));
   t.doesNotThrow(() => validateConfig({ apiVersion: API_VERSION, kind: 'Router', proxy: { client: 'native' }, pools: [{ name: 'p', models: ['m'], endpoints: [{ name: 'a', url: 'http://localhost:8000' }] }] }));
 });
 
@@ -653,19 +656,18 @@ t.test('worker threads: a request completes in a worker; a worker terminated mid
   t.equal(raw.open(), 0, 'every worker connection was closed');
 });
 
-t.test('proxy.client auto picks the native client for http endpoints addressed by IP, else h1 / undici', async (t) => {
+t.test('proxy.client auto picks the native client for http endpoints (by IP address or DNS name), undici when one is https', async (t) => {
   const { newUpstreamClient } = await import('../../src/server/core.js');
-  const { H1UpstreamClient } = await import('../../src/proxy/h1-client.js');
   const { UndiciUpstreamClient } = await import('../../src/proxy/undici-client.js');
   const setOf = (...urls: string[]) =>
     new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: urls.map((url, i) => ({ name: `e${i}`, url, role: 'both' as const })) }]);
   const cases: [string, EndpointSet, Function][] = [
     ['auto', setOf('http://127.0.0.1:1', 'http://[::1]:2'), NativeUpstreamClient],
-    // localhost may be served on ::1 only; the native client would dial 127.0.0.1, h1 tries both
-    ['auto', setOf('http://127.0.0.1:1', 'http://localhost:3'), H1UpstreamClient],
-    ['auto', setOf('http://127.0.0.1:1', 'http://engine.internal:2'), H1UpstreamClient],
+    // names are looked up by the router (every address tried: localhost may be served on ::1 only)
+    ['auto', setOf('http://127.0.0.1:1', 'http://localhost:3'), NativeUpstreamClient],
+    ['auto', setOf('http://127.0.0.1:1', 'http://engine.internal:2'), NativeUpstreamClient],
     ['auto', setOf('http://127.0.0.1:1', 'https://10.0.0.1:2'), UndiciUpstreamClient],
-    ['h1', setOf('http://127.0.0.1:1'), H1UpstreamClient],
+    ['h1', setOf('http://127.0.0.1:1'), NativeUpstreamClient], // an older name of native
     ['native', setOf('http://127.0.0.1:1'), NativeUpstreamClient],
   ];
   for (const [client, set, cls] of cases) {

@@ -140,7 +140,7 @@ t.test('through the router: an engine streaming 16 MiB of error markers on one l
       more();
     });
   });
-  for (const client of ['native', 'h1'] as const) {
+  for (const client of ['native'] as const) {
     const { url } = await startTestRouter(t, {
       n: 1,
       pools: () => [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'bad', url: `http://127.0.0.1:${port}` }] }],

@@ -42,7 +42,7 @@ t.test('appendTraceHeaders: pass, replace, drop', async (t) => {
   t.same(appendTraceHeaders([], { traceparent: TP }, 'OWN'), ['traceparent', 'OWN'], "the router's own leg context wins");
 });
 
-for (const client of ['h1', 'native', 'undici'] as const) {
+for (const client of ['native', 'undici'] as const) {
   t.test(`${client}: traceparent, tracestate and baggage reach the engine; a malformed traceparent is replaced`, async (t) => {
     const { fleet, url } = await startTestRouter(t, { n: 1, extra: { proxy: { client } } });
     fleet.engines[0]!.recordHeaders(NAMES);

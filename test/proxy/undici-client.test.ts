@@ -1,13 +1,12 @@
 // The undici upstream client (proxy.client: undici; the one that serves https)
 // against a raw loopback engine, on the two points where it differed from the
-// native and h1 clients: headersTimeoutMs bounds the time to the final head
+// native client: headersTimeoutMs bounds the time to the final head
 // whatever 1xx heads arrive (an engine sending 102 every 100 ms held a request
 // for 40 s against a 5 s limit), and a 100 Continue before the final head is
 // skipped (undici turned 100 then 200 into an error, so the router answered 502).
-// Same cases through the h1 and native clients, which already behaved so.
+// Same cases through the native client (by IP address and by DNS name), which already behaved so.
 import t from 'tap';
 import { UndiciUpstreamClient } from '../../src/proxy/undici-client.js';
-import { H1UpstreamClient } from '../../src/proxy/h1-client.js';
 import { NativeUpstreamClient } from '../../src/proxy/native-client.js';
 import { EndpointSet } from '../../src/endpoints/endpoint.js';
 import type { UpstreamClient, UpstreamSink } from '../../src/proxy/upstream.js';
@@ -15,9 +14,9 @@ import { DEFAULTS } from '../../src/config/schema.js';
 import { rawEngine } from '../support/router-util.js';
 
 const CLIENTS = [
-  ['undici', UndiciUpstreamClient],
-  ['h1', H1UpstreamClient],
-  ['native', NativeUpstreamClient],
+  ['undici', UndiciUpstreamClient, '127.0.0.1'],
+  ['native, endpoint named localhost', NativeUpstreamClient, 'localhost'],
+  ['native', NativeUpstreamClient, '127.0.0.1'],
 ] as const;
 
 interface Result {
@@ -59,11 +58,11 @@ function collect(client: UpstreamClient, set: EndpointSet, guardMs: number): Pro
   });
 }
 
-const engine = rawEngine;
 
 const OK = 'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}';
 
-for (const [name, Client] of CLIENTS) {
+for (const [name, Client, host] of CLIENTS) {
+  const engine = (t: Tap.Test, f: Parameters<typeof rawEngine>[1]) => rawEngine(t, f, host);
   t.test(`${name}: 102 every 100 ms does not extend headersTimeoutMs`, async (t) => {
     let timers = 0;
     const { set } = await engine(t, (sock) => {

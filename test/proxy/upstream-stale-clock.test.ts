@@ -6,17 +6,18 @@
 // there) was even looked at. Both plain-http clients, a real loopback engine.
 import t from 'tap';
 import { createServer, type Server } from 'node:net';
-import { H1UpstreamClient } from '../../src/proxy/h1-client.js';
 import { NativeUpstreamClient } from '../../src/proxy/native-client.js';
 import { EndpointSet } from '../../src/endpoints/endpoint.js';
 import { DEFAULTS } from '../../src/config/schema.js';
 
+// the native client over an endpoint given by IP address, and by DNS name (the
+// TypeScript client these cases also ran over served names until it was retired)
 const CLIENTS = [
-  ['h1', H1UpstreamClient],
-  ['native', NativeUpstreamClient],
+  ['native', NativeUpstreamClient, '127.0.0.1'],
+  ['native, endpoint named localhost', NativeUpstreamClient, 'localhost'],
 ] as const;
 
-for (const [name, Client] of CLIENTS) {
+for (const [name, Client, host] of CLIENTS) {
   t.test(`${name}: a connect limit is not eaten by synchronous work before the send`, async (t) => {
     const server: Server = createServer((sock) => {
       sock.on('data', () => sock.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok'));
@@ -25,7 +26,7 @@ for (const [name, Client] of CLIENTS) {
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     t.teardown(() => new Promise<void>((r) => server.close(() => r())));
     const port = (server.address() as { port: number }).port;
-    const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
+    const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://${host}:${port}`, role: 'both' }] }]);
     const client = new Client({ ...DEFAULTS.proxy, connectTimeoutMs: 300 });
     t.teardown(() => client.close());
     // a sweep timer from an earlier call, so the clock the client keeps is running

@@ -37,25 +37,27 @@ const cfg = validateConfig(
   (kind, s) => registry.validate(kind, s.type, s.params),
 );
 const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-// The same router over the other upstream clients (the native client is the default for http:// endpoints
-// addressed by IP; undici and h1 are measured too).
+// The same router over undici, and over the native client with the endpoints named `localhost` (resolved
+// by the router's DNS lookup; the TypeScript client that served names ran here until it was retired).
 const routerUndici = await startRouter({ ...cfg, proxy: { ...cfg.proxy, client: 'undici' } }, { port: 0, host: '127.0.0.1' });
-const routerH1 = await startRouter({ ...cfg, proxy: { ...cfg.proxy, client: 'h1' } }, { port: 0, host: '127.0.0.1' });
+/** The config with its endpoints named `localhost` instead of 127.0.0.1. */
+const byName = <C extends typeof cfg>(c: C): C => ({ ...c, pools: c.pools.map((p) => ({ ...p, endpoints: p.endpoints.map((e) => ({ ...e, url: e.url.replace('//127.0.0.1:', '//localhost:') })) })) });
+const routerByName = await startRouter(byName(cfg), { port: 0, host: '127.0.0.1' });
 t.teardown(async () => {
   agent.destroy();
   await router.close(200);
   await routerUndici.close(200);
-  await routerH1.close(200);
+  await routerByName.close(200);
   await fleet.close();
 });
 const engine0 = fleet.engines[0]!;
-const routers = [router, routerUndici, routerH1];
+const routers = [router, routerUndici, routerByName];
 const targets = [
   { name: 'router', port: router.port },
   { name: 'sim', port: engine0.port },
 ] as const;
 /** Where client disconnects and fuzzing also run: every upstream client. */
-const allTargets = [...targets, { name: 'router(undici)', port: routerUndici.port }, { name: 'router(h1)', port: routerH1.port }] as const;
+const allTargets = [...targets, { name: 'router(undici)', port: routerUndici.port }, { name: 'router(localhost)', port: routerByName.port }] as const;
 
 // ---- clients ---------------------------------------------------------------------------
 
@@ -1008,7 +1010,7 @@ t.test('hostile clients over failing engines: every answer well-formed, every sl
   const fr = [
     await startRouter(fcfg, { port: 0, host: '127.0.0.1' }),
     await startRouter({ ...fcfg, proxy: { ...fcfg.proxy, client: 'undici' } }, { port: 0, host: '127.0.0.1' }),
-    await startRouter({ ...fcfg, proxy: { ...fcfg.proxy, client: 'h1' } }, { port: 0, host: '127.0.0.1' }),
+    await startRouter(byName(fcfg), { port: 0, host: '127.0.0.1' }),
   ];
   t.teardown(async () => {
     for (const r of fr) await r.close(200);

@@ -5,7 +5,6 @@
 import t from 'tap';
 import type { Socket } from 'node:net';
 import { listenRaw } from '../support/router-util.js';
-import { H1UpstreamClient } from '../../src/proxy/h1-client.js';
 import { NativeUpstreamClient } from '../../src/proxy/native-client.js';
 import { EndpointSet } from '../../src/endpoints/endpoint.js';
 import type { UpstreamCall, UpstreamClient, UpstreamSink } from '../../src/proxy/upstream.js';
@@ -18,9 +17,11 @@ interface Result {
   error?: Error & { code?: string };
 }
 
+// the native client over an endpoint given by IP address, and by DNS name (the
+// TypeScript client these cases also ran over served names until it was retired)
 const CLIENTS = [
-  ['h1', H1UpstreamClient],
-  ['native', NativeUpstreamClient],
+  ['native', NativeUpstreamClient, '127.0.0.1'],
+  ['native, endpoint named localhost', NativeUpstreamClient, 'localhost'],
 ] as const;
 
 function collect(client: UpstreamClient, set: EndpointSet, onData?: (r: Result, call: UpstreamCall) => void): Promise<Result> {
@@ -49,7 +50,7 @@ function collect(client: UpstreamClient, set: EndpointSet, onData?: (r: Result, 
   });
 }
 
-async function server(t: Tap.Test, onRequest: (sock: Socket) => void): Promise<EndpointSet> {
+async function serverAt(host: string, t: Tap.Test, onRequest: (sock: Socket) => void): Promise<EndpointSet> {
   const { port } = await listenRaw(t, (sock) => {
     let seen = '';
     sock.on('data', (b) => {
@@ -61,7 +62,7 @@ async function server(t: Tap.Test, onRequest: (sock: Socket) => void): Promise<E
       }
     });
   });
-  return new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
+  return new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://${host}:${port}`, role: 'both' }] }]);
 }
 
 /** A request handler that answers `body` one byte every `gapMs`. */
@@ -81,7 +82,8 @@ function trickle(body: string, gapMs: number) {
 const LIMIT = 200;
 const cfg = { ...DEFAULTS.proxy, headersTimeoutMs: LIMIT, bodyTimeoutMs: LIMIT };
 
-for (const [name, Client] of CLIENTS) {
+for (const [name, Client, host] of CLIENTS) {
+  const server = (t: Tap.Test, onRequest: (sock: Socket) => void) => serverAt(host, t, onRequest);
   t.test(`${name}: an endpoint that never answers times out after headersTimeoutMs, not before`, async (t) => {
     const set = await server(t, () => {});
     const client = new Client(cfg);

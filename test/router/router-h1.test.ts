@@ -3,7 +3,6 @@
 // keep-alive connections: the parser and connection reuse under real sockets.
 import t from 'tap';
 import type { Socket } from 'node:net';
-import { H1UpstreamClient } from '../../src/proxy/h1-client.js';
 import { NativeUpstreamClient } from '../../src/proxy/native-client.js';
 import { EndpointSet } from '../../src/endpoints/endpoint.js';
 import type { UpstreamClient } from '../../src/proxy/upstream.js';
@@ -11,14 +10,15 @@ import { DEFAULTS } from '../../src/config/schema.js';
 import { collect as collectAt, rawEngine } from '../support/router-util.js';
 
 
+// the native client over an endpoint given by IP address, and by DNS name (the
+// TypeScript client these cases also ran over served names until it was retired)
 const CLIENTS = [
-  ['h1', H1UpstreamClient],
-  ['native', NativeUpstreamClient],
+  ['native', NativeUpstreamClient, '127.0.0.1'],
+  ['native, endpoint named localhost', NativeUpstreamClient, 'localhost'],
 ] as const;
 
 const collect = collectAt;
 
-const rawServer = rawEngine;
 
 async function dribble(sock: Socket, text: string): Promise<void> {
   for (const ch of text) {
@@ -27,7 +27,8 @@ async function dribble(sock: Socket, text: string): Promise<void> {
   }
 }
 
-for (const [name, Client] of CLIENTS) {
+for (const [name, Client, host] of CLIENTS) {
+  const rawServer = (t: Tap.Test, f: Parameters<typeof rawEngine>[1]) => rawEngine(t, f, host);
   t.test(`${name}: chunked body and headers arriving one byte at a time; 1xx skipped; keep-alive reuse`, async (t) => {
     const { set, conns } = await rawServer(t, (sock, n) => {
       const body = `data: {"n":${n}}\n\n`;
@@ -86,7 +87,7 @@ for (const [name, Client] of CLIENTS) {
   });
 
   t.test(`${name}: errors: refused connection, reset mid-body, malformed status line`, async (t) => {
-    const refused = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'gone', url: 'http://127.0.0.1:1', role: 'both' }] }]);
+    const refused = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'gone', url: `http://${host}:1`, role: 'both' }] }]);
     const client = new Client(DEFAULTS.proxy);
     t.teardown(() => client.close());
     const a = await collect(client, refused);

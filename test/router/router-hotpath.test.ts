@@ -89,7 +89,7 @@ function request(path: string, idBytes: Buffer | null, body: string): Buffer {
 /** A response head without its Date line (it differs between two servers). */
 const noDate = (h: Buffer) => h.toString('latin1').replace(/\r\nDate: [^\r]*/i, '');
 
-for (const client of ['native', 'h1', 'undici'] as const) {
+for (const client of ['native', 'undici'] as const) {
   t.test(`${client}: answer headers are byte for byte the reference (three writeHeader calls; the content type as the engine's bytes) (non-ASCII names, content types, request ids)`, async (t) => {
     // content types the engines answer with, as raw bytes; the request names one by index
     const types: Buffer[] = [
@@ -154,7 +154,7 @@ for (const client of ['native', 'h1', 'undici'] as const) {
         const body = JSON.stringify({ model: 'open-model', prompt: `ct ${k}`, max_tokens: 1 });
         const got = await rawExchange(router.port, request('/v1/completions', id, body));
         const served = Number(/engine (\d)/.exec(got.body.toString())![1]);
-        // the native and h1 clients hand the content type over one char per byte
+        // the native client hands the content type over one char per byte
         refCt = types[k]!.toString('latin1');
         refName = names[served]!;
         const want = await rawExchange(refPort, request('/v1/completions', id, body));
@@ -342,7 +342,7 @@ t.test('native: a head the socket takes only partly (kept-alive connection, engi
   for (let i = 0; i < sent.length; i++) t.ok(got[i] === sent[i], `request ${i} (${sent[i]!.length} bytes) arrived byte-exact`);
 });
 
-for (const client of ['native', 'h1'] as const) {
+for (const client of ['native'] as const) {
   t.test(`${client}: an upstream content type holding CR or NUL reaches the client without them (no header injection through the cached block)`, async (t) => {
     const body = COMPLETION(0);
     const { port } = await listenRaw(t, (sock) =>

@@ -20,7 +20,7 @@ async function rawEngine(t: Tap.Test, onPost: (sock: Socket) => void): Promise<s
   return `http://127.0.0.1:${port}`;
 }
 
-for (const client of ['h1', 'native'] as const) {
+for (const client of ['native'] as const) {
   t.test(`${client}: a 4xx head followed by a reset is retried, and the retried answer is relayed untouched`, async (t) => {
     let hits = 0;
     const badUrl = await rawEngine(t, (sock) => {

@@ -18,7 +18,7 @@ function setup(
   return startTestRouter(t, { n, fleet: fleetOpts, extra: { proxy: { client: currentClient }, ...extra }, extraEndpoints });
 }
 
-let currentClient: 'h1' | 'native' | 'undici' = 'h1';
+let currentClient: 'native' | 'undici' = 'native';
 
 const until = async (cond: () => boolean, ms: number) => {
   const end = Date.now() + ms;
@@ -26,7 +26,7 @@ const until = async (cond: () => boolean, ms: number) => {
   return cond();
 };
 
-for (const client of ['h1', 'native', 'undici'] as const) {
+for (const client of ['native', 'undici'] as const) {
   t.test(`upstream client ${client}`, async (tt) => {
     currentClient = client;
 tt.test('streaming through the router is byte-identical to a direct request to the same engine', async (t) => {

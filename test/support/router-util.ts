@@ -132,6 +132,8 @@ export async function maxStall<T>(fn: () => Promise<T>): Promise<[T, number]> {
 export async function rawEngine(
   t: Tap.Test,
   onRequest: (sock: Socket, n: number, conn: number) => void,
+  /** The host the endpoint URL names: `localhost` sends the client through its DNS lookup. */
+  urlHost = '127.0.0.1',
 ): Promise<{ set: EndpointSet; conns: () => number }> {
   let conns = 0;
   let requests = 0;
@@ -160,7 +162,7 @@ export async function rawEngine(
     for (const s of sockets) s.destroy();
     return new Promise<void>((r) => server.close(() => r()));
   });
-  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://127.0.0.1:${port}`, role: 'both' }] }]);
+  const set = new EndpointSet([{ name: 'p', engine: 'vllm', accelerator: 'nvidia', models: ['m'], endpoints: [{ name: 'raw', url: `http://${urlHost}:${port}`, role: 'both' }] }]);
   return { set, conns: () => conns };
 }
 
