@@ -6,13 +6,26 @@
 // (the digest's first 16 hex digits). Built from the validated config and the
 // key lines (keys.ts); replaced whole on a config reload, so a removed key is
 // refused at once while requests that already resolved their caller finish.
-import { createHash, timingSafeEqual } from 'node:crypto';
+import * as crypto from 'node:crypto';
+import { timingSafeEqual } from 'node:crypto';
 import type { AuthConfig, AuthKeyConfig } from '../config/auth.js';
 import { ANONYMOUS, type Authenticator, type Caller, type HeaderGetter, type Identity, type Refusal } from '../identity.js';
 
 /** Tokens longer than this are refused unhashed (a real key is well under it). */
 const MAX_TOKEN = 4096;
 const ID_RE = /^[A-Za-z0-9._:@/-]{1,128}$/;
+
+/**
+ * SHA-256 of an ASCII token: crypto.hash (one call, no Hash object: about five
+ * times cheaper than createHash on Node 20) where Node has it.
+ */
+const sha256: (token: string) => Buffer =
+  typeof (crypto as { hash?: unknown }).hash === 'function'
+    ? (token) => (crypto as unknown as { hash(alg: string, data: string, enc: 'buffer'): Buffer }).hash('sha256', token, 'buffer')
+    : (token) => crypto.createHash('sha256').update(token, 'latin1').digest();
+
+/** "bearer" as char codes, lower case. */
+const BEARER = [0x62, 0x65, 0x61, 0x72, 0x65, 0x72];
 
 const MISSING: Refusal = Object.freeze({
   refused: 'You did not provide an API key: send it as "Authorization: Bearer <key>".',
@@ -34,7 +47,8 @@ export function bearerToken(auth: string): string | null {
   const n = auth.length;
   while (i < n && (auth.charCodeAt(i) === 32 || auth.charCodeAt(i) === 9)) i++;
   // "bearer" in any case, then at least one space
-  if (n - i < 8 || (auth.charCodeAt(i) | 0x20) !== 0x62 || auth.slice(i, i + 6).toLowerCase() !== 'bearer') return null;
+  if (n - i < 8) return null;
+  for (let j = 0; j < 6; j++) if ((auth.charCodeAt(i + j) | 0x20) !== BEARER[j]) return null;
   i += 6;
   const c = auth.charCodeAt(i);
   if (c !== 32 && c !== 9) return null;
@@ -44,7 +58,8 @@ export function bearerToken(auth: string): string | null {
   if (end === i || end - i > MAX_TOKEN) return null;
   for (let j = i; j < end; j++) {
     const ch = auth.charCodeAt(j);
-    if (ch <= 32 || ch === 127) return null;
+    // visible ASCII only (RFC 6750's b64token is a subset): the digest is of these bytes
+    if (ch <= 32 || ch >= 127) return null;
   }
   return i === 0 && end === n ? auth : auth.slice(i, end);
 }
@@ -110,7 +125,7 @@ export class ApiKeyAuthenticator implements Authenticator, Identity {
   }
 
   #lookup(token: string): Caller | null {
-    const digest = createHash('sha256').update(token, 'latin1').digest();
+    const digest = sha256(token);
     const hit = this.#keys.get(digest.readUIntBE(0, 6));
     if (hit === undefined) return null;
     if (!Array.isArray(hit)) return timingSafeEqual(hit.digest, digest) ? hit.caller : null;
