@@ -19,7 +19,7 @@ export type ReloadResult =
   | { ok: false; issues: ConfigIssue[]; message: string };
 
 /** Top-level sections a reload cannot apply to a running router. */
-const RESTART_SECTIONS = ['listen', 'scheduling', 'dataLayer', 'proxy', 'limits', 'flowControl', 'admin', 'disaggregation'] as const;
+const RESTART_SECTIONS = ['listen', 'scheduling', 'dataLayer', 'proxy', 'limits', 'flowControl', 'admin', 'disaggregation', 'metrics'] as const;
 
 export class ConfigReloader {
   readonly file: string;
