@@ -7,12 +7,18 @@
 #     switchyard serve --config /etc/switchyard/router.yaml --host 0.0.0.0
 #   docker run --rm -p 8001:8000 switchyard sim --host 0.0.0.0 --port 8000
 #   docker run --rm -v $PWD/router.yaml:/r.yaml:ro switchyard check --config /r.yaml
+#   docker build --target standalone -t switchyard:standalone .   # the single executable, no Node in the image
 #
 # Build stage: the full Node image has the addon's toolchain (python3, make,
-# g++); `npm ci` runs node-gyp (the C++ addon) and tsc (dist/), then the dev
-# dependencies are pruned. Runtime stage: the slim image, the built files
-# only, as the unprivileged `node` user.
-ARG NODE_VERSION=20.20
+# g++); `npm ci` runs node-gyp (the C++ addon) and tsc (dist/), `npm run
+# build:binary` the standalone executable (out/switchyard, for the standalone
+# stage), then the dev dependencies are pruned. Runtime stage (the default
+# target, last): the slim image, the built files only, as the unprivileged
+# `node` user.
+# Node 24 (LTS, supported until April 2028): uWebSockets.js has no binary for it, so the router serves
+# on the native front end (docs/front-end.md); test/deploy/node-version.test.ts keeps this in step with
+# package.json's engines and the LTS end-of-life dates (docs/portability.md).
+ARG NODE_VERSION=24.22
 
 FROM node:${NODE_VERSION}-bookworm AS build
 WORKDIR /app
@@ -26,7 +32,19 @@ COPY scripts ./scripts
 COPY proto ./proto
 RUN npm ci --no-audit --no-fund \
  && node bin/switchyard.js --version \
+ && npm run build:binary \
  && npm prune --omit=dev --no-audit --no-fund
+
+# The standalone executable on plain Debian: no Node, no node_modules. It unpacks itself once into
+# $SWITCHYARD_EXTRACT_DIR (default /tmp/switchyard-<uid>; mount a tmpfs there with a read-only root).
+# Its health check speaks HTTP/1.0 over bash's /dev/tcp (the native front end answers it).
+FROM debian:bookworm-slim AS standalone
+COPY --from=build /app/out/switchyard /usr/local/bin/switchyard
+USER nobody
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/${SWITCHYARD_HEALTH_PORT:-8000} && printf 'GET /healthz HTTP/1.0\\r\\n\\r\\n' >&3 && read -r v s r <&3 && [ \"$s\" = 200 ]"]
+ENTRYPOINT ["switchyard"]
+CMD ["serve", "--host", "0.0.0.0"]
 
 FROM node:${NODE_VERSION}-bookworm-slim AS runtime
 ENV NODE_ENV=production

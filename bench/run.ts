@@ -9,6 +9,9 @@ import { ROOT } from './lib/proc.js';
 import { barChart, lineChart, type Series } from './lib/svg.js';
 import { overheadTable, runProxyOverhead } from './system/overhead-proxies.js';
 import { floorLines, qualityTable, runQuality, type Row } from './system/quality.js';
+import { exitOnHelp } from './lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const SCENARIOS = ['overhead', 'quality', 'fairness'];
 

@@ -47,7 +47,10 @@ export interface FrontRequest {
   target: string;
   /** 0: HTTP/1.0, 1: HTTP/1.1. */
   minor: number;
-  /** The head's bytes; the fields are at offsets (4 per field: name at, name len, value at, value len). */
+  /**
+   * The head's bytes; the fields are at offsets (4 per field: name at, name len, value at, value len).
+   * Both are views of the server's transfer buffer: valid until the next request arrives (copy to keep).
+   */
   head: Buffer;
   offsets: Uint32Array;
   body: Buffer;
@@ -80,6 +83,9 @@ export interface FrontServerOptions {
   onReject?: (status: number) => void;
 }
 
+/** Where the head starts in the transfer buffer (after the field offsets: native/front_server.cc kXferOffsets). */
+const XFER_OFFSETS = 16 * 1024;
+
 /** What respond and write report. */
 export const GONE = 0;
 export const SENT = 1;
@@ -96,16 +102,33 @@ export class FrontServer {
   readonly #n: any;
 
   constructor(onRequest: (r: FrontRequest) => void, onAbort: (id: number) => void, o: FrontServerOptions = {}) {
+    // the transfer buffer (native/front_server.cc kXferOffsets): field offsets, the head, a body of up to
+    // 64 KiB are copied into it, so a request costs no ArrayBuffer of its own (a small body is copied out into
+    // Node's pooled allocation)
+    const maxHead = o.maxHead ?? 64 * 1024;
+    const xfer = new ArrayBuffer(XFER_OFFSETS + maxHead + 64 * 1024);
+    const bytes = Buffer.from(xfer);
+    const bodyAt = XFER_OFFSETS + maxHead;
     this.#n = new native.FrontServer(
-      (id: number, method: string, target: string, minor: number, head: Buffer, offsets: Uint32Array, body: Buffer, wanted: string[]) =>
-        onRequest({ id, method, target, minor, head, offsets, body, wanted }),
+      (id: number, method: string, target: string, minor: number, head: Buffer | number, offsets: Uint32Array | number, body: Buffer | number, wanted: string[]) => {
+        if (typeof head === 'number') {
+          head = Buffer.from(xfer, XFER_OFFSETS, head);
+          offsets = new Uint32Array(xfer, 0, (offsets as number) * 4);
+        }
+        if (typeof body === 'number') {
+          const n = body;
+          body = Buffer.allocUnsafe(n);
+          bytes.copy(body, 0, bodyAt, bodyAt + n);
+        }
+        onRequest({ id, method, target, minor, head, offsets: offsets as Uint32Array, body, wanted });
+      },
       onAbort,
-      o.maxHead ?? 64 * 1024,
+      maxHead,
       o.maxLines ?? 100,
       o.maxBody ?? 16 * 1024 * 1024,
       o.headMs ?? 10_000,
       o.idleMs ?? 10_000,
-      { onDrain: o.onDrain, onReject: o.onReject, wanted: o.wanted ?? [], bodyMs: o.bodyMs, maxConnections: o.maxConnections ?? 0, maxFileBody: o.maxFileBody },
+      { transfer: xfer, onDrain: o.onDrain, onReject: o.onReject, wanted: o.wanted ?? [], bodyMs: o.bodyMs, maxConnections: o.maxConnections ?? 0, maxFileBody: o.maxFileBody },
     );
   }
 
@@ -120,12 +143,12 @@ export class FrontServer {
    * `close`: the connection closes after this answer. GONE when the request is gone (aborted) or
    * already answered; FULL when its bytes wait on the client (see onDrain).
    */
-  respond(id: number, status: number, headLines: string, body: Buffer | null, end: boolean, close = false): number {
+  respond(id: number, status: number, headLines: string, body: Buffer | string | null, end: boolean, close = false): number {
     return this.#n.respond(id, status, headLines, body, end, close) as number;
   }
 
   /** More body for a streamed answer; end finishes it. GONE, SENT or FULL as respond. */
-  write(id: number, chunk: Buffer | null, end: boolean): number {
+  write(id: number, chunk: Buffer | string | null, end: boolean): number {
     return this.#n.write(id, chunk, end) as number;
   }
 

@@ -42,6 +42,9 @@ constexpr size_t kLowWater = 16 * 1024;     // ... and onDrain fires once the so
 // A result of respond/write.
 constexpr int kGone = 0, kSent = 1, kFull = 2;
 
+// The transfer buffer's layout: field offsets (4 uint32 per field), then the head (max_head bytes), then a body.
+constexpr size_t kXferOffsets = 16 * 1024;
+
 class FrontServerWrap;
 
 struct Pending {
@@ -134,6 +137,15 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       if (d.IsFunction()) on_drain_ = Napi::Persistent(d.As<Napi::Function>());
       Napi::Value rj = o.Get("onReject");
       if (rj.IsFunction()) on_reject_ = Napi::Persistent(rj.As<Napi::Function>());
+      Napi::Value xb = o.Get("transfer");
+      if (xb.IsArrayBuffer()) {
+        Napi::ArrayBuffer ab = xb.As<Napi::ArrayBuffer>();
+        if (ab.ByteLength() >= kXferOffsets + limits_.max_head) {
+          xfer_ref_ = Napi::Persistent(ab);
+          xfer_ = static_cast<char*>(ab.Data());
+          xfer_len_ = ab.ByteLength();
+        }
+      }
       Napi::Value w = o.Get("wanted");
       if (w.IsArray()) {
         Napi::Array a = w.As<Napi::Array>();
@@ -293,21 +305,21 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
           Arm(c, body_ms_);  // the body timeout runs from the last progress
           return;
         }
-        Deliver(c, at + c->chunks.consumed());
+        Deliver(c, at + c->chunks.consumed(), c->body.data(), c->body.size());
       } else {
         const size_t have = c->in.size() - at;
         if (static_cast<double>(have) < c->remaining) {
           Arm(c, body_ms_);
           return;
         }
-        c->body.assign(c->in.data() + at, static_cast<size_t>(c->remaining));
-        Deliver(c, at + static_cast<size_t>(c->remaining));
+        // the body is handed over from where it was read (no copy into c->body first)
+        Deliver(c, at + static_cast<size_t>(c->remaining), c->in.data() + at, static_cast<size_t>(c->remaining));
       }
     }
   }
 
   // A whole request: queue its answer slot, hand it to JavaScript, keep the bytes after it.
-  void Deliver(Conn* c, size_t end) {
+  void Deliver(Conn* c, size_t end, const char* bp, size_t bn) {
     const h1req::RequestHead& h = c->parser.head();
     const double id = ++next_id_;
     c->queue.emplace_back(id, h.keep_alive, h.minor == 0);
@@ -316,13 +328,39 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     {
       Napi::HandleScope scope(env);
       const char* base = c->in.data();
-      Napi::Buffer<char> head = Napi::Buffer<char>::Copy(env, base, h.head_len);
-      Napi::Uint32Array offsets = Napi::Uint32Array::New(env, h.field_count * 4);
-      for (uint32_t k = 0; k < h.field_count; k++) {
-        offsets[k * 4] = h.fields[k].name.at;
-        offsets[k * 4 + 1] = h.fields[k].name.len;
-        offsets[k * 4 + 2] = h.fields[k].value.at;
-        offsets[k * 4 + 3] = h.fields[k].value.len;
+      // with a transfer buffer (the router's case): offsets, head and a body that fits are copied into
+      // it, no ArrayBuffer per request (JavaScript reads them during the call); else a copy of each
+      napi_value head, offsets, body;
+      const size_t head_at = kXferOffsets, body_at = kXferOffsets + limits_.max_head;
+      const bool xfer = xfer_ != nullptr && h.field_count * 16 <= kXferOffsets && h.head_len <= limits_.max_head;
+      const bool body_in = xfer && bn <= xfer_len_ - body_at;
+      if (xfer) {
+        uint32_t* o = reinterpret_cast<uint32_t*>(xfer_);
+        for (uint32_t k = 0; k < h.field_count; k++) {
+          o[k * 4] = h.fields[k].name.at;
+          o[k * 4 + 1] = h.fields[k].name.len;
+          o[k * 4 + 2] = h.fields[k].value.at;
+          o[k * 4 + 3] = h.fields[k].value.len;
+        }
+        memcpy(xfer_ + head_at, base, h.head_len);
+        napi_create_uint32(env, h.head_len, &head);
+        napi_create_uint32(env, h.field_count, &offsets);
+      } else {
+        head = Napi::Buffer<char>::Copy(env, base, h.head_len);
+        Napi::Uint32Array oa = Napi::Uint32Array::New(env, h.field_count * 4);
+        for (uint32_t k = 0; k < h.field_count; k++) {
+          oa[k * 4] = h.fields[k].name.at;
+          oa[k * 4 + 1] = h.fields[k].name.len;
+          oa[k * 4 + 2] = h.fields[k].value.at;
+          oa[k * 4 + 3] = h.fields[k].value.len;
+        }
+        offsets = oa;
+      }
+      if (body_in) {
+        if (bn > 0) memcpy(xfer_ + body_at, bp, bn);
+        napi_create_uint32(env, static_cast<uint32_t>(bn), &body);
+      } else {
+        body = Napi::Buffer<char>::Copy(env, bp, bn);
       }
       napi_value method, target;
       napi_create_string_latin1(env, base + h.method.at, h.method.len, &method);
@@ -355,8 +393,7 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
         else napi_create_string_latin1(env, one == nullptr ? "" : one, one_len, &v);
         napi_set_element(env, wanted, w, v);
       }
-      napi_value argv[8] = {Napi::Number::New(env, id), method, target, Napi::Number::New(env, h.minor), head, offsets,
-                            Napi::Buffer<char>::Copy(env, c->body.data(), c->body.size()), wanted};
+      napi_value argv[8] = {Napi::Number::New(env, id), method, target, Napi::Number::New(env, h.minor), head, offsets, body, wanted};
       const bool keep = h.keep_alive;
       c->in.erase(0, end);
       c->parser.Reset();
@@ -612,9 +649,12 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     const bool end = info[4].As<Napi::Boolean>().Value();
     const char* body = nullptr;
     size_t blen = 0;
+    const bool text = info[3].IsString();  // UTF-8, written straight into the answer: no Buffer made in JavaScript
     if (info[3].IsBuffer()) {
       body = info[3].As<Napi::Buffer<char>>().Data();
       blen = info[3].As<Napi::Buffer<char>>().Length();
+    } else if (text) {
+      napi_get_value_string_utf8(env, info[3], nullptr, 0, &blen);
     }
     std::string& out = p->out;
     out += p->http10 ? "HTTP/1.0 " : "HTTP/1.1 ";
@@ -639,7 +679,8 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     else if (!p->keep_alive) out += "connection: close\r\n";
     out += "\r\n";
     p->head_sent = true;
-    AppendBody(p, body, blen, end || no_body);
+    if (text) AppendText(env, p, info[3], blen, end || no_body);
+    else AppendBody(p, body, blen, end || no_body);
     Conn* c = requests_[id];
     Flush(c);
     return Napi::Number::New(env, Pressure(c, p, id));
@@ -657,14 +698,40 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     if (p == nullptr || !p->head_sent || p->done) return Napi::Number::New(env, kGone);
     const char* body = nullptr;
     size_t blen = 0;
-    if (info[1].IsBuffer()) {
-      body = info[1].As<Napi::Buffer<char>>().Data();
-      blen = info[1].As<Napi::Buffer<char>>().Length();
+    const bool end = info[2].As<Napi::Boolean>().Value();
+    if (info[1].IsString()) {
+      napi_get_value_string_utf8(env, info[1], nullptr, 0, &blen);
+      AppendText(env, p, info[1], blen, end);
+    } else {
+      if (info[1].IsBuffer()) {
+        body = info[1].As<Napi::Buffer<char>>().Data();
+        blen = info[1].As<Napi::Buffer<char>>().Length();
+      }
+      AppendBody(p, body, blen, end);
     }
-    AppendBody(p, body, blen, info[2].As<Napi::Boolean>().Value());
     Conn* c = requests_[id];
     Flush(c);
     return Napi::Number::New(env, Pressure(c, p, id));
+  }
+
+  // A string body of n UTF-8 bytes, encoded straight into the answer's bytes.
+  void AppendText(napi_env env, Pending* p, napi_value v, size_t n, bool end) {
+    if (n == 0 || p->done) {
+      AppendBody(p, nullptr, 0, end);
+      return;
+    }
+    if (p->chunked_out) {
+      char size[24];
+      snprintf(size, sizeof(size), "%zx\r\n", n);
+      p->out += size;
+    }
+    const size_t at = p->out.size();
+    p->out.resize(at + n + 1);  // napi writes a terminating NUL
+    size_t w = 0;
+    napi_get_value_string_utf8(env, v, p->out.data() + at, n + 1, &w);
+    p->out.resize(at + w);
+    if (p->chunked_out) p->out += "\r\n";
+    AppendBody(p, nullptr, 0, end);
   }
 
   void AppendBody(Pending* p, const char* b, size_t n, bool end) {
@@ -762,6 +829,9 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
   double max_file_ = 16 << 20;
   uint64_t body_ms_ = 10000;
   std::vector<std::string> wanted_;
+  Napi::Reference<Napi::ArrayBuffer> xfer_ref_;
+  char* xfer_ = nullptr;
+  size_t xfer_len_ = 0;
   Napi::FunctionReference on_drain_;
   Napi::FunctionReference on_reject_;
   h1req::Limits limits_;

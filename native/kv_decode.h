@@ -285,7 +285,30 @@ class BatchDecoder {
 
   std::vector<uint32_t> ops, words, tokens;
 
+  // The most uint32 words one call's records may hold (ops + words + tokens: 128 MiB). A batch that would take
+  // more is malformed (its holders are cleared): a frame of up to the subscriber's 64 MiB can expand ~4x here
+  // (a 1-byte token id is a 4-byte word), and that must not be what sets the router's memory.
+  static constexpr size_t kMaxDecodedWords = size_t{32} << 20;
+  // What the records keep between calls (words per vector, 4 MiB): past a burst they are freed, not kept.
+  static constexpr size_t kKeepWords = size_t{1} << 20;
+
+  // After a call: gives back what a burst made the records grow to.
+  void Trim() {
+    for (auto* v : {&ops, &words, &tokens}) {
+      if (v->capacity() > kKeepWords) std::vector<uint32_t>().swap(*v);
+    }
+  }
+
  private:
+  bool oversize_ = false;  // the batch being decoded went over kMaxDecodedWords
+
+  // Whether `more` words fit under kMaxDecodedWords (else the batch is marked oversize: malformed).
+  bool Room(size_t more) {
+    if (ops.size() + words.size() + tokens.size() + more <= kMaxDecodedWords) return true;
+    oversize_ = true;
+    return false;
+  }
+
   // Field slots of an event, by name; npos when absent.
   enum Field { kHashes, kParent, kTokenIds, kBlockSize, kMedium, kLoraName, kFields };
   static constexpr size_t kAbsent = ~static_cast<size_t>(0);
@@ -378,6 +401,7 @@ class BatchDecoder {
   // rank is read; a malformed batch rolls back what it queued, a batch of another rank has its ops re-aimed,
   // and a batch of a rank without a holder is decoded again with no holder (which counts differently).
   bool Batch(MpReader& r, const uint32_t* it, const int32_t* ranks, int64_t* ep_out, DecodeTotals& t) {
+    oversize_ = false;
     const size_t ops0 = ops.size(), words0 = words.size(), tokens0 = tokens.size();
     const auto rollback = [&] {
       ops.resize(ops0);
@@ -437,11 +461,11 @@ class BatchDecoder {
       MpVal ev;
       if (!r.Head(&pos, &ev)) return false;
       if (ev.kind == MpKind::kArray) {
-        if (!ArrayEvent(r, ev, ep, t, &pos)) return false;
+        if (!ArrayEvent(r, ev, ep, t, &pos) || oversize_) return false;
         continue;
       }
       if (ev.kind == MpKind::kMap) {
-        if (!MapEvent(r, ev, ep, t, &pos)) return false;
+        if (!MapEvent(r, ev, ep, t, &pos) || oversize_) return false;
         continue;
       }
       pos = at;
@@ -557,6 +581,7 @@ class BatchDecoder {
       return;
     }
     if (ep < 0 || n == 0) return;
+    if (!Room(4 + 2 * n + toks.u + kOpWords)) return;
     const bool has_parent = At(r, fs[kParent], &parent) && parent.kind != MpKind::kNil;
     const size_t w0 = words.size();
     words.resize(w0 + 4 + 2 * n);
@@ -638,6 +663,7 @@ class BatchDecoder {
     }
     const uint64_t n = hashes.u;
     if (ep < 0 || n == 0) return;
+    if (!Room(2 * n + kOpWords)) return;
     const size_t w0 = words.size();
     words.resize(w0 + 2 * n);
     size_t pos = hashes.data;

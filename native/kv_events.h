@@ -203,6 +203,13 @@ class EventMap {
 
   static uint64_t Word(const uint32_t* p) { return (static_cast<uint64_t>(p[0]) << 32) | p[1]; }
 
+ public:
+  // After a call: frees what one big event made the key scratch grow to (it keeps up to 8 MiB).
+  void Trim() {
+    if (scratch_.capacity() > (size_t{1} << 20)) std::vector<uint64_t>().swap(scratch_);
+  }
+
+ private:
   std::vector<EpMap> maps_;
   std::vector<uint64_t> scratch_;
   uint32_t limit_ = kDefaultMapLimit;

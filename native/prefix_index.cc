@@ -334,6 +334,8 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
     const double v[13] = {t.stored, t.removed, t.orphans, t.unknown, t.forgotten, d.events, d.unknown_events,
                           d.bad_events, d.bad_hashes, d.block_size_mismatch, d.dropped_ranks, d.malformed, d.batches};
     for (int k = 0; k < 13; k++) out[k] += v[k];
+    decoder_.Trim();
+    events_->Trim();
     ReportMemory(info.Env());
     if (err != nullptr) ThrowRange(info.Env(), err);  // not reached: the decoder only makes valid records
   }

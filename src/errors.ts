@@ -22,19 +22,28 @@
 // | FlagError (sim CLI)   | src/sim/cli.ts             | SWY_ERR_SIM_FLAG          |
 // | PoolingError          | src/sim/pooling.ts         | SWY_ERR_SIM_POOLING       |
 // | PdRuleError           | src/sim/pd.ts              | SWY_ERR_SIM_PD_RULE       |
+// | ResponsesError        | src/responses/request.ts   | SWY_ERR_RESPONSES_REQUEST (swyCode; `code` the OpenAI code) |
+// | BatchApiError         | src/batch/store.ts         | SWY_ERR_BATCH_API (swyCode; `code` the OpenAI code) |
+// | UpstreamSocketError   | src/proxy/upstream.ts      | SWY_ERR_UPSTREAM_SOCKET (swyCode; `code` the errno name) |
 //
-// Not yet SwitchyardErrors: ResponsesError (src/responses/request.ts),
-// BatchApiError (src/batch/api.ts) and UpstreamSocketError
-// (src/proxy/upstream.ts) use `code` for the OpenAI error code or the socket
-// errno, which the Responses API, Batches and the upstream clients read (docs/errors.md).
+// `swyCode` is the SWY_ERR_* code of every class. For all but the last three
+// it is `code` itself; those three keep `code` for what the wire and their
+// readers need (the OpenAI error code of a Responses or Batches answer,
+// undefined / null when the status's default applies; the socket's errno-style
+// name, ECONNRESET, ETIMEDOUT), so `C` types `code` per class.
 
-export class SwitchyardError extends Error {
-  readonly code: string;
+export class SwitchyardError<C extends string | null | undefined = string> extends Error {
+  readonly code: C;
   /** `code`: the subclass's SWY_ERR_* code when it does not declare one as a field. */
-  constructor(message: string, options?: { cause?: unknown; code?: string }) {
+  constructor(message: string, options?: { cause?: unknown; code?: C }) {
     super(message, options);
     this.name = new.target.name;
-    this.code = options?.code ?? 'SWY_ERR_GENERIC';
+    this.code = options?.code ?? ('SWY_ERR_GENERIC' as C);
+  }
+
+  /** The stable SWY_ERR_* code (docs/errors.md): `code`, unless the class keeps `code` for a wire code. */
+  get swyCode(): string {
+    return this.code as string;
   }
 }
 

@@ -11,6 +11,9 @@ import { FlowController, type AdmitResult } from '../../src/flow/controller.js';
 import { validateFlowControl } from '../../src/flow/config.js';
 import { option } from '../lib/proc.js';
 import { fmt } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const PROMPT = { long: 8192, short: 256 } as const;
 type Tenant = keyof typeof PROMPT;

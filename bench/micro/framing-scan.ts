@@ -8,6 +8,9 @@
 import { connect } from 'node:net';
 import { uws } from '../../src/uws.js';
 import { framingProblem } from '../../src/server/core.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const i = argv.indexOf('--iterations');

@@ -18,6 +18,9 @@ import { runInNewContext } from 'node:vm';
 import { cpus, loadavg } from 'node:os';
 import { MatchResult, PrefixIndex } from '../../bindings/prefix-index.js';
 import { PrefixIndexModel } from '../../testkit/reference/prefix-index-model.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const args = new Set(process.argv.slice(2));
 const QUICK = args.has('--quick');

@@ -34,6 +34,9 @@ import { EventBatchEncoder, type DecodeCounts } from '../../src/kv-events/decode
 import { KvEventFeed } from '../../src/kv-events/feed.js';
 import { KvEventPublisher, KV_EVENTS_DEFAULTS } from '../../src/sim/kv-events.js';
 import type { Histogram } from '../../src/metrics/histogram.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const args = new Set(process.argv.slice(2));
 const QUICK = args.has('--quick');

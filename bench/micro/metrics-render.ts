@@ -9,6 +9,9 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { ROOT, option, runMain } from '../lib/proc.js';
 import { median } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const base = option(argv, '--base') ?? '';

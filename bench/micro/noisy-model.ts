@@ -15,6 +15,9 @@ import { FlowController, type AdmitResult } from '../../src/flow/controller.js';
 import { validateFlowControl } from '../../src/flow/config.js';
 import { option } from '../lib/proc.js';
 import { fmt, quantile } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 interface Shape {
   rounds: number;

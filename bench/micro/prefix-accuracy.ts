@@ -21,6 +21,9 @@ import { Scheduler } from '../../src/scheduler/scheduler.js';
 import { startFleet } from '../../src/sim/index.js';
 import { SimTokenizer } from '../../src/tokenize/tokenizer.js';
 import { rng } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const args = new Set(process.argv.slice(2));
 const QUICK = args.has('--quick');

@@ -10,6 +10,9 @@
 //   native    1/4 producers (worker_threads) enqueueBatch, main thread dequeueBatch
 import { Worker, isMainThread, parentPort, workerData } from 'node:worker_threads';
 import { FlowQueues, FLOW_RECORD_WORDS } from '../../bindings/flow-queues.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 1);
 const BATCH = 256;

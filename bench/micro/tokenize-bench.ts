@@ -17,6 +17,9 @@ import { startEngine } from '../../src/sim/index.js';
 import { HfTokenizer } from '../../src/tokenize/hf-tokenizer.js';
 import { TokenSource } from '../../src/tokenize/source.js';
 import { EngineTokenizer, SimTokenizer, type Tokenizer } from '../../src/tokenize/tokenizer.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const QUICK = process.argv.includes('--quick');
 const N = QUICK ? 300 : 2000;

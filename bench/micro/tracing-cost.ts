@@ -16,6 +16,9 @@ import { appendTraceHeaders } from '../../src/proxy/trace-context.js';
 import { median } from '../lib/stats.js';
 import { option, runMain } from '../lib/proc.js';
 import { progress } from '../../src/progress.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const requests = Number(option(argv, '--requests') ?? '200000');

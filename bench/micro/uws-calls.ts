@@ -7,6 +7,9 @@
 // answer's headers.
 //   node dist/bench/uws-calls.js [--iterations 300000]
 import { uws } from '../../src/uws.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const i = argv.indexOf('--iterations');

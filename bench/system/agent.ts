@@ -35,6 +35,16 @@
 //                 block as session+turn-priority (prefill-backlog term on):
 //                 what the hold does without pins (an attribution run).
 //
+// --workload tools makes every conversation an agent's tool loop: each turn
+// declares a function tool, the model calls it (tool_choice "required"; the
+// last turn "none": the answer), and the next turn sends the tool's output
+// back as a function_call_output item chained by previous_response_id, so
+// the context grows by a call and its output every turn. TTFT is then the
+// first output event of any kind (function_call_arguments.delta or text).
+// --engine model runs the fleet on the reference engine model
+// (testkit/reference/engine-model.ts: its own prefix cache, compute queue and
+// decode loop, sharing no code with the simulator) instead of the simulator.
+//
 // Reported per run: per-turn TTFT p50/p90 (all turns, and turns 2..8),
 // conversation completion time p50/p90 (first request sent → last answer
 // read), the engines' prefix-cache hit rate (usage.input_tokens_details),
@@ -43,13 +53,16 @@
 //
 //   node dist/bench/agent.js [--quick] [--rates 2,4,8,16,32] [--policies round-robin,prefix-only,session]
 //                            [--conversations 64] [--turns 8] [--engines 8] [--kv-cache-blocks 1400] [--time-scale 3]
-//                            [--distinct-system] [--task-tokens 256] [--json out.json]
+//                            [--distinct-system] [--task-tokens 256] [--workload chat|tools] [--engine sim|model] [--json out.json]
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, freePort, freePortRange, start, waitReady, option, runMain } from '../lib/proc.js';
+import { CLI, ROOT, freePort, freePortRange, start, waitReady, option, runMain } from '../lib/proc.js';
 import { expGap, fmt, quantile, rng } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const NO_SESSION_FILTERS = '  filters: [model, healthy, role]\n';
 export const AGENT_POLICIES: Record<string, string> = {
@@ -75,6 +88,8 @@ interface Shape {
   outputTokens: number;
   /** Pause between an answer and the next turn (the agent's tool call), ms. */
   thinkMs: number;
+  /** tools: each turn a function call, its output the next turn's input (function_call_output). */
+  tools: boolean;
 }
 
 interface Fleet {
@@ -111,10 +126,11 @@ interface RunResult {
 }
 
 /** One streamed turn through POST /v1/responses (the chain continued by `previous_response_id`). */
-async function turn(pool: Pool, body: string, r: RunResult): Promise<{ id: string; ttft: number } | null> {
+async function turn(pool: Pool, body: string, r: RunResult): Promise<{ id: string; ttft: number; callId: string } | null> {
   const t0 = performance.now();
   let first = 0;
   let id = '';
+  let callId = '';
   let tail = '';
   try {
     const res = await pool.request({ method: 'POST', path: '/v1/responses', headers: { 'content-type': 'application/json' }, body });
@@ -133,13 +149,14 @@ async function turn(pool: Pool, body: string, r: RunResult): Promise<{ id: strin
         const at = ev.indexOf('\ndata: ');
         if (at < 0) continue;
         const type = ev.slice(ev.startsWith('event: ') ? 7 : 0, at);
-        if (type === 'response.output_text.delta') {
+        if (type === 'response.output_text.delta' || type === 'response.function_call_arguments.delta' || type === 'response.reasoning_text.delta') {
           if (first === 0) first = performance.now();
           continue;
         }
         if (type === 'response.completed' || type === 'response.incomplete') {
           const j = JSON.parse(ev.slice(at + 7));
           id = j.response.id;
+          for (const o of j.response.output) if (o.type === 'function_call') callId = o.call_id;
           const u = j.response.usage;
           if (u) {
             r.promptTokens += u.input_tokens;
@@ -156,8 +173,11 @@ async function turn(pool: Pool, body: string, r: RunResult): Promise<{ id: strin
     if (r.errorSamples.length < 3) r.errorSamples.push(`client: ${(e as Error).message}`);
     return null;
   }
-  return { id, ttft: first - t0 };
+  return { id, ttft: first - t0, callId };
 }
+
+/** The tool every turn of the tools workload declares. */
+const LOOKUP_TOOL = [{ type: 'function', name: 'lookup', description: 'look something up', parameters: { type: 'object', properties: { q: { type: 'string' } }, required: ['q'] } }];
 
 async function runLoad(url: string, shape: Shape, rate: number, seed: number): Promise<RunResult> {
   const pool = new Pool(url, { connections: 1024, pipelining: 1 });
@@ -181,13 +201,23 @@ async function runLoad(url: string, shape: Shape, rate: number, seed: number): P
       (async () => {
         const c0 = performance.now();
         let previous: string | null = null;
+        let callId = '';
         for (let i = 0; i < shape.turns; i++) {
+          // tools: turn i > 0 answers the previous turn's call with the tool's output (the user text stands for it)
+          const input = shape.tools && i > 0 ? [{ type: 'function_call_output', call_id: callId, output: users[i]! }] : users[i]!;
+          const tools = shape.tools ? { tools: LOOKUP_TOOL, tool_choice: i + 1 < shape.turns ? 'required' : 'none' } : {};
           const body = JSON.stringify({
-            model: 'open-model', instructions, input: users[i]!, max_output_tokens: shape.outputTokens, stream: true,
+            model: 'open-model', instructions, input, max_output_tokens: shape.outputTokens, stream: true, ...tools,
             ...(previous === null ? {} : { previous_response_id: previous }),
           });
           const a = await turn(pool, body, r);
           if (a === null) return;
+          if (shape.tools && i + 1 < shape.turns && a.callId === '') {
+            r.errors++;
+            if (r.errorSamples.length < 3) r.errorSamples.push(`turn ${i}: no function_call in a tool_choice "required" turn`);
+            return;
+          }
+          callId = a.callId;
           r.ttft.push(a.ttft);
           if (i > 0) r.ttftLater.push(a.ttft);
           previous = a.id;
@@ -263,7 +293,10 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
     userTokens: 128,
     outputTokens: 16,
     thinkMs: 100,
+    tools: arg('--workload') === 'tools',
   };
+  const engine = arg('--engine') ?? 'sim';
+  if (engine !== 'sim' && engine !== 'model') throw new Error(`--engine must be sim or model (got ${engine})`);
   const fleet: Fleet = {
     engines: Number(arg('--engines') ?? 8),
     kvCacheBlocks: Number(arg('--kv-cache-blocks') ?? 1400),
@@ -287,12 +320,22 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
       let sim: ReturnType<typeof start> | null = null;
       for (let attempt = 0; sim === null; attempt++) {
         base = await freePortRange(fleet.engines);
-        const p = start('sim', process.execPath, [
-          CLI, 'sim', '--fleet', String(fleet.engines), '--base-port', String(base),
-          '--max-num-seqs', String(fleet.maxNumSeqs), '--kv-cache-blocks', String(fleet.kvCacheBlocks),
-          '--block-size', String(fleet.blockSize), '--prefill-us-per-token', String(fleet.prefillUsPerToken),
-          '--prefill-overhead-ms', String(fleet.prefillOverheadMs), '--itl-ms', String(fleet.itlMs), '--time-scale', String(fleet.timeScale),
-        ]);
+        // the reference engine model: the same cache capacity in tokens (64-token blocks of 256 characters), the same costs
+        const blockTokens = 64;
+        const p =
+          engine === 'model'
+            ? start('engine-model', process.execPath, [
+                `${ROOT}/dist/testkit/reference/engine-model.js`, '--fleet', String(fleet.engines), '--base-port', String(base),
+                '--max-running', String(fleet.maxNumSeqs), '--cache-blocks', String(Math.floor((fleet.kvCacheBlocks * fleet.blockSize) / blockTokens)),
+                '--block-chars', String(blockTokens * BYTES_PER_TOKEN), '--prefill-us-per-block', String(fleet.prefillUsPerToken * blockTokens),
+                '--prefill-ms', String(fleet.prefillOverheadMs), '--itl-ms', String(fleet.itlMs), '--time-scale', String(fleet.timeScale),
+              ])
+            : start('sim', process.execPath, [
+                CLI, 'sim', '--fleet', String(fleet.engines), '--base-port', String(base),
+                '--max-num-seqs', String(fleet.maxNumSeqs), '--kv-cache-blocks', String(fleet.kvCacheBlocks),
+                '--block-size', String(fleet.blockSize), '--prefill-us-per-token', String(fleet.prefillUsPerToken),
+                '--prefill-overhead-ms', String(fleet.prefillOverheadMs), '--itl-ms', String(fleet.itlMs), '--time-scale', String(fleet.timeScale),
+              ]);
         try {
           for (let i = 0; i < fleet.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`, 60_000);
           sim = p;
@@ -340,7 +383,8 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
   }
   const convBlocks = Math.ceil((shape.systemTokens + shape.taskTokens + shape.turns * (shape.userTokens + shape.outputTokens + 8)) / fleet.blockSize);
   const config =
-    `fleet: ${fleet.engines} simulated vLLM engines, kv-cache-blocks ${fleet.kvCacheBlocks} × ${fleet.blockSize} tokens ` +
+    (shape.tools ? 'workload: tool loops (each turn a function call answered by a function_call_output next turn; the last turn text); ' : '') +
+    `fleet: ${fleet.engines} ${engine === 'model' ? 'reference engine models (testkit/reference/engine-model.ts)' : 'simulated vLLM engines'}, kv-cache-blocks ${fleet.kvCacheBlocks} × ${fleet.blockSize} tokens ` +
     `(a whole conversation is ~${convBlocks} blocks: each engine holds ~${Math.floor(fleet.kvCacheBlocks / convBlocks)} of them, ` +
     `${Math.ceil(shape.conversations / fleet.engines)} per engine if spread evenly), max-num-seqs ${fleet.maxNumSeqs}, ` +
     `prefill ${fleet.prefillOverheadMs} ms + ${fleet.prefillUsPerToken} µs/uncached token (serial, stalls decode), ITL ${fleet.itlMs} ms, ` +
@@ -393,6 +437,7 @@ export function agentRatios(rows: AgentRow[]): string {
     s +=
       `- ${rate} conv/s: TTFT p90 round-robin / session = ${rr ? fmt(rr.ttftP90 / se.ttftP90, 2) : '—'}×, ` +
       `prefix-only / session = ${po ? fmt(po.ttftP90 / se.ttftP90, 2) : '—'}×; ` +
+      `warm turns (2+) TTFT p90 round-robin / session = ${rr ? fmt(rr.laterP90 / se.laterP90, 2) : '—'}×; ` +
       `conversation p90 round-robin / session = ${rr ? fmt(rr.convP90 / se.convP90, 2) : '—'}×, prefix-only / session = ${po ? fmt(po.convP90 / se.convP90, 2) : '—'}×\n`;
   }
   return s;

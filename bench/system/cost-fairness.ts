@@ -19,6 +19,9 @@ import { join } from 'node:path';
 import { Pool } from 'undici';
 import { CLI, freePort, freePortRange, simRouterYaml, start, waitReady, type Proc, option } from '../lib/proc.js';
 import { fmt } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 type Mode = 'tokens' | 'requests';
 

@@ -25,6 +25,9 @@ import { Pool } from 'undici';
 import { CLI, cpuSeconds, freePort, option, runMain, start, waitReady } from '../lib/proc.js';
 import { median, quantile } from '../lib/stats.js';
 import { decide, extProcClient, respond } from '../../testkit/envoy-client.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const GROUPS = 16;
 function body(g: number, q: number): string {

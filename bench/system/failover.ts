@@ -33,6 +33,9 @@ import { Agent, request } from 'undici';
 import { CLI, freePort, option, runMain, start, waitReady, type Proc } from '../lib/proc.js';
 import { which } from '../lib/proxies.js';
 import { rng } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const GROUPS = 96;
 function systemPrompt(g: number): string {

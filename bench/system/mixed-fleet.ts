@@ -25,6 +25,9 @@ import { join } from 'node:path';
 import { Pool } from 'undici';
 import { CLI, freePort, freePortRange, start, waitReady, option, runMain, type Proc } from '../lib/proc.js';
 import { expGap, fmt, quantile, rng } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const rates = (option(argv, '--rates') ?? '3,4.5,6,7.5').split(',').map(Number);

@@ -32,6 +32,9 @@ import { join } from 'node:path';
 import { Pool } from 'undici';
 import { CLI, freePort, freePortRange, simRouterYaml, start, waitReady, type Proc, option } from '../lib/proc.js';
 import { fmt, quantile } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const MODES = ['fair', 'fair-q0', 'arrival'] as const;
 type Mode = (typeof MODES)[number];

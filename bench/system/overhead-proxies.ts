@@ -18,6 +18,9 @@ import { CLI, ROOT, freePort, start, treeCpuSeconds, waitReady, type Proc, optio
 import { pinned, startHaproxy, startNginx } from '../lib/proxies.js';
 import { hasWrk, runWrk, type WrkResult } from '../lib/wrk.js';
 import { fmt, quantile } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const median = (xs: number[]) => quantile(xs, 0.5);
 

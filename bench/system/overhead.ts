@@ -27,6 +27,9 @@ import { fileURLToPath } from 'node:url';
 import { CLI, cpuSeconds, freePort, start, waitReady, runMain, option } from '../lib/proc.js';
 import { hasWrk, runWrk } from '../lib/wrk.js';
 import { median } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const arg = (name: string, def: string) => option(argv, name) ?? def;

@@ -16,6 +16,9 @@ import { startRouter } from '../../src/server/router.js';
 import { registry } from '../../src/scheduler/plugins/index.js';
 import { rollout } from '../../src/server/rollout.js';
 import { quantile } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const { values: a } = parseArgs({
   options: {

@@ -36,6 +36,9 @@ import { startRouter } from '../../src/server/router.js';
 import { registry } from '../../src/scheduler/plugins/index.js';
 import { expGap, median, quantile, rng } from '../lib/stats.js';
 import http from 'node:http';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const { values: a } = parseArgs({
   options: {

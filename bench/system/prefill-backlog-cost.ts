@@ -27,6 +27,9 @@ import { join } from 'node:path';
 import { Pool } from 'undici';
 import { CLI, freePort, freePortRange, simRouterYaml, start, waitReady, type Proc, option } from '../lib/proc.js';
 import { fmt } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const US_PER_TOKEN = 50;
 /** Output tokens per request (--max-tokens; cost-fairness: 16). */

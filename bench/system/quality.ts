@@ -46,6 +46,9 @@ import { join } from 'node:path';
 import { Pool } from 'undici';
 import { CLI, freePort, freePortRange, start, waitReady, option } from '../lib/proc.js';
 import { expGap, fmt, mean, quantile, rng } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 export const POLICIES: Record<string, string> = {
   'round-robin': 'scheduling:\n  scorers: []\n  picker: round-robin\n',

@@ -28,6 +28,9 @@ import { performance as perfHooks } from 'node:perf_hooks';
 import { RedisStore } from '../../src/responses/redis-store.js';
 import type { ResponseStore, StoredResponse } from '../../src/responses/store.js';
 import { RESPONSES_DEFAULTS, type ResponsesConfig } from '../../src/config/responses.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const seconds = Number(option(argv, '--seconds') ?? '3');

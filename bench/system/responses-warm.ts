@@ -15,6 +15,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CLI, freePort, start, waitReady, runMain, option, type Proc } from '../lib/proc.js';
 import { median } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const conversations = Number(option(argv, '--conversations') ?? '12');

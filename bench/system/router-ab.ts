@@ -27,6 +27,9 @@ import { CLI, ROOT, cpuSeconds, freePort, start, waitReady, type Proc, runMain, 
 import { hasWrk, runWrk } from '../lib/wrk.js';
 import { median } from '../lib/stats.js';
 import { progress } from '../../src/progress.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const arg = (name: string, def: string) => option(argv, name) ?? def;

@@ -24,6 +24,9 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { cpuSeconds } from '../lib/proc.js';
 import { median } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const SELF = fileURLToPath(import.meta.url);
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark, briefly.', max_tokens: 8 });

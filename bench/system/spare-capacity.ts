@@ -38,6 +38,9 @@ import { Pool } from 'undici';
 import { connect } from 'node:net';
 import { CLI, freePort, freePortRange, start, waitReady, option, runMain, type Proc } from '../lib/proc.js';
 import { expGap, fmt, quantile, rng } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const BATCH = Number(option(argv, '--batch') ?? '10000');

@@ -2,25 +2,29 @@
 // and throughput with each upstream client, in one run. One simulated engine
 // at --time-scale 0 and one router process per client (same config apart from
 // `proxy.client`), loaded in turn by wrk (1 thread) at several connection
-// counts, in interleaved rounds (h1, native, h1, native, ... with the order
+// counts, in interleaved rounds (native, undici, native, undici, ... with the order
 // flipped every round) so the VM's drift hits every client alike. CPU per
 // request comes from /proc/<pid>/stat (utime + stime) over each wrk run
 // divided by the requests wrk completed: it depends little on contention from
 // other jobs, unlike req/s.
-//   node dist/bench/upstream-clients.js [--seconds 3] [--rounds 3] [--connections 16,64,256] [--clients h1,native] [--json]
+//   node dist/bench/upstream-clients.js [--seconds 3] [--rounds 3] [--connections 16,64,256] [--clients native,undici] [--json]
+// (`h1`, the retired TypeScript client, is now an older name of native)
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CLI, cpuSeconds, freePort, start, waitReady, type Proc, runMain, option } from '../lib/proc.js';
 import { hasWrk, runWrk } from '../lib/wrk.js';
 import { median } from '../lib/stats.js';
+import { exitOnHelp } from '../lib/help.js';
+
+exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const arg = (name: string, def: string) => option(argv, name) ?? def;
 const seconds = Number(arg('--seconds', '3'));
 const rounds = Number(arg('--rounds', '3'));
 const connections = arg('--connections', '16,64,256').split(',').map(Number);
-const clients = arg('--clients', 'h1,native').split(',');
+const clients = arg('--clients', 'native,undici').split(',');
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
 
 

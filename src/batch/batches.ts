@@ -4,9 +4,9 @@
 import { randomBytes } from 'node:crypto';
 import { cancelKey } from './processor.js';
 import { move, type Status } from './tracker.js';
-import { BATCH_ID, BatchApiError, json, now, type ApiAnswer, type BatchHash, type BatchStore } from './store.js';
+import { BATCH_ID, BatchApiError, expiresAfter, json, now, type ApiAnswer, type BatchHash, type BatchStore } from './store.js';
 
-export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/completions'] as const;
+export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/responses'] as const;
 export const COMPLETION_WINDOW = '24h';
 const num = (s: string | undefined) => (s === undefined || s === '' ? null : Number(s));
 
@@ -39,6 +39,11 @@ export class Batches {
       const ok = typeof md === 'object' && !Array.isArray(md) && Object.keys(md).length <= 16 && Object.entries(md).every(([k, v]) => k.length <= 64 && typeof v === 'string' && v.length <= 512);
       if (!ok) throw new BatchApiError(400, 'metadata must be an object of at most 16 string values (keys ≤ 64, values ≤ 512 characters)', 'metadata', 'invalid_value');
     }
+    // output_expires_after: the expiry of its output and error files, from their own creation
+    const oe = o.output_expires_after;
+    if (oe !== undefined && (oe === null || typeof oe !== 'object' || Array.isArray(oe))) throw new BatchApiError(400, 'output_expires_after must be an object {anchor: "created_at", seconds}', 'output_expires_after', 'invalid_value');
+    const oeo = (oe ?? {}) as Record<string, unknown>;
+    const outputExpires = oe === undefined ? 0 : expiresAfter(oeo.anchor ?? null, oeo.seconds ?? null, 'output_expires_after', this.#s.cfg.minExpiresAfterSeconds);
     const file = await this.#s.fileMeta(o.input_file_id, tenant);
     if (file === null) throw new BatchApiError(400, `input_file_id ${JSON.stringify(o.input_file_id)}: no such file`, 'input_file_id', 'file_not_found');
     if (file.purpose !== 'batch') throw new BatchApiError(400, `input_file_id ${JSON.stringify(o.input_file_id)} has purpose "${file.purpose}", not "batch"`, 'input_file_id', 'invalid_file_purpose');
@@ -55,6 +60,7 @@ export class Batches {
       skipped: '0',
       enqueued: '0',
       tenant,
+      output_expires_after: outputExpires > 0 ? String(outputExpires) : '',
     };
     await this.#s.redis.multi().hset(this.#s.batchKey(id), h).zadd(this.#s.batches(tenant), Date.now(), id).sadd(this.#s.active, id).exec();
     this.#kick(id);
@@ -113,28 +119,34 @@ export class Batches {
   }
 }
 
+/**
+ * The Batch object. Fields the reference types as optional and not nullable
+ * (errors, the output/error file ids, the timestamps of states not reached)
+ * are left out until they have a value, never sent as null.
+ */
 function batchObject(id: string, h: BatchHash, expireAfterSeconds: number): Record<string, unknown> {
   const created = Number(h.created_at);
-  return {
-    id,
-    object: 'batch',
-    endpoint: h.endpoint,
-    errors: h.errors ? { object: 'list', data: JSON.parse(h.errors) as unknown } : null,
-    input_file_id: h.input_file_id,
-    completion_window: COMPLETION_WINDOW,
-    status: h.status,
-    output_file_id: h.output_file_id || null,
-    error_file_id: h.error_file_id || null,
-    created_at: created,
-    in_progress_at: num(h.in_progress_at),
-    expires_at: created + expireAfterSeconds,
-    finalizing_at: num(h.finalizing_at),
-    completed_at: num(h.completed_at),
-    failed_at: num(h.failed_at),
-    expired_at: num(h.expired_at),
-    cancelling_at: num(h.cancelling_at),
-    cancelled_at: num(h.cancelled_at),
-    request_counts: { total: Number(h.total), completed: Number(h.completed), failed: Number(h.failed) },
-    metadata: h.metadata ? (JSON.parse(h.metadata) as unknown) : null,
+  const o: Record<string, unknown> = { id, object: 'batch', endpoint: h.endpoint };
+  if (h.errors) o.errors = { object: 'list', data: JSON.parse(h.errors) as unknown };
+  o.input_file_id = h.input_file_id;
+  o.completion_window = COMPLETION_WINDOW;
+  o.status = h.status;
+  if (h.output_file_id) o.output_file_id = h.output_file_id;
+  if (h.error_file_id) o.error_file_id = h.error_file_id;
+  o.created_at = created;
+  const at = (k: 'in_progress_at' | 'finalizing_at' | 'completed_at' | 'failed_at' | 'expired_at' | 'cancelling_at' | 'cancelled_at') => {
+    const v = num(h[k]);
+    if (v !== null) o[k] = v;
   };
+  at('in_progress_at');
+  o.expires_at = created + expireAfterSeconds;
+  at('finalizing_at');
+  at('completed_at');
+  at('failed_at');
+  at('expired_at');
+  at('cancelling_at');
+  at('cancelled_at');
+  o.request_counts = { total: Number(h.total), completed: Number(h.completed), failed: Number(h.failed) };
+  o.metadata = h.metadata ? (JSON.parse(h.metadata) as unknown) : null;
+  return o;
 }

@@ -3,7 +3,7 @@
 import { randomBytes } from 'node:crypto';
 import { checkJsonlOffLoop } from './jsonl-check.js';
 import { parseMultipart } from './multipart.js';
-import { BatchApiError, FILE_ID, fileObject, json, noSuchFile, type ApiAnswer, type BatchHash, type BatchStore } from './store.js';
+import { BatchApiError, expired, expiresAfter, FILE_ID, fileObject, json, noSuchFile, type ApiAnswer, type BatchHash, type BatchStore } from './store.js';
 
 export class Files {
   readonly #s: BatchStore;
@@ -22,10 +22,13 @@ export class Files {
     if (p !== 'batch') throw new BatchApiError(400, `purpose must be "batch": this router stores batch input files only (got ${JSON.stringify(p.slice(0, 64))})`, 'purpose', 'invalid_value');
     const file = parts.get('file');
     if (file === undefined || file.filename === null) throw new BatchApiError(400, "missing required parameter 'file' (a part with a filename)", 'file', 'missing_required_parameter');
+    // expires_after {anchor, seconds}, as the SDKs send it in a form: expires_after[anchor], expires_after[seconds]
+    const field = (k: string) => parts.get(`expires_after[${k}]`)?.data.toString('utf8');
+    const expires = expiresAfter(field('anchor'), field('seconds'), 'expires_after', this.#s.cfg.minExpiresAfterSeconds);
     // a large file is checked in a worker thread (the body's memory is this call's alone: batch-http built it)
     const { problem, data } = await checkJsonlOffLoop(file.data, owned);
     if (problem !== null) throw new BatchApiError(400, `file is not valid JSONL for a batch: ${problem}`, 'file', 'invalid_file_format');
-    const meta = await this.#s.storeFile(`file-${randomBytes(16).toString('hex')}`, file.filename, 'batch', data, tenant);
+    const meta = await this.#s.storeFile(`file-${randomBytes(16).toString('hex')}`, file.filename, 'batch', data, tenant, expires);
     return { status: 200, body: json(meta) };
   }
 
@@ -78,7 +81,7 @@ export class Files {
       const rows = (await pipe.exec()) ?? [];
       for (let i = 0; i < ids.length; i++) {
         const h = rows[i]?.[1] as BatchHash | undefined;
-        if (h?.purpose === undefined || (purpose !== null && h.purpose !== purpose)) continue;
+        if (h?.purpose === undefined || (purpose !== null && h.purpose !== purpose) || expired(h)) continue;
         if (data.length === limit) {
           hasMore = true;
           break;
@@ -95,24 +98,11 @@ export class Files {
     const h = await this.#s.fileMeta(id, tenant);
     if (h === null) throw noSuchFile(id);
     if (h.purpose === 'batch') {
-      const by = await this.#activeBatchUsing(id);
+      const by = await this.#s.activeBatchUsing(id);
       if (by !== null) throw new BatchApiError(409, `file ${id} is the input of batch ${by}, which is not finished: cancel it or wait for it to end, then delete the file`, 'file_id', 'file_in_use');
     }
     // the record is checked to be this tenant's first, and the tenant never changes: the delete cannot reach another's file
     if ((await this.#s.redis.deleteFile(this.#s.fileKey(id), this.#s.fileData(id), this.#s.files(tenant), this.#s.usage(tenant), id)) === 0) throw noSuchFile(id);
     return { status: 200, body: json({ id, object: 'file', deleted: true }) };
-  }
-
-  /** The active batch (of any tenant: a file is only ever its owner's batches' input) that reads `fileId`, or null. */
-  async #activeBatchUsing(fileId: string): Promise<string | null> {
-    const ids = await this.#s.redis.smembers(this.#s.active);
-    for (let i = 0; i < ids.length; i += 500) {
-      const pipe = this.#s.redis.pipeline();
-      const page = ids.slice(i, i + 500);
-      for (const b of page) pipe.hget(this.#s.batchKey(b), 'input_file_id');
-      const rows = (await pipe.exec()) ?? [];
-      for (let j = 0; j < page.length; j++) if (rows[j]?.[1] === fileId) return page[j];
-    }
-    return null;
   }
 }

@@ -27,7 +27,8 @@ import type { Logger } from 'pino';
 import type { BatchConfig, BatchQuota } from '../config/batch.js';
 import type { Rejected } from '../admission.js';
 import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
-import { KIND_CHAT, KIND_COMPLETION, type ClientPort, type Director } from '../director/director.js';
+import { KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, type ClientPort, type Director } from '../director/director.js';
+import { KIND_RESPONSES } from '../director/kinds.js';
 import { errorBody } from '../proxy/error-shape.js';
 import { ANONYMOUS, type Caller } from '../identity.js';
 
@@ -96,12 +97,22 @@ export function parseEntry(entryId: string, fields: readonly string[]): BatchEnt
   const b = body as Record<string, unknown>;
   if (typeof b.model !== 'string' || b.model === '') return 'body.model must be a non-empty string';
   const path = f.get('path') ?? (Array.isArray(b.messages) ? '/v1/chat/completions' : '/v1/completions');
-  if (path !== '/v1/chat/completions' && path !== '/v1/completions') return `field "path" must be /v1/chat/completions or /v1/completions (got ${JSON.stringify(path.slice(0, 64))})`;
-  const maxTokens = typeof b.max_tokens === 'number' ? b.max_tokens : typeof b.max_completion_tokens === 'number' ? b.max_completion_tokens : 16;
+  const kind = PATH_KINDS[path];
+  if (kind === undefined) return `field "path" must be one of ${Object.keys(PATH_KINDS).join(', ')} (got ${JSON.stringify(path.slice(0, 64))})`;
+  const maxTokens =
+    typeof b.max_tokens === 'number'
+      ? b.max_tokens
+      : typeof b.max_completion_tokens === 'number'
+        ? b.max_completion_tokens
+        : typeof b.max_output_tokens === 'number'
+          ? b.max_output_tokens
+          : kind === KIND_EMBEDDINGS
+            ? 0
+            : 16;
   return {
     entryId,
     requestId: id,
-    kind: path === '/v1/chat/completions' ? KIND_CHAT : KIND_COMPLETION,
+    kind,
     body: Buffer.from(raw),
     model: b.model,
     target: m[1] as 'stream' | 'key',
@@ -110,6 +121,19 @@ export function parseEntry(entryId: string, fields: readonly string[]): BatchEnt
     tokens: Math.ceil(raw.length / 4) + maxTokens,
     batch: f.get('batch') ?? '',
   };
+}
+
+/** The paths a batch request may name, and the kind each is served as (/v1/responses: by the Responses API). */
+const PATH_KINDS: Record<string, number> = {
+  '/v1/chat/completions': KIND_CHAT,
+  '/v1/completions': KIND_COMPLETION,
+  '/v1/embeddings': KIND_EMBEDDINGS,
+  '/v1/responses': KIND_RESPONSES,
+};
+
+/** What the processor needs of the Responses API: a turn from a complete body, answered through a ClientPort. */
+export interface BatchResponses {
+  begin(port: ClientPort, tenant: string, requestId: string, authorization: string, headers: Readonly<Record<string, string>>, raw: Buffer): unknown;
 }
 
 /** Collects one batch request's answer (a ClientPort for the director). */
@@ -150,6 +174,8 @@ export interface BatchProcessorOptions {
   log: Logger;
   /** The band name batch requests ask for (x-priority); default config.band. */
   band?: string;
+  /** The Responses API, for /v1/responses requests (absent: they answer 404). */
+  responses?: BatchResponses | null;
 }
 
 export class BatchProcessor {
@@ -160,6 +186,7 @@ export class BatchProcessor {
   readonly #endpoints: EndpointSet;
   readonly #log: Logger;
   readonly #band: string;
+  readonly #responses: BatchResponses | null;
   /** Commands (results, acks, markers). */
   readonly #redis: Redis;
   /** Blocking reads. */
@@ -185,6 +212,7 @@ export class BatchProcessor {
     this.#endpoints = o.endpoints;
     this.#log = o.log;
     this.#band = o.band ?? o.config.band ?? '';
+    this.#responses = o.responses ?? null;
     const opts = { lazyConnect: true, maxRetriesPerRequest: 1, enableOfflineQueue: true, retryStrategy: (n: number) => Math.min(50 * n, 1000) };
     this.#redis = new Redis(o.config.redis, opts);
     this.#reader = new Redis(o.config.redis, opts);
@@ -366,9 +394,22 @@ export class BatchProcessor {
       for (const n of this.#director.gate.headerNames) headers[n] = '';
       if (this.#band !== '') headers['x-priority'] = this.#band;
       if (e.tenant !== '') headers['x-tenant-id'] = e.tenant;
+<<<<<<< HEAD
       // the line's creator: its tenant's flow (and the tenant rate limits count)
       const caller: Caller = e.tenant === '' ? ANONYMOUS : { ...ANONYMOUS, tenant: e.tenant, flow: `tenant:${e.tenant}` };
       this.#director.begin(port, e.kind, `batch-${e.requestId}-${++this.#seq}`, caller, headers, e.body);
+=======
+      const id = `batch-${e.requestId}-${++this.#seq}`;
+      if (e.kind === KIND_RESPONSES) {
+        const r = this.#responses;
+        if (r === null) {
+          port.error(404, 'the Responses API is not enabled on this router (responses.enabled)', null, undefined, null);
+          port.done(404);
+        } else r.begin(port, e.tenant, id, '', headers, e.body);
+        return;
+      }
+      this.#director.begin(port, e.kind, id, '', headers, e.body);
+>>>>>>> main
     });
   }
 

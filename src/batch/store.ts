@@ -5,6 +5,7 @@ import { createHash } from 'node:crypto';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { BatchConfig } from '../config/batch.js';
+import { SwitchyardError } from '../errors.js';
 import { defineScripts, type ScriptRedis } from './lua.js';
 
 /** An answer of the API: status, JSON (or file bytes) and its content type. */
@@ -15,14 +16,19 @@ export interface ApiAnswer {
 }
 
 /** A request the API refuses: the OpenAI error fields. */
-export class BatchApiError extends Error {
+/** A Files or Batches API request refused: `status`, `param` and `code` (the OpenAI error code, null: the status's default) go into the answer. */
+export class BatchApiError extends SwitchyardError<string | null> {
   constructor(
     readonly status: number,
     message: string,
     readonly param: string | null = null,
-    readonly code: string | null = null,
+    override readonly code: string | null = null,
   ) {
     super(message);
+  }
+
+  override get swyCode(): string {
+    return 'SWY_ERR_BATCH_API';
   }
 }
 
@@ -39,7 +45,26 @@ export function noSuchFile(id: string): BatchApiError {
 }
 
 export function fileObject(id: string, h: BatchHash): Record<string, unknown> {
-  return { id, object: 'file', bytes: Number(h.bytes), created_at: Number(h.created_at), filename: h.filename, purpose: h.purpose, status: 'processed', expires_at: null, status_details: null };
+  // expires_at and status_details are optional and not nullable in OpenAI's File: left out while unset (expires_at when the file does not expire)
+  const o: Record<string, unknown> = { id, object: 'file', bytes: Number(h.bytes), created_at: Number(h.created_at), filename: h.filename, purpose: h.purpose, status: 'processed' };
+  if (h.expires_at) o.expires_at = Number(h.expires_at);
+  return o;
+}
+
+/** The longest expiry OpenAI accepts: 30 days. */
+export const MAX_EXPIRES_AFTER_SECONDS = 2_592_000;
+
+/**
+ * An `expires_after` policy ({anchor: "created_at", seconds}) as its seconds, or 0 when absent; 400 naming
+ * `param` when it is not one. `anchor` and `seconds` as sent (multipart fields are strings).
+ */
+export function expiresAfter(anchor: unknown, seconds: unknown, param: string, minSeconds: number): number {
+  if (anchor === undefined && seconds === undefined) return 0;
+  if (anchor !== 'created_at') throw new BatchApiError(400, `${param}.anchor must be "created_at" (got ${JSON.stringify(anchor ?? null)?.slice(0, 64)})`, `${param}.anchor`, 'invalid_value');
+  const n = typeof seconds === 'string' && /^[0-9]{1,10}$/.test(seconds) ? Number(seconds) : seconds;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < minSeconds || n > MAX_EXPIRES_AFTER_SECONDS)
+    throw new BatchApiError(400, `${param}.seconds must be an integer in [${minSeconds}, ${MAX_EXPIRES_AFTER_SECONDS}] (got ${JSON.stringify(seconds ?? null)?.slice(0, 64)})`, `${param}.seconds`, 'invalid_value');
+  return n;
 }
 
 /** The Redis side of the API: one client, the key layout, the file writes both Files and the tracker make. */
@@ -77,6 +102,16 @@ export class BatchStore {
   outStream(id: string): string {
     return `${this.#p}:batch:${id}:out`;
   }
+  /** A batch's custom_ids in line order (JSON text, one a line), snapshotted at validation: its files never need the input again. */
+  batchIds(id: string): string {
+    return `${this.#p}:batch:${id}:ids`;
+  }
+
+  /** Writes `data` to `key` in FILE_CHUNK pieces (one command per piece, never the whole in one buffer). */
+  async putChunked(key: string, data: Buffer): Promise<void> {
+    await this.redis.set(key, data.subarray(0, FILE_CHUNK));
+    for (let at = FILE_CHUNK; at < data.length; at += FILE_CHUNK) await this.redis.append(key, data.subarray(at, at + FILE_CHUNK));
+  }
   /**
    * A tenant's part of the key space: its lists and usage live under
    * `<prefix>:t:<tag>:`, the tag a digest of the tenant name ('' — the
@@ -97,6 +132,10 @@ export class BatchStore {
   usage(tenant: string): string {
     return `${this.#tenant(tenant)}:usage`;
   }
+  /** Files with an expiry, scored by their expires_at (the tracker deletes them once past it). */
+  get expiring(): string {
+    return `${this.#p}:files:expiring`;
+  }
   /** The batches the tracker still works on. */
   get active(): string {
     return `${this.#p}:batches:active`;
@@ -110,25 +149,26 @@ export class BatchStore {
    * (the client builds each command in one buffer: a 64 MiB file in one
    * command would be a 64 MiB copy on the loop), the record last.
    */
-  async storeFile(id: string, filename: string, purpose: string, data: Buffer, tenant: string): Promise<Record<string, unknown>> {
+  async storeFile(id: string, filename: string, purpose: string, data: Buffer, tenant: string, expiresAfterSeconds = 0): Promise<Record<string, unknown>> {
     const q = this.cfg.fileQuota;
     if ((await this.redis.chargeFile(this.usage(tenant), q.files, q.bytes, data.length, '1')) === 0)
       throw new BatchApiError(429, `this tenant's files are at the limit of ${q.files} files or ${q.bytes} bytes (batch.fileQuota): delete some first`, 'file', 'file_quota_exceeded');
     const created = now();
+    const expires = expiresAfterSeconds > 0 ? String(created + expiresAfterSeconds) : '';
     const key = this.fileData(id);
     try {
-      await this.redis.set(key, data.subarray(0, FILE_CHUNK));
-      for (let at = FILE_CHUNK; at < data.length; at += FILE_CHUNK) await this.redis.append(key, data.subarray(at, at + FILE_CHUNK));
-      await this.redis
+      await this.putChunked(key, data);
+      const m = this.redis
         .multi()
-        .hset(this.fileKey(id), 'filename', filename, 'purpose', purpose, 'bytes', String(data.length), 'created_at', String(created), 'tenant', tenant)
-        .zadd(this.files(tenant), Date.now(), id)
-        .exec();
+        .hset(this.fileKey(id), 'filename', filename, 'purpose', purpose, 'bytes', String(data.length), 'created_at', String(created), 'tenant', tenant, 'expires_at', expires)
+        .zadd(this.files(tenant), Date.now(), id);
+      if (expires !== '') m.zadd(this.expiring, expires, id);
+      await m.exec();
     } catch (err) {
       await this.redis.multi().del(key).hincrby(this.usage(tenant), 'files', -1).hincrby(this.usage(tenant), 'bytes', -data.length).exec().catch(() => undefined);
       throw err;
     }
-    return fileObject(id, { filename, purpose, bytes: String(data.length), created_at: String(created) });
+    return fileObject(id, { filename, purpose, bytes: String(data.length), created_at: String(created), expires_at: expires });
   }
 
   /**
@@ -137,25 +177,62 @@ export class BatchStore {
    * record written last (a reader sees the whole file or none), so no single
    * string ever holds the whole file. Charged to `tenant`, never refused.
    */
-  chunkedFile(id: string, filename: string, tenant: string): ChunkedFile {
-    return new ChunkedFile(this, id, filename, tenant);
+  chunkedFile(id: string, filename: string, tenant: string, expiresAfterSeconds = 0): ChunkedFile {
+    return new ChunkedFile(this, id, filename, tenant, expiresAfterSeconds);
   }
 
   /** Records a file whose bytes are written (charged once: a rerun of a finalisation finds the record). */
-  async recordFile(id: string, filename: string, purpose: string, bytes: number, tenant: string): Promise<void> {
+  async recordFile(id: string, filename: string, purpose: string, bytes: number, tenant: string, expiresAfterSeconds = 0): Promise<void> {
     if ((await this.redis.exists(this.fileKey(id))) === 0) await this.redis.chargeFile(this.usage(tenant), 0, 0, bytes, '0');
-    await this.redis
+    const created = now();
+    const expires = expiresAfterSeconds > 0 ? String(created + expiresAfterSeconds) : '';
+    const m = this.redis
       .multi()
-      .hset(this.fileKey(id), 'filename', filename, 'purpose', purpose, 'bytes', String(bytes), 'created_at', String(now()), 'tenant', tenant)
-      .zadd(this.files(tenant), Date.now(), id)
-      .exec();
+      .hset(this.fileKey(id), 'filename', filename, 'purpose', purpose, 'bytes', String(bytes), 'created_at', String(created), 'tenant', tenant, 'expires_at', expires)
+      .zadd(this.files(tenant), Date.now(), id);
+    if (expires !== '') m.zadd(this.expiring, expires, id);
+    await m.exec();
   }
 
-  /** A file's record if it exists and belongs to `tenant` (another tenant's is unknown: 404, never 403). */
+  /** A file's record if it exists, has not expired and belongs to `tenant` (another tenant's is unknown: 404, never 403). */
   async fileMeta(id: string, tenant: string): Promise<BatchHash | null> {
     if (!FILE_ID.test(id)) return null;
     const h = await this.redis.hgetall(this.fileKey(id));
-    return h.purpose === undefined || (h.tenant ?? '') !== tenant ? null : h;
+    return h.purpose === undefined || (h.tenant ?? '') !== tenant || expired(h) ? null : h;
+  }
+
+  /** The active batch (of any tenant: a file is only ever its owner's batches' input) that reads `fileId`, or null. */
+  async activeBatchUsing(fileId: string): Promise<string | null> {
+    const ids = await this.redis.smembers(this.active);
+    for (let i = 0; i < ids.length; i += 500) {
+      const pipe = this.redis.pipeline();
+      const page = ids.slice(i, i + 500);
+      for (const b of page) pipe.hget(this.batchKey(b), 'input_file_id');
+      const rows = (await pipe.exec()) ?? [];
+      for (let j = 0; j < page.length; j++) if (rows[j]?.[1] === fileId) return page[j];
+    }
+    return null;
+  }
+
+  /**
+   * Deletes up to `limit` files past their expires_at (the usage they were charged given back). The input of
+   * a batch still running is kept until the batch ends (it is already hidden from the API).
+   */
+  async expireFiles(limit = 100): Promise<number> {
+    const ids = await this.redis.zrangebyscore(this.expiring, '-inf', String(now()), 'LIMIT', 0, limit);
+    let n = 0;
+    for (const id of ids) {
+      const h = await this.redis.hgetall(this.fileKey(id));
+      if (h.purpose === undefined || !expired(h)) {
+        await this.redis.zrem(this.expiring, id); // deleted meanwhile (or re-recorded without an expiry)
+        continue;
+      }
+      if (h.purpose === 'batch' && (await this.activeBatchUsing(id)) !== null) continue;
+      const tenant = h.tenant ?? '';
+      n += await this.redis.deleteFile(this.fileKey(id), this.fileData(id), this.files(tenant), this.usage(tenant), id);
+      await this.redis.zrem(this.expiring, id);
+    }
+    return n;
   }
 
   /** A batch's record if it exists and belongs to `tenant`; 404 otherwise. */
@@ -166,6 +243,11 @@ export class BatchStore {
   }
 }
 
+/** Whether a file record is past its expires_at. */
+export function expired(h: BatchHash): boolean {
+  return h.expires_at !== undefined && h.expires_at !== '' && now() >= Number(h.expires_at);
+}
+
 /** About this many bytes of lines go to Redis in one APPEND. */
 const FILE_CHUNK = 4 * 1024 * 1024;
 
@@ -174,16 +256,18 @@ export class ChunkedFile {
   readonly id: string;
   readonly #filename: string;
   readonly #tenant: string;
+  readonly #expiresAfter: number;
   #lines: string[] = [];
   #pending = 0;
   #bytes = 0;
   #started = false;
 
-  constructor(s: BatchStore, id: string, filename: string, tenant: string) {
+  constructor(s: BatchStore, id: string, filename: string, tenant: string, expiresAfterSeconds: number) {
     this.#s = s;
     this.id = id;
     this.#filename = filename;
     this.#tenant = tenant;
+    this.#expiresAfter = expiresAfterSeconds;
   }
 
   get empty(): boolean {
@@ -213,7 +297,7 @@ export class ChunkedFile {
   async close(): Promise<string> {
     if (this.empty) return '';
     await this.#flush();
-    await this.#s.recordFile(this.id, this.#filename, 'batch_output', this.#bytes, this.#tenant);
+    await this.#s.recordFile(this.id, this.#filename, 'batch_output', this.#bytes, this.#tenant, this.#expiresAfter);
     return this.id;
   }
 }

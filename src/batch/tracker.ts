@@ -5,7 +5,8 @@
 // batch's status (SET_IF_STATUS) along TRANSITIONS, so two routers tracking
 // the same batch never both move it.
 import { cancelKey } from './processor.js';
-import { checkLine, forEachLine, type BatchLineError } from './jsonl.js';
+import { batchBodiesOffLoop, resultLinesOffLoop, validateBatchOffLoop } from './jsonl-check.js';
+import { bodyAt, forEachLine, type BatchLineError, type ResultLinesJob } from './jsonl.js';
 import { BatchApiError, json, now, type BatchHash, type BatchStore } from './store.js';
 
 export type Status = 'validating' | 'failed' | 'in_progress' | 'finalizing' | 'completed' | 'expired' | 'cancelling' | 'cancelled';
@@ -40,7 +41,8 @@ export function move(s: BatchStore, id: string, from: Status, to: Status, ...fie
 
 const ENQUEUE_CHUNK = 500;
 const READ_CHUNK = 1000;
-const MAX_ERRORS = 100;
+/** Lines of the output and error files built per hand-off to the JSONL worker. */
+const LINES_CHUNK = 1000;
 /** A batch whose step fails this many times (not for Redis being away) ends `failed`, saying why. */
 export const MAX_FAILURES = 3;
 /** Errors of Redis being away or slow: retried on the next tick for as long as it takes, never counted. */
@@ -86,6 +88,8 @@ export class Tracker {
       return; // Redis away: the next tick
     }
     for (const id of ids) if (!this.#working.has(id)) void this.#step(id);
+    // files past their expires_at go (one tick's worth at a time)
+    await this.#s.expireFiles().catch((err: Error) => this.#s.log.debug({ err: err.message }, 'batch api: expiring files failed; the next tick'));
   }
 
   /** One pass over a batch: whatever its status asks for next. */
@@ -149,7 +153,7 @@ export class Tracker {
     const tag = id.slice('batch_'.length);
     let errId = '';
     try {
-      const f = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, h.tenant ?? '');
+      const f = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, h.tenant ?? '', Number(h.output_expires_after || 0));
       await f.add(json({ id: `batch_req_${tag}_failed`, custom_id: null, response: null, error: { code: 'batch_failed', message: why } }));
       errId = await f.close();
     } catch {
@@ -157,7 +161,7 @@ export class Tracker {
     }
     const errors = json([{ code: 'batch_failed', message: why, param: null, line: null }]);
     if ((await move(this.#s, id, st, 'failed', 'failed_at', String(now()), 'errors', errors, 'error_file_id', errId)) === 1)
-      await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).exec();
+      await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).del(this.#s.batchIds(id)).exec();
   }
 
   async #count(id: string): Promise<BatchHash> {
@@ -180,22 +184,22 @@ export class Tracker {
       await this.#fail(id, [{ code: err.code, message: err.message, param: err.param, line: null }]);
       return;
     }
-    const errors: BatchLineError[] = [];
-    const seen = new Set<string>();
-    let total = 0;
-    forEachLine(data, (line, n) => {
-      total++;
-      const e = checkLine(line, n, h.endpoint, seen);
-      if (e !== null && errors.length < MAX_ERRORS) errors.push(e);
-    });
-    if (total === 0) errors.push({ code: 'empty_file', message: 'the input file has no requests', param: 'input_file_id', line: null });
-    if (errors.length > 0) await this.#fail(id, errors);
-    else await move(this.#s, id, 'validating', 'in_progress', 'in_progress_at', String(now()), 'total', String(total));
+    // every line parsed in the JSONL worker (a large file would hold the loop for seconds); the reply's buffer
+    // is this call's own when it came in one piece
+    const owned = data.byteOffset === 0 && data.byteLength === data.buffer.byteLength;
+    const v = await validateBatchOffLoop(data, h.endpoint, owned);
+    if (v.errors.length > 0) {
+      await this.#fail(id, v.errors);
+      return;
+    }
+    // the custom_ids, kept for the output and error files: the input is not needed after the run
+    await this.#s.putChunked(this.#s.batchIds(id), v.ids);
+    await move(this.#s, id, 'validating', 'in_progress', 'in_progress_at', String(now()), 'total', String(v.total));
   }
 
   async #fail(id: string, errors: BatchLineError[]): Promise<void> {
     await move(this.#s, id, 'validating', 'failed', 'failed_at', String(now()), 'errors', json(errors));
-    await this.#s.redis.srem(this.#s.active, id);
+    await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.batchIds(id)).exec();
   }
 
   /** Enqueues the lines not enqueued yet, a chunk per script call (the chunk and the count together); stops when the batch is cancelled. */
@@ -204,28 +208,48 @@ export class Tracker {
     const c = this.#s.cfg;
     const result = `stream:${this.#s.outStream(id)}`;
     let from = Number(h.enqueued);
-    const bodies: string[] = [];
-    forEachLine(data, (line) => {
-      bodies.push(json((JSON.parse(line) as { body: unknown }).body));
-    });
-    while (from < bodies.length && !this.#closed) {
-      const to = Math.min(from + ENQUEUE_CHUNK, bodies.length);
+    // every line parsed in the JSONL worker, not here
+    const bodies = await batchBodiesOffLoop(data, data.byteOffset === 0 && data.byteLength === data.buffer.byteLength);
+    const n = bodies.ends.length;
+    while (from < n && !this.#closed) {
+      const to = Math.min(from + ENQUEUE_CHUNK, n);
       const args: string[] = [String(from), String(to), result, h.endpoint, id, h.tenant ?? ''];
-      for (let i = from; i < to; i++) args.push(`${id}.${i}`, bodies[i]);
+      for (let i = from; i < to; i++) args.push(`${id}.${i}`, bodyAt(bodies, i));
       // the chunk goes in only while the batch is in progress and nobody enqueued it before (another router, a cancel)
       if ((await this.#s.redis.enqueueChunk(this.#s.batchKey(id), c.stream, ...args)) === 0) return;
       from = to;
     }
   }
 
+  /** The custom_ids in line order as JSON text: the snapshot taken at validation (a batch from before it: the input file). */
+  async #customIds(id: string, h: BatchHash, needed: boolean): Promise<string[]> {
+    const snap = await this.#s.redis.getBuffer(this.#s.batchIds(id));
+    const ids: string[] = [];
+    if (snap !== null) {
+      let at = 0;
+      while (at < snap.length) {
+        let end = snap.indexOf(10, at);
+        if (end < 0) end = snap.length;
+        if (end > at) ids.push(snap.toString('utf8', at, end));
+        at = end + 1;
+      }
+      return ids;
+    }
+    // no snapshot: cancelled while validating (nothing ran: no line needs one), or a batch validated before snapshots
+    const data = await this.#s.redis.getBuffer(this.#s.fileData(h.input_file_id));
+    if (data === null) {
+      if (!needed) return ids;
+      throw new BatchApiError(400, `input file ${h.input_file_id} was deleted`, 'input_file_id', 'file_not_found');
+    }
+    forEachLine(data, (line) => {
+      ids.push(JSON.stringify((JSON.parse(line) as { custom_id: string }).custom_id));
+    });
+    return ids;
+  }
+
   /** Writes the output and error files from the result stream (ordered by line) and ends the batch. Repeatable: the file ids come from the batch id. */
   async #finalize(id: string): Promise<void> {
     const h = await this.#s.redis.hgetall(this.#s.batchKey(id));
-    const data = await this.#lines(h);
-    const customIds: string[] = [];
-    forEachLine(data, (line) => {
-      customIds.push((JSON.parse(line) as { custom_id: string }).custom_id);
-    });
     const results = new Map<number, [number, string]>();
     let cur = '-';
     for (;;) {
@@ -240,33 +264,47 @@ export class Tracker {
       if (es.length < READ_CHUNK) break;
       cur = es.at(-1)![0];
     }
+    const expired = h.final === 'expired';
+    const customIds = await this.#customIds(id, h, results.size > 0 || expired);
     const tag = id.slice('batch_'.length);
     const tenant = h.tenant ?? '';
-    const out = this.#s.chunkedFile(`file-${tag}-output`, `${id}_output.jsonl`, tenant);
-    const errs = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, tenant);
-    const expired = h.final === 'expired';
+    const keep = Number(h.output_expires_after || 0);
+    const out = this.#s.chunkedFile(`file-${tag}-output`, `${id}_output.jsonl`, tenant, keep);
+    const errs = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, tenant, keep);
+    // the lines are built LINES_CHUNK at a time in the JSONL worker (each answer's body parsed and written out again)
+    const j: ResultLinesJob = { tag, batchId: id, expired, lines: [], statuses: [], bodies: [], ids: [] };
+    let bytes = 0;
+    const flush = async () => {
+      if (j.lines.length === 0) return;
+      const r = await resultLinesOffLoop(j, bytes);
+      j.lines = [];
+      j.statuses = [];
+      j.bodies = [];
+      j.ids = [];
+      bytes = 0;
+      if (r.out !== '') await out.add(r.out);
+      if (r.err !== '') await errs.add(r.err);
+    };
     for (let i = 0; i < customIds.length; i++) {
       const r = results.get(i);
-      if (r === undefined || r[0] === 0) {
-        // not run: left out of a cancelled batch's files; in an expired batch's error file, as OpenAI does
-        if (expired) await errs.add(json({ id: `batch_req_${tag}_${i}`, custom_id: customIds[i], response: null, error: { code: 'batch_expired', message: 'This request could not be executed before the completion window expired.' } }));
-        continue;
-      }
-      let body: unknown;
-      try {
-        body = JSON.parse(r[1]);
-      } catch {
-        body = r[1];
-      }
+      // not run: left out of a cancelled batch's files; in an expired batch's error file, as OpenAI does
+      if ((r === undefined || r[0] === 0) && !expired) continue;
       results.delete(i); // its memory goes as its line is written
-      const line = json({ id: `batch_req_${tag}_${i}`, custom_id: customIds[i], response: { status_code: r[0], request_id: `${id}.${i}`, body }, error: null });
-      await (r[0] >= 200 && r[0] < 300 ? out : errs).add(line);
+      j.lines.push(i);
+      j.statuses.push(r?.[0] ?? 0);
+      j.bodies.push(r?.[1] ?? '');
+      j.ids.push(customIds[i]!);
+      bytes += (r?.[1].length ?? 0) + customIds[i]!.length;
+      if (j.lines.length >= LINES_CHUNK) await flush();
     }
+    await flush();
     const outId = await out.close();
     const errId = await errs.close();
-    const final = h.final === 'cancelled' || h.final === 'expired' ? h.final : 'completed';
+    // read again: a cancel while the files were written makes it end cancelled (with the files of what ran)
+    const last = await this.#s.redis.hget(this.#s.batchKey(id), 'final');
+    const final = last === 'cancelled' || last === 'expired' ? last : h.final === 'cancelled' || h.final === 'expired' ? h.final : 'completed';
     await move(this.#s, id, 'finalizing', final, `${final}_at`, String(now()), 'output_file_id', outId, 'error_file_id', errId);
-    await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).exec();
+    await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).del(this.#s.batchIds(id)).exec();
   }
 }
 

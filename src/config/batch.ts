@@ -44,6 +44,8 @@ export interface BatchConfig {
   quotas: { windowMs: number; default: BatchQuota; tenants: Record<string, BatchQuota> };
   /** A Files/Batches API Redis command not answered in this long fails (the call answers 503), ms. */
   commandTimeoutMs: number;
+  /** The shortest `expires_after.seconds` (files) and `output_expires_after.seconds` (batches) accepted (OpenAI's: 3600). */
+  minExpiresAfterSeconds: number;
   /** What one tenant may keep in the Files API: uploaded files and their bytes (batch output files are charged, never refused). */
   fileQuota: { files: number; bytes: number };
 }
@@ -85,6 +87,9 @@ export const batchSchema = strict(
     )
       .prefault({})
       .describe('per-tenant requests and tokens per window (0 = unlimited)'),
+    minExpiresAfterSeconds: int(1, 2_592_000)
+      .default(3600)
+      .describe("the shortest expires_after.seconds of an upload, or output_expires_after.seconds of a batch, accepted (OpenAI's 3600; the longest is 30 days)"),
     commandTimeoutMs: int(100, 600_000).default(5000).describe('a Files/Batches API Redis command not answered in this long fails; the call answers 503 store_unavailable'),
     fileQuota: strict(
       { files: int(1, 10_000_000).default(1000), bytes: int(1, 1e15).default(4 * 1024 * 1024 * 1024) },

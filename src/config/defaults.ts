@@ -28,6 +28,7 @@ export const DEFAULTS = {
     healthTimeoutMs: 1000,
     breakerFailures: 3,
     breakerCooldownMs: 5000,
+    modelCheckIntervalMs: 30_000,
   } satisfies DataLayerConfig,
   proxy: {
     client: 'auto' as (typeof UPSTREAM_CLIENTS)[number],
@@ -44,7 +45,8 @@ export const DEFAULTS = {
     parseOffloadBytes: 256 * 1024,
     parseWorkers: 2,
   } satisfies LimitsConfig,
-  logging: { level: 'info' as const },
+  logging: { level: 'info' as const, access: false, accessSample: 1 },
+  shutdown: { graceMs: 120_000, drainDelayMs: 0 },
   admin: ADMIN_DEFAULTS,
   disaggregation: DISAGGREGATION_DEFAULTS,
 };

@@ -43,6 +43,10 @@ export interface KvEventsEndpointConfig {
   topic: string;
   /** The data-parallel rank whose blocks this endpoint holds; absent: rank 0 and batches without a rank. */
   dataParallelRank?: number;
+  /** The largest KV-event frame accepted, bytes (default 64 MiB; ZMQ_MAXMSGSIZE). */
+  maxMessageBytes?: number;
+  /** Payload bytes held for the decoder before the oldest batches are dropped (default 64 MiB). */
+  maxQueuedBytes?: number;
 }
 
 export interface TierWeightsConfig {
@@ -108,8 +112,14 @@ export const kvEventsEndpointSchema = strict(
     dataParallelRank: int(0, 1023)
       .optional()
       .describe("the data-parallel rank whose blocks this endpoint holds (batches carry data_parallel_rank); endpoints sharing one publisher address with different ranks share one subscription"),
+    maxMessageBytes: int(1024, 1 << 30)
+      .default(64 << 20)
+      .describe('the largest KV-event frame accepted (ZMQ_MAXMSGSIZE): a publisher that sends a bigger one is disconnected and the endpoint cleared'),
+    maxQueuedBytes: int(1024, 1 << 30)
+      .default(64 << 20)
+      .describe('payload bytes of received batches held for the decoder before the oldest are dropped (the endpoint cleared, the stream unhealthy until drained)'),
   },
-  'must be a mapping {endpoint, replayEndpoint, topic, dataParallelRank}',
+  'must be a mapping {endpoint, replayEndpoint, topic, dataParallelRank, maxMessageBytes, maxQueuedBytes}',
 );
 
 export const tierWeightsSchema = strict(

@@ -59,6 +59,11 @@ export const endpointConfigSchema = strict(
           ctx.addIssue({ code: 'custom', message: urlMessage(s), input: s });
           return z.NEVER;
         }
+        if (new URL(origin).port === '0') {
+          // a valid URL, but no engine listens on port 0 (every request would fail to connect)
+          ctx.addIssue({ code: 'custom', message: `port 0 is not a port an engine listens on: it must be an integer 1–65535, e.g. http://10.0.0.5:8000 (got ${got(s)})`, input: s });
+          return z.NEVER;
+        }
         return origin;
       })
       .describe('http://host:port or https://host:port, no path, query, fragment or credentials'),
@@ -152,6 +157,9 @@ const dataLayerSchema = strict(
     healthTimeoutMs: int(1, 3_600_000).default(d.healthTimeoutMs),
     breakerFailures: int(1, 1_000_000).default(d.breakerFailures),
     breakerCooldownMs: int(1, 3_600_000).default(d.breakerCooldownMs),
+    modelCheckIntervalMs: int(0, 86_400_000)
+      .default(d.modelCheckIntervalMs)
+      .describe("how often each endpoint's GET /v1/models is read: an endpoint that does not list a model of its pool is not ready for it (0: never)"),
   },
   'must be a mapping',
 ).prefault({});
@@ -195,6 +203,7 @@ export const routerConfigSchema = strict(
       },
       'must be a mapping',
     ).prefault({}),
+<<<<<<< HEAD
     logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
     metrics: strict(
       {
@@ -206,6 +215,28 @@ export const routerConfigSchema = strict(
     )
       .prefault({})
       .describe('bounds on the metric series (docs/observability.md)'),
+=======
+    logging: strict(
+      {
+        level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level),
+        access: z.boolean({ error: (i) => `must be true or false (got ${got(i.input)})` }).default(DEFAULTS.logging.access).describe('one info line per finished request (no keys, no bodies)'),
+        accessSample: z
+          .number({ error: (i) => `must be a number in [0, 1] (got ${got(i.input)})` })
+          .min(0, { error: 'must be a number in [0, 1]' })
+          .max(1, { error: 'must be a number in [0, 1]' })
+          .default(DEFAULTS.logging.accessSample)
+          .describe('the share of requests the access log writes'),
+      },
+      'must be a mapping',
+    ).prefault({}),
+    shutdown: strict(
+      {
+        graceMs: int(0, 86_400_000).default(DEFAULTS.shutdown.graceMs).describe('how long in-flight requests get to finish after SIGTERM/SIGINT'),
+        drainDelayMs: int(0, 600_000).default(DEFAULTS.shutdown.drainDelayMs).describe('after the signal, keep accepting this long with /readyz at 503 (balancers notice)'),
+      },
+      'must be a mapping',
+    ).prefault({}),
+>>>>>>> main
     tracing: tracingSchema.describe('OpenTelemetry tracing over OTLP (docs/observability.md); off by default'),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
     sessions: sessionsSchema.describe('conversations: identification, pins to endpoints, turn priority (docs/responses.md)'),
@@ -285,6 +316,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     server: v.server,
     limits: v.limits,
     logging: v.logging,
+    shutdown: v.shutdown,
     sessions: sessionsFollowingResponses(doc, v.sessions, v.responses),
     responses: v.responses,
     tracing: v.tracing,

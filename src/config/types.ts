@@ -85,6 +85,8 @@ export interface DataLayerConfig {
   healthTimeoutMs: number;
   breakerFailures: number;
   breakerCooldownMs: number;
+  /** How often each endpoint's GET /v1/models is read to check it serves its pool's models (0: never; absent: 30 s). */
+  modelCheckIntervalMs?: number;
 }
 
 export const UPSTREAM_CLIENTS = ['auto', 'h1', 'native', 'undici'] as const;
@@ -110,6 +112,21 @@ export interface LimitsConfig {
   parseWorkers: number;
 }
 
+export interface LoggingConfig {
+  level: (typeof LOG_LEVELS)[number];
+  /** One info line per finished request (docs/observability.md); off by default. */
+  access: boolean;
+  /** The share of requests the access log writes (0–1; 1: every request). */
+  accessSample: number;
+}
+
+export interface ShutdownConfig {
+  /** How long in-flight requests get to finish after a signal; then streams end with an SSE error, others with a 503. */
+  graceMs: number;
+  /** After the signal, /readyz answers 503 but the router keeps accepting this long (balancers notice), then stops accepting. */
+  drainDelayMs: number;
+}
+
 export interface RouterConfig {
   apiVersion: typeof API_VERSION;
   kind: 'Router';
@@ -121,7 +138,9 @@ export interface RouterConfig {
   /** The HTTP front end (docs/front-end.md); absent in a hand-built config: the defaults. */
   server?: ServerConfig;
   limits: LimitsConfig;
-  logging: { level: (typeof LOG_LEVELS)[number] };
+  logging: LoggingConfig;
+  /** How SIGTERM/SIGINT drain the router (docs/operations.md). */
+  shutdown: ShutdownConfig;
   /** OpenTelemetry spans over OTLP (docs/observability.md); off by default. */
   tracing: TracingConfig;
   /** The validated, defaulted flowControl block; undefined when the config has none. */

@@ -6,37 +6,36 @@
 //
 // One Flight per request is at once the scheduler's Decision, the upstream
 // sink, the gate's RequestInfo and its abort signal, so a request costs this
-// object plus its transport's.
+// object plus its transport's. Its steps are layers of one class, each in its
+// own file: flight-state.ts (every field) → flight-admit.ts (parse, admit) →
+// flight-pick.ts (pick, dispatch, the P/D legs' hooks) → flight-retry.ts
+// (retry, P/D re-pairing) → Flight here (the upstream sink's relay, the ends).
 import { performance } from 'node:perf_hooks';
 import type { Logger } from 'pino';
-import type { AbortLike, Admission, AdmissionGate, FinishedRequest, Rejected } from '../admission.js';
+import type { AdmissionGate, Rejected } from '../admission.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import type { Caller } from '../identity.js';
 import { SseErrorRewriter } from '../proxy/sse-errors.js';
-import { appendTraceHeaders } from '../proxy/trace-context.js';
-import type { UpstreamCall, UpstreamClient, UpstreamSink } from '../proxy/upstream.js';
-import type { Decision, Outcome, Scheduler } from '../scheduler/scheduler.js';
-import type { LatencyNote, SchedRequest } from '../scheduler/types.js';
-import type { RequestTrace, RequestTracer } from '../telemetry/tracing.js';
+import type { UpstreamClient, UpstreamSink } from '../proxy/upstream.js';
+import type { Outcome, Scheduler } from '../scheduler/scheduler.js';
+import type { SchedRequest } from '../scheduler/types.js';
+import type { RequestTracer } from '../telemetry/tracing.js';
 import { Piscina } from 'piscina';
-import { MAX_JSON_DEPTH, parseRequestBody, renderPrompt } from './body.js';
-import { KIND_PATHS, Kind, isPassthrough } from './kinds.js';
+import { MAX_JSON_DEPTH } from './body.js';
+import { Kind } from './kinds.js';
 import { SessionResolver } from '../sessions/resolve.js';
 import type { SessionTable } from '../sessions/table.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
 import type { ClientPort, DecisionPortOf, DirectorMetrics, DirectorOptions } from './ports.js';
-import { PdAttempt } from './pd-attempt.js';
 import { PromptWriter } from './prompt.js';
 import { countSseEvents, errorAnswer, MAX_ERROR_BODY, scanCompletionTokens, streamFailedEvent } from './relay.js';
 import type { TokenSource } from '../tokenize/source.js';
-import type { Disaggregator, FallbackReason, PdFlight, PrefillLeg } from './pd.js';
+import type { Disaggregator, PdFlight } from './pd.js';
+import type { FlightHost } from './flight-state.js';
+import { RetryingFlight } from './flight-retry.js';
 
 export { Kind, KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, isPassthrough } from './kinds.js';
-
-const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
-const EMPTY_BODY = Buffer.alloc(0);
-/** Per-request latency objectives (llm-d's names), read when a latency plugin is configured. */
-export const SLO_HEADERS = ['x-slo-ttft-ms', 'x-slo-tpot-ms'] as const;
+export { SLO_HEADERS } from './flight-state.js';
 
 export type { ClientPort, DirectorMetrics, DirectorOptions } from './ports.js';
 /** A transport that takes the decision rather than the bytes (see DecisionPortOf in ports.ts). */
@@ -45,7 +44,7 @@ export type DecisionPort = DecisionPortOf<Flight>;
 /** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
 const PARSE_WORKER_HEAP_MB = 512;
 
-export class Director {
+export class Director implements FlightHost {
   readonly scheduler: Scheduler;
   readonly upstream: UpstreamClient;
   readonly gate: AdmissionGate;
@@ -78,7 +77,7 @@ export class Director {
     this.scheduler = o.scheduler;
     this.upstream = o.upstream;
     this.gate = o.gate;
-    this.wantsUsage = o.gate.wantsUsage === true;
+    this.wantsUsage = o.gate.wantsUsage === true || o.scanUsage === true;
     this.metrics = o.metrics;
     this.log = o.log;
     this.maxRetries = o.maxRetries;
@@ -95,7 +94,7 @@ export class Director {
   }
 
   /** Parses a large body in the worker pool (created on first use); the answer goes to flight.parsed(). */
-  parseOffLoop(f: Flight, raw: Buffer): void {
+  parseOffLoop(f: { readonly kind: Kind; parsed(r: ParseReply): void }, raw: Buffer): void {
     this.#pool ??= new Piscina<ParseTask, ParseReply>({
       filename: new URL('./parse-worker.js', import.meta.url).href,
       minThreads: 0,
@@ -181,6 +180,7 @@ export class Director {
   }
 }
 
+<<<<<<< HEAD
 export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLike, PdFlight {
   // Decision
   endpoint!: Endpoint;
@@ -789,13 +789,17 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
     }
     scheduler.complete(this, outcome);
   }
+=======
+export class Flight extends RetryingFlight implements UpstreamSink, PdFlight {
+  declare readonly director: Director;
+>>>>>>> main
 
   // ---- upstream sink ------------------------------------------------------------------
 
-  onUpstreamHeaders(status: number, contentType: string, contentLength: number): void {
+  override onUpstreamHeaders(status: number, contentType: string, contentLength: number): void {
     if (this.aborted) return;
-    const p = this.#pd;
-    if (p !== null && p.paired && !this.#started && this.director.pd !== null) {
+    const p = this.pdState;
+    if (p !== null && p.paired && !this.relayStarted && this.director.pd !== null) {
       if (status >= 500) {
         // SGLang: the decode endpoint could not get its room's KV (the prefill side failed, or never
         // reached it): not the decode endpoint's fault; a new pair (or decode alone on a both endpoint)
@@ -804,68 +808,69 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
       }
       if (status < 400) this.director.pd.paired();
     }
-    if (status >= 500 && this.#canRetry()) {
+    if (status >= 500) this.endpoint.events?.upstreamFailed(this.endpoint, `answered HTTP ${status}`, false);
+    if (status >= 500 && this.canRetry()) {
       if (this.trace !== null) this.trace.legFirstByte(performance.now(), status);
-      this.#retry(`endpoint ${this.endpoint.name} answered HTTP ${status}`);
+      this.retry(`endpoint ${this.endpoint.name} answered HTTP ${status}`);
       return;
     }
     const now = performance.now();
-    this.director.metrics.ttft[this.endpoint.id].observe((now - this.#dispatchedAt) / 1000);
+    this.director.metrics.ttft[this.endpoint.id].observe((now - this.dispatchedAt) / 1000);
     if (this.trace !== null) this.trace.legFirstByte(now, status);
-    this.#status = status;
-    this.#contentType = contentType === '' ? 'application/json' : contentType;
-    this.#isSse = contentType.startsWith('text/event-stream');
-    if (this.#isSse && status === 200) (this.#sse ??= new SseErrorRewriter());
-    this.#lastChunkAt = 0;
-    this.#upstreamLength = contentLength;
-    this.#scanUsage = this.director.wantsUsage && status === 200 && (!this.#isSse || this.#streamsUsage());
-    this.#errorBytes = 0;
-    this.#timing = status === 200 && this.#isSse && this.director.scheduler.latency;
-    this.#timingWhole = status === 200 && !this.#isSse && this.director.scheduler.latency;
-    if (this.#timingWhole) this.#scanUsage = true;
-    this.#firstAt = 0;
-    this.#events = 0;
-    this.#errorBody = status >= 400 && !this.#isSse && contentLength <= MAX_ERROR_BODY ? [] : null;
-    this.port.head(status, this.#contentType, this.endpoint, contentLength);
+    this.status = status;
+    this.contentType = contentType === '' ? 'application/json' : contentType;
+    this.isSse = contentType.startsWith('text/event-stream');
+    if (this.isSse && status === 200) (this.sse ??= new SseErrorRewriter());
+    this.lastChunkAt = 0;
+    this.upstreamLength = contentLength;
+    this.scanUsage = this.director.wantsUsage && status === 200 && (!this.isSse || this.streamsUsage());
+    this.errorBytes = 0;
+    this.timing = status === 200 && this.isSse && this.director.scheduler.latency;
+    this.timingWhole = status === 200 && !this.isSse && this.director.scheduler.latency;
+    if (this.timingWhole) this.scanUsage = true;
+    this.firstAt = 0;
+    this.events = 0;
+    this.errorBody = status >= 400 && !this.isSse && contentLength <= MAX_ERROR_BODY ? [] : null;
+    this.port.head(status, this.contentType, this.endpoint, contentLength);
   }
 
   /** The request asked for usage in its stream (`stream_options.include_usage`). */
-  #streamsUsage(): boolean {
+  protected streamsUsage(): boolean {
     const so = this.body.stream_options;
     return typeof so === 'object' && so !== null && (so as Record<string, unknown>).include_usage === true;
   }
 
-  onUpstreamData(chunk: Buffer): void {
-    if (this.aborted || this.#clientEnded) return;
-    if (this.prefillTokens !== 0) this.#prefilled();
+  override onUpstreamData(chunk: Buffer): void {
+    if (this.aborted || this.clientEnded) return;
+    if (this.prefillTokens !== 0) this.prefilled();
     this.responseBytes += chunk.length;
     this.responseChunks++;
-    if (this.#scanUsage) {
+    if (this.scanUsage) {
       const n = scanCompletionTokens(chunk);
       if (n >= 0) this.completionTokens = n;
     }
-    if (this.#timing) this.#time(chunk);
-    const eb = this.#errorBody;
+    if (this.timing) this.timeChunk(chunk);
+    const eb = this.errorBody;
     if (eb !== null) {
-      this.#errorBytes += chunk.length;
-      if (this.#errorBytes <= MAX_ERROR_BODY) {
+      this.errorBytes += chunk.length;
+      if (this.errorBytes <= MAX_ERROR_BODY) {
         eb.push(Buffer.from(chunk)); // a copy: the client may reuse the chunk's memory
         return;
       }
       // too large to be an error object: relay what was held, then stream on
-      this.#errorBody = null;
-      for (const held of eb) this.#write(held);
-    } else if (this.#sse !== null) {
+      this.errorBody = null;
+      for (const held of eb) this.write(held);
+    } else if (this.sse !== null) {
       const itl = this.director.metrics.itl;
       if (itl !== undefined) {
         const now = performance.now();
-        if (this.#lastChunkAt > 0) itl[this.endpoint.id].observe((now - this.#lastChunkAt) / 1000);
-        this.#lastChunkAt = now;
+        if (this.lastChunkAt > 0) itl[this.endpoint.id].observe((now - this.lastChunkAt) / 1000);
+        this.lastChunkAt = now;
       }
-      chunk = this.#sse.push(chunk);
+      chunk = this.sse.push(chunk);
       if (chunk.length === 0) return;
     }
-    this.#write(chunk);
+    this.write(chunk);
   }
 
   /**
@@ -879,7 +884,7 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
    * (bench/RESULTS.md, issue 13 session 8, "what the prefill-backlog term
    * costs").
    */
-  #answersAfterDecode(): boolean {
+  protected override answersAfterDecode(): boolean {
     const b = this.body;
     if (b.stream === true) return false;
     const m = this.kind === Kind.Chat ? (b.max_completion_tokens ?? b.max_tokens) : b.max_tokens;
@@ -891,120 +896,125 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
    * took it): its endpoint's prefill backlog drops, and flow control may
    * dispatch a request it held for it.
    */
-  #prefilled(): void {
+  protected override prefilled(): void {
     const d = this.director;
     if (d.scheduler.prefilled(this) > 0) d.gate.onCapacity?.(this.model);
   }
 
   /** Times a streamed chunk: the first one is the first token; later ones count their SSE events (tokens). */
-  #time(chunk: Buffer): void {
+  protected timeChunk(chunk: Buffer): void {
     const now = performance.now();
-    if (this.#firstAt === 0) {
-      this.#firstAt = now;
-      this.director.scheduler.firstToken(this, now - this.#dispatchedAt);
+    if (this.firstAt === 0) {
+      this.firstAt = now;
+      this.director.scheduler.firstToken(this, now - this.dispatchedAt);
       return;
     }
-    this.#lastAt = now;
-    this.#events += countSseEvents(chunk);
+    this.lastAt = now;
+    this.events += countSseEvents(chunk);
   }
 
-  #write(chunk: Buffer): void {
-    this.#started = true;
+  protected write(chunk: Buffer): void {
+    this.relayStarted = true;
     // the whole answer in one chunk: one end() with a content-length, not a chunked stream
-    if (this.#upstreamLength === chunk.length && !this.#clientEnded) {
-      this.#clientEnded = true;
+    if (this.upstreamLength === chunk.length && !this.clientEnded) {
+      this.clientEnded = true;
       this.port.end(chunk);
     } else this.port.write(chunk);
   }
 
-  onUpstreamEnd(): void {
+  override onUpstreamEnd(): void {
     if (this.aborted) return;
-    if (!this.#clientEnded) {
-      const held = this.#sse?.flush() ?? null;
+    if (!this.clientEnded) {
+      const held = this.sse?.flush() ?? null;
       if (held !== null) {
-        this.#started = true;
+        this.relayStarted = true;
         this.port.write(held);
       }
       let last: Buffer | string = '';
-      const eb = this.#errorBody;
+      const eb = this.errorBody;
       if (eb !== null) {
-        this.#errorBody = null;
-        last = errorAnswer(eb, this.#status);
-        if (typeof last === 'string') this.port.head(this.#status, 'application/json', this.endpoint, -1);
+        this.errorBody = null;
+        last = errorAnswer(eb, this.status);
+        if (typeof last === 'string') this.port.head(this.status, 'application/json', this.endpoint, -1);
       }
-      this.#started = true;
-      this.#clientEnded = true;
+      this.relayStarted = true;
+      this.clientEnded = true;
       this.port.end(last);
     }
     // tokens after the first chunk: its events less the closing [DONE]
-    if (this.#timing && this.#events > 1) this.director.scheduler.streamEnd(this, this.#events - 1, this.#lastAt - this.#firstAt);
-    else if (this.#timingWhole && this.completionTokens > 0) this.director.scheduler.wholeAnswer(this, performance.now() - this.#dispatchedAt, this.completionTokens);
-    this.#finish(this.#status >= 500 ? 'failed' : 'ok', this.#status);
+    if (this.timing && this.events > 1) this.director.scheduler.streamEnd(this, this.events - 1, this.lastAt - this.firstAt);
+    else if (this.timingWhole && this.completionTokens > 0) this.director.scheduler.wholeAnswer(this, performance.now() - this.dispatchedAt, this.completionTokens);
+    this.finish(this.status >= 500 ? 'failed' : 'ok', this.status);
   }
 
-  onUpstreamError(err: Error): void {
-    if (this.aborted || this.#done) return;
-    if (this.#canRetry()) {
-      this.#retry(`endpoint ${this.endpoint.name}: ${err.message}`);
+  override onUpstreamError(err: Error): void {
+    if (this.aborted || this.done) return;
+    this.endpoint.events?.upstreamFailed(this.endpoint, err.message, this.relayStarted);
+    if (this.canRetry()) {
+      this.retry(`endpoint ${this.endpoint.name}: ${err.message}`);
       return;
     }
-    this.#release('failed');
-    if (!this.#started) {
-      this.#reply(502, `upstream endpoint ${this.endpoint.name} failed: ${err.message}`, null, null);
+    this.release('failed');
+    if (!this.relayStarted) {
+      this.reply(502, `upstream endpoint ${this.endpoint.name} failed: ${err.message}`, null, null);
       return;
     }
-    this.#errorMessage = err.message;
-    if (!this.#clientEnded) {
-      const held = this.#sse?.flush() ?? null;
+    this.errorMessage = err.message;
+    if (!this.clientEnded) {
+      const held = this.sse?.flush() ?? null;
       if (held !== null) this.port.write(held);
-      this.#clientEnded = true;
-      this.port.fail(this.#isSse ? streamFailedEvent(this.endpoint.name, err.message) : null);
+      this.clientEnded = true;
+      this.port.fail(this.isSse ? streamFailedEvent(this.endpoint.name, err.message) : null);
     }
-    this.#finish('failed', this.#status);
+    this.finish('failed', this.status);
   }
-
-  // ---- backpressure (called by the transport) ---------------------------------------
 
   /** The client is slower than the engine: stop reading upstream. */
   pause(): void {
-    this.#call?.pause();
+    this.call?.pause();
   }
 
   resume(): void {
-    this.#call?.resume();
+    this.call?.resume();
   }
 
   // ---- ends -----------------------------------------------------------------------------
 
-  #finish(outcome: Outcome, status: number): void {
-    if (this.#done) return;
-    this.#done = true;
-    if (this.sessionKey !== '' && this.#dispatchedAt !== 0) this.director.sessions.turnEnded(this.sessionKey, Date.now());
-    this.#pd?.leg?.abort();
+  /** A bug or a throwing plugin/gate: answer 500 and log, never crash the process. */
+  override internalError(err: unknown): void {
+    this.director.log.error({ err, id: this.requestId }, 'internal error while handling a request');
+    this.reply(500, `internal error: ${(err as Error)?.message ?? String(err)}`, null, null);
+  }
+
+  protected finish(outcome: Outcome, status: number): void {
+    if (this.done) return;
+    this.done = true;
+    if (this.sessionKey !== '' && this.dispatchedAt !== 0) this.director.sessions.turnEnded(this.sessionKey, Date.now());
+    this.pdState?.leg?.abort();
     // the body is no longer needed (no retry after this)
-    this.#raw = null;
-    this.#promptCopy = null;
-    this.#release(outcome);
+    this.raw = null;
+    this.promptCopy = null;
+    this.release(outcome);
     const d = this.director;
-    if (this.#admitted) {
-      this.#admitted = false;
-      d.gate.release(this.#ticket, outcome, this);
+    if (this.admitted) {
+      this.admitted = false;
+      d.gate.release(this.ticket, outcome, this);
     }
     d.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, status);
-    if (this.trace !== null) this.trace.end(performance.now(), status, outcome === 'failed' ? this.#errorMessage || `HTTP ${status}` : '');
+    if (this.trace !== null) this.trace.end(performance.now(), status, outcome === 'failed' ? this.errorMessage || `HTTP ${status}` : '');
     this.port.done(status);
   }
 
   /** Answers with an OpenAI error instead of the engine's answer and releases everything. */
-  #reply(status: number, message: string, param: string | null, rejection: Rejected | null): void {
-    if (this.#done || this.aborted) return;
-    this.#call?.abort();
-    this.#call = null;
+  protected override reply(status: number, message: string, param: string | null, rejection: Rejected | null): void {
+    if (this.done || this.aborted) return;
+    this.call?.abort();
+    this.call = null;
     const failed = status >= 500;
-    this.#release(failed ? 'failed' : 'ok');
-    this.#clientEnded = true;
+    this.release(failed ? 'failed' : 'ok');
+    this.clientEnded = true;
     this.port.error(status, message, param, this.endpoint, rejection);
-    this.#finish(failed ? 'failed' : 'ok', status);
+    this.finish(failed ? 'failed' : 'ok', status);
   }
 
   /**
@@ -1014,35 +1024,35 @@ export class Flight implements Decision, UpstreamSink, FinishedRequest, AbortLik
    * failed, which forgets the prefix blocks its pick recorded.
    */
   served(status: number, servedBy?: Endpoint | null): void {
-    if (!this.decideOnly || this.#done || this.aborted || !this.#picked) return;
+    if (!this.decideOnly || this.done || this.aborted || !this.picked) return;
     const failed = status === 0 || status >= 500;
-    this.#status = failed ? (status === 0 ? 502 : status) : status;
+    this.status = failed ? (status === 0 ? 502 : status) : status;
     if (servedBy != null && servedBy !== this.endpoint && !failed) {
-      this.#status = 502; // the pick itself failed
-      this.#release('failed');
-      this.#status = status;
+      this.status = 502; // the pick itself failed
+      this.release('failed');
+      this.status = status;
     }
-    this.#finish(failed ? 'failed' : 'ok', status === 0 ? 502 : status);
+    this.finish(failed ? 'failed' : 'ok', status === 0 ? 502 : status);
   }
 
-  /** The client went away (the transport saw it): abort upstream, release all accounting. */
-  clientAborted(): void {
+  /** The client went away (the transport saw it; `status` 499), or the router cut the request (503 at a drain's end): abort upstream, release all accounting. */
+  clientAborted(status = 499): void {
     if (this.aborted) return;
     this.aborted = true;
-    this.#call?.abort();
-    this.#call = null;
-    this.#pd?.leg?.abort();
-    if (!this.#done) {
-      this.#done = true;
-      if (this.sessionKey !== '' && this.#dispatchedAt !== 0) this.director.sessions.turnEnded(this.sessionKey, Date.now());
-      this.#release('aborted');
-      if (this.#admitted) {
-        this.#admitted = false;
-        this.director.gate.release(this.#ticket, 'aborted', this);
+    this.call?.abort();
+    this.call = null;
+    this.pdState?.leg?.abort();
+    if (!this.done) {
+      this.done = true;
+      if (this.sessionKey !== '' && this.dispatchedAt !== 0) this.director.sessions.turnEnded(this.sessionKey, Date.now());
+      this.release('aborted');
+      if (this.admitted) {
+        this.admitted = false;
+        this.director.gate.release(this.ticket, 'aborted', this);
       }
-      this.director.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, 499);
-      if (this.trace !== null) this.trace.end(performance.now(), 499, 'client closed the request');
-      this.port.done(499);
+      this.director.metrics.countRequest(this.model, this.endpoint ? this.endpoint.id : -1, status);
+      if (this.trace !== null) this.trace.end(performance.now(), status, status === 499 ? 'client closed the request' : 'cut by the router (shutdown)');
+      this.port.done(status);
     }
     const cb = this.onabort;
     this.onabort = null;

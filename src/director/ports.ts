@@ -78,6 +78,8 @@ export interface DirectorOptions {
   tracer?: RequestTracer | null;
   /** Precise prefix matching: the prompt's tokens, started with admission and awaited before the pick (src/tokenize/source.ts). */
   tokens?: TokenSource | null;
+  /** Scan answers for their `completion_tokens` even when the gate does not want usage (the access log's `tokens`). */
+  scanUsage?: boolean;
   /** Prefill/decode disaggregation (config.disaggregation); absent: off, and it costs nothing. */
   pd?: Disaggregator | null;
 }

@@ -4,13 +4,24 @@
 // to the router's own in-flight counts.
 import { performance } from 'node:perf_hooks';
 import { Client } from 'undici';
-import type { Endpoint, EndpointSet } from './endpoint.js';
+import type { Endpoint, EndpointSet, Health } from './endpoint.js';
 import { readEngineMetrics } from './engine-metrics.js';
 
 export type CapacityListener = (ep: Endpoint) => void;
 
+/** Why a health check failed, for the log: the error's code and message (DNS, refused, timeout), its cause's when wrapped. */
+export function checkFailure(err: unknown): string {
+  const e = err as { code?: string; message?: string; cause?: { code?: string; message?: string } };
+  const inner = e?.cause?.code !== undefined ? e.cause : e;
+  const code = inner?.code ?? (e as Error)?.name;
+  const msg = inner?.message ?? String(err);
+  return code !== undefined && !msg.includes(code) ? `${code}: ${msg}` : msg;
+}
+
 /** Largest /metrics body read; a bigger one fails the scrape (real engines send well under 1 MiB). */
 export const MAX_METRICS_BYTES = 16 * 1024 * 1024;
+/** Largest GET /v1/models body read (an engine with many LoRA adapters lists each). */
+const MAX_MODELS_BYTES = 1024 * 1024;
 
 export class DataLayer {
   readonly #set: EndpointSet;
@@ -165,15 +176,59 @@ export class DataLayer {
       const signal = AbortSignal.timeout(this.#set.dataLayer.healthTimeoutMs);
       const res = await client.request({ path: '/health', method: 'GET', signal });
       await res.body.dump();
-      ep.health = res.statusCode === 200 ? 'up' : 'down';
-    } catch {
+      const was = ep.health;
+      this.#health(ep, res.statusCode === 200 ? 'up' : 'down', `GET /health answered HTTP ${res.statusCode}`);
+      // which models it serves: at its first good check, when it comes back (it may have restarted with another), and every modelCheckIntervalMs
+      const every = this.#set.dataLayer.modelCheckIntervalMs ?? 30_000;
+      if (ep.health === 'up' && every > 0 && (was !== 'up' || performance.now() - ep.modelsCheckedAt >= every)) await this.#checkModels(ep, client);
+    } catch (err) {
       // a removed endpoint's connection was closed under the check: not a health verdict
       if (ep.removed) return;
-      ep.health = 'down';
+      this.#health(ep, 'down', checkFailure(err));
     } finally {
       ep.healthAt = performance.now();
       this.#checking[ep.id] = false;
     }
+  }
+
+  /**
+   * Reads GET /v1/models: the pool's models the engine does not list are
+   * missing there. An engine without the route, or an answer that is not an
+   * OpenAI model list, tells nothing (nothing is marked missing).
+   */
+  async #checkModels(ep: Endpoint, client: Client): Promise<void> {
+    ep.modelsCheckedAt = performance.now();
+    let served: string[] | null = null;
+    try {
+      const res = await client.request({ path: '/v1/models', method: 'GET', signal: AbortSignal.timeout(this.#set.dataLayer.healthTimeoutMs) });
+      if (res.statusCode !== 200) {
+        await res.body.dump();
+        return;
+      }
+      let size = 0;
+      const chunks: Buffer[] = [];
+      for await (const chunk of res.body as AsyncIterable<Buffer>) {
+        size += chunk.length;
+        if (size > MAX_MODELS_BYTES) throw new RangeError('model list too large');
+        chunks.push(chunk);
+      }
+      const j = JSON.parse(Buffer.concat(chunks, size).toString('utf8')) as { data?: unknown };
+      if (!Array.isArray(j.data)) return;
+      served = j.data.map((m) => (m as { id?: unknown })?.id).filter((id): id is string => typeof id === 'string');
+    } catch {
+      return; // unreachable meanwhile, or not a model list: the health check has its own verdict
+    }
+    if (ep.removed || this.#closed) return;
+    const missing = ep.models.filter((m) => !served.includes(m));
+    const before = ep.missingModels ?? [];
+    ep.missingModels = missing.length > 0 ? missing : null;
+    if (missing.join('\0') !== before.join('\0')) ep.events?.models(ep, missing, served.slice(0, 32).map((m) => (m.length > 256 ? `${m.slice(0, 256)}…` : m))); // the engine's text, bounded for the log
+  }
+
+  #health(ep: Endpoint, to: Health, reason: string): void {
+    const from = ep.health;
+    ep.health = to;
+    if (from !== to && !this.#closed) ep.events?.health(ep, from, to, reason);
   }
 
   async close(): Promise<void> {

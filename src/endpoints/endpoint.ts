@@ -12,6 +12,21 @@ import type { LatencyModel } from './latency-model.js';
 
 export type Health = 'unknown' | 'up' | 'down';
 
+/**
+ * State changes of endpoints, for the router's log (src/server/state-log.ts).
+ * Called on changes only (never per request): health, breaker, draining, and
+ * upstream failures (which the listener rate-limits).
+ */
+export interface EndpointEvents {
+  health(ep: Endpoint, from: Health, to: Health, reason: string): void;
+  breaker(ep: Endpoint, open: boolean): void;
+  draining(ep: Endpoint): void;
+  /** The endpoint's GET /v1/models lists `served`: `missing` are its pool's models it does not serve (empty: all served again). */
+  models(ep: Endpoint, missing: readonly string[], served: readonly string[]): void;
+  /** A request's upstream leg failed (connect, DNS, reset, timeout); `midStream`: after bytes went to the client. */
+  upstreamFailed(ep: Endpoint, message: string, midStream: boolean): void;
+}
+
 export class Endpoint {
   readonly id: number;
   readonly name: string;
@@ -77,6 +92,17 @@ export class Endpoint {
   healthAt = 0;
   /** The learned latency model, when a latency plugin (predicted-latency) uses one; null otherwise. */
   latency: LatencyModel | null = null;
+
+  /**
+   * Models of its pool the engine does not serve (its GET /v1/models does not
+   * list them): not routed there, and /readyz is not ready for them on its
+   * account. Null: none missing, or not checked (an engine without the route).
+   */
+  missingModels: readonly string[] | null = null;
+  /** performance.now() of the last /v1/models check; 0: never. */
+  modelsCheckedAt = 0;
+  /** State-change listener (the router's log), shared by the set's endpoints; null: none. */
+  events: EndpointEvents | null = null;
 
   consecutiveFailures = 0;
   /** performance.now() until which the breaker is open (0 = closed). */
@@ -174,6 +200,11 @@ export class Endpoint {
     return this.health !== 'down' && !this.breakerOpen(now);
   }
 
+  /** Serves `model` as far as its /v1/models says (unchecked: yes). */
+  serves(model: string): boolean {
+    return this.missingModels === null || !this.missingModels.includes(model);
+  }
+
   /** Ready for /readyz: known healthy (or health checks off) and breaker closed. */
   ready(now: number, healthChecks: boolean): boolean {
     return (this.health === 'up' || (!healthChecks && this.health !== 'down')) && !this.breakerOpen(now);
@@ -203,6 +234,7 @@ export class Endpoint {
       } else {
         this.consecutiveFailures = 0;
         this.breakerOpenUntil = 0;
+        this.events?.breaker(this, false);
       }
       return;
     }
@@ -210,6 +242,7 @@ export class Endpoint {
       this.consecutiveFailures++;
       if (this.breakerOpenUntil === 0 && this.consecutiveFailures >= cfg.breakerFailures) {
         this.breakerOpenUntil = now + cfg.breakerCooldownMs;
+        this.events?.breaker(this, true);
       }
     } else if (this.breakerOpenUntil === 0) {
       // a success resets the count; while the breaker is open only its trial can close it
@@ -266,6 +299,7 @@ export class EndpointSet {
   readonly #removed: EndpointListener[] = [];
   readonly #changed: (() => void)[] = [];
   #nextId = 0;
+  #events: EndpointEvents | null = null;
   /** The constructor's endpoints are in: later ones are runtime additions. */
   #started = false;
 
@@ -277,6 +311,12 @@ export class EndpointSet {
       for (const ec of pool.endpoints) this.add(pool, ec, 'config');
     }
     this.#started = true;
+  }
+
+  /** The state-change listener of every endpoint, present and added later (the router's log). */
+  set events(e: EndpointEvents | null) {
+    this.#events = e;
+    for (const ep of this.all) ep.events = e;
   }
 
   /** Ids handed out so far (ids are below this). */
@@ -311,6 +351,7 @@ export class EndpointSet {
       throw new EndpointError(`this router has added ${MAX_ENDPOINT_IDS} endpoints since it started (ids are not reused); restart it to add more`, 'SWY_ERR_ENDPOINT_IDS');
     const ep = new Endpoint(this.#nextId++, pool, ec, this.dataLayer.staleAfterMs);
     ep.origin = origin;
+    ep.events = this.#events;
     // added at runtime: routable only after its first health check says up (it may still be loading)
     if (this.#started && this.dataLayer.healthIntervalMs > 0) ep.health = 'down';
     this.all.push(ep);
@@ -331,6 +372,7 @@ export class EndpointSet {
   startDrain(ep: Endpoint): void {
     if (ep.state === 'draining' || this.#byId[ep.id] !== ep) return;
     ep.state = 'draining';
+    ep.events?.draining(ep);
     if (this.#byName.get(ep.name) === ep) this.#byName.delete(ep.name);
     for (const m of ep.models) {
       const list = this.#byModel.get(m);

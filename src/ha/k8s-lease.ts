@@ -241,7 +241,7 @@ export class KubernetesLease implements Lease {
     const was = this.#state;
     this.#state = state;
     if (state === 'standby') this.#fence = 0;
-    this.#o.log.warn({ from: was, to: state, fence: this.#fence, reason, lease: `${this.#o.namespace}/${this.#o.name}` }, `high availability: now ${state}`);
+    this.#o.log[state === 'active' ? 'info' : 'warn']({ event: 'ha.leader_change', from: was, to: state, fence: this.#fence, reason, lease: `${this.#o.namespace}/${this.#o.name}` }, `high availability: now ${state}`);
     for (const l of this.#listeners) {
       try {
         l(state, reason);

@@ -212,7 +212,8 @@ export class RedisLease implements Lease {
     const was = this.#state;
     this.#state = state;
     if (state === 'standby') this.#fence = 0;
-    this.#log.warn({ from: was, to: state, fence: this.#fence, reason }, `high availability: now ${state}`);
+    // taking the lead is routine (info); losing it is what an operator looks into (warn)
+    this.#log[state === 'active' ? 'info' : 'warn']({ event: 'ha.leader_change', from: was, to: state, fence: this.#fence, reason }, `high availability: now ${state}`);
     for (const l of this.#listeners) {
       try {
         l(state, reason);

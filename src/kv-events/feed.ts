@@ -31,7 +31,16 @@ export interface KvFeedEndpoint {
   model: string;
   /** Data-parallel rank → index id of the holder (each rank holds its own blocks); absent ranks other than 0 are dropped. */
   ranks?: Readonly<Record<number, number>>;
+  /** This stream's largest accepted ZMQ frame (default: the feed's maxMessageBytes). */
+  maxMessageBytes?: number;
+  /** This stream's queue bound in payload bytes (default: the feed's maxQueuedBytes). */
+  maxQueuedBytes?: number;
 }
+
+/** Default bound of one KV-event frame, bytes (a publisher that sends a bigger one is disconnected). */
+export const DEFAULT_MAX_MESSAGE_BYTES = 64 << 20;
+/** Default bound of one stream's queue, payload bytes. */
+export const DEFAULT_MAX_QUEUED_BYTES = 64 << 20;
 
 /** The largest data-parallel rank a feed maps (ranks above are dropped). */
 export const MAX_DP_RANK = 1023;
@@ -40,6 +49,12 @@ export interface KvFeedOptions {
   /** Tokens per engine KV block (vLLM --block-size). */
   blockTokens: number;
   maxQueuedBatches?: number;
+  /** Payload bytes a stream holds between drains before the oldest batches are dropped (default 64 MiB). */
+  maxQueuedBytes?: number;
+  /** The largest KV-event frame accepted, bytes (ZMQ_MAXMSGSIZE; default 64 MiB). */
+  maxMessageBytes?: number;
+  /** The drain's reusable payload buffer, bytes (default 4 MiB; a bigger payload is applied alone from its own buffer). */
+  scratchBytes?: number;
   maxBatchesPerDrain?: number;
   replayTimeoutMs?: number;
   /** Engine block hashes remembered per endpoint (PrefixIndex.setEventMapLimit; default 1 048 576). */
@@ -63,6 +78,8 @@ interface Feed {
   rankLen: number;
   seedHi: number;
   seedLo: number;
+  /** The last drain that took from this feed (a failed drain tells those streams they lost batches). */
+  drainId: number;
 }
 
 export class KvEventFeed implements DecodeCounts {
@@ -95,21 +112,57 @@ export class KvEventFeed implements DecodeCounts {
    * mode scores the endpoint while its stream is down and its record is as stale as the events'.
    */
   onEngineReset: ((id: number) => void) | null = null;
+  /** Called when an engine's stream connects or loses its publisher (the router's log); null: none. */
+  onConnection: ((name: string, endpoint: string, connected: boolean) => void) | null = null;
   /** Engine resets seen (disconnects and restarts), over all streams. */
   engineResets = 0;
-  // one drain's input to applyPayloads, reused
-  #data = new Uint8Array(1 << 20);
-  #items = new Uint32Array(ITEM_WORDS * 512);
-  #status = new Uint8Array(512);
+  /** Drains that threw (their batches were lost: the streams they came from were cleared and marked unhealthy). */
+  drainErrors = 0;
+  /** Exceptions thrown by onEngineReset (caught; the feed went on). */
+  resetHookErrors = 0;
+  // one native call's input to applyPayloads: fixed buffers, never grown (a payload larger than the scratch
+  // goes alone, straight from its own buffer), so no burst leaves memory behind
+  readonly #data: Uint8Array;
+  readonly #itemCap: number;
+  readonly #items: Uint32Array;
+  readonly #status: Uint8Array;
   #ranks = new Int32Array(0);
-  #taken: (QueuedBatch | null)[] = [];
-  #takenFeed: Feed[] = [];
+  readonly #taken: (QueuedBatch | null)[] = [];
+  readonly #takenFeed: (Feed | null)[] = [];
+  /** Items and scratch bytes of the native call being built. */
+  #n = 0;
+  #bytes = 0;
+  #drainId = 0;
 
   constructor(index: PrefixIndex, o: KvFeedOptions) {
     if (index.blockSize !== o.blockTokens * 4) throw new RangeError(`the precise index's blockSize must be blockTokens × 4 bytes (${o.blockTokens * 4}), got ${index.blockSize}`);
     this.index = index;
-    this.#o = { maxQueuedBatches: 4096, maxBatchesPerDrain: 256, replayTimeoutMs: 1000, eventMapLimit: 1 << 20, inlineDrainsPerTurn: 8, ...o };
+    this.#o = {
+      maxQueuedBatches: 4096,
+      maxQueuedBytes: DEFAULT_MAX_QUEUED_BYTES,
+      maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
+      scratchBytes: 4 << 20,
+      maxBatchesPerDrain: 256,
+      replayTimeoutMs: 1000,
+      eventMapLimit: 1 << 20,
+      inlineDrainsPerTurn: 8,
+      ...o,
+    };
+    for (const k of ['maxQueuedBatches', 'maxQueuedBytes', 'maxMessageBytes', 'scratchBytes', 'maxBatchesPerDrain'] as const) {
+      const v = this.#o[k];
+      if (!Number.isInteger(v) || v < 1) throw new RangeError(`KvEventFeed ${k} must be an integer >= 1, got ${v}`);
+    }
+    this.#data = new Uint8Array(this.#o.scratchBytes);
+    // a drain's items: its batches and at most one clear before each (a stream never queues two in a row), plus slack
+    this.#itemCap = 2 * this.#o.maxBatchesPerDrain + 16;
+    this.#items = new Uint32Array(ITEM_WORDS * this.#itemCap);
+    this.#status = new Uint8Array(this.#itemCap);
     index.setEventMapLimit(this.#o.eventMapLimit);
+  }
+
+  /** Bytes of the drain's scratch buffer (fixed: scratchBytes). */
+  get scratchBytes(): number {
+    return this.#data.length;
   }
 
   get unknownEvents(): number {
@@ -150,6 +203,7 @@ export class KvEventFeed implements DecodeCounts {
       rankLen,
       seedHi: Number(seed >> 32n),
       seedLo: Number(seed & 0xffffffffn),
+      drainId: 0,
     };
     // rank table: rank 0 without a holder of its own is the endpoint itself; other unmapped ranks are dropped
     const table = new Int32Array(this.#ranks.length + rankLen);
@@ -162,15 +216,26 @@ export class KvEventFeed implements DecodeCounts {
         replayEndpoint: ep.replayEndpoint ?? null,
         topic: ep.topic ?? '',
         maxQueued: this.#o.maxQueuedBatches,
+        maxQueuedBytes: ep.maxQueuedBytes ?? this.#o.maxQueuedBytes,
+        maxMessageBytes: ep.maxMessageBytes ?? this.#o.maxMessageBytes,
         replayTimeoutMs: this.#o.replayTimeoutMs,
       },
       () => this.#wake(feed),
       () => {
         this.engineResets++;
         const cb = this.onEngineReset;
-        if (cb !== null) for (const h of feed.holders) cb(h);
+        if (cb === null) return;
+        for (const h of feed.holders) {
+          try {
+            cb(h);
+          } catch {
+            // the router's hook: counted, never thrown into a socket event
+            this.resetHookErrors++;
+          }
+        }
       },
     );
+    feed.stream.onConnection = (connected) => this.onConnection?.(ep.name, ep.endpoint, connected);
     this.#feeds.push(feed);
     for (const h of feed.holders) this.#byId[h] = feed;
     if (!this.#closed) feed.stream.start();
@@ -218,58 +283,24 @@ export class KvEventFeed implements DecodeCounts {
     } else setImmediate(this.#drainFn);
   }
 
-  /** Decodes and applies what the streams queued (bounded per call; reschedules itself for the rest). */
+  /** Decodes and applies what the streams queued (bounded per call; reschedules itself for the rest). Never throws. */
   drain(): void {
     this.#scheduled = false;
     if (this.#closed) return;
-    let budget = this.#o.maxBatchesPerDrain;
-    let n = 0;
-    let bytes = 0;
-    for (const f of this.#ready) {
-      this.#ready.delete(f);
-      const items = f.stream.take(budget);
-      for (const item of items) {
-        const b = item === 'clear' ? null : item;
-        if (b !== null) {
-          budget--;
-          if (bytes + b.payload.length > this.#data.length) this.#growData(bytes + b.payload.length);
-          this.#data.set(b.payload, bytes);
-        }
-        if ((n + 1) * ITEM_WORDS > this.#items.length) this.#growItems();
-        const it = this.#items;
-        const o = n * ITEM_WORDS;
-        it[o] = b === null ? ITEM_CLEAR : ITEM_PAYLOAD;
-        it[o + 1] = bytes;
-        if (b !== null) bytes += b.payload.length;
-        it[o + 2] = bytes;
-        it[o + 3] = f.ep.id;
-        it[o + 4] = f.rankOff;
-        it[o + 5] = f.rankLen;
-        it[o + 6] = f.seedHi;
-        it[o + 7] = f.seedLo;
-        this.#taken[n] = b;
-        this.#takenFeed[n] = f;
-        n++;
-      }
-      if (f.stream.queued > 0) this.#ready.add(f);
-      else f.stream.drained();
-      if (budget <= 0) break;
-    }
-    if (n > 0) {
-      this.index.applyPayloads(this.#data, this.#items, n, this.#ranks, this.#status, this.totals);
-      const now = performance.now();
-      const status = this.#status;
-      for (let i = 0; i < n; i++) {
-        const b = this.#taken[i];
-        const f = this.#takenFeed[i]!;
+    const id = ++this.#drainId;
+    try {
+      this.#drainSome(id);
+    } catch {
+      // a drain runs from a microtask or setImmediate: nothing may escape it (it would end the process). What
+      // it had taken is lost: those engines' entries are cleared before their next batches.
+      this.drainErrors++;
+      for (let i = 0; i < this.#n; i++) {
         this.#taken[i] = null;
-        if (b === null) continue;
-        if (status[i] === APPLY_STATUS.malformed) f.stream.decodeFailed(true);
-        else {
-          f.stream.decoded();
-          this.lag.observe(Math.max(0, now - b.at) / 1000);
-        }
+        this.#takenFeed[i] = null;
       }
+      this.#n = 0;
+      this.#bytes = 0;
+      for (const f of this.#feeds) if (f.drainId === id) f.stream.lost();
     }
     this.drains++;
     if (this.#ready.size > 0 && !this.#scheduled) {
@@ -279,17 +310,77 @@ export class KvEventFeed implements DecodeCounts {
     }
   }
 
-  #growData(need: number): void {
-    const next = new Uint8Array(Math.max(need, this.#data.length * 2));
-    next.set(this.#data);
-    this.#data = next;
+  #drainSome(id: number): void {
+    let budget = this.#o.maxBatchesPerDrain;
+    const data = this.#data;
+    for (const f of this.#ready) {
+      this.#ready.delete(f);
+      f.drainId = id;
+      const items = f.stream.take(budget);
+      for (const item of items) {
+        if (item === 'clear') {
+          this.#item(f, null, 0);
+          continue;
+        }
+        budget--;
+        const len = item.payload.length;
+        if (len > data.length) {
+          // bigger than the scratch: applied alone from its own buffer (no copy, nothing grows)
+          this.#flush(data);
+          this.#item(f, item, len);
+          this.#flush(item.payload);
+          continue;
+        }
+        if (this.#n === this.#itemCap || this.#bytes + len > data.length) this.#flush(data);
+        data.set(item.payload, this.#bytes);
+        this.#item(f, item, len);
+      }
+      if (f.stream.queued > 0) this.#ready.add(f);
+      else f.stream.drained();
+      if (budget <= 0) break;
+    }
+    this.#flush(data);
   }
 
-  #growItems(): void {
-    const next = new Uint32Array(this.#items.length * 2);
-    next.set(this.#items);
-    this.#items = next;
-    const st = new Uint8Array(next.length / ITEM_WORDS);
-    this.#status = st;
+  /** Appends one item (a payload of `len` bytes at #bytes, or a clear) to the native call being built (the caller made room). */
+  #item(f: Feed, b: QueuedBatch | null, len: number): void {
+    if (b === null && this.#n === this.#itemCap) this.#flush(this.#data);
+    const it = this.#items;
+    const o = this.#n * ITEM_WORDS;
+    it[o] = b === null ? ITEM_CLEAR : ITEM_PAYLOAD;
+    it[o + 1] = this.#bytes;
+    this.#bytes += len;
+    it[o + 2] = this.#bytes;
+    it[o + 3] = f.ep.id;
+    it[o + 4] = f.rankOff;
+    it[o + 5] = f.rankLen;
+    it[o + 6] = f.seedHi;
+    it[o + 7] = f.seedLo;
+    this.#taken[this.#n] = b;
+    this.#takenFeed[this.#n] = f;
+    this.#n++;
+  }
+
+  /** One native call for the items built so far, over `data` (the scratch, or a lone big payload). */
+  #flush(data: Uint8Array): void {
+    const n = this.#n;
+    if (n === 0) return;
+    this.index.applyPayloads(data, this.#items, n, this.#ranks, this.#status, this.totals);
+    this.#n = 0;
+    this.#bytes = 0;
+    const now = performance.now();
+    const status = this.#status;
+    for (let i = 0; i < n; i++) {
+      const b = this.#taken[i];
+      const f = this.#takenFeed[i]!;
+      this.#taken[i] = null;
+      this.#takenFeed[i] = null;
+      if (b === null) continue;
+      if (status[i] === APPLY_STATUS.malformed) f.stream.decodeFailed(true);
+      else {
+        f.stream.decoded();
+        this.lag.observe(Math.max(0, now - b.at) / 1000);
+      }
+    }
   }
 }

@@ -15,6 +15,10 @@ export interface KvStreamOptions {
   topic: string;
   /** Batches held between drains before the oldest are dropped. */
   maxQueued: number;
+  /** Payload bytes held between drains (and held back during a replay, and in one replay's answer) before the oldest are dropped. */
+  maxQueuedBytes: number;
+  /** The largest ZMQ frame accepted (ZMQ_MAXMSGSIZE on the SUB and replay sockets): a publisher that sends a bigger one is disconnected. */
+  maxMessageBytes: number;
   /** How long a replay may take before the gap is treated as unrecoverable, ms. */
   replayTimeoutMs: number;
 }
@@ -31,8 +35,18 @@ export class KvStreamCounters {
   duplicates = 0;
   restarts = 0;
   dropped = 0;
+  /** Of dropped: dropped because the queue's bytes were over maxQueuedBytes. */
+  droppedBytes = 0;
   decodeErrors = 0;
   clears = 0;
+  /** Times the publisher's connection went away (a frame over maxMessageBytes makes libzmq drop it). */
+  disconnects = 0;
+  /** New sockets opened after a disconnect (libzmq does not reconnect a connection it dropped for a protocol error). */
+  resubscribes = 0;
+  /** Replays whose answer went over maxQueuedBytes or maxQueued (failed: the endpoint was cleared). */
+  replayOverflows = 0;
+  /** Exceptions caught in a receive, disconnect or replay callback (the stream went on; the endpoint was cleared). */
+  callbackErrors = 0;
 }
 
 export interface QueuedBatch {
@@ -43,6 +57,13 @@ export interface QueuedBatch {
 }
 
 const END_SEQ_HI = 0xffffffff;
+
+/**
+ * Messages libzmq holds for one SUB socket before it stops reading the publisher's connection (TCP then pushes
+ * back and the publisher drops at its own high-water mark: a gap). The loop normally takes each message as it
+ * arrives and the byte-bounded queue decides; this only matters while the loop is held.
+ */
+export const RECEIVE_HWM = 1000;
 
 function readSeq(b: Buffer): number {
   if (b.length !== 8) return -1;
@@ -87,14 +108,20 @@ export class KvEventStream {
   #expected = -1;
   #queue: (QueuedBatch | 'clear')[] = [];
   #queued = 0;
+  /** Payload bytes in #queue. */
+  #queuedBytes = 0;
   #replaying = false;
-  /** Live batches received while a replay is under way. */
+  /** Live batches received while a replay is under way, and their payload bytes. */
   #held: QueuedBatch[] = [];
+  #heldBytes = 0;
   #problem: StreamProblem = 'connecting';
   #decodeErrorsInRow = 0;
   #recentGaps: number[] = [];
   readonly #onReady: () => void;
   readonly #onReset: (() => void) | null;
+  /** Socket re-creations since the last good batch (the pause before the next one doubles), and the timer. */
+  #reopens = 0;
+  #reopenTimer: NodeJS.Timeout | null = null;
   #notified = false;
 
   /**
@@ -107,6 +134,9 @@ export class KvEventStream {
     this.#onReset = onReset;
   }
 
+  /** Called when the stream's socket connects (true) or loses its publisher (false): the router logs it. */
+  onConnection: ((connected: boolean) => void) | null = null;
+
   /** Whether the index's entries for this engine can be trusted (else: score it by the approximate mode). */
   get healthy(): boolean {
     return this.#problem === null;
@@ -117,22 +147,52 @@ export class KvEventStream {
   get queued(): number {
     return this.#queued;
   }
+  /** Payload bytes queued (at most maxQueuedBytes, or one payload). */
+  get queuedBytes(): number {
+    return this.#queuedBytes;
+  }
 
   start(): void {
-    const sub = new Subscriber({ linger: 0, receiveHighWaterMark: 100000 });
+    this.#open();
+  }
+
+  #open(): void {
+    this.#reopenTimer = null;
+    if (this.#closed) return;
+    const sub = new Subscriber({ linger: 0, receiveHighWaterMark: RECEIVE_HWM, maxMessageSize: this.options.maxMessageBytes });
     this.#sub = sub;
     sub.events.on('connect', () => {
+      if (sub !== this.#sub) return;
       if (this.#problem === 'connecting' || this.#problem === 'disconnected') this.#problem = null;
+      if (!this.#closed) this.onConnection?.(true);
     });
     sub.events.on('disconnect', () => {
-      // the engine went away: whatever it sends while we are not connected is lost, and it may come back
-      // restarted with an empty cache; forget its entries, and on the next batch join again (replay from 0)
-      if (this.#closed) return;
+      // the engine went away (or sent a frame over maxMessageBytes, which makes libzmq drop it): whatever it
+      // sends while we are not connected is lost, and it may come back restarted with an empty cache; forget
+      // its entries, and on the next batch join again (replay from 0)
+      if (this.#closed || sub !== this.#sub) return;
+      this.counters.disconnects++;
+      this.onConnection?.(false);
       this.#setProblem('disconnected');
       this.counters.clears++;
       this.#push('clear');
       if (!this.#replaying) this.#expected = -1;
-      this.#onReset?.();
+      try {
+        this.#onReset?.();
+      } catch {
+        // the owner's hook threw: never out of a socket event (it would end the process)
+        this.counters.callbackErrors++;
+      }
+      // libzmq does not reconnect a connection it dropped for a protocol error (an oversize frame is one):
+      // a new socket, after a pause that doubles while the publisher keeps getting dropped before sending
+      // anything good (up to 5 s), so a hostile publisher cannot make it spin
+      this.#sub = null;
+      sub.close();
+      const delay = Math.min(5000, 100 * 2 ** Math.min(this.#reopens, 6));
+      this.#reopens++;
+      this.counters.resubscribes++;
+      this.#reopenTimer = setTimeout(() => this.#open(), delay);
+      this.#reopenTimer.unref();
     });
     sub.connect(this.options.endpoint);
     sub.subscribe(this.options.topic);
@@ -141,6 +201,8 @@ export class KvEventStream {
 
   close(): void {
     this.#closed = true;
+    if (this.#reopenTimer !== null) clearTimeout(this.#reopenTimer);
+    this.#reopenTimer = null;
     this.#sub?.close();
     this.#sub = null;
   }
@@ -152,13 +214,32 @@ export class KvEventStream {
     if (this.#queued <= limit) {
       this.#queue = [];
       this.#queued = 0;
+      this.#queuedBytes = 0;
       return q;
     }
     let n = 0;
     let i = 0;
-    for (; i < q.length && n < limit; i++) if (q[i] !== 'clear') n++;
+    let bytes = 0;
+    for (; i < q.length && n < limit; i++) {
+      const x = q[i]!;
+      if (x !== 'clear') {
+        n++;
+        bytes += x.payload.length;
+      }
+    }
     this.#queued -= n;
+    this.#queuedBytes -= bytes;
     return q.splice(0, i);
+  }
+
+  /**
+   * The owner lost batches it had taken (its drain failed): forget the engine's entries before whatever comes
+   * next, without waking the owner (the clear goes with the next batch), and distrust the stream until then.
+   */
+  lost(): void {
+    this.counters.clears++;
+    this.#push('clear', false);
+    this.#setProblem('decode-errors');
   }
 
   /**
@@ -176,12 +257,23 @@ export class KvEventStream {
   /** The owner decoded a batch of this stream. */
   decoded(): void {
     this.#decodeErrorsInRow = 0;
+    this.#reopens = 0;
     if (this.#problem === 'decode-errors') this.#problem = null;
   }
 
   async #receive(sub: Subscriber): Promise<void> {
-    try {
-      for await (const frames of sub) {
+    for (;;) {
+      let frames: Buffer[];
+      try {
+        frames = await sub.receive();
+      } catch {
+        if (this.#closed || sub.closed || sub !== this.#sub) return; // closed (or replaced after a disconnect)
+        // not expected from a SUB socket (EAGAIN only with a receive timeout): go on receiving, after a pause
+        this.counters.callbackErrors++;
+        await new Promise((r) => setTimeout(r, 100));
+        continue;
+      }
+      try {
         if (frames.length !== 3) {
           this.decodeFailed();
           continue;
@@ -192,17 +284,26 @@ export class KvEventStream {
           continue;
         }
         this.#live({ seq, payload: frames[2]!, at: performance.now() });
+      } catch {
+        // a bug or a throwing hook must not end this loop (the stream would go silent and stay "healthy")
+        this.#callbackFailed();
       }
-    } catch {
-      // closed
     }
+  }
+
+  #callbackFailed(): void {
+    this.counters.callbackErrors++;
+    this.counters.clears++;
+    this.#push('clear');
+    this.#expected = -1;
+    this.#setProblem('decode-errors');
   }
 
   #live(b: QueuedBatch): void {
     this.counters.batches++;
     if (this.#problem === 'connecting' || this.#problem === 'disconnected') this.#problem = null;
     if (this.#replaying) {
-      this.#held.push(b);
+      this.#hold(b);
       return;
     }
     const exp = this.#expected;
@@ -243,30 +344,71 @@ export class KvEventStream {
     this.#accept(b);
   }
 
-  #push(item: QueuedBatch | 'clear'): void {
-    const max = this.options.maxQueued;
-    if (item !== 'clear' && this.#queued >= max) {
-      // flood: drop the oldest batches; what they said is lost, so the engine's entries are cleared first
-      let dropped = 0;
-      while (this.#queued >= max) {
-        const x = this.#queue.shift();
-        if (x === undefined) break;
-        if (x !== 'clear') {
-          this.#queued--;
-          dropped++;
+  #push(item: QueuedBatch | 'clear', notify = true): void {
+    const q = this.#queue;
+    if (item === 'clear') {
+      // two clears in a row say no more than one (so clears cannot grow the queue on their own)
+      if (q.length > 0 && q[q.length - 1] === 'clear') return;
+    } else {
+      const max = this.options.maxQueued;
+      const maxBytes = this.options.maxQueuedBytes;
+      const size = item.payload.length;
+      if (this.#queued >= max || (this.#queued > 0 && this.#queuedBytes + size > maxBytes)) {
+        // flood: drop the oldest batches until this one fits (in count and bytes; the queue always takes one);
+        // what they said is lost, so the engine's entries are cleared first
+        let dropped = 0;
+        let droppedBytes = 0;
+        const byBytes = this.#queued < max;
+        while (this.#queued > 0 && (this.#queued >= max || this.#queuedBytes + size > maxBytes)) {
+          const x = q.shift();
+          if (x === undefined) break;
+          if (x !== 'clear') {
+            this.#queued--;
+            this.#queuedBytes -= x.payload.length;
+            dropped++;
+            droppedBytes += x.payload.length;
+          }
         }
+        while (q.length > 0 && q[0] === 'clear') q.shift();
+        this.counters.dropped += dropped;
+        if (byBytes) this.counters.droppedBytes += dropped;
+        this.counters.clears++;
+        q.unshift('clear');
+        this.#setProblem('overflow');
       }
-      this.counters.dropped += dropped;
-      this.counters.clears++;
-      this.#queue.unshift('clear');
-      this.#setProblem('overflow');
+      this.#queued++;
+      this.#queuedBytes += size;
     }
-    this.#queue.push(item);
-    if (item !== 'clear') this.#queued++;
-    if (!this.#notified) {
+    q.push(item);
+    if (notify && !this.#notified) {
       this.#notified = true;
       this.#onReady();
     }
+  }
+
+  /** Holds a live batch received during a replay, dropping the oldest held past maxQueued or maxQueuedBytes. */
+  #hold(b: QueuedBatch): void {
+    const h = this.#held;
+    const size = b.payload.length;
+    let dropped = 0;
+    while (h.length > 0 && (h.length >= this.options.maxQueued || this.#heldBytes + size > this.options.maxQueuedBytes)) {
+      this.#heldBytes -= h.shift()!.payload.length;
+      dropped++;
+    }
+    if (dropped > 0) {
+      // the first held batch now follows a hole: after the replay, #live sees it as a gap (replay again, or clear)
+      this.counters.dropped += dropped;
+      this.#setProblem('overflow');
+    }
+    h.push(b);
+    this.#heldBytes += size;
+  }
+
+  #takeHeld(): QueuedBatch[] {
+    const held = this.#held;
+    this.#held = [];
+    this.#heldBytes = 0;
+    return held;
   }
 
   /** Called by the owner after a drain emptied the queue: an overflow is over once the backlog is gone. */
@@ -291,20 +433,29 @@ export class KvEventStream {
   #startReplay(from: number, live: QueuedBatch): void {
     this.#replaying = true;
     this.#held = [live];
+    this.#heldBytes = live.payload.length;
     this.counters.replays++;
     const joining = this.#expected === -1;
-    void this.#replay(from).then((got) => {
+    this.#replay(from)
+      .then((got) => this.#replayed(got, from, live, joining))
+      .catch(() => {
+        // never an unhandled rejection (it would end the process): forget the engine, start again
+        this.#replaying = false;
+        this.#takeHeld();
+        this.#callbackFailed();
+      });
+  }
+
+  #replayed(got: QueuedBatch[] | null, from: number, live: QueuedBatch, joining: boolean): void {
+    {
       this.#replaying = false;
       if (got !== null && !covers(got, joining ? -1 : from, live.seq)) got = null;
       if (got === null && joining) {
         // joining: whatever the buffer no longer holds was never known here; start from the live batch
-        const held = this.#held;
-        this.#held = [];
-        for (const b of held) this.#afterClear(b);
+        for (const b of this.#takeHeld()) this.#afterClear(b);
         return;
       }
-      const held = this.#held;
-      this.#held = [];
+      const held = this.#takeHeld();
       if (got === null) {
         this.counters.replayFailures++;
         // what the gap held is lost: a wrong "cached" is worse than a miss
@@ -319,7 +470,7 @@ export class KvEventStream {
         this.#accept(b);
       }
       for (const b of held) this.#live(b);
-    });
+    }
   }
 
   /** After a failed replay: take held live batches from the first one on, without asking again. */
@@ -330,8 +481,14 @@ export class KvEventStream {
   /** Asks the replay socket for batches from `from` on; null when it fails or times out. */
   async #replay(from: number): Promise<QueuedBatch[] | null> {
     if (this.#closed || this.options.replayEndpoint === null) return null;
-    const d = new Dealer({ linger: 0, receiveTimeout: this.options.replayTimeoutMs, sendTimeout: this.options.replayTimeoutMs });
+    const d = new Dealer({
+      linger: 0,
+      receiveTimeout: this.options.replayTimeoutMs,
+      sendTimeout: this.options.replayTimeoutMs,
+      maxMessageSize: this.options.maxMessageBytes,
+    });
     const out: QueuedBatch[] = [];
+    let bytes = 0;
     try {
       d.connect(this.options.replayEndpoint);
       await d.send([Buffer.alloc(0), seqBytes(from)]);
@@ -344,6 +501,12 @@ export class KvEventStream {
         const seq = readSeq(f[0]!);
         if (seq === -2) break;
         if (seq < 0) return null;
+        bytes += f[1]!.length;
+        if (bytes > this.options.maxQueuedBytes || out.length >= this.options.maxQueued) {
+          // a replay answer bigger than the queue could hold: not applied (what the gap held is lost)
+          this.counters.replayOverflows++;
+          return null;
+        }
         out.push({ seq, payload: f[1]!, at: performance.now() });
       }
       return out;

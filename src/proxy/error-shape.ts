@@ -40,6 +40,9 @@ export function errorBody(status: number, message: string, param: string | null 
   return JSON.stringify({ error: errorObject(status, message, param, code) });
 }
 
+/** vLLM's and SGLang's words for a prompt longer than the model's context: OpenAI's code for it is context_length_exceeded. */
+const CONTEXT_LENGTH = /maximum context length|context length (?:is|of)|longer than the model's context/i;
+
 /** OpenAI's `type` values (docs/errors.md); any other is an engine's own (an SDK class name such as `BadRequestError`). */
 const TYPES = new Set(['invalid_request_error', 'authentication_error', 'permission_error', 'not_found_error', 'requests', 'tokens', 'rate_limit_exceeded', 'insufficient_quota', 'server_error']);
 
@@ -68,6 +71,6 @@ export function normalizeErrorBody(text: string, status: number): string | null 
   const message = typeof o.message === 'string' ? o.message : typeof o.detail === 'string' ? o.detail : `upstream error (HTTP ${status})`;
   const type = typeof o.type === 'string' && TYPES.has(o.type) ? o.type : errorType(st);
   const param = typeof o.param === 'string' ? o.param : null;
-  const code = typeof c === 'string' && c !== '' ? c : defaultCode(st, param);
+  const code = typeof c === 'string' && c !== '' ? c : st === 400 && CONTEXT_LENGTH.test(message) ? 'context_length_exceeded' : defaultCode(st, param);
   return JSON.stringify({ error: { message, type, param, code } });
 }

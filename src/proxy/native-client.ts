@@ -302,7 +302,8 @@ export class NativeUpstreamClient implements UpstreamClient {
     const port = Number(u.port || 80);
     const name = hostName(u);
     if (name === null) this.conns.addPool(ep.id, u.hostname.replace(/^\[|\]$/g, ''), port);
-    else this.#names[ep.id] = new NamedHost(name, port, ep.id); // registered with the addon when the lookup answers
+    // always written (undefined for an address), so send() reads within the array's length
+    this.#names[ep.id] = name === null ? undefined : new NamedHost(name, port, ep.id); // a name: registered with the addon when the lookup answers
     this.#hosts[ep.id] = u.host;
     return u.host;
   }

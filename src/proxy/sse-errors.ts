@@ -9,6 +9,13 @@
 // against fixed markers (23 bytes at most), and a tail that may be an incomplete error
 // event is held (bounded by MAX_EVENT) and searched only in the bytes that
 // arrive after it. Token events, the common case, pass without a copy.
+//
+// SSE lines may end in LF, CRLF or a lone CR (an engine that ends them in CRLF
+// would otherwise never show an event end). A chunk with a CR in it is
+// relayed with its line ends as LF (a copy, for such engines only); a CR at a
+// chunk's end is taken as a line end at once and an LF that starts the next
+// chunk is then its second half, dropped. Chunks without a CR (vLLM, SGLang)
+// pass as before: one native search for a CR more per chunk.
 import { normalizeErrorBody } from './error-shape.js';
 
 /** Every error event starts so; then `o` (the flat shape) or `e` (`{"error":...}`, rewritten when its code is an integer or its type a class name). */
@@ -45,9 +52,12 @@ export class SseErrorRewriter {
   #atStart = true;
   /** Outside a held event: the last byte relayed was '\n' (a "\n\n" may straddle two chunks). */
   #lastNl = false;
+  /** The last chunk ended in a CR (relayed as LF): an LF at the start of the next is its CRLF's second half. */
+  #crPending = false;
 
   /** The bytes to relay now for `chunk` (maybe none). `chunk` may be reused by its owner after this returns. */
-  push(chunk: Buffer): Buffer {
+  push(input: Buffer): Buffer {
+    const chunk = this.#lf(input);
     if (this.#holdLen > 0) return this.#pushHeld(chunk);
     const n = chunk.length;
     if (n === 0) return chunk;
@@ -63,6 +73,31 @@ export class SseErrorRewriter {
       s = e + 2;
     }
     return this.#events(chunk, s);
+  }
+
+  /** `b` with its line ends (CRLF, lone CR) as LF: `b` itself when it has no CR. */
+  #lf(b: Buffer): Buffer {
+    if (this.#crPending) {
+      this.#crPending = false;
+      if (b.length > 0 && b[0] === 10) b = b.subarray(1);
+    }
+    let i = b.indexOf(13);
+    if (i < 0) return b;
+    const n = b.length;
+    const out = Buffer.allocUnsafe(n);
+    b.copy(out, 0, 0, i);
+    let j = i;
+    for (; i < n; i++) {
+      const c = b[i]!;
+      if (c !== 13) {
+        out[j++] = c;
+        continue;
+      }
+      out[j++] = 10;
+      if (i + 1 === n) this.#crPending = true;
+      else if (b[i + 1] === 10) i++;
+    }
+    return out.subarray(0, j);
   }
 
   /** At the end of the stream: what is still held (rewritten when it is a complete error event), or null. */

@@ -3,6 +3,7 @@
 // abort. The native client (native-client.ts) serves plain http, undici
 // (undici-client.ts) https.
 import type { Endpoint } from '../endpoints/endpoint.js';
+import { SwitchyardError } from '../errors.js';
 
 export interface UpstreamSink {
   /** Status and headers arrived (before any body). `contentLength` is -1 when absent. */
@@ -39,12 +40,13 @@ export interface UpstreamClient {
   forget?(ep: Endpoint): void;
 }
 
-/** A socket-level failure of an upstream call; `code` is the errno-style code (ECONNREFUSED, ETIMEDOUT, EPROTO, ...). */
-export class UpstreamSocketError extends Error {
-  readonly code: string;
+/** A socket-level failure of an upstream call; `code` is the errno-style name (ECONNREFUSED, ETIMEDOUT, EPROTO, ...). */
+export class UpstreamSocketError extends SwitchyardError {
   constructor(message: string, code: string) {
-    super(message);
-    this.name = 'UpstreamSocketError';
-    this.code = code;
+    super(message, { code });
+  }
+
+  override get swyCode(): string {
+    return 'SWY_ERR_UPSTREAM_SOCKET';
   }
 }

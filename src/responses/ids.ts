@@ -1,4 +1,4 @@
-// Response and item ids: `resp_` / `msg_` + 48 hex digits (OpenAI's shape),
+// Response and item ids: `resp_` / `msg_` / `fc_` / `rs_` + 48 hex digits (OpenAI's shape),
 // all 192 bits drawn from the CSPRNG: a response id is the capability that
 // reads, continues or deletes a stored response (within its tenant), so it is
 // unguessable from any other id: no per-process prefix, no counter. The random
@@ -26,4 +26,19 @@ export function newResponseId(): string {
 
 export function newItemId(): string {
   return `msg_${next()}`;
+}
+
+/** A function_call output item's id. */
+export function newCallItemId(): string {
+  return `fc_${next()}`;
+}
+
+/** A reasoning output item's id. */
+export function newReasoningId(): string {
+  return `rs_${next()}`;
+}
+
+/** A call_id for a tool call the engine sent without one. */
+export function newCallId(): string {
+  return `call_${next()}`;
 }

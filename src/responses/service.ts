@@ -10,7 +10,7 @@ import type { Registry } from '../metrics/prom.js';
 import type { Caller } from '../identity.js';
 import { MemoryStore } from './memory-store.js';
 import { messagesIn, registerResponsesMetrics, ResponsesStats, STORE_DELETE, STORE_GET, STORE_PUT } from './metrics.js';
-import { inputItem } from './render.js';
+import { itemOf, messageBounds, type ChatMessage } from './items.js';
 import { Piscina } from 'piscina';
 import type { TurnParseReply, TurnParseTask } from './parse-worker.js';
 import { ResponsesError, type TurnRequest } from './request.js';
@@ -36,76 +36,86 @@ export interface Answer {
 /** The parse worker's heap bound (a body that needs more fails with 413, the router lives). */
 const PARSE_WORKER_HEAP_MB = 512;
 
-/** The separator between two stored chat messages: only message boundaries contain it (inside a JSON string every '"' is escaped). */
-const MESSAGE_SEP = '},{"role":"';
-
 /**
- * Start and end offsets of messages [lo, hi) of a stored conversation
- * fragment of `count` messages (`{"role":..,"content":".."},...`, as
- * request.ts and render.ts write it): found by native string search from the
- * nearer end, never by parsing; null when the fragment does not split there.
+ * The item ids of a record: one entry per message (items.ts), one or more
+ * items per entry. A record of plain message ids (52 characters each, one
+ * item per message, as text-only turns write them) is read in place; others
+ * are split once.
  */
-export function messageBounds(conv: string, count: number, lo: number, hi: number): number[] | null {
-  const out = new Array<number>(2 * (hi - lo));
-  if (lo <= count - hi) {
-    let start = 0;
-    for (let i = 0; i < hi; i++) {
-      let end: number;
-      if (i === count - 1) end = conv.length;
-      else {
-        const k = conv.indexOf(MESSAGE_SEP, start);
-        if (k < 0) return null;
-        end = k + 1;
-      }
-      if (i >= lo) {
-        out[2 * (i - lo)] = start;
-        out[2 * (i - lo) + 1] = end;
-      }
-      start = end + 1;
-    }
-  } else {
-    let end = conv.length;
-    for (let i = count - 1; i >= lo; i--) {
-      let start: number;
-      if (i === 0) start = 0;
-      else {
-        const k = conv.lastIndexOf(MESSAGE_SEP, end - 2); // not the separator that ends message i
-        if (k < 0) return null;
-        start = k + 2;
-      }
-      if (i < hi) {
-        out[2 * (i - lo)] = start;
-        out[2 * (i - lo) + 1] = end;
-      }
-      end = start - 1;
-    }
-  }
-  return out;
-}
-
-/** The item ids of a record (comma-joined): this router's are all 52 characters, read in place; others split once. */
 class ItemIds {
+  /** Messages (entries). */
+  readonly messages: number;
+  /** Items. */
   readonly count: number;
   readonly #text: string;
-  readonly #list: string[] | null;
+  readonly #entries: string[] | null = null;
+  /** Item k: its message, its place in the entry, its id. */
+  readonly #msg: Int32Array | null = null;
+  readonly #sub: Int32Array | null = null;
+  readonly #ids: string[] | null = null;
 
   constructor(text: string) {
     this.#text = text;
     const w = ITEM_ID_LENGTH + 1;
-    // fixed-width ids: a comma after each (checked at the first and last boundary; this router writes them)
-    const fixed = text === '' || ((text.length + 1) % w === 0 && (text.length < w || (text.charCodeAt(ITEM_ID_LENGTH) === 44 && text.charCodeAt(text.length - w) === 44)));
-    this.#list = fixed ? null : text.split(',');
-    this.count = fixed ? (text === '' ? 0 : (text.length + 1) / w) : this.#list!.length;
+    // fixed-width ids: a comma after each (checked at the first and last boundary), and no '+' or ':' (one plain message id each)
+    const fixed =
+      text === '' ||
+      ((text.length + 1) % w === 0 &&
+        (text.length < w || (text.charCodeAt(ITEM_ID_LENGTH) === 44 && text.charCodeAt(text.length - w) === 44)) &&
+        text.indexOf('+') < 0 &&
+        text.indexOf(':') < 0);
+    if (fixed) {
+      this.messages = this.count = text === '' ? 0 : (text.length + 1) / w;
+      return;
+    }
+    const entries = (this.#entries = text.split(','));
+    this.messages = entries.length;
+    const msg: number[] = [];
+    const sub: number[] = [];
+    const ids: string[] = [];
+    for (let i = 0; i < entries.length; i++) {
+      const tokens = entries[i]!.split('+');
+      for (let j = 0; j < tokens.length; j++) {
+        const t = tokens[j]!;
+        msg.push(i);
+        sub.push(j);
+        ids.push(t.charCodeAt(1) === 58 ? t.slice(2) : t);
+      }
+    }
+    this.#msg = Int32Array.from(msg);
+    this.#sub = Int32Array.from(sub);
+    this.#ids = ids;
+    this.count = ids.length;
   }
 
-  at(i: number): string {
-    if (this.#list !== null) return this.#list[i] ?? '';
+  /** The message of item k. */
+  message(k: number): number {
+    return this.#msg === null ? k : this.#msg[k]!;
+  }
+
+  /** Item k's place in its message's entry. */
+  sub(k: number): number {
+    return this.#sub === null ? 0 : this.#sub[k]!;
+  }
+
+  /** Message i's entry. */
+  entry(i: number): string {
+    if (this.#entries !== null) return this.#entries[i] ?? '';
     const s = i * (ITEM_ID_LENGTH + 1);
     return this.#text.slice(s, s + ITEM_ID_LENGTH);
   }
 
+  /** Items of the messages before the last (the record's own output is the last message). */
+  get inputs(): number {
+    if (this.messages === 0) return 0;
+    if (this.#msg === null) return this.count - 1;
+    let k = this.count;
+    while (k > 0 && this.#msg[k - 1] === this.messages - 1) k--;
+    return k;
+  }
+
   indexOf(id: string): number {
-    if (this.#list !== null) return this.#list.indexOf(id);
+    if (this.#ids !== null) return this.#ids.indexOf(id);
     if (id.length !== ITEM_ID_LENGTH) return -1;
     let at = this.#text.indexOf(id);
     while (at >= 0 && at % (ITEM_ID_LENGTH + 1) !== 0) at = this.#text.indexOf(id, at + 1);
@@ -113,7 +123,7 @@ class ItemIds {
   }
 }
 
-type Item = ReturnType<typeof inputItem>;
+type Item = Record<string, unknown>;
 
 /** `msg_` + 48 hex digits (ids.ts). */
 const ITEM_ID_LENGTH = 52;
@@ -321,11 +331,10 @@ export class ResponsesService implements TurnHost {
     if (order !== 'asc' && order !== 'desc') throw new ResponsesError(400, "'order' must be asc or desc", 'order');
     const r = await this.#read(tenant, id);
     const ids = new ItemIds(r.ids);
-    // the last message is this response's own output: items are messages [0, n)
-    const count = ids.count;
-    const n = Math.max(0, count - 1);
+    // the last message is this response's own output: items are those of messages [0, messages - 1)
+    const n = ids.inputs;
     const after = q.get('after');
-    // k-th item of the listing -> message index
+    // k-th item of the listing -> item index
     const pos = (k: number) => (order === 'asc' ? k : n - 1 - k);
     let from = 0;
     if (after !== null) {
@@ -336,21 +345,18 @@ export class ResponsesService implements TurnHost {
     const take = Math.min(limit, n - from);
     if (take <= 0) return listAnswer([], false);
     // only the page's messages are found (native string search from the nearer end) and parsed
-    const lo = Math.min(pos(from), pos(from + take - 1));
-    const bounds = messageBounds(r.conv, count, lo, lo + take);
-    let data: Item[];
-    if (bounds === null) {
-      // not a record this router rendered (cannot happen for its own records): parse it whole
-      const all = JSON.parse(`[${r.conv}]`) as { role?: unknown; content?: unknown }[];
-      data = [];
-      for (let k = from; k < from + take; k++) data.push(inputItem(ids.at(pos(k)), all[pos(k)] ?? {}));
-    } else {
-      data = new Array<Item>(take);
-      for (let k = from; k < from + take; k++) {
-        const i = pos(k);
-        const m = JSON.parse(r.conv.slice(bounds[2 * (i - lo)]!, bounds[2 * (i - lo) + 1]!)) as { role?: unknown; content?: unknown };
-        data[k - from] = inputItem(ids.at(i), m);
-      }
+    const lo = ids.message(Math.min(pos(from), pos(from + take - 1)));
+    const hi = ids.message(Math.max(pos(from), pos(from + take - 1))) + 1;
+    const bounds = messageBounds(r.conv, ids.messages, lo, hi);
+    const parsed = new Array<ChatMessage | undefined>(hi - lo);
+    const all = bounds === null ? (JSON.parse(`[${r.conv}]`) as ChatMessage[]) : null; // not a record this router rendered: parsed whole
+    const data = new Array<Item>(take);
+    for (let k = from; k < from + take; k++) {
+      const item = pos(k);
+      const i = ids.message(item);
+      let m = parsed[i - lo];
+      if (m === undefined) m = parsed[i - lo] = all !== null ? (all[i] ?? {}) : (JSON.parse(r.conv.slice(bounds![2 * (i - lo)]!, bounds![2 * (i - lo) + 1]!)) as ChatMessage);
+      data[k - from] = itemOf(m, ids.entry(i), ids.sub(item));
     }
     return listAnswer(data, from + take < n);
   }

@@ -10,9 +10,16 @@ import type { Logger } from 'pino';
 import type { Rejected } from '../admission.js';
 import { KIND_CHAT, type ClientPort, type Director, type Flight } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
+<<<<<<< HEAD
 import type { Caller } from '../identity.js';
 import { newItemId, newResponseId } from './ids.js';
 import { assistantMessage, deltaEvent, messageItem, outputText, responseObject, sseEvent, usageOf, type ResponseHead, type ResponseStatus, type Usage } from './render.js';
+=======
+import { newResponseId } from './ids.js';
+import { chainCalls, messageBounds } from './items.js';
+import { EngineOutputError, TurnOutput, type ChatToolCall } from './output.js';
+import { responseObject, sseEvent, usageOf, type ResponseHead, type ResponseStatus, type Usage } from './render.js';
+>>>>>>> main
 import { parseTurnRequest, ResponsesError, type TurnRequest } from './request.js';
 import type { ResponsesStats } from './metrics.js';
 import { isPromise, recordBytes, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
@@ -42,6 +49,28 @@ export interface TurnHost {
   parseOffLoop(raw: Buffer): Promise<TurnRequest>;
 }
 
+/** Entries of a comma-joined id list. */
+function countEntries(ids: string): number {
+  if (ids === '') return 0;
+  let n = 1;
+  for (let i = ids.indexOf(','); i >= 0; i = ids.indexOf(',', i + 1)) n++;
+  return n;
+}
+
+/** A comma-joined id list without its first `d` entries. */
+function dropEntries(ids: string, d: number): string {
+  let at = 0;
+  for (let k = 0; k < d; k++) {
+    const i = ids.indexOf(',', at);
+    if (i < 0) return '';
+    at = i + 1;
+  }
+  return ids.slice(at);
+}
+
+/** truncation: "auto": the most times a turn is sent again with fewer messages. */
+const MAX_RESENDS = 4;
+
 const MODE_NONE = 0;
 /** Buffering the engine's JSON answer (200). */
 const MODE_JSON = 1;
@@ -63,7 +92,6 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   readonly id = newResponseId();
   readonly createdAt = Math.floor(Date.now() / 1000);
   req!: TurnRequest;
-  readonly msgId = newItemId();
   stored = false;
 
   readonly #svc: TurnHost;
@@ -92,9 +120,20 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   #sseBuf = '';
   /** A chunk ended in '\r': held until the next shows whether it is CRLF or a lone CR. */
   #sseCr = false;
-  #seq = 0;
-  #text = '';
+  #out: TurnOutput | null = null;
   #finishReason: string | null = null;
+  /** The conversation sent (instructions excluded): the parent's messages, then this input (after truncation: its tail). */
+  #conv = '';
+  /** The whole conversation, before any truncation. */
+  #full = '';
+  /** Messages dropped from the conversation's front by truncation: "auto" (0: none). */
+  #dropped = 0;
+  /** Truncated conversations sent again (at most MAX_RESENDS: an engine that answers context errors forever costs a bounded number of round trips). */
+  #resends = 0;
+  /** The parent's id entries left after truncation (null: none dropped). */
+  #droppedIds: string | null = null;
+  /** The engine answered a context-length error and the turn resends a truncated conversation when the flight is done. */
+  #resend = false;
   #usage: Usage | null = null;
   /** The client's stream ended (completed or failed). */
   #streamEnded = false;
@@ -191,27 +230,87 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     const req = this.req;
     this.#parent = parent;
     this.#root = parent === null ? this.id : parent.root;
-    // the conversation as chat messages: instructions (this request's only), the stored turns, this input
-    let messages = req.instructions !== null ? `{"role":"system","content":${JSON.stringify(req.instructions)}}` : '';
-    if (parent !== null && parent.conv !== '') messages = messages === '' ? parent.conv : `${messages},${parent.conv}`;
-    messages = messages === '' ? req.inputFragment : `${messages},${req.inputFragment}`;
-    if (messages.length > this.#svc.maxInputBytes) {
+    // every function_call_output answers a call of this input or of the chain
+    if (req.callRefs.length > 0) {
+      const calls = parent === null ? new Set<string>() : chainCalls(parent.conv);
+      for (const ref of req.callRefs) {
+        if (!calls.has(JSON.stringify(ref.callId))) {
+          throw new ResponsesError(400, `No tool call found for function call output with call_id ${JSON.stringify(ref.callId)}.`, ref.param);
+        }
+      }
+    }
+    // the conversation as chat messages: the stored turns, then this input (instructions, this request's only, go first)
+    this.#conv = this.#full = parent !== null && parent.conv !== '' ? `${parent.conv},${req.inputFragment}` : req.inputFragment;
+    const size = this.#conv.length + req.instructionsFragment.length;
+    if (size > this.#svc.maxInputBytes) {
       throw new ResponsesError(
         413,
-        `the conversation (${messages.length} bytes with this input and the previous turns) exceeds responses.maxInputBytes (${this.#svc.maxInputBytes})`,
+        `the conversation (${size} bytes with this input and the previous turns) exceeds responses.maxInputBytes (${this.#svc.maxInputBytes})`,
         'input',
       );
     }
+    this.#dispatch(this.#conv);
+  }
+
+  /** Sends the chat completion of `conv` (the conversation, perhaps truncated) through the director. */
+  #dispatch(conv: string): void {
+    const req = this.req;
+    const messages = req.instructionsFragment === '' ? conv : `${req.instructionsFragment},${conv}`;
     let body = `{"model":${JSON.stringify(req.model)},"messages":[${messages}]`;
     if (req.stream) body += ',"stream":true,"stream_options":{"include_usage":true}';
     if (req.maxOutputTokens !== null) body += `,"max_tokens":${req.maxOutputTokens}`;
     if (req.temperature !== null) body += `,"temperature":${req.temperature}`;
     if (req.topP !== null) body += `,"top_p":${req.topP}`;
     if (req.user !== null) body += `,"user":${JSON.stringify(req.user)}`;
+    body += req.chat;
     body += '}';
+<<<<<<< HEAD
     // the session key: the chain's root, within the tenant (the store keys are tenant-scoped, so is the pin)
     const session = this.#tenant === '' ? this.#root : `${this.#tenant.length}:${this.#tenant}:${this.#root}`;
     this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#caller, this.#headers, Buffer.from(body), session);
+=======
+    // the session key: prompt_cache_key when given, else the chain's root; within the tenant (the store keys are tenant-scoped, so is the pin)
+    const key = req.promptCacheKey !== null ? `k:${req.promptCacheKey}` : this.#root;
+    const session = this.#tenant === '' ? key : `${this.#tenant.length}:${this.#tenant}:${key}`;
+    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#authorization, this.#headers, Buffer.from(body), session);
+>>>>>>> main
+  }
+
+  /**
+   * truncation: "auto" and the engine answered that the conversation does not
+   * fit its context: the oldest messages of the stored turns are dropped (a
+   * whole assistant turn with the tool outputs that answer it; this turn's
+   * input and the instructions are kept) to what the engine's own figures
+   * (`maximum context length is N tokens`, `M input tokens` / `M in the
+   * messages`) say fits, and the turn is sent again. False: nothing left to
+   * drop, or the error is another one (relayed).
+   */
+  #truncate(body: string): boolean {
+    if (this.req.truncation !== 'auto' || this.#status !== 400 || this.#parent === null || this.#resends >= MAX_RESENDS) return false;
+    const max = /maximum context length is (\d+)/.exec(body);
+    if (max === null) return false;
+    const got = /(\d+) (?:input tokens|in the messages)/.exec(body);
+    const stored = countEntries(this.#parent.ids);
+    if (this.#dropped >= stored) return false; // only this turn's input is left: the engine's answer stands
+    const conv = this.#full;
+    const bounds = messageBounds(conv, stored + countEntries(this.req.inputIds), 0, stored);
+    if (bounds === null) return false;
+    const ins = this.req.instructionsFragment.length;
+    const rest = (d: number) => conv.length - (d < stored ? bounds[2 * d]! : bounds[2 * stored - 1]! + 1) + ins;
+    // bytes per token of what was sent; the target leaves room for the completion asked for
+    const prompt = got !== null ? Number(got[1]) : 0;
+    const perToken = prompt > 0 ? rest(this.#dropped) / prompt : 4;
+    const room = Number(max[1]) - (this.req.maxOutputTokens ?? 0) - 16;
+    const target = Math.max(0, Math.floor(room * perToken * 0.9));
+    let d = this.#dropped + 1;
+    while (d < stored && rest(d) > target) d++;
+    // never start on a tool output (its call was dropped): drop through it
+    while (d < stored && conv.startsWith('{"role":"tool"', bounds[2 * d]!)) d++;
+    this.#dropped = d;
+    this.#conv = conv.slice(d < stored ? bounds[2 * d]! : bounds[2 * stored - 1]! + 1);
+    this.#droppedIds = dropEntries(this.#parent.ids, d);
+    this.#resends++;
+    return true;
   }
 
   /** An answer of the Responses layer itself (bad input, no previous response, store down). */
@@ -247,14 +346,14 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
 
   // ---- transport side: abort and backpressure -------------------------------------
 
-  clientAborted(): void {
+  clientAborted(status = 499): void {
     if (this.#aborted) return;
     this.#aborted = true;
     const f = this.#flight;
-    if (f !== null) f.clientAborted(); // a running flight calls done(499)
+    if (f !== null) f.clientAborted(status); // a running flight calls done(status)
     if (!this.#over) {
-      if (f === null) this.#svc.countRequest(this.model, 499);
-      this.#end(499);
+      if (f === null) this.#svc.countRequest(this.model, status);
+      this.#end(status);
     }
   }
 
@@ -267,6 +366,11 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   }
 
   // ---- ClientPort: the engine's chat answer ------------------------------------------
+
+  #output(): TurnOutput {
+    const req = this.req;
+    return (this.#out ??= new TurnOutput(req.callLimit, req.toolNames, req.logprobs, () => this.endpoint?.name ?? ''));
+  }
 
   head(status: number, contentType: string, endpoint: Endpoint): void {
     this.endpoint = endpoint;
@@ -282,14 +386,9 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
       this.#mode = MODE_SSE;
       this.#decoder = new StringDecoder('utf8');
       this.#client.head(200, SSE_TYPE, endpoint, -1);
-      const item = messageItem(this.msgId, 'in_progress', null);
-      const snapshot = responseObject(this, 'in_progress', null, null, null);
-      this.#client.write(
-        sseEvent('response.created', this.#seq++, { response: snapshot }) +
-          sseEvent('response.in_progress', this.#seq++, { response: snapshot }) +
-          sseEvent('response.output_item.added', this.#seq++, { output_index: 0, item }) +
-          sseEvent('response.content_part.added', this.#seq++, { item_id: this.msgId, output_index: 0, content_index: 0, part: outputText('') }),
-      );
+      const out = this.#output();
+      const snapshot = responseObject(this, 'in_progress', [], null, null);
+      this.#client.write(sseEvent('response.created', out.seq++, { response: snapshot }) + sseEvent('response.in_progress', out.seq++, { response: snapshot }));
       return;
     }
     this.#mode = MODE_JSON;
@@ -320,6 +419,14 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
           this.#relayError();
       }
     } catch (err) {
+      if (err instanceof EngineOutputError) {
+        if (this.#mode === MODE_SSE) this.#streamFailed('server_error', err.message);
+        else {
+          this.#svc.stats.failed++;
+          this.#client.error(502, err.message, null, this.endpoint, null);
+        }
+        return;
+      }
       this.#svc.log.error({ err, id: this.#requestId }, 'internal error translating a Responses answer');
       if (this.#mode === MODE_SSE) this.#streamFailed('server_error', `internal error: ${(err as Error).message}`);
       else {
@@ -331,7 +438,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
 
   fail(_sseEvent: string | null): void {
     const msg = `upstream endpoint ${this.endpoint?.name ?? ''} failed mid-response`;
-    if (this.#mode === MODE_SSE) this.#streamFailed('server_error', msg);
+    if (this.#mode === MODE_SSE) this.#streamFailed('server_error', msg, true);
     else {
       this.#svc.stats.failed++;
       this.#client.error(502, msg, null, this.endpoint, null);
@@ -344,6 +451,20 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   }
 
   done(status: number): void {
+    if (this.#resend) {
+      // the first flight is over (its context-length error held back): the truncated conversation goes out
+      this.#resend = false;
+      this.#mode = MODE_NONE;
+      this.#chunks = null;
+      this.#flight = null;
+      if (this.#aborted) return;
+      try {
+        this.#dispatch(this.#conv);
+      } catch (err) {
+        this.#fail(err);
+      }
+      return;
+    }
     if (this.#storing) this.#flightDone = status;
     else this.#end(status);
   }
@@ -357,9 +478,13 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   }
 
   #relayError(): void {
-    this.#svc.stats.failed++;
     const chunks = this.#chunks ?? [];
     const body = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks);
+    if (this.#truncate(body.toString('utf8'))) {
+      this.#resend = true;
+      return;
+    }
+    this.#svc.stats.failed++;
     this.#client.head(this.#status, this.#contentType || 'application/json', this.endpoint!, body.length);
     this.#client.end(body);
   }
@@ -367,7 +492,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   #completeJson(): void {
     const chunks = this.#chunks!;
     const raw = (chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks)).toString('utf8');
-    let o: { choices?: { message?: { content?: unknown }; finish_reason?: unknown }[]; usage?: unknown; error?: { message?: unknown } };
+    let o: { choices?: { message?: { content?: unknown; reasoning_content?: unknown; tool_calls?: unknown }; finish_reason?: unknown; logprobs?: unknown }[]; usage?: unknown; error?: { message?: unknown } };
     try {
       o = JSON.parse(raw);
     } catch {
@@ -382,10 +507,11 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
       this.#client.error(502, `endpoint ${this.endpoint?.name} answered without a completion: ${m}`, null, this.endpoint, null);
       return;
     }
-    const text = typeof choice.message?.content === 'string' ? choice.message.content : '';
+    const out = this.#output();
     const status: ResponseStatus = choice.finish_reason === 'length' ? 'incomplete' : 'completed';
+    out.whole(choice.message, choice.logprobs, status === 'incomplete' ? 'incomplete' : 'completed'); // throws EngineOutputError: a 502
     const usage = usageOf(o.usage);
-    this.#store(text, () => JSON.stringify(responseObject(this, status, text, usage, null)), (body) => {
+    this.#store(out, () => JSON.stringify(responseObject(this, status, out.output(), usage, null)), (body) => {
       this.#answered();
       this.#client.head(200, 'application/json', this.endpoint!, Buffer.byteLength(body));
       this.#client.end(body);
@@ -405,6 +531,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
       }
       text = text.replace(CR_EOL, '\n');
     }
+    const res = this.#output();
     let buf = this.#sseBuf + text;
     let out = '';
     let at: number;
@@ -416,7 +543,11 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
         if (!line.startsWith('data:')) continue;
         const data = line.charCodeAt(5) === 32 ? line.slice(6) : line.slice(5);
         if (data === '[DONE]') continue;
-        let o: { choices?: { delta?: { content?: unknown }; finish_reason?: unknown }[]; usage?: unknown; error?: { message?: unknown } };
+        let o: {
+          choices?: { delta?: { content?: unknown; reasoning_content?: unknown; reasoning?: unknown; tool_calls?: unknown }; finish_reason?: unknown; logprobs?: unknown }[];
+          usage?: unknown;
+          error?: { message?: unknown };
+        };
         try {
           o = JSON.parse(data);
         } catch {
@@ -430,10 +561,14 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
         }
         const c = o.choices?.[0];
         if (c !== undefined) {
-          const d = c.delta?.content;
-          if (typeof d === 'string' && d.length > 0) {
-            this.#text += d;
-            out += deltaEvent(this.#seq++, this.msgId, d);
+          const delta = c.delta;
+          if (delta !== undefined && delta !== null) {
+            const r = delta.reasoning_content ?? delta.reasoning;
+            if (typeof r === 'string' && r.length > 0) out += res.reasoningDelta(r);
+            const d = delta.content;
+            if (typeof d === 'string' && d.length > 0) out += res.textDelta(d, c.logprobs);
+            const calls = delta.tool_calls;
+            if (Array.isArray(calls)) for (const tc of calls as ChatToolCall[]) if (tc !== null && typeof tc === 'object') out += res.toolDelta(tc);
           }
           if (typeof c.finish_reason === 'string') this.#finishReason = c.finish_reason;
         }
@@ -445,37 +580,49 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   }
 
   #completeStream(): void {
-    const text = this.#text;
+    const res = this.#output();
     const status: ResponseStatus = this.#finishReason === 'length' ? 'incomplete' : 'completed';
-    const part = outputText(text);
-    const id = this.msgId;
-    this.#client.write(
-      sseEvent('response.output_text.done', this.#seq++, { item_id: id, output_index: 0, content_index: 0, text, logprobs: [] }) +
-        sseEvent('response.content_part.done', this.#seq++, { item_id: id, output_index: 0, content_index: 0, part }) +
-        sseEvent('response.output_item.done', this.#seq++, { output_index: 0, item: messageItem(id, status === 'incomplete' ? 'incomplete' : 'completed', text) }),
-    );
+    const itemStatus = status === 'incomplete' ? 'incomplete' : 'completed';
+    let closing: string;
+    try {
+      closing = res.finish(itemStatus);
+    } catch (err) {
+      if (!(err instanceof EngineOutputError)) throw err;
+      this.#streamFailed('server_error', err.message);
+      return;
+    }
+    if (res.items === 0) {
+      // the engine sent no output at all: an empty assistant message, as a Response always holds one
+      closing = res.emptyMessage(itemStatus);
+    }
+    this.#client.write(closing);
     let final: Record<string, unknown> | null = null;
-    const render = () => JSON.stringify((final = responseObject(this, status, text, this.#usage, null)));
-    this.#store(text, render, () => {
+    const render = () => JSON.stringify((final = responseObject(this, status, res.output(), this.#usage, null)));
+    this.#store(res, render, () => {
       this.#answered();
       this.#streamEnded = true;
-      this.#client.end(sseEvent(status === 'incomplete' ? 'response.incomplete' : 'response.completed', this.#seq++, { response: final }));
+      this.#client.end(sseEvent(status === 'incomplete' ? 'response.incomplete' : 'response.completed', res.seq++, { response: final }));
     });
   }
 
   /**
    * The stream fails after its 200 went out (the engine's error event, its
-   * connection lost mid-stream, the turn not stored): an `error` event
-   * (`{type, code, message, param, sequence_number}`, as OpenAI sends it) and
-   * then `response.failed` with the error on the response, the stream's last
+   * connection lost mid-stream, a tool call the Response cannot carry, the
+   * turn not stored): an `error` event (`{type, code, message, param,
+   * sequence_number}`, as OpenAI sends it) and then `response.failed` with the
+   * error and the output streamed so far on the response, the stream's last
    * event. The openai SDKs yield both to the caller's iterator.
    */
-  #streamFailed(code: string, message: string): void {
+  /** `midStream`: the engine failed after the head went out: ended through client.fail (counted as a mid-stream failure). */
+  #streamFailed(code: string, message: string, midStream = false): void {
     if (this.#streamEnded) return;
     this.#streamEnded = true;
-    const r = responseObject(this, 'failed', null, this.#usage, { code, message });
-    const err = sseEvent('error', this.#seq++, { code, message, param: null });
-    this.#client.end(err + sseEvent('response.failed', this.#seq++, { response: r }));
+    const res = this.#output();
+    const r = responseObject(this, 'failed', res.output(), this.#usage, { code, message });
+    const err = sseEvent('error', res.seq++, { code, message, param: null });
+    const events = err + sseEvent('response.failed', res.seq++, { response: r });
+    if (midStream) this.#client.fail(events);
+    else this.#client.end(events);
     this.#svc.stats.failed++;
   }
 
@@ -485,7 +632,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
    * the tenant's byte budget is not stored and its object says `store: false`
    * (never an id that would 404).
    */
-  #store(text: string, render: () => string, send: (body: string) => void): void {
+  #store(out: TurnOutput, render: () => string, send: (body: string) => void): void {
     const req = this.req;
     if (!req.store) {
       send(render());
@@ -493,15 +640,15 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     }
     const responseJson = render();
     const p = this.#parent;
-    const turn = `${req.inputFragment},${assistantMessage(text)}`;
+    const parentIds = this.#droppedIds ?? (p === null ? '' : p.ids);
     const rec: StoredResponse = {
       tenant: this.#tenant,
       id: this.id,
       root: this.#root,
       parent: p === null ? '' : p.id,
       createdAt: this.createdAt,
-      conv: p === null || p.conv === '' ? turn : `${p.conv},${turn}`,
-      ids: p === null || p.ids === '' ? `${req.inputIds},${this.msgId}` : `${p.ids},${req.inputIds},${this.msgId}`,
+      conv: `${this.#conv},${out.chatMessage()}`,
+      ids: parentIds === '' ? `${req.inputIds},${out.idEntry()}` : `${parentIds},${req.inputIds},${out.idEntry()}`,
       response: responseJson,
     };
     if (recordBytes(rec) > this.#svc.maxRecordBytes) {

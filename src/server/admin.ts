@@ -54,6 +54,21 @@ class HttpError extends SwitchyardError {
   }
 }
 
+/**
+ * What every change through the admin API says of itself: it lives in this
+ * process's memory only. A restart loses it; a reload (SIGHUP, POST
+ * /admin/reload) re-applies the config file's endpoints (a drained or removed
+ * file endpoint comes back; endpoints added here stay until a restart).
+ * docs/operations.md, "Admin changes are not persisted".
+ */
+export const PERSISTENCE_NOTE = 'in memory only: a restart loses this change, and a reload re-applies the config file (its endpoints come back; endpoints added through the admin API stay until a restart)';
+
+/** A change's answer: its body with `persisted: false` and the note, and the x-switchyard-persisted header. */
+function sendChange(res: ServerResponse, status: number, body: Record<string, unknown>): void {
+  res.setHeader('x-switchyard-persisted', 'false');
+  send(res, status, { ...body, persisted: false, note: PERSISTENCE_NOTE });
+}
+
 function send(res: ServerResponse, status: number, body: unknown): void {
   const text = typeof body === 'string' ? body : JSON.stringify(body);
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
@@ -208,7 +223,7 @@ export function startAdmin(core: RouterCore, cfg: AdminConfig, reloader: ConfigR
         const spec = endpointSpec(await readBody(req));
         const ep = target.add(spec, 'admin');
         log.info({ endpoint: ep.name, pool: ep.pool, url: ep.url, role: ep.role, revision: ep.revision }, 'admin: endpoint added');
-        return send(res, 201, { endpoint: target.list().find((v) => v.name === ep.name) });
+        return sendChange(res, 201, { endpoint: target.list().find((v) => v.name === ep.name) });
       }
       throw new HttpError(405, `method ${method} is not allowed on /admin/endpoints (GET, POST)`);
     }
@@ -219,21 +234,21 @@ export function startAdmin(core: RouterCore, cfg: AdminConfig, reloader: ConfigR
       const wait = flag(u, 'wait');
       if (parts.length === 4 && parts[3] === 'drain' && method === 'POST') {
         const p = target.drain(name, { graceMs });
-        if (wait) return send(res, 200, { drained: await p });
+        if (wait) return sendChange(res, 200, { drained: await p });
         // not waiting: a rejection (unknown endpoint) still answers now
         await Promise.race([p, Promise.resolve()]);
         p.catch(() => {});
         log.info({ endpoint: name, graceMs }, 'admin: endpoint draining');
-        return send(res, 202, { endpoint: name, state: 'draining' });
+        return sendChange(res, 202, { endpoint: name, state: 'draining' });
       }
       if (parts.length === 3 && method === 'DELETE') {
         const force = flag(u, 'force') || (typeof body === 'object' && body !== null && (body as Record<string, unknown>).force === true);
         const p = target.remove(name, { graceMs, force });
-        if (wait) return send(res, 200, { removed: await p });
+        if (wait) return sendChange(res, 200, { removed: await p });
         await Promise.race([p, Promise.resolve()]);
         p.catch((err: Error) => log.warn({ err, endpoint: name }, 'admin: removal failed'));
         log.info({ endpoint: name, graceMs, force }, 'admin: endpoint removing (draining first)');
-        return send(res, 202, { endpoint: name, state: 'draining' });
+        return sendChange(res, 202, { endpoint: name, state: 'draining' });
       }
       if (parts.length === 3 && method === 'GET') {
         const v = target.list().find((e) => e.name === name);

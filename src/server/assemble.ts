@@ -25,6 +25,7 @@ import { VERSION } from '../version.js';
 import { RouterMetrics } from './metrics.js';
 import { buildPrecise, type Precise } from './precise.js';
 import { newUpstreamClient } from './upstream-choice.js';
+import { StateLog } from './state-log.js';
 import { flowGateFactory } from './flow-gate.js';
 import { loadAuth } from '../auth/keys.js';
 import type { ApiKeyAuthenticator } from '../auth/authenticator.js';
@@ -143,17 +144,33 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
   let batchApi: BatchApi | null = null;
   if (config.batch !== undefined) {
     const { BatchProcessor } = await import('../batch/processor.js');
-    const processor = new BatchProcessor({ config: config.batch, director: parts.director, endpoints: parts.endpoints, log, band: config.batch.band ?? config.flowControl?.bands.at(-1) });
+    const processor = new BatchProcessor({ config: config.batch, director: parts.director, endpoints: parts.endpoints, log, band: config.batch.band ?? config.flowControl?.bands.at(-1), responses: parts.responses });
     batch = processor;
     const { BatchApi } = await import('../batch/api.js');
     const api = new BatchApi({ config: config.batch, log });
     lifecycle.add('batchApi', CloseRank.batchApi, () => api.close());
     lifecycle.add('batch', CloseRank.batch, (graceMs) => processor.close(graceMs));
-    await processor.start();
-    await api.start();
+    try {
+      await processor.start();
+      await api.start();
+    } catch (err) {
+      // one message naming the block and the address (ioredis says only "Connection is closed.")
+      throw new Error(`batch: cannot use the Redis at ${redactUrl(config.batch.redis)} (batch.redis): ${(err as Error).message}`);
+    }
     batchApi = api;
   }
   return { parts: { ...parts, batchApi, leadership: ha, auth }, ha, discovery, batch };
+}
+
+/** A URL for a message: its password (redis://:secret@host) replaced by ***. */
+export function redactUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password !== '') u.password = '***';
+    return u.toString().replace(/\/$/, '');
+  } catch {
+    return '(unparsable URL)';
+  }
 }
 
 /** The parts built before anything starts (the batch API and the lease come later). */
@@ -169,12 +186,15 @@ function buildParts(
   tracer: RequestTracer | null,
 ): BuiltParts {
   const set = new EndpointSet(cfg.pools, cfg.dataLayer);
+  // endpoint state changes, KV-event streams and upstream failures: one log line each (docs/observability.md, "Logs")
+  const stateLog = new StateLog(log, set);
   const sessions = new SessionTable(set, cfg.sessions);
   if (cfg.sessions.store !== 'memory') sessions.shared = new RedisSessions(cfg.sessions.store, cfg.sessions.ttlMs, log);
   sessions.start();
   const precise = buildPrecise(cfg, set);
   const scheduler = new Scheduler(set, cfg.scheduling, { random, sessions, precise: precise?.feed, decodeProfile: cfg.disaggregation?.decode });
   if (precise !== null) {
+    precise.feed.onConnection = (name, endpoint, connected) => stateLog.kvStream(name, endpoint, connected);
     // an engine that may have lost its cache is not believed to hold anything by the approximate fallback either
     precise.feed.onEngineReset = (id) => {
       const ep = set.byId(id);
@@ -199,6 +219,7 @@ function buildParts(
     });
   }
   const metrics = new RouterMetrics(set);
+  stateLog.countUpstream = (id, kind) => metrics.countUpstreamError(id, kind);
   pd?.metrics.register(metrics.registry);
   const live = new LiveEndpoints(set, { graceMs: cfg.admin?.drainGraceMs });
   metrics.live = live.counters;
@@ -223,6 +244,7 @@ function buildParts(
     tracer,
     tokens: precise?.tokens ?? null,
     pd,
+    scanUsage: cfg.logging.access, // the access log's `tokens`
   });
   if (tracer) metrics.registerTracing(tracer.stats);
   const responses = cfg.responses.enabled

@@ -40,17 +40,19 @@ SIGHUP: re-read the config file; an invalid one is refused (field paths in
 the log) and the running config keeps serving. Endpoints added, removed or
 changed in the file join, drain and leave without a restart (docs/operations.md).
 
-SIGINT or SIGTERM: stop accepting connections, /readyz answers 503, in-flight
-requests get up to 10 s to finish (answers meanwhile close their connection),
-then exit 0. A second signal within 1 s is ignored (npm passes on a Ctrl-C
-the router already got); a later one stops at once, cutting in-flight
-requests (exit 130 for SIGINT, 143 for SIGTERM).
+SIGINT or SIGTERM: drain. /readyz answers 503 at once; the router keeps
+accepting for shutdown.drainDelayMs (default 0: balancers take it out of
+rotation meanwhile), then stops accepting; in-flight requests get up to
+shutdown.graceMs (default 120 s) to finish (answers meanwhile close their
+connection). Requests still running then end with an error: a stream with an
+SSE error event (code router_shutting_down), any other with a 503. A second
+signal within 1 s is ignored (npm passes on a Ctrl-C the router already got);
+a later one ends the requests in flight that way at once and exits (130 for
+SIGINT, 143 for SIGTERM).
 
 Exit codes: 0 after a clean shutdown, 1 on a runtime failure, 2 on bad
 options or an invalid config, 130/143 when a second signal cut the drain.`;
 
-/** How long a shutdown waits for in-flight requests. */
-const GRACE_MS = 10_000;
 /** A second signal sooner than this after the first is the same Ctrl-C delivered twice. */
 const REPEAT_MS = 1000;
 
@@ -119,8 +121,8 @@ export async function runServeCli(argv: string[]): Promise<number> {
         const { startFleet } = await import('../sim/index.js');
         fleet = await startFleet(4, { models, engine: (args.engine as Engine | undefined) ?? 'vllm' });
       }
-      // --print-config starts nothing: the simulated engines' ports show as 0 (chosen at start)
-      const urls = fleet?.urls ?? ['http://127.0.0.1:0', 'http://127.0.0.1:0', 'http://127.0.0.1:0', 'http://127.0.0.1:0'];
+      // --print-config starts nothing: validated with placeholder ports, printed with port 0 (chosen at start)
+      const urls = fleet?.urls ?? [1, 2, 3, 4].map((p) => `http://127.0.0.1:${p}`);
       config = validateConfig(
         {
           apiVersion: API_VERSION,
@@ -152,10 +154,11 @@ export async function runServeCli(argv: string[]): Promise<number> {
   if (args['print-config']) {
     if (args.host !== undefined) config.listen.host = args.host;
     if (port !== undefined) config.listen.port = port;
+    if (args.config === undefined && args.upstream === undefined) for (const e of config.pools[0]!.endpoints) e.url = 'http://127.0.0.1:0';
     process.stdout.write(configYaml(config));
     return 0;
   }
-  const log = createLogger(config.logging.level);
+  const log = createLogger(config.logging.level, { sync: false });
 
   let router;
   try {
@@ -166,7 +169,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
       await fleet?.close();
       return 2;
     }
-    log.error({ err }, 'the router failed to start');
+    log.error({ err }, `the router failed to start: ${(err as Error)?.message ?? String(err)}`);
     await fleet?.close();
     return 1;
   }
@@ -186,17 +189,24 @@ export async function runServeCli(argv: string[]): Promise<number> {
   let stoppingAt = 0;
   let onStop: () => void = () => {};
   const stop = (sig: 'SIGINT' | 'SIGTERM') => {
+    const { graceMs, drainDelayMs } = router.core.shutdown;
     if (stoppingAt !== 0) {
       if (Date.now() - stoppingAt < REPEAT_MS) {
-        log.warn({ signal: sig, grace_ms: GRACE_MS }, 'already shutting down: in-flight requests get up to the grace period (signal again to stop at once)');
+        log.warn({ signal: sig, grace_ms: graceMs }, 'already shutting down: in-flight requests get up to the grace period (signal again to stop at once)');
         return;
       }
-      log.warn({ signal: sig, active: router.core.activeRequests }, 'second signal: stopping now, in-flight requests are cut');
-      process.exit(sig === 'SIGINT' ? 130 : 143);
+      log.warn({ signal: sig, active: router.core.activeRequests }, 'second signal: stopping now, in-flight requests end with an error');
+      // a stream gets its SSE error event, others a 503; the bytes leave before the exit
+      const cut = router.core.cutInFlight(0);
+      const code = sig === 'SIGINT' ? 130 : 143;
+      setTimeout(() => process.exit(code), cut > 0 ? 50 : 0);
+      return;
     }
     stoppingAt = Date.now();
-    log.info({ signal: sig }, 'shutting down');
-    onStop();
+    router.core.beginDrain();
+    log.info({ signal: sig, grace_ms: graceMs, drain_delay_ms: drainDelayMs, in_flight: router.core.activeRequests }, 'shutting down: /readyz answers 503');
+    if (drainDelayMs > 0) setTimeout(() => onStop(), drainDelayMs);
+    else onStop();
   };
   const onInt = () => stop('SIGINT');
   const onTerm = () => stop('SIGTERM');
@@ -214,9 +224,18 @@ export async function runServeCli(argv: string[]): Promise<number> {
   process.on('SIGTERM', onTerm);
   process.on('SIGHUP', onHup);
   if (router.admin) log.info({ url: router.admin.url }, `admin API listening on ${router.admin.url}`);
+  if (fleet !== undefined) {
+    // a container image run without arguments lands here: say loudly that nothing real answers
+    log.warn(
+      { event: 'serve.simulated', engines: fleet.urls },
+      'serving 4 SIMULATED engines (no --config or --upstream): every answer is generated text, not a model; give --config FILE or --upstream URL to route to real engines',
+    );
+  }
   try {
     await new Promise<void>((resolve) => (onStop = resolve));
-    await router.close(GRACE_MS);
+    log.info({ in_flight: router.core.activeRequests }, 'not accepting new connections');
+    await router.close(router.core.shutdown.graceMs);
+    log.info('shutdown complete');
     await fleet?.close();
   } finally {
     process.off('SIGINT', onInt);

@@ -9,7 +9,7 @@
 import { performance } from 'node:perf_hooks';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
-import type { LimitsConfig, RouterConfig } from '../config/schema.js';
+import type { LimitsConfig, RouterConfig, ShutdownConfig } from '../config/schema.js';
 import type { AdmissionGate } from '../admission.js';
 import { type Director, SLO_HEADERS } from '../director/director.js';
 import type { SessionTable } from '../sessions/table.js';
@@ -28,6 +28,7 @@ import type { ResponsesService } from '../responses/service.js';
 import type { Precise } from './precise.js';
 import { framingProblem } from './framing.js';
 import { ReadingList } from './reading-list.js';
+import { ActiveList, type InFlightRequest } from './drain.js';
 import { newUpstreamClient } from './upstream-choice.js';
 import { chooseFrontEnd, type FrontEnd, type FrontHost } from './front-end.js';
 import { UwsFrontEnd } from './front-uws.js';
@@ -134,11 +135,14 @@ export class RouterCore implements FrontHost {
   readonly #modelsOf: (allowed: ReadonlySet<string> | null) => string;
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
+  /** The drain's grace and delay (config.shutdown; a reload replaces it). */
+  shutdown: ShutdownConfig;
   /** Requests still reading their body (for the 408 sweep). */
   readonly reading = new ReadingList();
   /** performance.now() at the last body-timeout sweep: requests stamp their start with it (no clock read per request). */
   clock = performance.now();
-  #active = 0;
+  /** Inference requests in flight (a drain cuts those left at its grace's end). */
+  readonly #inFlight = new ActiveList<InFlightRequest>();
   #idPrefix = randomBytes(4).toString('hex');
   #idCounter = 0;
   /** The session header's name as bytes, or null when the header is no session source. */
@@ -146,6 +150,9 @@ export class RouterCore implements FrontHost {
   /** The session header's name ('' when the header is no session source). */
   readonly sessionHeaderName: string;
   #debug: boolean;
+  /** logging.access (a reload changes it) and its sample share. */
+  #access: boolean;
+  #accessSample: number;
   /** The client listener (server.frontEnd): uWebSockets.js or the native HTTP/1.1 front end. */
   readonly frontEnd: FrontEnd;
   readonly #raiseFdLimit: boolean;
@@ -174,6 +181,8 @@ export class RouterCore implements FrontHost {
     this.log = parts.log;
     this.#raiseFdLimit = opts.raiseFdLimit !== false;
     this.#debug = this.log.isLevelEnabled('debug');
+    this.#access = cfg.logging.access;
+    this.#accessSample = cfg.logging.accessSample;
     const set = (this.endpoints = parts.endpoints);
     this.dataLayer = parts.dataLayer;
     this.live = parts.live;
@@ -193,8 +202,12 @@ export class RouterCore implements FrontHost {
     // latency plugins read the request's objectives (x-slo-ttft-ms, x-slo-tpot-ms) besides the gate's headers
     this.headerNames = this.scheduler.latency ? [...gate.headerNames, ...SLO_HEADERS] : gate.headerNames;
     this.limits = cfg.limits;
+<<<<<<< HEAD
     this.#auth = parts.auth;
     this.usage = new UsageCounters(cfg.metrics.maxLabelValues);
+=======
+    this.shutdown = cfg.shutdown;
+>>>>>>> main
     const created = Math.floor(Date.now() / 1000);
     const modelsBody = (this.#modelsOf = (allowed: ReadonlySet<string> | null) =>
       JSON.stringify({
@@ -257,12 +270,30 @@ export class RouterCore implements FrontHost {
     const checks = set.dataLayer.healthIntervalMs > 0;
     const notReady: string[] = [];
     for (const m of set.models()) {
-      if (!set.forModel(m)!.some((ep) => ep.ready(now, checks))) notReady.push(m);
+      if (!set.forModel(m)!.some((ep) => ep.ready(now, checks) && ep.serves(m))) notReady.push(m);
     }
     if (notReady.length === 0) return [200, '{"status":"ready"}'];
-    return [503, JSON.stringify({ status: 'not ready', models_without_ready_endpoint: notReady })];
+    // why, per model: each endpoint's problem (not-ready path only)
+    const reasons: Record<string, string[]> = {};
+    for (const m of notReady) {
+      const eps = set.forModel(m)!;
+      reasons[m] =
+        eps.length === 0
+          ? ['no active endpoint']
+          : eps.map((ep) =>
+              !ep.serves(m)
+                ? `${ep.name}: the engine does not serve "${m}" (its /v1/models does not list it)`
+                : ep.health === 'down'
+                  ? `${ep.name}: health check failing`
+                  : ep.breakerOpen(now)
+                    ? `${ep.name}: circuit breaker open`
+                    : `${ep.name}: not checked yet`,
+            );
+    }
+    return [503, JSON.stringify({ status: 'not ready', models_without_ready_endpoint: notReady, reasons })];
   }
 
+<<<<<<< HEAD
   /** An inference request of `caller` began (the front end's side of requestEnded): counted in flight, and for its tenant and key. */
   requestBegan(caller: Caller): void {
     this.#active++;
@@ -274,6 +305,16 @@ export class RouterCore implements FrontHost {
       k.requests++;
       k.inFlight++;
     }
+=======
+  /** An inference request began (the front end's side of requestEnded): it is in flight until then. */
+  requestBegan(x: InFlightRequest): void {
+    this.#inFlight.add(x);
+  }
+
+  /** The access log is on (the front ends read the tenant for it). */
+  get accessLog(): boolean {
+    return this.#access;
+>>>>>>> main
   }
 
   #sweepSlowBodies(): void {
@@ -289,6 +330,7 @@ export class RouterCore implements FrontHost {
   }
 
   /** Called once per inference request when it ends (any way). */
+<<<<<<< HEAD
   requestEnded(ctx: { readonly requestId: string; readonly flight: HttpExchange['flight']; readonly caller: Caller }, status: number): void {
     this.#active--;
     this.usage.tenant(ctx.caller.tenant).inFlight--;
@@ -299,21 +341,82 @@ export class RouterCore implements FrontHost {
       this.log.debug({ id: ctx.requestId, model: f?.model, endpoint: f?.endpoint?.name, status, path: f?.path }, 'request');
     }
     if (this.#active === 0 && this.#drainWaiters.length > 0) {
+=======
+  requestEnded(ctx: InFlightRequest, status: number): void {
+    this.#inFlight.delete(ctx);
+    const now = performance.now();
+    this.metrics.countOutcome(ctx.flight?.model ?? '', ctx.outcome, ctx.rejectReason, (now - ctx.startedAt) / 1000, ctx.firstByteAt > 0 ? (ctx.firstByteAt - ctx.startedAt) / 1000 : -1);
+    if (this.#access ? this.#accessSample >= 1 || Math.random() < this.#accessSample : this.#debug) this.#accessLine(ctx, status);
+    if (this.#inFlight.size === 0 && this.#drainWaiters.length > 0) {
+>>>>>>> main
       for (const w of this.#drainWaiters.splice(0)) w();
     }
   }
 
   /**
-   * Sets the logger's level (a config reload's logging.level) and refreshes the
-   * cached debug flag the per-request path reads.
+   * The access log's line of one finished request (logging.access: at info;
+   * without it at debug): who, what, where, how it ended and how long it
+   * took. Never a key, a header value other than the request id, or a body.
    */
-  setLogLevel(level: string): void {
+  #accessLine(ctx: InFlightRequest, status: number): void {
+    const f = ctx.flight;
+    const now = performance.now();
+    const line = {
+      event: 'access',
+      id: ctx.requestId,
+      method: 'POST',
+      path: f?.path ?? ctx.path,
+      status,
+      duration_ms: Math.round((now - ctx.startedAt) * 10) / 10,
+      ttft_ms: ctx.firstByteAt > 0 ? Math.round((ctx.firstByteAt - ctx.startedAt) * 10) / 10 : null,
+      tenant: ctx.tenant,
+      // the client's text: bounded (a body may name a model of megabytes)
+      model: f?.model ? (f.model.length > 256 ? `${f.model.slice(0, 256)}…` : f.model) : null,
+      endpoint: f?.endpoint?.name ?? null,
+      prefill_endpoint: f?.prefillEndpoint?.name ?? null,
+      tokens: f !== null && f.completionTokens !== undefined && f.completionTokens >= 0 ? f.completionTokens : null,
+      bytes: f?.responseBytes ?? 0,
+      retries: f?.retries ?? 0,
+    };
+    if (this.#access) this.log.info(line, 'request');
+    else this.log.debug(line, 'request');
+  }
+
+  /**
+   * Sets the logger's level (a config reload's logging.level) and refreshes the
+   * cached debug flag the per-request path reads; `logging` the access log's switch.
+   */
+  setLogLevel(level: string, logging?: RouterConfig['logging']): void {
     this.log.level = level;
     this.#debug = this.log.isLevelEnabled('debug');
+    if (logging !== undefined) {
+      this.#access = logging.access;
+      this.#accessSample = logging.accessSample;
+    }
   }
 
   get activeRequests(): number {
-    return this.#active;
+    return this.#inFlight.size;
+  }
+
+  /**
+   * A drain begins: /readyz answers 503 and answers close their connections,
+   * while the router keeps accepting (a balancer notices before it stops).
+   */
+  beginDrain(): void {
+    this.draining = true;
+  }
+
+  /**
+   * Ends every request still in flight (a drain's grace is over, or a second
+   * signal): streams get an SSE error event, the rest a 503; logged with their
+   * ids (the first 50). `graceMs` names the grace that ran out (0: none).
+   */
+  cutInFlight(graceMs: number): number {
+    if (this.#inFlight.size === 0) return 0;
+    const { count, ids } = this.#inFlight.cutAll(graceMs);
+    this.log.warn({ cut: count, grace_ms: graceMs, request_ids: ids }, `shutdown: ${count} request(s) still in flight ended (streams with an SSE error event, others with a 503)`);
+    return count;
   }
 
   /** Listens on the front end (config.server.frontEnd, see chooseFrontEnd); resolves the port. */
@@ -398,7 +501,8 @@ export class RouterCore implements FrontHost {
     this.draining = true;
     this.acceptGuard?.stop();
     this.frontEnd.stopListening();
-    if (this.#active > 0) {
+    if (this.#inFlight.size > 0) {
+      this.log.info({ in_flight: this.#inFlight.size, grace_ms: graceMs }, 'draining: waiting for in-flight requests');
       await new Promise<void>((resolve) => {
         const t = setTimeout(resolve, graceMs);
         this.#drainWaiters.push(() => {
@@ -406,6 +510,8 @@ export class RouterCore implements FrontHost {
           resolve();
         });
       });
+      // the grace is over: what still runs ends with an error the client can read, not a reset
+      if (this.cutInFlight(graceMs) > 0) await new Promise((r) => setTimeout(r, 50)); // the last bytes leave before the sockets close
     }
     clearInterval(this.#sweep);
     this.frontEnd.close();

@@ -14,7 +14,7 @@ import type { ResponsesService } from '../responses/service.js';
 import type { BatchApi } from '../batch/api.js';
 import type { Director } from '../director/director.js';
 import type { RouterMetrics } from './metrics.js';
-import type { HttpExchange } from './http-exchange.js';
+import type { InFlightRequest } from './drain.js';
 import type { ReadingList } from './reading-list.js';
 import { uwsProblem } from '../uws.js';
 import type { Caller, Refusal } from '../identity.js';
@@ -54,9 +54,17 @@ export interface FrontHost {
   modelsBodyFor(caller: Caller): string;
   newRequestId(): string;
   headerBlock(ep: Endpoint, contentType: string): Buffer;
+<<<<<<< HEAD
   /** An inference request of `caller` began (paired with requestEnded). */
   requestBegan(caller: Caller): void;
   requestEnded(x: HttpExchange | { readonly requestId: string; readonly flight: HttpExchange['flight']; readonly caller: Caller }, status: number): void;
+=======
+  /** An inference request began (paired with requestEnded): in flight until then (a drain's end cuts it). */
+  requestBegan(x: InFlightRequest): void;
+  requestEnded(x: InFlightRequest, status: number): void;
+  /** logging.access is on: the front end reads the request's tenant for the access log. */
+  readonly accessLog: boolean;
+>>>>>>> main
 }
 
 /** A front end: the client listener and its connections. */

@@ -6,6 +6,7 @@
 // (`wanted`: no JavaScript walk of the head). An inference request becomes a
 // NativeExchange, the director's ClientPort; a streamed answer that the
 // server reports FULL pauses the upstream read until its socket drains.
+import { performance } from 'node:perf_hooks';
 import { Gauge, Counter } from 'prom-client';
 import type { Rejected } from '../admission.js';
 import type { ClientPort } from '../director/director.js';
@@ -18,7 +19,12 @@ import type { ExchangeFlight } from './http-exchange.js';
 import { KIND_RESPONSES, inputItems, remove, retrieve, runResponsesOp, type Op as ResponsesOp } from './responses-http.js';
 import { BATCH_NOT_CONFIGURED, batchRoute, isBatchPath, runBatchOp } from './batch-http.js';
 import { knownPaths, type FrontEnd, type FrontHost } from './front-end.js';
+<<<<<<< HEAD
 import { isRefusal, type Caller, type Refusal } from '../identity.js';
+=======
+import { SHUTDOWN_CODE, type InFlightRequest } from './drain.js';
+import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, statusOutcome } from './outcomes.js';
+>>>>>>> main
 
 const KNOWN_PATHS = knownPaths(KIND_PATHS);
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
@@ -253,8 +259,7 @@ export class NativeFrontEnd implements FrontEnd {
     this.#h.metrics.countRequest('', -1, status);
     const lines = status === 405 ? `${JSON_LINES}allow: ${allowed}\r\n` : JSON_LINES;
     // a HEAD answer has headers only
-    const body =
-      method === 'HEAD' ? null : Buffer.from(errorBody(status, status === 405 ? `method ${method} is not allowed on ${path} (use ${allowed})` : `no route for ${method} ${path}`));
+    const body = method === 'HEAD' ? null : errorBody(status, status === 405 ? `method ${method} is not allowed on ${path} (use ${allowed})` : `no route for ${method} ${path}`);
     this.#server.respond(r.id, status, lines, body, true, this.#h.draining);
   }
 
@@ -265,7 +270,7 @@ export class NativeFrontEnd implements FrontEnd {
   }
 
   #json(id: number, status: number, body: string, contentType = JSON_LINES): void {
-    this.#server.respond(id, status, contentType, body === '' ? null : Buffer.from(body), true, this.#h.draining);
+    this.#server.respond(id, status, contentType, body === '' ? null : body, true, this.#h.draining);
   }
 
   #metrics(id: number, head: boolean): void {
@@ -286,7 +291,7 @@ export class NativeFrontEnd implements FrontEnd {
     const id = r.id;
     const write = (status: number, body: string | Buffer, contentType = 'application/json') => {
       h.metrics.countRequest('', -1, status);
-      this.#server.respond(id, status, `content-type: ${fieldValue(contentType)}\r\n`, typeof body === 'string' ? Buffer.from(body) : body, true, h.draining);
+      this.#server.respond(id, status, `content-type: ${fieldValue(contentType)}\r\n`, body, true, h.draining);
     };
     // the caller's tenant scopes every file and batch (another tenant's objects answer 404)
     const caller = h.callerOf((n) => this.header(r, n));
@@ -309,9 +314,14 @@ export class NativeFrontEnd implements FrontEnd {
     const w = r.wanted;
     let requestId = w[W_REQUEST_ID]!;
     if (requestId === '' || requestId.length > 256) requestId = h.newRequestId();
+<<<<<<< HEAD
     const caller = h.callerOf((n) => (n === 'authorization' ? w[W_AUTHORIZATION]! : this.header(r, n)));
     if (isRefusal(caller)) return this.#unauthorized(r, caller);
     const x = new NativeExchange(this, h, this.#server, r.id, kind, requestId, caller);
+=======
+    const x = new NativeExchange(this, h, this.#server, r.id, kind, requestId, w[W_AUTHORIZATION]!);
+    if (kind === KIND_RESPONSES || h.accessLog) x.tenant = h.tenantOf((n) => this.header(r, n));
+>>>>>>> main
     const names = h.headerNames;
     let hd: Record<string, string> | null = null;
     if (names.length > 0) {
@@ -329,14 +339,27 @@ export class NativeFrontEnd implements FrontEnd {
       if (bg !== '') hd.baggage = bg;
     }
     if (hd !== null) x.headers = hd;
+<<<<<<< HEAD
     h.requestBegan(caller);
     this.#live.set(r.id, x);
     x.flight = kind === KIND_RESPONSES ? h.responses!.begin(x, caller, requestId, x.headers, r.body) : h.director.begin(x, kind, requestId, caller, x.headers, r.body, '', x.sessionHeader);
+=======
+    h.requestBegan(x);
+    this.#live.set(r.id, x);
+    // an answer given inside begin() (a bad body, no endpoint) is reported once begin() returns: the metrics see the flight's model
+    x.beginning = true;
+    try {
+      x.flight = kind === KIND_RESPONSES ? h.responses!.begin(x, x.tenant, requestId, x.authorization, x.headers, r.body) : h.director.begin(x, kind, requestId, x.authorization, x.headers, r.body, '', x.sessionHeader);
+    } finally {
+      x.beginning = false;
+    }
+    if (x.endedStatus >= 0) h.requestEnded(x, x.endedStatus);
+>>>>>>> main
   }
 }
 
 /** One inference request on the native front end: the director's (or a Responses turn's) ClientPort. */
-export class NativeExchange implements ClientPort {
+export class NativeExchange implements ClientPort, InFlightRequest {
   readonly id: number;
   readonly kind: number;
   readonly requestId: string;
@@ -345,6 +368,17 @@ export class NativeExchange implements ClientPort {
   headers: Readonly<Record<string, string>> = EMPTY;
   sessionHeader = '';
   flight: ExchangeFlight | null = null;
+  /** Position in the router's in-flight list (src/server/drain.ts); -1 otherwise. */
+  activeSlot = -1;
+  /** How the request ended (src/server/outcomes.ts; -1 until decided) and a rejection's reason. */
+  outcome = -1;
+  rejectReason = '';
+  /** performance.now() when the request arrived, and when its answer's first bytes went out (0: not yet). */
+  readonly startedAt = performance.now();
+  firstByteAt = 0;
+  /** Inside begin(): done() is reported after it returns (`endedStatus`, -1: not ended). */
+  beginning = false;
+  endedStatus = -1;
   readonly #fe: NativeFrontEnd;
   readonly #h: FrontHost;
   readonly #server: FrontServer;
@@ -356,7 +390,16 @@ export class NativeExchange implements ClientPort {
   #done = false;
   #paused = false;
 
+<<<<<<< HEAD
   constructor(fe: NativeFrontEnd, h: FrontHost, server: FrontServer, id: number, kind: number, requestId: string, caller: Caller) {
+=======
+  /** The request's route. */
+  get path(): string {
+    return KIND_PATHS[this.kind] ?? '/v1/responses';
+  }
+
+  constructor(fe: NativeFrontEnd, h: FrontHost, server: FrontServer, id: number, kind: number, requestId: string, authorization: string) {
+>>>>>>> main
     this.#fe = fe;
     this.#h = h;
     this.#server = server;
@@ -375,8 +418,29 @@ export class NativeExchange implements ClientPort {
       return;
     }
     if (!this.#done) {
+      this.outcome = OUTCOME_CANCELLED;
       this.#h.metrics.countRequest('', -1, 499);
       this.done(499);
+    }
+  }
+
+  /**
+   * A drain's grace is over: a stream whose head went out ends with `sseEvent`
+   * (a chunked answer that is not SSE is cut), an answer not begun is a 503;
+   * the director's side is aborted with status 503.
+   */
+  cutForShutdown(sseEvent: string, message: string): void {
+    if (this.#done || this.#aborted) return;
+    this.outcome = OUTCOME_SHUTDOWN;
+    if (this.#started) {
+      if (this.#contentType.startsWith('text/event-stream')) this.#send(sseEvent, true);
+      else this.#server.abort(this.id);
+    } else this.error(503, message, null, this.#endpoint, null, SHUTDOWN_CODE);
+    this.#aborted = true; // the flight's later writes are dropped
+    if (this.flight !== null) this.flight.clientAborted(503);
+    else {
+      this.#h.metrics.countRequest('', -1, 503);
+      this.done(503);
     }
   }
 
@@ -400,11 +464,12 @@ export class NativeExchange implements ClientPort {
     return s;
   }
 
-  #send(chunk: Buffer | string, end: boolean): void {
-    const b = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
+  #send(b: Buffer | string, end: boolean): void {
+    // a string goes over as it is (the server writes its UTF-8): no Buffer per chunk
     let r: number;
     if (!this.#started) {
       this.#started = true;
+      this.firstByteAt = performance.now();
       // draining: the connection closes after this answer (a stream says so in its head)
       r = this.#server.respond(this.id, this.#status, this.#lines(), b, end, this.#h.draining);
     } else r = this.#server.write(this.id, b, end);
@@ -427,12 +492,17 @@ export class NativeExchange implements ClientPort {
   }
 
   fail(sseEvent: string | null): void {
+    if (this.outcome < 0) this.outcome = OUTCOME_MID_STREAM;
     if (this.#aborted) return;
     if (sseEvent !== null) this.#send(sseEvent, true);
     else this.#server.abort(this.id); // cut: the client sees the stream end without its last chunk
   }
 
   error(status: number, message: string, param: string | null, ep: Endpoint | undefined, rejection: Rejected | null, code?: string): void {
+    if (this.outcome < 0) {
+      this.outcome = errorOutcome(status, message, ep !== undefined, rejection !== null);
+      if (rejection !== null) this.rejectReason = rejection.reason ?? '';
+    }
     if (this.#aborted) return;
     let s = `${JSON_LINES}x-request-id: ${this.requestId}\r\n`;
     if (ep) s += `x-switchyard-endpoint: ${Buffer.from(ep.name).toString('latin1')}\r\n`;
@@ -444,13 +514,15 @@ export class NativeExchange implements ClientPort {
       if (ra > 0) s += `retry-after: ${Math.ceil(ra)}\r\n`;
     }
     this.#started = true;
-    this.#server.respond(this.id, status, s, Buffer.from(errorBody(status, message, param, code)), true, this.#h.draining);
+    this.#server.respond(this.id, status, s, errorBody(status, message, param, code), true, this.#h.draining);
   }
 
   done(status: number): void {
     if (this.#done) return;
     this.#done = true;
+    if (this.outcome < 0) this.outcome = statusOutcome(status);
     this.#fe.ended(this);
-    this.#h.requestEnded(this, status);
+    if (this.beginning) this.endedStatus = status;
+    else this.#h.requestEnded(this, status);
   }
 }

@@ -3,6 +3,7 @@
 // chunks with backpressure, error answers). Knows nothing of scheduling.
 // Writes made from upstream socket callbacks are corked through module-level
 // functions (no closure per write).
+import { performance } from 'node:perf_hooks';
 import type { Rejected } from '../admission.js';
 import type { ClientPort } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
@@ -10,8 +11,15 @@ import { errorBody } from '../proxy/error-shape.js';
 import type { HttpResponse } from '../uws.js';
 import type { LimitsConfig } from '../config/schema.js';
 import type { Director } from '../director/director.js';
+<<<<<<< HEAD
 import type { Caller } from '../identity.js';
+=======
+import { KIND_PATHS } from '../director/kinds.js';
+>>>>>>> main
 import { statusLine } from './http-errors.js';
+import { SHUTDOWN_CODE, type Cuttable } from './drain.js';
+import type { ExchangeFlight } from './exchange-flight.js';
+import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_CLIENT_ERROR, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, OUTCOME_TIMEOUT, statusOutcome } from './outcomes.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
 
@@ -29,17 +37,7 @@ export interface ExchangeHost {
   requestEnded(x: HttpExchange, status: number): void;
 }
 
-/** What the exchange needs of the side that took its body over (the director's Flight, a Responses turn). */
-export interface ExchangeFlight {
-  readonly model: string;
-  readonly path: string;
-  readonly endpoint?: Endpoint;
-  /** P/D: the endpoint whose prefill the decode leg used (x-switchyard-prefill-endpoint); null when none. */
-  readonly prefillEndpoint?: Endpoint | null;
-  clientAborted(): void;
-  pause(): void;
-  resume(): void;
-}
+export type { ExchangeFlight } from './exchange-flight.js';
 
 /** uWS hands header values over one char per byte: echo non-ASCII ones as their original bytes. */
 export function headerBytes(s: string): string | Buffer {
@@ -71,7 +69,7 @@ function corkedError(): void {
   cur.errorCorked(curStatus, curMessage, curParam, curEndpoint, curRejection, curClose, curCode);
 }
 
-export class HttpExchange implements ClientPort {
+export class HttpExchange implements ClientPort, Cuttable {
   readonly core: ExchangeHost;
   readonly res: HttpResponse;
   readonly kind: number;
@@ -85,9 +83,19 @@ export class HttpExchange implements ClientPort {
   headers: Readonly<Record<string, string>> = EMPTY;
   /** The session header's value ('' when absent or not read). */
   sessionHeader = '';
+  /** The request's tenant (read for the Responses API and the access log; '' otherwise). */
+  tenant = '';
+  /** performance.now() when the request's headers arrived, and when its answer's first bytes went out (0: not yet). */
+  readonly startedAt = performance.now();
+  firstByteAt = 0;
+  /** How the request ended (src/server/outcomes.ts; -1 until decided) and a rejection's reason. */
+  outcome = -1;
+  rejectReason = '';
   readStart = 0;
   /** Position in core.reading while the body is being read; -1 otherwise. */
   readSlot = -1;
+  /** Position in the router's in-flight list (src/server/drain.ts); -1 otherwise. */
+  activeSlot = -1;
   /** The director's side of this request (or a Responses turn's), once the body has arrived. */
   flight: ExchangeFlight | null = null;
   #raw: Buffer | null = null;
@@ -99,10 +107,22 @@ export class HttpExchange implements ClientPort {
   #started = false;
   #aborted = false;
   #done = false;
+  #inBegin = false;
+  /** done()'s status while inside begin(); -1: none. */
+  #endedStatus = -1;
   #paused = false;
   #onWritable: ((offset: number) => boolean) | null = null;
 
+<<<<<<< HEAD
   constructor(core: ExchangeHost, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, caller: Caller, contentLength: number) {
+=======
+  /** The request's route (the access log's, before a flight knows it). */
+  get path(): string {
+    return KIND_PATHS[this.kind] ?? '/v1/responses';
+  }
+
+  constructor(core: ExchangeHost, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, authorization: string, contentLength: number) {
+>>>>>>> main
     this.core = core;
     this.res = res;
     this.kind = kind;
@@ -145,7 +165,15 @@ export class HttpExchange implements ClientPort {
     this.core.reading.delete(this);
     const raw = this.#raw === null ? Buffer.alloc(0) : this.#raw.length === this.#received ? this.#raw : this.#raw.subarray(0, this.#received);
     this.#raw = null;
-    this.flight = this.begin(raw);
+    // an answer given inside begin() (a bad body, no endpoint) ends the request before `flight` is set:
+    // its end is reported once begin() returns, so the metrics and the access log see the flight's model
+    this.#inBegin = true;
+    try {
+      this.flight = this.begin(raw);
+    } finally {
+      this.#inBegin = false;
+    }
+    if (this.#endedStatus >= 0) this.core.requestEnded(this, this.#endedStatus);
   }
 
   /** Hands the complete body over: to the director (a subclass may hand it elsewhere). */
@@ -156,6 +184,7 @@ export class HttpExchange implements ClientPort {
   /** An error answer from the transport itself (413, 408), before the director took the request; closes the connection. */
   reject(status: number, message: string): void {
     if (this.#done || this.#aborted) return;
+    this.outcome = status === 408 ? OUTCOME_TIMEOUT : OUTCOME_CLIENT_ERROR;
     this.#error(status, message, null, undefined, null, true);
     this.core.metrics.countRequest('', -1, status);
     this.done(status);
@@ -171,8 +200,32 @@ export class HttpExchange implements ClientPort {
       return;
     }
     if (!this.#done) {
+      this.outcome = OUTCOME_CANCELLED;
       this.core.metrics.countRequest('', -1, 499);
       this.done(499);
+    }
+  }
+
+  /**
+   * A drain's grace is over: a stream whose head went out ends with `sseEvent`
+   * (a chunked answer that is not SSE is cut), an answer not begun is a 503;
+   * the director's side is aborted (upstream call, accounting) with status 503.
+   */
+  cutForShutdown(sseEvent: string, message: string): void {
+    if (this.#done || this.#aborted) return;
+    this.core.reading.delete(this);
+    this.#aborted = true; // the flight's later writes are dropped
+    this.outcome = OUTCOME_SHUTDOWN;
+    const res = this.res;
+    if (this.#started) {
+      // not end(…, true): uWS drops a chunked stream's last chunk when asked to close with it (the router closes the sockets after)
+      if (this.#contentType.startsWith('text/event-stream')) res.cork(() => res.end(sseEvent));
+      else res.close();
+    } else this.#error(503, message, null, this.#endpoint, null, true, SHUTDOWN_CODE);
+    if (this.flight !== null) this.flight.clientAborted(503);
+    else {
+      this.core.metrics.countRequest('', -1, 503);
+      this.done(503);
     }
   }
 
@@ -201,6 +254,7 @@ export class HttpExchange implements ClientPort {
   }
 
   fail(sseEvent: string | null): void {
+    if (this.outcome < 0) this.outcome = OUTCOME_MID_STREAM;
     if (this.#aborted) return;
     cur = this;
     curEvent = sseEvent;
@@ -209,6 +263,10 @@ export class HttpExchange implements ClientPort {
   }
 
   error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null, code?: string): void {
+    if (this.outcome < 0) {
+      this.outcome = errorOutcome(status, message, endpoint !== undefined, rejection !== null);
+      if (rejection !== null) this.rejectReason = rejection.reason ?? '';
+    }
     if (this.#aborted) return;
     this.#error(status, message, param, endpoint, rejection, false, code);
   }
@@ -216,6 +274,12 @@ export class HttpExchange implements ClientPort {
   done(status: number): void {
     if (this.#done) return;
     this.#done = true;
+    // an answer that ran to its end (or a status the director counted without an error call)
+    if (this.outcome < 0) this.outcome = statusOutcome(status);
+    if (this.#inBegin) {
+      this.#endedStatus = status;
+      return;
+    }
     this.core.requestEnded(this, status);
   }
 
@@ -266,6 +330,7 @@ export class HttpExchange implements ClientPort {
     // draining: a stream says it closes its connection (a whole answer's end() does that itself)
     if (streamed && this.core.draining) res.writeHeader('connection', 'close');
     this.#started = true;
+    this.firstByteAt = performance.now();
   }
 
   writeCorked(chunk: Buffer | string): void {

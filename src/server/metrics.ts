@@ -7,9 +7,11 @@ import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import { VERSION } from '../version.js';
 import { Histogram } from '../metrics/histogram.js';
 import { HistogramMetric, newRegistry, scrapeCounter, type Registry } from '../metrics/prom.js';
+import { OUTCOME_NAMES, OUTCOME_REJECTED, UPSTREAM_KINDS } from './outcomes.js';
 
 const DECISION_BUCKETS = [5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01];
 const TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
+const DURATION_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
 const ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1];
 
 /** The key (in place of endpoint id + 1) of the counts of removed endpoints, per model. */
@@ -30,6 +32,10 @@ export class RouterMetrics {
   /** Times a slow client made the relay pause reading from the engine. */
   pauses = 0;
   readonly rejected = new Map<string, number>();
+  /** Per model ('' = unknown): outcome index → count; rejections by reason; duration and router-side TTFT. */
+  readonly #outcomes = new Map<string, { counts: Float64Array; rejected: Map<string, number>; duration: Histogram; ttft: Histogram }>();
+  /** Per endpoint id: upstream failures by kind (UPSTREAM_KINDS). */
+  readonly #upstreamErrors: Float64Array[] = [];
   /** Config reloads by result ('ok', 'invalid'). */
   readonly reloads = new Map<string, number>();
   /** Runtime endpoint changes (the live-endpoint manager's counters), when there is one. */
@@ -80,6 +86,29 @@ export class RouterMetrics {
       byEp.set(endpointId + 1, (byStatus = new Map()));
     }
     byStatus.set(status, (byStatus.get(status) ?? 0) + 1);
+  }
+
+  /**
+   * One finished request: its outcome (outcomes.ts), the gate's reason when
+   * rejected, its duration and, when its answer's first bytes went out, the
+   * time to them (seconds; < 0: none). Per model; unknown models under ''.
+   */
+  countOutcome(model: string, outcome: number, reason: string, seconds: number, ttftSeconds: number): void {
+    let o = this.#outcomes.get(model);
+    if (o === undefined) {
+      if (model !== '' && this.#set.forModel(model) === undefined) return this.countOutcome('', outcome, reason, seconds, ttftSeconds);
+      o = { counts: new Float64Array(OUTCOME_NAMES.length), rejected: new Map(), duration: new Histogram(DURATION_BUCKETS), ttft: new Histogram(TTFT_BUCKETS) };
+      this.#outcomes.set(model, o);
+    }
+    o.counts[outcome]++;
+    if (outcome === OUTCOME_REJECTED) o.rejected.set(reason, (o.rejected.get(reason) ?? 0) + 1);
+    o.duration.observe(seconds);
+    if (ttftSeconds >= 0) o.ttft.observe(ttftSeconds);
+  }
+
+  /** An upstream leg of a request to endpoint `id` failed (`kind`: an UPSTREAM_KINDS index). */
+  countUpstreamError(id: number, kind: number): void {
+    (this.#upstreamErrors[id] ??= new Float64Array(UPSTREAM_KINDS.length))[kind]++;
   }
 
   /**
@@ -217,6 +246,57 @@ export class RouterMetrics {
         }
       },
     });
+    const outcomes = this.#outcomes;
+    new Counter({
+      name: 'switchyard_request_outcomes_total',
+      help: 'Inference requests by how they ended: ok, client_error, rejected (reason: the gate\'s), upstream_error (before the first byte), mid_stream_failure, timeout, cancelled (the client left), unavailable (the router\'s own 5xx), shutdown (cut by a drain).',
+      labelNames: ['model', 'outcome', 'reason'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const [model, o] of outcomes) {
+          for (let i = 0; i < OUTCOME_NAMES.length; i++) {
+            if (i === OUTCOME_REJECTED) for (const [reason, n] of o.rejected) this.inc({ model, outcome: OUTCOME_NAMES[i], reason }, n);
+            else if (o.counts[i]! > 0) this.inc({ model, outcome: OUTCOME_NAMES[i], reason: '' }, o.counts[i]!);
+          }
+        }
+      },
+    });
+    new HistogramMetric({
+      name: 'switchyard_request_duration_seconds',
+      help: 'End-to-end time of an inference request at the router: headers in to its last byte out (any outcome).',
+      labelNames: ['model'],
+      buckets: DURATION_BUCKETS,
+      registers: r,
+      series: (emit) => {
+        for (const [model, o] of outcomes) emit({ model }, o.duration);
+      },
+    });
+    new HistogramMetric({
+      name: 'switchyard_request_ttft_seconds',
+      help: "Time from a request's headers to its answer's first bytes out of the router (time to first token, as the client sees it).",
+      labelNames: ['model'],
+      buckets: TTFT_BUCKETS,
+      registers: r,
+      series: (emit) => {
+        for (const [model, o] of outcomes) emit({ model }, o.ttft);
+      },
+    });
+    const upstreamErrors = this.#upstreamErrors;
+    new Counter({
+      name: 'switchyard_upstream_errors_total',
+      help: "Failed upstream legs by endpoint and kind: http_5xx, connect, dns, timeout, reset (before the first byte), mid_stream (after it). Retried legs count too.",
+      labelNames: ['endpoint', 'kind'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (let id = 0; id < upstreamErrors.length; id++) {
+          const k = upstreamErrors[id];
+          if (k === undefined) continue;
+          for (let i = 0; i < UPSTREAM_KINDS.length; i++) if (k[i]! > 0) this.inc({ endpoint: set.nameOf(id), kind: UPSTREAM_KINDS[i] }, k[i]!);
+        }
+      },
+    });
     new HistogramMetric({
       name: 'switchyard_routing_decision_seconds',
       help: 'Time to pick an endpoint (filters, scorers, picker).',
@@ -283,6 +363,16 @@ export class RouterMetrics {
         const checks = set.dataLayer.healthIntervalMs > 0;
         this.reset();
         for (const ep of set.all) this.set(epLabels(ep.id), ep.ready(now, checks) ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_endpoint_model_missing',
+      help: "1 per endpoint and model of its pool that its engine's GET /v1/models does not list (not routed there, not ready for it).",
+      labelNames: ['endpoint', 'model'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const ep of set.all) for (const model of ep.missingModels ?? []) this.set({ endpoint: ep.name, model }, 1);
       },
     });
     new Gauge({

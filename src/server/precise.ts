@@ -94,9 +94,14 @@ export function kvFeedEndpoints(cfg: RouterConfig, set: EndpointSet): KvFeedEndp
           topic: ec.kvEvents.topic,
           model: p.models[0]!,
           ranks: rank !== undefined ? { [rank]: ep.id } : {},
+          maxMessageBytes: ec.kvEvents.maxMessageBytes,
+          maxQueuedBytes: ec.kvEvents.maxQueuedBytes,
         });
         return;
       }
+      // one subscription for the publisher's ranks: the tightest bounds any of them asked for
+      have.maxMessageBytes = minOf(have.maxMessageBytes, ec.kvEvents.maxMessageBytes);
+      have.maxQueuedBytes = minOf(have.maxQueuedBytes, ec.kvEvents.maxQueuedBytes);
       // validateConfig (preciseRules) refused a shared publisher without distinct ranks
       if (rank === undefined || have.ranks[rank] !== undefined) return;
       have.ranks[rank] = ep.id;
@@ -107,6 +112,10 @@ export function kvFeedEndpoints(cfg: RouterConfig, set: EndpointSet): KvFeedEndp
     });
   });
   return [...byAddr.values()];
+}
+
+function minOf(a: number | undefined, b: number | undefined): number | undefined {
+  return a === undefined ? b : b === undefined ? a : Math.min(a, b);
 }
 
 function registerPreciseMetrics(registry: Registry, feed: KvEventFeed, tokens: TokenSource, producer: () => PrefixProducer | null, set: EndpointSet): void {
@@ -130,6 +139,11 @@ function registerPreciseMetrics(registry: Registry, feed: KvEventFeed, tokens: T
     ['switchyard_kv_events_duplicates_total', 'Batches with a repeated or out-of-order sequence number (dropped).', 'duplicates'],
     ['switchyard_kv_events_restarts_total', 'Publishers that restarted at sequence 0 (the endpoint was cleared).', 'restarts'],
     ['switchyard_kv_events_dropped_total', 'Batches dropped because the queue was full (oldest first).', 'dropped'],
+    ['switchyard_kv_events_dropped_bytes_bound_total', 'Of the dropped batches: dropped because the queue was over its maxQueuedBytes.', 'droppedBytes'],
+    ['switchyard_kv_events_disconnects_total', 'Times the publisher connection went away (a frame over maxMessageBytes is one; the endpoint was cleared).', 'disconnects'],
+    ['switchyard_kv_events_resubscribes_total', 'New subscriber sockets opened after a disconnect (libzmq does not reconnect one it dropped for an oversize frame).', 'resubscribes'],
+    ['switchyard_kv_events_replay_overflows_total', 'Replays whose answer was over the queue bounds (not applied; the endpoint was cleared).', 'replayOverflows'],
+    ['switchyard_kv_events_callback_errors_total', 'Exceptions caught in a receive, disconnect or replay callback (the stream went on; the endpoint was cleared).', 'callbackErrors'],
     ['switchyard_kv_events_decode_errors_total', 'Batches that were not valid msgpack event batches.', 'decodeErrors'],
     ['switchyard_kv_events_clears_total', "Times an endpoint's precise entries were cleared (gap, restart, flood, decode error).", 'clears'],
   ];
@@ -156,6 +170,7 @@ function registerPreciseMetrics(registry: Registry, feed: KvEventFeed, tokens: T
     ['switchyard_kv_events_dropped_rank_total', 'Batches from a data-parallel rank with no holder (dropped).', () => feed.droppedRanks],
     ['switchyard_kv_events_bad_hashes_total', 'Events skipped for a block hash that is not a 64-bit integer or at least 8 digest bytes (also in bad_events).', () => feed.badHashes],
     ['switchyard_kv_events_applied_total', 'Events applied to the precise index (stored, removed, cleared).', () => feed.totals[T.events]!],
+    ['switchyard_kv_events_drain_errors_total', 'Drains that threw (their batches were lost; those endpoints were cleared).', () => feed.drainErrors + feed.resetHookErrors],
     ['switchyard_kv_events_map_forgotten_total', 'Engine block hashes forgotten over the per-endpoint limit (their blocks left the index).', () => feed.totals[T.forgotten]!],
     ['switchyard_prefix_precise_candidates_total', 'Candidates scored from the precise (event-fed) index.', () => producer()?.preciseCounters.precise ?? 0],
     ['switchyard_prefix_fallback_unhealthy_total', 'Candidates scored by the approximate mode because their event stream was unhealthy.', () => producer()?.preciseCounters.fallbackUnhealthy ?? 0],

@@ -3,9 +3,13 @@
 // log, switchyard_config_reloads_total{result="invalid"}) and the running
 // config keeps serving. A good one reconciles the config's endpoints through
 // the live-endpoint manager: new ones join, removed or changed ones drain and
+<<<<<<< HEAD
 // leave. The auth block (its keys file and variable read again) applies
 // live: a removed key is refused from the next request on, requests already
 // under way finish. Of the rest only logging.level applies live; a change elsewhere is
+=======
+// leave. Of the rest logging.level and shutdown apply live; a change elsewhere is
+>>>>>>> main
 // logged as needing a restart.
 import { loadConfigFile, parseConfig, type PluginValidator } from '../config/load.js';
 import type { RouterConfig } from '../config/schema.js';
@@ -60,7 +64,7 @@ export class ConfigReloader {
     } catch (err) {
       const issues = err instanceof ConfigError ? err.issues : [{ path: '', message: (err as Error).message }];
       reloads.set('invalid', (reloads.get('invalid') ?? 0) + 1);
-      log.error({ file: this.file, issues }, `config reload refused, the running config keeps serving: ${(err as Error).message}`);
+      log.error({ event: 'config.reload_refused', file: this.file, issues }, `config reload refused, the running config keeps serving: ${(err as Error).message}`);
       return { ok: false, issues, message: (err as Error).message };
     }
     const prev = this.#current;
@@ -70,11 +74,20 @@ export class ConfigReloader {
     const [was, now] = [discovered(prev), discovered(next)];
     for (const name of new Set([...was.keys(), ...now.keys()])) if (was.get(name) !== now.get(name)) restartNeeded.push(`pools.${name}.discovery`);
     const changes = core.live.reconcile('config', next.pools);
+<<<<<<< HEAD
     core.auth = auth;
     if (next.logging.level !== prev.logging.level) core.setLogLevel(next.logging.level);
+=======
+    if (JSON.stringify(next.logging) !== JSON.stringify(prev.logging)) core.setLogLevel(next.logging.level, next.logging);
+    core.shutdown = next.shutdown;
+>>>>>>> main
     this.#current = next;
     reloads.set('ok', (reloads.get('ok') ?? 0) + 1);
-    log.info({ file: this.file, ...changes }, 'config reloaded');
+    const changed = (Object.keys(next) as (keyof RouterConfig)[]).filter((k) => k !== 'pools' && JSON.stringify(prev[k]) !== JSON.stringify(next[k]));
+    log.info(
+      { event: 'config.reload_applied', file: this.file, ...changes, sections_changed: changed },
+      `config reloaded: ${changes.added.length} endpoint(s) added, ${changes.removed.length} removed, ${changes.replaced.length} replaced${changed.length > 0 ? `; changed: ${changed.join(', ')}` : ''}`,
+    );
     if (restartNeeded.length > 0) log.warn({ sections: restartNeeded }, 'config reload: these sections changed and take effect only after a restart');
     return { ok: true, changes, restartNeeded };
   }

@@ -231,6 +231,8 @@ export async function runRolloutCli(argv: string[]): Promise<number> {
       },
       show,
     );
+    // the admin API keeps changes in memory only: say what to do so the next reload or restart does not undo it
+    console.log(`note: the router keeps this change in memory only; write pool ${a.pool}'s new endpoints (revision ${a.to}) into its config file, or a reload brings the file's endpoints back and a restart loses the rollout`);
     return 0;
   } catch (err) {
     if (tty) process.stdout.write('\n');

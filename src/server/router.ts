@@ -1,5 +1,5 @@
 // Starting and stopping a router: the library entry point for the HTTP server.
-import { pino, type Logger } from 'pino';
+import { pino, destination, stdTimeFunctions, type Logger } from 'pino';
 import type { RouterConfig } from '../config/schema.js';
 import { RouterCore, type CoreOptions } from './core.js';
 import { assembleRouter, type AssembleOptions, type Assembly } from './assemble.js';
@@ -47,8 +47,24 @@ export interface StartRouterOptions extends Partial<Omit<AssembleOptions, 'confi
   watchConfig?: boolean | number | { debounceMs?: number; settleMs?: number };
 }
 
-export function createLogger(level: string): Logger {
-  return pino({ level, base: { name: 'switchyard' } });
+/**
+ * The router's pino logger: JSON on stdout. `sync: false` (the CLI): lines are
+ * buffered and written off the event loop (no write(2) on the request path),
+ * and what is still buffered is written at exit.
+ */
+export function createLogger(level: string, opts: { sync?: boolean } = {}): Logger {
+  // level names ("warn"), ISO 8601 times: what log pipelines parse without a pino-specific mapping
+  const options = { level, base: { name: 'switchyard' }, formatters: { level: (label: string) => ({ level: label }) }, timestamp: stdTimeFunctions.isoTime };
+  if (opts.sync !== false) return pino(options);
+  const dest = destination({ dest: 1, sync: false });
+  process.once('exit', () => {
+    try {
+      dest.flushSync();
+    } catch {
+      // stdout gone: nothing to flush to
+    }
+  });
+  return pino(options, dest);
 }
 
 /**

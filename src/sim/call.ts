@@ -4,7 +4,7 @@
 
 import { bootstrap, decodeTransferError, pull, type BootstrapTarget, type PullTarget, type RoomTable, type TransferTable } from './pd.js';
 import { jsonNestsDeeper } from '../json-depth.js';
-import type { HttpResponse } from '../uws.js';
+import type { SimHttpResponse as HttpResponse } from './http.js';
 import type { KvEventPublisher } from './kv-events.js';
 import type { FailureKind } from './options.js';
 import { ReqState, SimRequest, type RequestSink, type Scheduler } from './scheduler.js';

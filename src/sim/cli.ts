@@ -57,6 +57,8 @@ options (--name value or --name=value):
   --kv-events-config JSON     publish KV events like vLLM, e.g. '{"enable_kv_cache_events":true,"publisher":"zmq",
                               "endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv"}';
                               also "layout":"array"|"map", "block_hash_format":"int"|"bytes" (docs/kv-events.md)
+  --front-end auto|uws|node   the HTTP server: uWebSockets.js (Node 16/18/20 only) or node:http;
+                              auto: uws where its binary loads, else node (default ${D.frontEnd})
   --legacy                    mimic an older vLLM (gpu_cache_usage_perc, flat error bodies)
   --reasoning                 a reasoning model: chat answers carry reasoning_content (the first half of the tokens)
   --fleet N                   start N engines on consecutive ports (default 1)
@@ -158,6 +160,13 @@ const FLAGS: Record<string, { type: 'string' | 'boolean'; set: Setter }> = {
     },
   },
   'max-loras': { type: 'string', set: (o, v, f) => (o.maxLoras = integer(f, v)) },
+  'front-end': {
+    type: 'string',
+    set: (o, v, f) => {
+      if (v !== 'auto' && v !== 'uws' && v !== 'node') throw new FlagError(`${f} expects auto, uws or node, got '${v}'`);
+      o.frontEnd = v;
+    },
+  },
   // a switch: `--legacy`; `--legacy=false` also works
   legacy: { type: 'boolean', set: (o, v, f) => (o.legacy = trueFalse(f, v)) },
   reasoning: { type: 'boolean', set: (o, v, f) => (o.reasoning = trueFalse(f, v)) },
@@ -253,7 +262,7 @@ export async function runSimCli(argv: string[]): Promise<number> {
     const o = e.options;
     console.log(
       `switchyard sim: ${o.engine} engine serving ${o.models.join(', ')} on ${e.url} ` +
-        `(max-num-seqs ${o.maxNumSeqs}, kv-cache-blocks ${o.kvCacheBlocks}, time-scale ${o.timeScale})`,
+        `(max-num-seqs ${o.maxNumSeqs}, kv-cache-blocks ${o.kvCacheBlocks}, time-scale ${o.timeScale}, http ${e.frontEnd})`,
     );
     if (e.kvEvents !== null) {
       const replay = e.kvEvents.replayEndpoint;

@@ -79,6 +79,8 @@ export interface SimOptions {
   prefillCostFactor?: number;
   /** Multiplies the decode cost (itlMs). */
   decodeCostFactor?: number;
+  /** The HTTP server: uws (uWebSockets.js, Node 16/18/20 only), node (node:http), auto (uws where it loads, else node). */
+  frontEnd?: 'auto' | 'uws' | 'node';
 }
 
 export type ResolvedSimOptions = Required<SimOptions>;
@@ -122,6 +124,7 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   accelerator: '',
   prefillCostFactor: 1,
   decodeCostFactor: 1,
+  frontEnd: 'auto',
 }) as ResolvedSimOptions;
 
 /** Thrown for an invalid option; `option` names it. */
@@ -206,6 +209,7 @@ export const simOptionsSchema = z
         error: (i) => `unknown accelerator profile ${JSON.stringify(i.input)} (profiles: ${ACCELERATOR_NAMES.join(', ')})`,
       })
       .default(SIM_DEFAULTS.accelerator),
+    frontEnd: z.enum(['auto', 'uws', 'node'], { error: (i) => `expected auto, uws or node, got ${JSON.stringify(i.input)}` }).default(SIM_DEFAULTS.frontEnd),
     prefillCostFactor: num(0.01, 1000).optional(),
     decodeCostFactor: num(0.01, 1000).optional(),
   })

@@ -1,10 +1,10 @@
-// One simulated engine: an OpenAI-compatible HTTP server on uWebSockets.js in
-// front of a Scheduler (its routes, the P/D side doors, health, metrics and
+// One simulated engine: an OpenAI-compatible HTTP server (uWebSockets.js, or
+// node:http where uWS does not load: http.ts) in front of a Scheduler (its routes, the P/D side doors, health, metrics and
 // models). Several engines can share one process and event loop. Each POST is
 // a Call (call.ts).
 
 import { BOOTSTRAP_PATH, PULL_PATH, roomKey, RoomTable, TransferTable } from './pd.js';
-import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_listen_socket } from '../uws.js';
+import { simHttpApp, type SimHttpApp, type SimHttpRequest as HttpRequest, type SimHttpResponse as HttpResponse } from './http.js';
 import { SimMetrics } from './metrics.js';
 import { KvEventPublisher, resolveKvEventsConfig } from './kv-events.js';
 import { resolveSimOptions, scaledCosts, type FailureKind, type ResolvedSimOptions, type SimOptions } from './options.js';
@@ -26,6 +26,8 @@ export interface SimEngine {
   readonly url: string;
   readonly port: number;
   readonly options: ResolvedSimOptions;
+  /** The HTTP server it listens with (options.frontEnd resolved). */
+  readonly frontEnd: 'uws' | 'node';
   stats(): SimEngineStats;
   /** Marks the engine dead (GET /health answers 503) or alive again. */
   setHealthy(healthy: boolean): void;
@@ -91,8 +93,7 @@ export class Engine implements SimEngine, CallHost {
   loadingUntil = 0;
   /** drain() began: health 503, no new requests. */
   draining = false;
-  #app: TemplatedApp | null = null;
-  #listen: us_listen_socket | null = null;
+  #app: SimHttpApp | null = null;
   #port = 0;
   #closed: Promise<void> | null = null;
   #recordNames: readonly string[] | null = null;
@@ -123,6 +124,9 @@ export class Engine implements SimEngine, CallHost {
   get port(): number {
     return this.#port;
   }
+  get frontEnd(): 'uws' | 'node' {
+    return this.#app?.kind ?? (this.options.frontEnd === 'uws' ? 'uws' : 'node');
+  }
   get url(): string {
     const h = this.options.host;
     const host = h === '0.0.0.0' ? '127.0.0.1' : h.includes(':') ? `[${h}]` : h;
@@ -141,7 +145,7 @@ export class Engine implements SimEngine, CallHost {
 
   #listenHttp(): Promise<void> {
     const o = this.options;
-    const app = uws.App();
+    const app = simHttpApp(o.frontEnd);
     this.#app = app;
     app.post('/v1/completions', (res, req) => this.#post(res, req, Kind.Completion));
     app.post('/v1/chat/completions', (res, req) => this.#post(res, req, Kind.Chat));
@@ -184,7 +188,7 @@ export class Engine implements SimEngine, CallHost {
     app.get('/version', (res) => {
       res.writeHeader('Content-Type', JSON_TYPE).end(JSON.stringify({ version: o.revision, engine: o.engine, role: o.role }));
     });
-    app.any('/*', (res, req) => {
+    app.any((res, req) => {
       const method = req.getMethod();
       const url = req.getUrl();
       const known = POST_PATHS.has(url) || url === '/health' || url === '/metrics' || url === '/v1/models';
@@ -198,17 +202,14 @@ export class Engine implements SimEngine, CallHost {
       if (method.toLowerCase() === 'head') res.end();
       else res.end(errorBody(status, msg, null, o.legacy));
     });
-    return new Promise((resolve, reject) => {
-      app.listen(o.host, o.port, (sock) => {
-        if (!sock) {
-          reject(new Error(`switchyard sim: cannot listen on ${o.host}:${o.port} (port in use or address unavailable)`));
-          return;
-        }
-        this.#listen = sock;
-        this.#port = uws.us_socket_local_port(sock as never);
-        resolve();
-      });
-    });
+    return app.listen(o.host, o.port).then(
+      (port) => {
+        this.#port = port;
+      },
+      (err: Error) => {
+        throw new Error(`switchyard sim: ${err.message}`);
+      },
+    );
   }
 
   #modelsBody(): string {
@@ -360,10 +361,7 @@ export class Engine implements SimEngine, CallHost {
       this.calls.clear();
       this.rooms.clear('the prefill server went away');
       this.kvEvents?.close();
-      if (this.#listen !== null) uws.us_listen_socket_close(this.#listen);
-      this.#listen = null;
-      // Closes every remaining connection too (keep-alive sockets).
-      (this.#app as unknown as { close?: () => void } | null)?.close?.();
+      this.#app?.close();
       this.#app = null;
       setImmediate(resolve);
     });

@@ -176,14 +176,30 @@ t.test('F5: the input file of an active batch cannot be deleted (409 file_in_use
   t.equal((await a.files.delete(file.id)).deleted, true, 'deletable once the batch ended');
 });
 
-t.test('F4/F5: a batch whose input is lost mid-run ends failed, saying why, with an error file (not finalizing forever)', async (t) => {
+t.test('F5: a batch whose input bytes are lost mid-run still completes: its custom_ids were snapshotted at validation', async (t) => {
   const { a, redisUrl } = await setup(t, { maxInFlight: 1 }, 1);
   const file = await a.files.create({ file: await jsonl(Array.from({ length: 30 }, (_, i) => chatLine(`l${i}`))), purpose: 'batch' });
   const batch = await a.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
   await until(() => a.batches.retrieve(batch.id), (x) => x.status === 'in_progress', 10000);
   const r = new Redis(redisUrl);
   t.teardown(() => r.disconnect());
+  t.equal(await r.exists(`swy:batch:${batch.id}:ids`), 1, 'the snapshot is there');
   t.equal(await r.del(`swy:file:${file.id}:data`), 1, 'the input bytes lost behind the API');
+  const end = await until(() => a.batches.retrieve(batch.id), (x) => x.status !== 'in_progress' && x.status !== 'finalizing', 30000);
+  t.equal(end.status, 'completed');
+  const lines = (await (await a.files.content(end.output_file_id!)).text()).trim().split('\n').map((l) => JSON.parse(l) as { custom_id: string });
+  t.same(lines.map((l) => l.custom_id), Array.from({ length: 30 }, (_, i) => `l${i}`), 'every custom_id once, in input order');
+  t.equal(await r.exists(`swy:batch:${batch.id}:ids`), 0, 'the snapshot goes with the batch');
+});
+
+t.test('F4: a batch whose input and custom_id snapshot are both lost mid-run ends failed, saying why, with an error file (not finalizing forever)', async (t) => {
+  const { a, redisUrl } = await setup(t, { maxInFlight: 1 }, 1);
+  const file = await a.files.create({ file: await jsonl(Array.from({ length: 30 }, (_, i) => chatLine(`l${i}`))), purpose: 'batch' });
+  const batch = await a.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  await until(() => a.batches.retrieve(batch.id), (x) => x.status === 'in_progress', 10000);
+  const r = new Redis(redisUrl);
+  t.teardown(() => r.disconnect());
+  t.equal(await r.del(`swy:file:${file.id}:data`, `swy:batch:${batch.id}:ids`), 2, 'the input bytes and the snapshot lost behind the API');
   const end = await until(() => a.batches.retrieve(batch.id), (x) => x.status !== 'in_progress' && x.status !== 'finalizing', 30000);
   t.equal(end.status, 'failed');
   t.match(end.errors?.data?.[0], { code: 'batch_failed', message: /deleted/ }, 'the reason in errors');
@@ -191,4 +207,28 @@ t.test('F4/F5: a batch whose input is lost mid-run ends failed, saying why, with
   const lines = (await (await a.files.content(end.error_file_id!)).text()).trim().split('\n').map((l) => JSON.parse(l));
   t.match(lines[0], { error: { code: 'batch_failed', message: /deleted/ } }, 'the error file says why');
   t.equal(await r.sismember('swy:batches:active', batch.id), 0, 'no longer worked on');
+});
+
+t.test('a finalizing batch can be cancelled: it ends cancelled with the files of what ran', async (t) => {
+  const { a, redisUrl } = await setup(t, { maxInFlight: 1 }, 1);
+  const file = await a.files.create({ file: await jsonl(Array.from({ length: 10 }, (_, i) => chatLine(`f${i}`))), purpose: 'batch' });
+  const batch = await a.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  await until(() => a.batches.retrieve(batch.id), (x) => x.status === 'in_progress', 10000);
+  const r = new Redis(redisUrl);
+  t.teardown(() => r.disconnect());
+  // hold it in finalizing: without its custom_ids (snapshot and input moved away) each attempt to write its files fails
+  const ids = `swy:batch:${batch.id}:ids`;
+  await r.rename(ids, `${ids}:away`);
+  await r.rename(`swy:file:${file.id}:data`, `swy:file:${file.id}:data:away`);
+  await until(() => r.hmget(`swy:batch:${batch.id}`, 'status', 'failures'), ([st, f]) => st === 'finalizing' && f === '1', 30000);
+  const c = await a.batches.cancel(batch.id);
+  t.equal(c.status, 'finalizing', 'the cancel is taken while finalizing');
+  // the next attempt can write the files (within MAX_FAILURES): it ends cancelled, not completed
+  await r.rename(`${ids}:away`, ids);
+  const end = await until(() => a.batches.retrieve(batch.id), (x) => x.status !== 'finalizing', 10000);
+  t.equal(end.status, 'cancelled');
+  t.ok(end.cancelled_at && end.cancelling_at, 'cancelled_at and cancelling_at set');
+  t.ok(end.output_file_id, 'the output file of what ran');
+  const lines = (await (await a.files.content(end.output_file_id!)).text()).trim().split('\n');
+  t.equal(lines.length, 10, 'every line ran before the cancel');
 });

@@ -57,12 +57,16 @@ function copies(stage: Stage): { from: string | null; srcs: string[]; dest: stri
     });
 }
 
-const [build, runtime] = stages();
+const all = stages();
+const build = all.find((s) => s.name === 'build');
+const runtime = all.find((s) => s.name === 'runtime');
+const standalone = all.find((s) => s.name === 'standalone');
 
-t.test('two stages: build, then a slim non-root runtime with a health check', async (t) => {
-  t.equal(stages().length, 2);
-  t.equal(build!.name, 'build');
-  t.equal(runtime!.name, 'runtime');
+t.test('build, the standalone executable, then (the default target, last) a slim non-root runtime with a health check', async (t) => {
+  t.same(
+    all.map((s) => s.name),
+    ['build', 'standalone', 'runtime'],
+  );
   t.match(build!.from, /^node:/);
   t.match(runtime!.from, /^node:.*slim/);
   t.ok(build!.lines.some((l) => /npm ci/.test(l)), 'the build stage runs npm ci (node-gyp builds the addon, tsc builds dist/)');
@@ -74,6 +78,39 @@ t.test('two stages: build, then a slim non-root runtime with a health check', as
   t.notOk(runtime!.lines.some((l) => /^RUN\s/.test(l)), 'nothing is built in the runtime stage');
 });
 
+t.test('the standalone stage: the binary alone on Debian, non-root, with a health check that needs no Node', async (t) => {
+  t.ok(build!.lines.some((l) => /npm run build:binary.*npm prune/.test(l)), 'the build stage builds the binary before pruning the dev dependencies (postject)');
+  t.match(standalone!.from, /^debian:\S+-slim$/);
+  t.same(copies(standalone!), [{ from: 'build', srcs: ['/app/out/switchyard'], dest: '/usr/local/bin/switchyard' }], 'only the binary');
+  const user = standalone!.lines.filter((l) => /^USER\s/i.test(l)).at(-1);
+  t.ok(user && !/\b(root|0)\b/.test(user), `runs as a non-root user (${user})`);
+  t.ok(standalone!.lines.includes('ENTRYPOINT ["switchyard"]'));
+  t.notOk(standalone!.lines.some((l) => /\bnode\b/.test(l) && !/native/.test(l)), 'no node in the stage');
+  const hc = standalone!.lines.find((l) => /^HEALTHCHECK\s.*CMD/.test(l));
+  t.ok(hc, 'a HEALTHCHECK');
+  const cmd = JSON.parse(hc!.slice(hc!.indexOf('['))) as string[];
+  t.equal(cmd[0], 'bash');
+  // the command itself, against a router here (native front end: it answers HTTP/1.0) and against nothing
+  const port = await freePort();
+  const child = spawn(process.execPath, ['bin/switchyard.js', 'serve', '--port', String(port)], {
+    cwd: ROOT,
+    stdio: 'ignore',
+    env: { ...process.env, SWITCHYARD_FRONT_END: 'native' },
+  });
+  t.teardown(() => {
+    if (child.exitCode === null) child.kill('SIGKILL');
+  });
+  let healthy = false;
+  for (let i = 0; i < 100 && !healthy; i++) {
+    healthy = spawnSync(cmd[0]!, cmd.slice(1), { env: { ...process.env, SWITCHYARD_HEALTH_PORT: String(port) }, timeout: 3000 }).status === 0;
+    if (!healthy) await new Promise((r) => setTimeout(r, 100));
+  }
+  t.ok(healthy, 'the health check passes against a running router');
+  child.kill('SIGTERM');
+  await new Promise((r) => (child.exitCode !== null ? r(null) : child.on('exit', r)));
+  t.not(spawnSync(cmd[0]!, cmd.slice(1), { env: { ...process.env, SWITCHYARD_HEALTH_PORT: String(port) }, timeout: 3000 }).status, 0, 'and fails once it is gone');
+});
+
 t.test('every COPY source of the build stage exists and is not excluded by .dockerignore', async (t) => {
   for (const c of copies(build!)) {
     t.equal(c.from, null);
@@ -82,7 +119,7 @@ t.test('every COPY source of the build stage exists and is not excluded by .dock
       t.notOk(ignored(s), `${s} is not excluded by .dockerignore`);
     }
   }
-  for (const p of ['node_modules', 'build', 'dist', '.git', 'test']) t.ok(ignored(p), `${p} stays out of the build context`);
+  for (const p of ['node_modules', 'build', 'dist', '.git', 'test', 'out']) t.ok(ignored(p), `${p} stays out of the build context`);
 });
 
 async function freePort(): Promise<number> {

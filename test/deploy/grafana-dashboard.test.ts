@@ -1,6 +1,7 @@
 // deploy/grafana/switchyard-dashboard.json: every metric its queries use
-// exists in a live router's /metrics (flow control and tracing on, so their
-// families exist), and the JSON has the shape Grafana imports.
+// exists in a live router's /metrics (flow control and tracing on, and a
+// second router with an HA lease, so their families exist), and the JSON has
+// the shape Grafana imports.
 import t from 'tap';
 import { readFileSync } from 'node:fs';
 import { startHttpReceiver } from '../support/otlp-receiver.js';
@@ -75,7 +76,7 @@ t.test('the dashboard is an importable Grafana dashboard', async (t) => {
     }
   }
   const titles = panels.map((p) => p.title.toLowerCase()).join('\n');
-  for (const want of ['requests', 'errors', 'time to first token', 'inter-token', 'prefix', 'band', 'sheds', 'ready']) t.match(titles, want, `a panel for ${want}`);
+  for (const want of ['requests', 'errors', 'time to first token', 'inter-token', 'prefix', 'band', 'sheds', 'ready', 'outcome', 'failure ratio', 'duration', 'upstream errors', 'ha:', 'sessions', 'responses']) t.match(titles, want, `a panel for ${want}`);
 });
 
 t.test('metricNames reads the metric names of a query', async (t) => {
@@ -102,7 +103,11 @@ t.test('every metric the dashboard queries exists in a live router', async (t) =
   await post({ model: 'open-model', messages: [{ role: 'user', content: 'hello' }], max_tokens: 4 });
   await post({ model: 'open-model', messages: [{ role: 'user', content: 'hello' }], max_tokens: 6, stream: true });
   await post({ model: 'no-such-model', messages: [] });
-  const text = await (await fetch(`${url}/metrics`)).text();
+  // a second router with a standby pair's lease (ha), so the HA panels' families are there too
+  const { startRedis } = await import('../support/redis-util.js');
+  const redis = await startRedis(t);
+  const ha = await startTestRouter(t, { n: 1, extra: { ha: { redis: redis.url } } });
+  const text = (await (await fetch(`${url}/metrics`)).text()) + '\n' + (await (await fetch(`${ha.url}/metrics`)).text());
   const types = new Map<string, string>();
   for (const m of text.matchAll(/^# TYPE (\S+) (\S+)$/gm)) types.set(m[1]!, m[2]!);
   const samples = new Set<string>();
@@ -119,7 +124,7 @@ t.test('every metric the dashboard queries exists in a live router', async (t) =
     // a labelled family without observations yet has no sample lines (e.g. rejections): its TYPE line is there
     if (!samples.has(name)) t.comment(`${name}: no samples yet in this run`);
   }
-  for (const must of ['switchyard_requests_total', 'switchyard_upstream_ttft_seconds_bucket', 'switchyard_upstream_itl_seconds_bucket', 'switchyard_flow_band_queue_length', 'switchyard_endpoint_ready']) {
+  for (const must of ['switchyard_requests_total', 'switchyard_upstream_ttft_seconds_bucket', 'switchyard_upstream_itl_seconds_bucket', 'switchyard_flow_band_queue_length', 'switchyard_endpoint_ready', 'switchyard_request_outcomes_total', 'switchyard_request_duration_seconds_bucket', 'switchyard_ha_active']) {
     t.ok(samples.has(must), `${must}: has samples after the traffic`);
   }
 });

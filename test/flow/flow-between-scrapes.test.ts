@@ -6,6 +6,17 @@
 // engines of 4 slots, the real router.
 // Before this, only `maxConcurrency: 64` applied between scrapes, so the whole
 // burst went straight to the engines (each then queued ~26 requests).
+//
+// Placement is the `least-request` picker's (the router's exact in-flight
+// counts), so the engines' peaks measure the gate alone and the bound is
+// exact: the gate admits only while some engine has a free slot and the pick
+// takes the one with the most room, so no engine ever holds more than its
+// batch. With the default scorers the bound was "batch + 1" and flaked under
+// CPU load (#30: a peak of 6): the queue scorer's estimate between scrapes
+// (last scrape's waiting + dispatches since it) can rank a full engine above
+// one with a free slot, so the pick may put a request, or two, on the full
+// one while the gate admitted it on the other's room; nothing bounds that to
+// one, so that bound was not a property of the gate.
 import t from 'tap';
 import { startEngine, type SimEngine } from '../../src/sim/index.js';
 import { parseConfig } from '../../src/config/load.js';
@@ -36,6 +47,7 @@ pools:
     endpoints:
 ${engines.map((e, i) => `      - { name: e${i}, url: "${e.url}" }`).join('\n')}
 dataLayer: { scrapeIntervalMs: ${SCRAPE_MS}, staleAfterMs: 10000 }
+scheduling: { picker: least-request }
 logging: { level: silent }
 ${OPERATOR_FLOW_BLOCK}`,
     validatePlugin,
@@ -88,7 +100,7 @@ ${OPERATOR_FLOW_BLOCK}`,
   const prem = await Promise.all(premium);
   t.comment(`engine peaks (running + waiting): ${peak.join(', ')}; premium ${prem.map((r) => r.totalMs.toFixed(0)).join(', ')} ms; burst done in ${(performance.now() - t0).toFixed(0)} ms`);
   for (let i = 0; i < engines.length; i++) {
-    t.ok(peak[i]! <= SLOTS + 1, `engine ${i} never held more than its batch + 1 (${peak[i]})`);
+    t.ok(peak[i]! <= SLOTS, `engine ${i} never held more than its batch (${peak[i]})`);
   }
   t.ok(prem.every((r) => r.status === 200), 'premium served');
   t.ok(done.every((r) => r.status === 200 || r.status === 429), 'the burst is served or shed, never failed');

@@ -6,6 +6,12 @@ import { Worker } from 'node:worker_threads';
 import { once } from 'node:events';
 import { FlowQueues, FLOW_RECORD_WORDS, flowRecordId } from '../../bindings/flow-queues.js';
 
+// The file's run time follows the CPU it gets (300,000 records across 5 threads, and a TypeScript loader
+// started in each worker): ~5 s on a quiet machine, over tap's default 30 s per file under heavy CPU
+// contention (#30's 200-run proof: 3 runs of 200 hit it, 18 s + 10 s for the first two tests alone).
+// The tests' own checks do not depend on time; this is the harness's limit for the whole file.
+t.setTimeout(180_000);
+
 const bindingsUrl = new URL('../../bindings/flow-queues.ts', import.meta.url).href;
 
 // The TypeScript loader tap runs this file with (--import=...); an eval'd
@@ -156,15 +162,25 @@ t.test('4 producer threads + the main thread enqueue concurrently, main thread c
 });
 
 t.test('a worker that exits while attached releases its reference', async (t) => {
+  const posted = new SharedArrayBuffer(4);
   const before = FlowQueues.liveRegions();
   const q = FlowQueues.create({ flows: 2, capacity: 16 });
   const w = runWorker(
-    `const q = fq.FlowQueues.attach(data.handle); q.enqueue(1, 7, 8, 9); parentPort.postMessage({ live: fq.FlowQueues.liveRegions() });`,
-    { handle: q.handle },
+    `const q = fq.FlowQueues.attach(data.handle); q.enqueue(1, 7, 8, 9); parentPort.postMessage({ live: fq.FlowQueues.liveRegions() });
+     const f = new Int32Array(data.posted); Atomics.store(f, 0, 1); Atomics.notify(f, 0);`,
+    { handle: q.handle, posted },
   );
+  // listen for 'exit' before awaiting the message: a worker that exits before this thread reads its
+  // message has both delivered in one callback, and a listener added after the message misses the exit
+  // (the flake #30 names: under CPU load this thread was late, the test waited for an exit already gone)
+  const exited = exitOf(w);
+  // what load did by chance, on purpose: this thread stays busy until the worker has posted and exited
+  const flag = new Int32Array(posted);
+  while (Atomics.load(flag, 0) === 0) Atomics.wait(flag, 0, 0, 50);
+  Atomics.wait(flag, 0, 1, 300);
   const [msg] = (await once(w, 'message')) as [{ live?: number; error?: string }];
   t.notOk(msg.error, 'worker ran');
-  t.equal(await exitOf(w), 0);
+  t.equal(await exited, 0);
   t.equal(FlowQueues.liveRegions(), before + 1, 'main thread still holds the region');
   t.same(q.dequeue(1), { id: 7, bytes: 8, time: 9 }, 'what the worker pushed survives its exit');
   q.close();
@@ -178,9 +194,10 @@ t.test('a region created in a worker is freed when that worker exits without clo
      parentPort.postMessage({ handle: q.handle });`,
     {},
   );
+  const exited = exitOf(w); // before the message (see above)
   const [msg] = (await once(w, 'message')) as [{ handle?: number; error?: string }];
   t.notOk(msg.error);
-  t.equal(await exitOf(w), 0);
+  t.equal(await exited, 0);
   t.equal(FlowQueues.liveRegions(), before, 'environment teardown released it');
   t.throws(() => FlowQueues.attach(msg.handle!), RangeError, 'handle no longer attachable');
 });

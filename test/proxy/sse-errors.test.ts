@@ -85,6 +85,42 @@ t.test('matches the reference on any stream split anywhere', async (t) => {
   t.pass('3000 random streams and splits agree with the reference');
 });
 
+/** `stream` with each LF as LF, CRLF or a lone CR (`pick` chooses; a CR is never followed by an LF that is not its own). */
+function eols(stream: string, pick: (i: number) => number): string {
+  let out = '';
+  for (let i = 0; i < stream.length; i++) {
+    const c = stream[i]!;
+    if (c !== '\n') {
+      out += c;
+      continue;
+    }
+    const k = pick(i) % 3;
+    out += k === 0 ? '\n' : k === 1 || stream[i + 1] === '\n' ? '\r\n' : '\r';
+  }
+  return out;
+}
+
+t.test('CRLF and lone-CR line ends: the same events as with LF, split anywhere', async (t) => {
+  fc.assert(
+    fc.property(fc.array(event, { maxLength: 12 }), fc.array(fc.nat(), { minLength: 1, maxLength: 40 }), fc.array(fc.nat(), { maxLength: 20 }), (evs, picks, cuts) => {
+      const stream = evs.map((e) => e + '\n\n').join('');
+      const b = Buffer.from(eols(stream, (i) => picks[i % picks.length]!));
+      const got = run(split(b, cuts));
+      const want = reference(stream);
+      if (got !== want) throw new Error(`mismatch\n got ${JSON.stringify(got)}\nwant ${JSON.stringify(want)}`);
+    }),
+    { numRuns: 3000 },
+  );
+  // an engine that ends every line in CRLF: the error event is rewritten as soon as it is complete, not at the end
+  const rw = new SseErrorRewriter();
+  const first = rw.push(Buffer.from('data: {"choices":[]}\r\n\r\ndata: {"object":"error","message":"m","code":503}\r\n\r\n'));
+  t.match(first.toString(), /^data: \{"choices":\[\]\}\n\ndata: \{"error":\{"message":"m"/, 'rewritten from the chunk it completes in');
+  t.equal(rw.flush(), null, 'nothing held back');
+  const cr = new SseErrorRewriter();
+  t.match(cr.push(Buffer.from('data: {"object":"error","message":"c"}\r\r')).toString(), /^data: \{"error":\{"message":"c"/, 'lone CR line ends');
+  t.pass('3000 random streams with CRLF/CR line ends agree with the LF reference');
+});
+
 t.test('one byte at a time, and token events pass without a copy', async (t) => {
   const stream = 'data: {"choices":[]}\n\ndata: {"object":"error","message":"m","code":503}\n\ndata: [DONE]\n\n';
   const b = Buffer.from(stream);

@@ -38,6 +38,17 @@ t.test('the Python openai SDK: create, chain, branch, stream, retrieve, delete, 
   t.ok(o.stream_text_ok, 'final text = the deltas');
   t.ok(o.retrieved);
   t.same(o.deleted_error, [404, 'previous_response_not_found', 'previous_response_id']);
+  // the five-turn tool loops
+  for (const mode of ['plain', 'stream']) {
+    t.equal(o[`${mode}_calls`].length, 4, `${mode}: four calls`);
+    t.ok(o[`${mode}_calls`].every((c: unknown[] | null) => c !== null && typeof c[0] === 'string' && c[1] === 'get_weather' && c[2] === true), `${mode}: each turn a get_weather call with JSON arguments`);
+    t.equal(o[`${mode}_final_calls`], 0, `${mode}: tool_choice none ends the loop with text`);
+    t.same(o[`${mode}_item_types`], ['message', ...Array(4).fill(['function_call', 'function_call_output']).flat()], `${mode}: input_items of the chain`);
+    t.ok(o[`${mode}_pairs_ok`], `${mode}: each output answers its call`);
+  }
+  for (const e of ['response.output_item.added', 'response.function_call_arguments.delta', 'response.function_call_arguments.done', 'response.output_item.done', 'response.completed']) {
+    t.ok(o.stream_tool_events.includes(e), `the Python stream helper saw ${e}`);
+  }
 });
 
 const failScript = fileURLToPath(new URL('../fixtures/responses_sdk_fail.py', import.meta.url));

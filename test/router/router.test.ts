@@ -133,11 +133,15 @@ t.test('no ready endpoint: 503', async (t) => {
 });
 
 t.test('headers, /v1/models, /healthz, /readyz, /metrics', async (t) => {
-  const { url } = await setup(t, {}, (urls) => [
-    { name: 'a', models: ['model-a', 'shared'], endpoints: [{ name: 'ea', url: urls[0] }] },
-    { name: 'b', engine: 'sglang', models: ['model-b', 'shared'], endpoints: [{ name: 'eb', url: urls[1] }] },
-  ]);
-  // the sim serves whatever name it was started with; use one it knows
+  // the engines serve the pools' models (the router reads each one's /v1/models: a model an engine does not list is not routed there)
+  const { url } = await startTestRouter(t, {
+    n: 2,
+    fleet: { timeScale: 0, models: ['model-a', 'model-b', 'shared'] },
+    pools: (urls) => [
+      { name: 'a', models: ['model-a', 'shared'], endpoints: [{ name: 'ea', url: urls[0] }] },
+      { name: 'b', engine: 'sglang', models: ['model-b', 'shared'], endpoints: [{ name: 'eb', url: urls[1] }] },
+    ],
+  });
   const r = await post(`${url}/v1/completions`, '{"model":"model-a","prompt":"hello","max_tokens":2}', { 'x-request-id': 'my-id-123' });
   t.equal(r.headers.get('x-request-id'), 'my-id-123', 'x-request-id passed through');
   t.equal(r.headers.get('x-switchyard-endpoint'), 'ea', 'x-switchyard-endpoint names the endpoint');

@@ -1,0 +1,87 @@
+// `node dist/bench/micro/director-ab.js --base <dir>`: the director's CPU per
+// request (parse, admit, pick, dispatch, relay, release: Director.begin to
+// port.done), this build against another build (a copy with dist/ and
+// build/Release/ built), both loaded in this one process and run in
+// interleaved rounds (order flipped every round). No sockets: the upstream
+// client answers inside send() (head, one body chunk, end) and the client
+// port discards, so what is measured is the director, the scheduler's pick
+// and the gate, isolated from the transport (router-ab.ts measures the whole
+// router, which on a shared machine is noisier than the few per cent a
+// refactor must resolve). CPU = process.cpuUsage over each round.
+//   node dist/bench/micro/director-ab.js --base /tmp/swy-base [--requests 100000] [--rounds 7]
+import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { pino } from 'pino';
+import { median } from '../lib/stats.js';
+import { option, runMain, ROOT } from '../lib/proc.js';
+
+const argv = process.argv.slice(2);
+const base = option(argv, '--base') ?? '';
+const requests = Number(option(argv, '--requests') ?? '100000');
+const rounds = Number(option(argv, '--rounds') ?? '7');
+
+const BODY = Buffer.from(JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark, please.', max_tokens: 1 }));
+const ANSWER = Buffer.from(JSON.stringify({ id: 'cmpl-1', object: 'text_completion', choices: [{ index: 0, text: 'hi', finish_reason: 'length' }], usage: { prompt_tokens: 8, completion_tokens: 1, total_tokens: 9 } }));
+
+interface Build {
+  name: string;
+  run(n: number): void;
+}
+
+/** Loads one build's director and scheduler from its dist/ and returns a loop of n requests through them. */
+async function load(name: string, root: string): Promise<Build> {
+  const lib = (await import(pathToFileURL(join(root, 'dist', 'src', 'index.js')).href)) as Record<string, any>;
+  const scheduler = lib.createScheduler(
+    {
+      pools: [{ name: 'p', models: ['open-model'], endpoints: [{ name: 'e0', url: 'http://127.0.0.1:9' }, { name: 'e1', url: 'http://127.0.0.1:10' }] }],
+    },
+    { watch: false, random: () => 0.5 },
+  );
+  const gate = { headerNames: [], admit: () => ({ admitted: true, ticket: null }), release() {} };
+  const ttft = scheduler.endpoints.all.map(() => ({ observe() {} }));
+  const metrics = { decision: { observe() {} }, ttft, rejected: new Map(), retries: 0, promptBlocks: 0, matchedBlocks: 0, countRequest() {} };
+  const upstream = {
+    send(_ep: unknown, _req: unknown, sink: { onUpstreamHeaders(s: number, t: string, l: number): void; onUpstreamData(c: Buffer): void; onUpstreamEnd(): void }) {
+      sink.onUpstreamHeaders(200, 'application/json', ANSWER.length);
+      sink.onUpstreamData(ANSWER);
+      sink.onUpstreamEnd();
+      return { pause() {}, resume() {}, abort() {} };
+    },
+    async close() {},
+  };
+  const director = new lib.Director({ scheduler, upstream, gate, metrics, log: pino({ level: 'silent' }), maxRetries: 2 });
+  let done = 0;
+  const port = { head() {}, write() {}, end() {}, fail() {}, error() {}, done: () => done++ };
+  const kind = lib.KIND_COMPLETION ?? 1;
+  return {
+    name,
+    run(n: number) {
+      for (let i = 0; i < n; i++) director.begin(port, kind, `r${i}`, '', {}, BODY);
+      if (done < n) throw new Error(`${name}: ${n - done} requests did not end`);
+      done = 0;
+    },
+  };
+}
+
+async function main(): Promise<void> {
+  if (base === '') throw new Error('--base <dir of another Switchyard build> is required');
+  const builds = [await load('base', resolve(base)), await load('this', ROOT)];
+  for (const b of builds) b.run(20_000); // warm-up (JIT)
+  const us = new Map<string, number[]>(builds.map((b) => [b.name, []]));
+  for (let r = 0; r < rounds; r++) {
+    const order = r % 2 === 0 ? builds : [...builds].reverse();
+    for (const b of order) {
+      const t0 = process.cpuUsage();
+      b.run(requests);
+      const d = process.cpuUsage(t0);
+      us.get(b.name)!.push((d.user + d.system) / requests);
+    }
+  }
+  const m = (name: string) => median(us.get(name)!);
+  console.log(`director A/B: base = ${base}, this = ${ROOT}; ${rounds} interleaved rounds of ${requests} requests (medians)`);
+  console.log('| build | director CPU µs/request | vs base |');
+  console.log('|---|---:|---:|');
+  for (const b of builds) console.log(`| ${b.name} | ${m(b.name).toFixed(2)} | ${((m(b.name) / m('base')) * 100).toFixed(1)} % |`);
+}
+
+runMain(main);
