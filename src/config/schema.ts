@@ -203,19 +203,6 @@ export const routerConfigSchema = strict(
       },
       'must be a mapping',
     ).prefault({}),
-<<<<<<< HEAD
-    logging: strict({ level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level) }, 'must be a mapping').prefault({}),
-    metrics: strict(
-      {
-        maxLabelValues: int(1, 1_000_000)
-          .default(1000) // as src/metrics/label-cap.ts's default
-          .describe('distinct values of a tenant or flow label; later ones are counted under (overflow)'),
-      },
-      'must be a mapping',
-    )
-      .prefault({})
-      .describe('bounds on the metric series (docs/observability.md)'),
-=======
     logging: strict(
       {
         level: oneOf(LOG_LEVELS).default(DEFAULTS.logging.level),
@@ -236,7 +223,16 @@ export const routerConfigSchema = strict(
       },
       'must be a mapping',
     ).prefault({}),
->>>>>>> main
+    metrics: strict(
+      {
+        maxLabelValues: int(1, 1_000_000)
+          .default(1000) // as src/metrics/label-cap.ts's default
+          .describe('distinct values of a tenant or flow label; later ones are counted under (overflow)'),
+      },
+      'must be a mapping',
+    )
+      .prefault({})
+      .describe('bounds on the metric series (docs/observability.md)'),
     tracing: tracingSchema.describe('OpenTelemetry tracing over OTLP (docs/observability.md); off by default'),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
     sessions: sessionsSchema.describe('conversations: identification, pins to endpoints, turn priority (docs/responses.md)'),

@@ -10,16 +10,11 @@ import type { Logger } from 'pino';
 import type { Rejected } from '../admission.js';
 import { KIND_CHAT, type ClientPort, type Director, type Flight } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
-<<<<<<< HEAD
 import type { Caller } from '../identity.js';
-import { newItemId, newResponseId } from './ids.js';
-import { assistantMessage, deltaEvent, messageItem, outputText, responseObject, sseEvent, usageOf, type ResponseHead, type ResponseStatus, type Usage } from './render.js';
-=======
 import { newResponseId } from './ids.js';
 import { chainCalls, messageBounds } from './items.js';
 import { EngineOutputError, TurnOutput, type ChatToolCall } from './output.js';
 import { responseObject, sseEvent, usageOf, type ResponseHead, type ResponseStatus, type Usage } from './render.js';
->>>>>>> main
 import { parseTurnRequest, ResponsesError, type TurnRequest } from './request.js';
 import type { ResponsesStats } from './metrics.js';
 import { isPromise, recordBytes, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
@@ -264,16 +259,10 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     if (req.user !== null) body += `,"user":${JSON.stringify(req.user)}`;
     body += req.chat;
     body += '}';
-<<<<<<< HEAD
-    // the session key: the chain's root, within the tenant (the store keys are tenant-scoped, so is the pin)
-    const session = this.#tenant === '' ? this.#root : `${this.#tenant.length}:${this.#tenant}:${this.#root}`;
-    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#caller, this.#headers, Buffer.from(body), session);
-=======
     // the session key: prompt_cache_key when given, else the chain's root; within the tenant (the store keys are tenant-scoped, so is the pin)
     const key = req.promptCacheKey !== null ? `k:${req.promptCacheKey}` : this.#root;
     const session = this.#tenant === '' ? key : `${this.#tenant.length}:${this.#tenant}:${key}`;
-    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#authorization, this.#headers, Buffer.from(body), session);
->>>>>>> main
+    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#caller, this.#headers, Buffer.from(body), session);
   }
 
   /**

@@ -202,12 +202,9 @@ export class RouterCore implements FrontHost {
     // latency plugins read the request's objectives (x-slo-ttft-ms, x-slo-tpot-ms) besides the gate's headers
     this.headerNames = this.scheduler.latency ? [...gate.headerNames, ...SLO_HEADERS] : gate.headerNames;
     this.limits = cfg.limits;
-<<<<<<< HEAD
     this.#auth = parts.auth;
     this.usage = new UsageCounters(cfg.metrics.maxLabelValues);
-=======
     this.shutdown = cfg.shutdown;
->>>>>>> main
     const created = Math.floor(Date.now() / 1000);
     const modelsBody = (this.#modelsOf = (allowed: ReadonlySet<string> | null) =>
       JSON.stringify({
@@ -293,10 +290,10 @@ export class RouterCore implements FrontHost {
     return [503, JSON.stringify({ status: 'not ready', models_without_ready_endpoint: notReady, reasons })];
   }
 
-<<<<<<< HEAD
-  /** An inference request of `caller` began (the front end's side of requestEnded): counted in flight, and for its tenant and key. */
-  requestBegan(caller: Caller): void {
-    this.#active++;
+  /** An inference request began (the front end's side of requestEnded): it is in flight until then, counted for its caller's tenant and key. */
+  requestBegan(x: InFlightRequest): void {
+    this.#inFlight.add(x);
+    const caller = x.caller;
     const t = this.usage.tenant(caller.tenant);
     t.requests++;
     t.inFlight++;
@@ -305,16 +302,11 @@ export class RouterCore implements FrontHost {
       k.requests++;
       k.inFlight++;
     }
-=======
-  /** An inference request began (the front end's side of requestEnded): it is in flight until then. */
-  requestBegan(x: InFlightRequest): void {
-    this.#inFlight.add(x);
   }
 
   /** The access log is on (the front ends read the tenant for it). */
   get accessLog(): boolean {
     return this.#access;
->>>>>>> main
   }
 
   #sweepSlowBodies(): void {
@@ -330,25 +322,15 @@ export class RouterCore implements FrontHost {
   }
 
   /** Called once per inference request when it ends (any way). */
-<<<<<<< HEAD
-  requestEnded(ctx: { readonly requestId: string; readonly flight: HttpExchange['flight']; readonly caller: Caller }, status: number): void {
-    this.#active--;
+  requestEnded(ctx: InFlightRequest, status: number): void {
+    this.#inFlight.delete(ctx);
     this.usage.tenant(ctx.caller.tenant).inFlight--;
     const k = this.usage.key(ctx.caller.keyId);
     if (k !== null) k.inFlight--;
-    if (this.#debug) {
-      const f = ctx.flight;
-      this.log.debug({ id: ctx.requestId, model: f?.model, endpoint: f?.endpoint?.name, status, path: f?.path }, 'request');
-    }
-    if (this.#active === 0 && this.#drainWaiters.length > 0) {
-=======
-  requestEnded(ctx: InFlightRequest, status: number): void {
-    this.#inFlight.delete(ctx);
     const now = performance.now();
     this.metrics.countOutcome(ctx.flight?.model ?? '', ctx.outcome, ctx.rejectReason, (now - ctx.startedAt) / 1000, ctx.firstByteAt > 0 ? (ctx.firstByteAt - ctx.startedAt) / 1000 : -1);
     if (this.#access ? this.#accessSample >= 1 || Math.random() < this.#accessSample : this.#debug) this.#accessLine(ctx, status);
     if (this.#inFlight.size === 0 && this.#drainWaiters.length > 0) {
->>>>>>> main
       for (const w of this.#drainWaiters.splice(0)) w();
     }
   }

@@ -54,17 +54,11 @@ export interface FrontHost {
   modelsBodyFor(caller: Caller): string;
   newRequestId(): string;
   headerBlock(ep: Endpoint, contentType: string): Buffer;
-<<<<<<< HEAD
-  /** An inference request of `caller` began (paired with requestEnded). */
-  requestBegan(caller: Caller): void;
-  requestEnded(x: HttpExchange | { readonly requestId: string; readonly flight: HttpExchange['flight']; readonly caller: Caller }, status: number): void;
-=======
-  /** An inference request began (paired with requestEnded): in flight until then (a drain's end cuts it). */
+  /** An inference request began (paired with requestEnded): in flight until then (a drain's end cuts it), counted for its caller. */
   requestBegan(x: InFlightRequest): void;
   requestEnded(x: InFlightRequest, status: number): void;
   /** logging.access is on: the front end reads the request's tenant for the access log. */
   readonly accessLog: boolean;
->>>>>>> main
 }
 
 /** A front end: the client listener and its connections. */

@@ -19,12 +19,9 @@ import type { ExchangeFlight } from './http-exchange.js';
 import { KIND_RESPONSES, inputItems, remove, retrieve, runResponsesOp, type Op as ResponsesOp } from './responses-http.js';
 import { BATCH_NOT_CONFIGURED, batchRoute, isBatchPath, runBatchOp } from './batch-http.js';
 import { knownPaths, type FrontEnd, type FrontHost } from './front-end.js';
-<<<<<<< HEAD
 import { isRefusal, type Caller, type Refusal } from '../identity.js';
-=======
 import { SHUTDOWN_CODE, type InFlightRequest } from './drain.js';
 import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, statusOutcome } from './outcomes.js';
->>>>>>> main
 
 const KNOWN_PATHS = knownPaths(KIND_PATHS);
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
@@ -314,14 +311,9 @@ export class NativeFrontEnd implements FrontEnd {
     const w = r.wanted;
     let requestId = w[W_REQUEST_ID]!;
     if (requestId === '' || requestId.length > 256) requestId = h.newRequestId();
-<<<<<<< HEAD
     const caller = h.callerOf((n) => (n === 'authorization' ? w[W_AUTHORIZATION]! : this.header(r, n)));
     if (isRefusal(caller)) return this.#unauthorized(r, caller);
     const x = new NativeExchange(this, h, this.#server, r.id, kind, requestId, caller);
-=======
-    const x = new NativeExchange(this, h, this.#server, r.id, kind, requestId, w[W_AUTHORIZATION]!);
-    if (kind === KIND_RESPONSES || h.accessLog) x.tenant = h.tenantOf((n) => this.header(r, n));
->>>>>>> main
     const names = h.headerNames;
     let hd: Record<string, string> | null = null;
     if (names.length > 0) {
@@ -339,22 +331,16 @@ export class NativeFrontEnd implements FrontEnd {
       if (bg !== '') hd.baggage = bg;
     }
     if (hd !== null) x.headers = hd;
-<<<<<<< HEAD
-    h.requestBegan(caller);
-    this.#live.set(r.id, x);
-    x.flight = kind === KIND_RESPONSES ? h.responses!.begin(x, caller, requestId, x.headers, r.body) : h.director.begin(x, kind, requestId, caller, x.headers, r.body, '', x.sessionHeader);
-=======
     h.requestBegan(x);
     this.#live.set(r.id, x);
     // an answer given inside begin() (a bad body, no endpoint) is reported once begin() returns: the metrics see the flight's model
     x.beginning = true;
     try {
-      x.flight = kind === KIND_RESPONSES ? h.responses!.begin(x, x.tenant, requestId, x.authorization, x.headers, r.body) : h.director.begin(x, kind, requestId, x.authorization, x.headers, r.body, '', x.sessionHeader);
+      x.flight = kind === KIND_RESPONSES ? h.responses!.begin(x, caller, requestId, x.headers, r.body) : h.director.begin(x, kind, requestId, caller, x.headers, r.body, '', x.sessionHeader);
     } finally {
       x.beginning = false;
     }
     if (x.endedStatus >= 0) h.requestEnded(x, x.endedStatus);
->>>>>>> main
   }
 }
 
@@ -390,16 +376,17 @@ export class NativeExchange implements ClientPort, InFlightRequest {
   #done = false;
   #paused = false;
 
-<<<<<<< HEAD
-  constructor(fe: NativeFrontEnd, h: FrontHost, server: FrontServer, id: number, kind: number, requestId: string, caller: Caller) {
-=======
   /** The request's route. */
   get path(): string {
     return KIND_PATHS[this.kind] ?? '/v1/responses';
   }
 
-  constructor(fe: NativeFrontEnd, h: FrontHost, server: FrontServer, id: number, kind: number, requestId: string, authorization: string) {
->>>>>>> main
+  /** The request's tenant ('' = the anonymous scope): its caller's. */
+  get tenant(): string {
+    return this.caller.tenant;
+  }
+
+  constructor(fe: NativeFrontEnd, h: FrontHost, server: FrontServer, id: number, kind: number, requestId: string, caller: Caller) {
     this.#fe = fe;
     this.#h = h;
     this.#server = server;

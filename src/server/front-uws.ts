@@ -184,13 +184,7 @@ export class UwsFrontEnd implements FrontEnd {
     let idHeader: string | Buffer;
     if (id === '' || id.length > 256) idHeader = id = this.#h.newRequestId();
     else idHeader = headerBytes(id);
-<<<<<<< HEAD
     const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this.#h, res, kind, id, idHeader, caller, contentLength) : new HttpExchange(this.#h, res, kind, id, idHeader, caller, contentLength);
-=======
-    const auth = req.getHeader(H_AUTHORIZATION);
-    const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this.#h, res, kind, id, idHeader, auth, contentLength) : new HttpExchange(this.#h, res, kind, id, idHeader, auth, contentLength);
-    if (kind === KIND_RESPONSES || this.#h.accessLog) ctx.tenant = this.#h.tenantOf((n) => req.getHeader(n));
->>>>>>> main
     const names = this.#h.headerNames;
     let h: Record<string, string> | null = null;
     if (names.length > 0) {
@@ -206,11 +200,7 @@ export class UwsFrontEnd implements FrontEnd {
       if (scanBaggage !== '') h.baggage = scanBaggage;
     }
     if (h !== null) ctx.headers = h;
-<<<<<<< HEAD
-    this.#h.requestBegan(caller);
-=======
     this.#h.requestBegan(ctx);
->>>>>>> main
     // bound methods, not arrow closures: uWS calls onData once per request, and a
     // fresh closure pays V8's lazy-code install on its first call
     res.onAborted(ctx.onClientAbort.bind(ctx));

@@ -11,11 +11,8 @@ import { errorBody } from '../proxy/error-shape.js';
 import type { HttpResponse } from '../uws.js';
 import type { LimitsConfig } from '../config/schema.js';
 import type { Director } from '../director/director.js';
-<<<<<<< HEAD
 import type { Caller } from '../identity.js';
-=======
 import { KIND_PATHS } from '../director/kinds.js';
->>>>>>> main
 import { statusLine } from './http-errors.js';
 import { SHUTDOWN_CODE, type Cuttable } from './drain.js';
 import type { ExchangeFlight } from './exchange-flight.js';
@@ -83,8 +80,6 @@ export class HttpExchange implements ClientPort, Cuttable {
   headers: Readonly<Record<string, string>> = EMPTY;
   /** The session header's value ('' when absent or not read). */
   sessionHeader = '';
-  /** The request's tenant (read for the Responses API and the access log; '' otherwise). */
-  tenant = '';
   /** performance.now() when the request's headers arrived, and when its answer's first bytes went out (0: not yet). */
   readonly startedAt = performance.now();
   firstByteAt = 0;
@@ -113,16 +108,17 @@ export class HttpExchange implements ClientPort, Cuttable {
   #paused = false;
   #onWritable: ((offset: number) => boolean) | null = null;
 
-<<<<<<< HEAD
-  constructor(core: ExchangeHost, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, caller: Caller, contentLength: number) {
-=======
   /** The request's route (the access log's, before a flight knows it). */
   get path(): string {
     return KIND_PATHS[this.kind] ?? '/v1/responses';
   }
 
-  constructor(core: ExchangeHost, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, authorization: string, contentLength: number) {
->>>>>>> main
+  /** The request's tenant ('' = the anonymous scope): its caller's (the Responses API and the access log read it). */
+  get tenant(): string {
+    return this.caller.tenant;
+  }
+
+  constructor(core: ExchangeHost, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, caller: Caller, contentLength: number) {
     this.core = core;
     this.res = res;
     this.kind = kind;

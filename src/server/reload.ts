@@ -3,13 +3,9 @@
 // log, switchyard_config_reloads_total{result="invalid"}) and the running
 // config keeps serving. A good one reconciles the config's endpoints through
 // the live-endpoint manager: new ones join, removed or changed ones drain and
-<<<<<<< HEAD
 // leave. The auth block (its keys file and variable read again) applies
 // live: a removed key is refused from the next request on, requests already
-// under way finish. Of the rest only logging.level applies live; a change elsewhere is
-=======
-// leave. Of the rest logging.level and shutdown apply live; a change elsewhere is
->>>>>>> main
+// under way finish. Of the rest logging.level and shutdown apply live; a change elsewhere is
 // logged as needing a restart.
 import { loadConfigFile, parseConfig, type PluginValidator } from '../config/load.js';
 import type { RouterConfig } from '../config/schema.js';
@@ -74,13 +70,9 @@ export class ConfigReloader {
     const [was, now] = [discovered(prev), discovered(next)];
     for (const name of new Set([...was.keys(), ...now.keys()])) if (was.get(name) !== now.get(name)) restartNeeded.push(`pools.${name}.discovery`);
     const changes = core.live.reconcile('config', next.pools);
-<<<<<<< HEAD
     core.auth = auth;
-    if (next.logging.level !== prev.logging.level) core.setLogLevel(next.logging.level);
-=======
     if (JSON.stringify(next.logging) !== JSON.stringify(prev.logging)) core.setLogLevel(next.logging.level, next.logging);
     core.shutdown = next.shutdown;
->>>>>>> main
     this.#current = next;
     reloads.set('ok', (reloads.get('ok') ?? 0) + 1);
     const changed = (Object.keys(next) as (keyof RouterConfig)[]).filter((k) => k !== 'pools' && JSON.stringify(prev[k]) !== JSON.stringify(next[k]));

@@ -22,11 +22,6 @@ export interface ResponsesHost extends ExchangeHost {
 }
 
 export class ResponsesExchange extends HttpExchange {
-<<<<<<< HEAD
-=======
-  // tenant: set by the route from the request's headers (tenantOf), before the body is read
-
->>>>>>> main
   override begin(raw: Buffer): ExchangeFlight {
     // every stored turn belongs to the caller's tenant
     return (this.core as ResponsesHost).responses!.begin(this, this.caller, this.requestId, this.headers, raw);
