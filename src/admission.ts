@@ -5,7 +5,7 @@
 // reason and Retry-After), or let it through. The default gate admits
 // everything synchronously. Types only, plus that default: nothing of ours
 // is imported.
-import type { Identity } from './identity.js';
+import type { Caller, Identity } from './identity.js';
 import type { Registry } from 'prom-client';
 
 /** What an admission gate sees about a request. Valid until release(). */
@@ -26,6 +26,8 @@ export interface RequestInfo {
   readonly sessionKey: string;
   /** True when the request continues a conversation whose previous turn ended recently (turn priority: it goes ahead of cold work in its band). */
   readonly continuation: boolean;
+  /** Who sent the request (src/identity.ts): its flow (`caller.flow`, '' = classify the headers) and band ceiling (`caller.maxBand`). Absent: classify the headers. */
+  readonly caller?: Caller;
 }
 
 /** A tiny abort signal (no EventTarget per request): `aborted` flips and `onabort` fires when the client leaves. */

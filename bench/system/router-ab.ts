@@ -10,11 +10,16 @@
 // instead (the lines are appended to the second router's config only);
 // `--extra-all '<yaml lines>'` appends lines to both routers' configs (e.g. a
 // flowControl block, to compare the admission path of two builds).
+// `--auth-keys N` writes N random API keys (SHA-256 digests in a keys file)
+// and gives the second router `auth: { keysFile }` (docs/security.md): every
+// request to both routers carries `Authorization: Bearer <one of the keys>`,
+// so the second authenticates it (a non-2xx would be counted as an error).
 // `--otlp-sink` starts an OTLP/HTTP trace sink in this process (answers 200,
 // counts the bytes) and replaces {OTLP} in --extra with its URL, so a tracing
 // config exports to a live collector.
-//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml'] [--extra-all 'yaml'] [--otlp-sink]
+//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml'] [--extra-all 'yaml'] [--auth-keys 1000] [--otlp-sink]
 import { mkdtempSync, writeFileSync } from 'node:fs';
+import { createHash, randomBytes } from 'node:crypto';
 import { createServer, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -36,6 +41,7 @@ const client = arg('--client', 'native');
 let extra = arg('--extra', '');
 const extraAll = arg('--extra-all', '');
 const otlpSink = argv.includes('--otlp-sink');
+const authKeys = Number(arg('--auth-keys', '0'));
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
 
 
@@ -69,6 +75,14 @@ async function main(): Promise<void> {
     await new Promise<void>((r) => sink!.listen(0, '127.0.0.1', r));
     extra = extra.replaceAll('{OTLP}', `http://127.0.0.1:${(sink.address() as { port: number }).port}/v1/traces`);
   }
+  let headers: Record<string, string> = {};
+  if (authKeys > 0) {
+    const keys = Array.from({ length: authKeys }, () => `sk-${randomBytes(24).toString('hex')}`);
+    const file = join(dir, 'keys.txt');
+    writeFileSync(file, keys.map((k, i) => `${createHash('sha256').update(k).digest('hex')} tenant-${i}\n`).join(''));
+    extra = [extra, `auth: { keysFile: "${file}" }`].filter((x) => x !== '').join('\n');
+    headers = { authorization: `Bearer ${keys[keys.length >> 1]}` };
+  }
   const builds = [
     { name: 'base', cli: join(base, 'bin', 'switchyard.js'), extra: extraAll },
     { name: 'this', cli: CLI, extra: [extraAll, extra].filter((x) => x !== '').join('\n') },
@@ -88,7 +102,7 @@ async function main(): Promise<void> {
       routers.push({ name: b.name, url: `http://127.0.0.1:${port}`, proc: start(`router-${b.name}`, process.execPath, [b.cli, 'serve', '--config', file]) });
     }
     for (const r of routers) await waitReady(`${r.url}/readyz`);
-    for (const r of routers) await runWrk(`${r.url}/v1/completions`, BODY, { connections: 64, threads: 1, seconds: 1 }); // warm-up
+    for (const r of routers) await runWrk(`${r.url}/v1/completions`, BODY, { connections: 64, threads: 1, seconds: 1, headers }); // warm-up
     const runs = new Map<string, Run[]>();
     const bar = progress('router A/B', rounds * connections.length * routers.length);
     for (let round = 0; round < rounds; round++) {
@@ -98,7 +112,7 @@ async function main(): Promise<void> {
           const pid = r.proc.child.pid;
           const c0 = cpuSeconds(pid);
           const u0 = cpuSeconds(pid, true);
-          const w = await runWrk(`${r.url}/v1/completions`, BODY, { connections: c, threads: 1, seconds });
+          const w = await runWrk(`${r.url}/v1/completions`, BODY, { connections: c, threads: 1, seconds, headers });
           const n = w.rps * seconds;
           const key = `${r.name}@${c}`;
           if (!runs.has(key)) runs.set(key, []);
@@ -115,7 +129,7 @@ async function main(): Promise<void> {
     }
     bar.done();
     const f = (n: number) => Math.round(n).toLocaleString('en-US');
-    console.log(`router A/B: base = ${base}, this = ${ROOT}${extra ? ` with ${JSON.stringify(extra)}` : ''}${extraAll ? `; both with ${JSON.stringify(extraAll)}` : ''}; proxy.client ${client}; ${rounds} interleaved round(s) of ${seconds} s (medians); wrk -t1; engine = switchyard sim --time-scale 0`);
+    console.log(`router A/B: base = ${base}, this = ${ROOT}${extra ? ` with ${JSON.stringify(extra)}` : ''}${authKeys > 0 ? ` (${authKeys} keys; every request to both carries one)` : ''}${extraAll ? `; both with ${JSON.stringify(extraAll)}` : ''}; proxy.client ${client}; ${rounds} interleaved round(s) of ${seconds} s (medians); wrk -t1; engine = switchyard sim --time-scale 0`);
     console.log('| connections | build | req/s | router CPU µs/req | of which user µs/req | p50 µs | p99 µs | errors | CPU/req vs base | user/req vs base | req/s vs base |');
     console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
     for (const c of connections) {

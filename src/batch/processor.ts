@@ -30,6 +30,7 @@ import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import { KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, type ClientPort, type Director } from '../director/director.js';
 import { KIND_RESPONSES } from '../director/kinds.js';
 import { errorBody } from '../proxy/error-shape.js';
+import { ANONYMOUS, type Caller } from '../identity.js';
 
 const ID_RE = /^[A-Za-z0-9._:-]{1,256}$/;
 
@@ -132,7 +133,7 @@ const PATH_KINDS: Record<string, number> = {
 
 /** What the processor needs of the Responses API: a turn from a complete body, answered through a ClientPort. */
 export interface BatchResponses {
-  begin(port: ClientPort, tenant: string, requestId: string, authorization: string, headers: Readonly<Record<string, string>>, raw: Buffer): unknown;
+  begin(port: ClientPort, caller: Caller, requestId: string, headers: Readonly<Record<string, string>>, raw: Buffer): unknown;
 }
 
 /** Collects one batch request's answer (a ClientPort for the director). */
@@ -394,15 +395,17 @@ export class BatchProcessor {
       if (this.#band !== '') headers['x-priority'] = this.#band;
       if (e.tenant !== '') headers['x-tenant-id'] = e.tenant;
       const id = `batch-${e.requestId}-${++this.#seq}`;
+      // the line's creator: its tenant's flow (and the tenant rate limits count)
+      const caller: Caller = e.tenant === '' ? ANONYMOUS : { ...ANONYMOUS, tenant: e.tenant, flow: `tenant:${e.tenant}` };
       if (e.kind === KIND_RESPONSES) {
         const r = this.#responses;
         if (r === null) {
           port.error(404, 'the Responses API is not enabled on this router (responses.enabled)', null, undefined, null);
           port.done(404);
-        } else r.begin(port, e.tenant, id, '', headers, e.body);
+        } else r.begin(port, caller, id, headers, e.body);
         return;
       }
-      this.#director.begin(port, e.kind, id, '', headers, e.body);
+      this.#director.begin(port, e.kind, id, caller, headers, e.body);
     });
   }
 

@@ -7,8 +7,9 @@
 // Schema output, all from one declaration). The types are in types.ts, the
 // defaults and URL helpers in defaults.ts, the cross-field rules in rules.ts;
 // this module re-exports them (the config's public face).
-import { ConfigError } from '../errors.js';
+import { ConfigError, type ConfigIssue } from '../errors.js';
 import { adminSchema } from './admin.js';
+import { authSchema } from './auth.js';
 import { batchSchema, type BatchConfig } from './batch.js';
 import { badUrlPort, CONTROL_CHARS, DEFAULT_FILTERS, DEFAULT_SCORERS, DEFAULTS, httpOrigin, safeName } from './defaults.js';
 import { disaggregationSchema } from './disaggregation.js';
@@ -30,6 +31,7 @@ export * from './types.js';
 export * from './defaults.js';
 export { PD_MODES, DEFAULT_DECODE_SCORERS, DEFAULT_PREFILL_FILTERS, DEFAULT_PREFILL_SCORERS, type DisaggregationConfig } from './disaggregation.js';
 export type { AdminConfig } from './admin.js';
+export type { AuthConfig, AuthKeyConfig } from './auth.js';
 export { FRONT_ENDS, SERVER_DEFAULTS, type ServerConfig } from './server.js';
 export type { PluginSpec, ScorerSpec } from './plugin-spec.js';
 
@@ -120,6 +122,11 @@ const poolSchema = strict(
       .describe("the pool's speed against the reference: seeds the latency model of its endpoints"),
     cost: num(0, 1e6).optional().describe("relative cost of one endpoint per unit of time; default: the accelerator profile's"),
     discovery: discoverySchema.optional().describe('endpoints from Kubernetes pods (docs/operations.md); absent = the endpoints list only'),
+    upstreamAuth: z
+      .string({ error: 'must be the name of an environment variable' })
+      .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, { error: 'must be the name of an environment variable (letters, digits, _)' })
+      .optional()
+      .describe("name of an environment variable holding the engines' API key: sent as Authorization: Bearer to this pool's endpoints"),
   },
   'must be a mapping',
 );
@@ -216,12 +223,23 @@ export const routerConfigSchema = strict(
       },
       'must be a mapping',
     ).prefault({}),
+    metrics: strict(
+      {
+        maxLabelValues: int(1, 1_000_000)
+          .default(1000) // as src/metrics/label-cap.ts's default
+          .describe('distinct values of a tenant or flow label; later ones are counted under (overflow)'),
+      },
+      'must be a mapping',
+    )
+      .prefault({})
+      .describe('bounds on the metric series (docs/observability.md)'),
     tracing: tracingSchema.describe('OpenTelemetry tracing over OTLP (docs/observability.md); off by default'),
     flowControl: flowControlSchema.optional().describe('flow control (docs/flow-control.md); absent = first come, first served'),
     sessions: sessionsSchema.describe('conversations: identification, pins to endpoints, turn priority (docs/responses.md)'),
     responses: responsesSchema.describe('the Responses API and its store (docs/responses.md)'),
     disaggregation: disaggregationSchema.optional().describe('prefill/decode disaggregation (docs/disaggregation.md); absent = off'),
     admin: adminSchema.optional().describe('the admin API on its own listener (docs/operations.md); absent = none'),
+    auth: authSchema.optional().describe('API keys → tenants, model allow-lists, band ceilings (docs/security.md); absent = no authentication'),
     ha: haSchema.optional().describe('hot standby over a Redis lease (docs/operations.md); absent = a single router'),
     extProc: extProcSchema.optional().describe('Envoy ext_proc endpoint-picker listener (docs/operations.md); absent = none'),
     batch: batchSchema.optional().describe('the async processor over a Redis stream (docs/batch.md); absent = off'),
@@ -262,11 +280,27 @@ function sessionsFollowingResponses(doc: unknown, sessions: SessionsConfig, resp
   return { ...sessions, store: { url: responses.store.url, keyPrefix: SESSION_DEFAULTS.keyPrefix, timeoutMs: SESSION_DEFAULTS.timeoutMs } };
 }
 
+/**
+ * With `auth`, identity comes from its keys and its trustHeaders: the flow
+ * control block's plain-text keys (`tenants`) and its trustHeaders would be a
+ * second, weaker identity, so they are refused with the field paths.
+ */
+function authWithFlowControl(fc: unknown, source?: string): void {
+  if (!isMapping(fc)) return;
+  const issues: ConfigIssue[] = [];
+  if (isMapping(fc.tenants) && Object.keys(fc.tenants).length > 0)
+    issues.push({ path: 'flowControl.tenants', message: 'plain-text keys cannot be used with an auth block: give the keys as SHA-256 digests in auth.keys (docs/security.md)' });
+  if (fc.trustHeaders !== undefined && fc.trustHeaders !== null)
+    issues.push({ path: 'flowControl.trustHeaders', message: 'with an auth block, identity headers are believed by auth.trustHeaders: set it there' });
+  if (issues.length > 0) throw new ConfigError(issues, source);
+}
+
 export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, source?: string): RouterConfig {
   if (!isMapping(doc)) throw new ConfigError([{ path: '', message: 'the config must be a YAML mapping' }], source);
   const r = routerConfigSchema.superRefine(crossFieldRules<z.output<typeof routerConfigSchema>>(validatePlugin), ALWAYS).safeParse(dropNulls(doc));
   if (!r.success) throw new ConfigError(toConfigIssues(r.error.issues), source);
   const v = r.data;
+  if (v.auth !== undefined) authWithFlowControl(doc.flowControl, source);
   const cfg: RouterConfig = {
     apiVersion: API_VERSION,
     kind: 'Router',
@@ -282,9 +316,11 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     sessions: sessionsFollowingResponses(doc, v.sessions, v.responses),
     responses: v.responses,
     tracing: v.tracing,
+    metrics: v.metrics,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   if (v.admin !== undefined) cfg.admin = v.admin;
+  if (v.auth !== undefined) cfg.auth = v.auth;
   if (v.disaggregation !== undefined) cfg.disaggregation = v.disaggregation;
   if (v.ha !== undefined) cfg.ha = v.ha;
   if (v.extProc !== undefined) cfg.extProc = v.extProc;

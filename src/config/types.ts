@@ -4,6 +4,7 @@
 // there; this file puts them together.
 import { ACCELERATOR_NAMES, type AcceleratorName } from '../accelerators.js';
 import type { AdminConfig } from './admin.js';
+import type { AuthConfig } from './auth.js';
 import type { ServerConfig } from './server.js';
 import type { BatchConfig } from './batch.js';
 import type { DisaggregationConfig } from './disaggregation.js';
@@ -63,6 +64,8 @@ export interface PoolConfig {
   cost?: number;
   /** Endpoints discovered at runtime (Kubernetes pods), beside the static list (src/config/discovery.ts). */
   discovery?: DiscoveryConfig;
+  /** Name of an environment variable holding the engines' API key (sent as `Authorization: Bearer`); absent = no Authorization upstream. */
+  upstreamAuth?: string;
 }
 
 export interface SchedulingConfig {
@@ -148,6 +151,10 @@ export interface RouterConfig {
   responses: ResponsesConfig;
   /** The admin API (docs/operations.md); undefined when the config has none (no admin listener). */
   admin?: AdminConfig;
+  /** Bounds on the router's metric series (docs/observability.md). */
+  metrics: { maxLabelValues: number };
+  /** API-key authentication (docs/security.md); undefined: none (tenants from flowControl.tenants, if any). */
+  auth?: AuthConfig;
   /** Prefill/decode disaggregation (docs/disaggregation.md); undefined: every request goes to one endpoint. */
   disaggregation?: DisaggregationConfig;
   /** Hot standby over a Redis lease (src/ha/); undefined: a single router. */

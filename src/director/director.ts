@@ -14,6 +14,7 @@ import { performance } from 'node:perf_hooks';
 import type { Logger } from 'pino';
 import type { AdmissionGate, Rejected } from '../admission.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
+import type { Caller } from '../identity.js';
 import { SseErrorRewriter } from '../proxy/sse-errors.js';
 import type { UpstreamClient, UpstreamSink } from '../proxy/upstream.js';
 import type { Outcome, Scheduler } from '../scheduler/scheduler.js';
@@ -135,13 +136,13 @@ export class Director implements FlightHost {
     port: ClientPort,
     kind: Kind,
     requestId: string,
-    authorization: string,
+    caller: Caller,
     headers: Readonly<Record<string, string>>,
     body: Buffer,
     sessionKey = '',
     sessionHeader = '',
   ): Flight {
-    const f = new Flight(this, port, kind, requestId, authorization, headers);
+    const f = new Flight(this, port, kind, requestId, caller, headers);
     f.sessionKey = sessionKey;
     f.sessionHeader = sessionHeader;
     return this.#start(f, body);
@@ -156,12 +157,12 @@ export class Director implements FlightHost {
     port: DecisionPort,
     kind: Kind,
     requestId: string,
-    authorization: string,
+    caller: Caller,
     headers: Readonly<Record<string, string>>,
     body: Buffer,
     sessionKey = '',
   ): Flight {
-    const f = new Flight(this, port, kind, requestId, authorization, headers);
+    const f = new Flight(this, port, kind, requestId, caller, headers);
     f.sessionKey = sessionKey;
     f.decideOnly = true;
     return this.#start(f, body);

@@ -66,7 +66,8 @@ export abstract class AdmittingFlight extends FlightState {
       }
       model = this.model = d.soleModel;
     }
-    if (!d.scheduler.hasModel(model)) {
+    // a model outside the caller's allow-list is answered exactly as one that does not exist (existence does not leak)
+    if (!d.scheduler.hasModel(model) || (this.caller.models !== null && !this.caller.models.has(model))) {
       this.reply(404, `The model \`${model}\` does not exist.`, 'model', null);
       return;
     }

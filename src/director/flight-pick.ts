@@ -124,8 +124,9 @@ export abstract class PickingFlight extends AdmittingFlight implements PdFlight,
    */
   legHeaders(endpoint: Endpoint): string[] {
     return this.traceLeg(
-      this.authorization
-        ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', this.authorization]
+      // the client's Authorization never goes upstream: the endpoint's pool key (upstreamAuth), if any
+      endpoint.upstreamAuthorization !== ''
+        ? ['content-type', 'application/json', 'x-request-id', this.requestId, 'authorization', endpoint.upstreamAuthorization]
         : ['content-type', 'application/json', 'x-request-id', this.requestId],
       endpoint,
       this.trace !== null ? performance.now() : 0,

@@ -7,6 +7,7 @@
 import type { Logger } from 'pino';
 import type { AbortLike, AdmissionGate, FinishedRequest, Rejected } from '../admission.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
+import type { Caller } from '../identity.js';
 import type { SseErrorRewriter } from '../proxy/sse-errors.js';
 import type { UpstreamCall, UpstreamClient } from '../proxy/upstream.js';
 import type { Decision, Scheduler } from '../scheduler/scheduler.js';
@@ -97,7 +98,8 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   readonly director: FlightHost;
   readonly port: ClientPort;
   readonly kind: Kind;
-  readonly authorization: string;
+  /** Who sent the request (src/identity.ts): the gate's flow and band ceiling, the model allow-list. Never forwarded upstream. */
+  readonly caller: Caller;
   protected raw: Buffer | null = null;
   /** P/D: this request's legs (src/director/pd-attempt.ts); null until disaggregation takes it, and always for other requests. */
   protected pdState: PdAttempt | null = null;
@@ -146,13 +148,13 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   protected lastAt = 0;
   protected events = 0;
 
-  constructor(director: FlightHost, port: ClientPort, kind: Kind, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
+  constructor(director: FlightHost, port: ClientPort, kind: Kind, requestId: string, caller: Caller, headers: Readonly<Record<string, string>>) {
     this.director = director;
     this.port = port;
     this.kind = kind;
     this.path = KIND_PATHS[kind];
     this.requestId = requestId;
-    this.authorization = authorization;
+    this.caller = caller;
     this.headers = headers;
   }
 

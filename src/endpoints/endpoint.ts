@@ -33,6 +33,8 @@ export class Endpoint {
   /** Origin URL, no trailing slash, e.g. http://127.0.0.1:9001 */
   readonly url: string;
   readonly pool: string;
+  /** `Bearer <key>` from the pool's upstreamAuth variable, sent on every upstream request to this endpoint; '' = none. */
+  readonly upstreamAuthorization: string;
   readonly engine: Engine;
   readonly accelerator: Accelerator;
   /** Speed against the reference (pools[].speed, else the accelerator profile): the latency model's priors. */
@@ -123,6 +125,9 @@ export class Endpoint {
     this.name = ep.name;
     this.url = ep.url;
     this.pool = pool.name;
+    // read once, here (startup checks the variable is set: src/auth/keys.ts); never the client's header
+    const key = pool.upstreamAuth !== undefined ? process.env[pool.upstreamAuth] : undefined;
+    this.upstreamAuthorization = key ? `Bearer ${key}` : '';
     this.engine = pool.engine;
     this.accelerator = pool.accelerator;
     const profile = acceleratorProfile(pool.accelerator);

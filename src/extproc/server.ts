@@ -45,6 +45,8 @@ export interface ExtProcHost {
   /** The fallback list is read from it right after a pick. */
   readonly scheduler: { fallbacks(primary: Endpoint, max: number, out: Endpoint[]): Endpoint[] };
   newRequestId(): string;
+  /** Who a request is, or a Refusal (401) when authentication requires a key it lacks (src/identity.ts). */
+  callerOf(get: (name: string) => string): import('../identity.js').Caller | import('../identity.js').Refusal;
 }
 
 /** `host:port` of an endpoint URL, as the proxy addresses it. */
@@ -129,14 +131,14 @@ export class ExtProcServer {
 
   /** The encoded answers naming `ep` (encoded once per endpoint). */
   destination(ep: Endpoint): Destination {
-    return (this.#dest[ep.id] ??= this.#encodeDestination(hostPort(ep.url)));
+    return (this.#dest[ep.id] ??= this.#encodeDestination(hostPort(ep.url), ep));
   }
 
   /** The answers naming `list` (the pick, then its fallbacks), encoded for this decision. */
   destinationList(list: readonly Endpoint[]): Destination {
     let value = hostPort(list[0].url);
     for (let i = 1; i < list.length; i++) value += ',' + hostPort(list[i].url);
-    return this.#encodeDestination(value);
+    return this.#encodeDestination(value, list[0]);
   }
 
   /**
@@ -144,9 +146,14 @@ export class ExtProcServer {
    * forbids them to differ): one `ip:port`, or with fallbacks `ip:port,ip:port,...`
    * (the first is the pick; a proxy with retries goes down the list).
    */
-  #encodeDestination(value: string): Destination {
+  #encodeDestination(value: string, ep: Endpoint): Destination {
     const enc = this.#enc;
-    const response = { header_mutation: { set_headers: [setHeader(DESTINATION_HEADER, value)] }, clear_route_cache: true };
+    // the client's Authorization is not the engine's: replaced by the pool's upstreamAuth key, or removed
+    const auth = ep.upstreamAuthorization;
+    const header_mutation = auth !== ''
+      ? { set_headers: [setHeader(DESTINATION_HEADER, value), setHeader('authorization', auth)] }
+      : { set_headers: [setHeader(DESTINATION_HEADER, value)], remove_headers: ['authorization'] };
+    const response = { header_mutation, clear_route_cache: true };
     const dynamic_metadata = { fields: { [this.#ns]: { structValue: { fields: { [DESTINATION_HEADER]: { stringValue: value } } } } } };
     return {
       body: enc({ request_body: { response }, dynamic_metadata }),

@@ -6,6 +6,7 @@ import * as grpc from '@grpc/grpc-js';
 import type { Rejected } from '../admission.js';
 import { KIND_CHAT, KIND_COMPLETION, type DecisionPort, type Director, type Flight } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
+import { isRefusal, type Caller, type Refusal } from '../identity.js';
 import { errorBody } from '../proxy/error-shape.js';
 import { CONTINUE, FULL_DUPLEX_STREAMED, SERVED_KEY, headerText, setHeader, type Destination, type HeaderValue, type ProcessingRequest } from './codec.js';
 
@@ -16,6 +17,8 @@ export interface StreamHost {
     readonly limits: { maxBodyBytes: number };
     readonly gate: { readonly headerNames: readonly string[] };
     newRequestId(): string;
+    /** Who a request is, or a Refusal (401) when authentication requires a key it lacks. */
+    callerOf(get: (name: string) => string): Caller | Refusal;
   };
   readonly namespace: string;
   /** Streams ended on a message the server could not make sense of (a counter). */
@@ -198,18 +201,25 @@ export class ExtProcStream implements DecisionPort {
     const gateHeaders: Record<string, string> = {};
     for (const n of names) gateHeaders[n] = '';
     let id = '';
-    let auth = '';
     for (const h of this.#headers) {
       const k = h.key ?? '';
       if (k === 'x-request-id') id = headerText(h);
-      else if (k === 'authorization') auth = headerText(h);
       if (k in gateHeaders) gateHeaders[k] = headerText(h);
+    }
+    const caller = core.callerOf((name) => {
+      for (const h of this.#headers) if (h.key === name) return headerText(h);
+      return '';
+    });
+    if (isRefusal(caller)) {
+      this.#body = [];
+      this.#immediate(401, caller.refused, null, null);
+      return;
     }
     if (id === '' || id.length > 256) id = core.newRequestId();
     const body = this.#body.length === 1 ? this.#body[0] : Buffer.concat(this.#body);
     this.#body = [];
     if (this.#duplex) this.#echo = body; // goes back to the proxy with the decision
-    this.#flight = core.director.decide(this, this.#kind, id, auth, gateHeaders, body);
+    this.#flight = core.director.decide(this, this.#kind, id, caller, gateHeaders, body);
   }
 
   // ---- DecisionPort ---------------------------------------------------------------------

@@ -34,6 +34,7 @@ import { ProbabilisticAdmission, type Rng } from './admission.js';
 import type { FlowControlConfig } from './config.js';
 import { BandStats, FlowStats, REJECT_REASONS, type RejectReason } from './metrics.js';
 import { estimateCost, learnOutput, outputEstimate, realCost } from './cost.js';
+import { LabelCap } from '../metrics/label-cap.js';
 
 export type { RejectReason } from './metrics.js';
 
@@ -113,6 +114,8 @@ export interface FlowControllerOptions {
   shedUtilisation?: () => number;
   /** Optional hard cap on requests granted and not yet released. */
   maxInFlight?: number;
+  /** The bound on distinct flow label values (shared by the controllers of one gate); default: its own, of 1,000. */
+  labels?: LabelCap;
   /** Clock in ms (default performance.now). */
   now?: () => number;
   /** Random source for probabilistic admission (default Math.random). */
@@ -224,13 +227,8 @@ class Band {
   constructor(readonly tokens: boolean) {}
 }
 
-const MAX_FLOW_STATS_FACTOR = 4;
-
 /** Weight of the newest dispatch in a band's mean request cost. */
 const MEAN_COST_RATE = 1 / 16;
-
-/** The metrics series shared by flows beyond the label-cardinality limit. */
-const OTHER_FLOWS = '(other)';
 
 export class FlowController {
   readonly config: FlowControlConfig;
@@ -261,6 +259,7 @@ export class FlowController {
   readonly #minShare = new Map<string, number>();
   readonly #waiting = new Map<number, Waiting>();
   readonly #flowStats: Map<string, FlowStats>[];
+  readonly #labels: LabelCap;
   readonly #disabledGrant: Granted = Object.freeze({ ok: true as const, ticket: -1 });
   readonly #refused: Record<RejectReason | 'cancelled', Refused>;
   readonly #buf = new Uint32Array(FLOW_RECORD_WORDS);
@@ -297,6 +296,7 @@ export class FlowController {
     this.#bands = cfg.bands.map((b) => new Band((cfg.fairness.bands[b] ?? cfg.fairness.mode) === 'tokens'));
     this.#bySlotKey = cfg.bands.map(() => new Map());
     this.#flowStats = cfg.bands.map(() => new Map());
+    this.#labels = opts.labels ?? new LabelCap();
     const retry = cfg.retryAfterSeconds;
     const refuse = (status: 429 | 503 | 499, reason: RejectReason | 'cancelled', message: string): Refused =>
       Object.freeze({ ok: false as const, status, reason, retryAfterSeconds: retry, message });
@@ -649,9 +649,9 @@ export class FlowController {
     const m = this.#flowStats[band]!;
     let s = m.get(flowId);
     if (s === undefined) {
-      // bound label cardinality: beyond the limit, new flows share one series
-      // (created past the limit itself: looking it up again would recurse)
-      if (m.size >= this.config.maxFlows * MAX_FLOW_STATS_FACTOR) flowId = OTHER_FLOWS;
+      // bound label cardinality (metrics.maxLabelValues distinct flows over every
+      // band and pool of the gate): beyond it, new flows share the (overflow) series
+      flowId = this.#labels.value(flowId);
       s = m.get(flowId);
       if (s === undefined) {
         s = new FlowStats(flowId, band);

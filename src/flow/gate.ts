@@ -9,6 +9,7 @@ import { FlowController, type AdmitResult, type FlowRequest, type FlowUsage, typ
 import { BYTES_PER_TOKEN, maxTokensOf, promptTokensOf } from './cost.js';
 import type { Rng } from './admission.js';
 import type { Registry } from '../metrics/prom.js';
+import { LabelCap } from '../metrics/label-cap.js';
 import { registerFlowMetrics, type FlowMetricsSource } from './metrics.js';
 import { SaturationDetector, type EndpointLoad } from './saturation.js';
 
@@ -33,6 +34,8 @@ export interface FlowControlGateOptions {
   /** The utilisation probabilistic admission sheds by, for the last `utilisation` call (see FlowControllerOptions.shedUtilisation). */
   shedUtilisation?: () => number;
   maxInFlight?: number;
+  /** Distinct flow label values in the gate's metrics (config metrics.maxLabelValues); later flows count under `(overflow)`. Default 1,000. */
+  maxLabelValues?: number;
   now?: () => number;
   rng?: Rng;
 }
@@ -51,7 +54,7 @@ interface Entry {
 
 /** What admit() reads of a request; tests may leave out everything past bodyBytes. */
 export type GateRequest = Pick<RequestInfo, 'model' | 'headers' | 'bodyBytes'> &
-  Partial<Pick<RequestInfo, 'promptBytes' | 'body' | 'continuation'>>;
+  Partial<Pick<RequestInfo, 'promptBytes' | 'body' | 'continuation' | 'caller'>>;
 
 const PASS: Admitted = Object.freeze({ admitted: true as const, ticket: null });
 
@@ -67,6 +70,8 @@ export class FlowControlGate implements AdmissionGate {
   };
   readonly #opts: FlowControlGateOptions;
   readonly #controllers = new Map<string, Entry>();
+  /** One bound on flow label values over every pool's controller. */
+  readonly #labels: LabelCap;
   /** Reused for every admit() and release() (read synchronously by the controller). */
   readonly #req: FlowRequest = { flowId: '', band: 0, bytes: 0, promptTokens: 0, maxTokens: -1, continuation: false };
   readonly #usage: FlowUsage = { promptTokens: 0, maxTokens: -1, uncached: 1, outputTokens: -1 };
@@ -78,6 +83,7 @@ export class FlowControlGate implements AdmissionGate {
 
   constructor(opts: FlowControlGateOptions) {
     this.#opts = opts;
+    this.#labels = new LabelCap(opts.maxLabelValues);
     this.classifier = new Classifier(opts.config);
     const f = opts.config.fairness;
     this.wantsUsage = opts.config.enabled && (f.mode === 'tokens' || Object.values(f.bands).includes('tokens'));
@@ -138,8 +144,15 @@ export class FlowControlGate implements AdmissionGate {
   admit(info: GateRequest, signal: AbortLike): Admission | Promise<Admission> {
     if (!this.#opts.config.enabled) return PASS;
     this.#headers = info.headers;
-    const flowId = this.classifier.flowId(this.#get);
-    const band = this.classifier.band(flowId, this.#get('x-priority'));
+    // the caller's flow when authentication decided it (an API key's tenant), else the headers'
+    const c = info.caller;
+    const flowId = c !== undefined && c.flow !== '' ? c.flow : this.classifier.flowId(this.#get);
+    let band = this.classifier.band(flowId, this.#get('x-priority'));
+    // the key's band ceiling: a higher band (declared for its flow) is clamped to it
+    if (c !== undefined && c.maxBand !== '') {
+      const ceiling = this.classifier.bandIndex(c.maxBand);
+      if (ceiling > band) band = ceiling;
+    }
     this.#headers = {};
     const e = this.#entry(info.model);
     const req = this.#req;
@@ -219,6 +232,7 @@ export class FlowControlGate implements AdmissionGate {
         ...(o.now !== undefined ? { now: o.now } : {}),
         ...(o.rng !== undefined ? { rng: o.rng } : {}),
         pool: model,
+        labels: this.#labels,
       });
       e = { controller, tickets: [] };
       this.#controllers.set(model, e);

@@ -7,6 +7,7 @@ import type { Logger } from 'pino';
 import type { ResponsesConfig } from '../config/responses.js';
 import type { ClientPort, Director } from '../director/director.js';
 import type { Registry } from '../metrics/prom.js';
+import type { Caller } from '../identity.js';
 import { MemoryStore } from './memory-store.js';
 import { messagesIn, registerResponsesMetrics, ResponsesStats, STORE_DELETE, STORE_GET, STORE_PUT } from './metrics.js';
 import { itemOf, messageBounds, type ChatMessage } from './items.js';
@@ -282,8 +283,8 @@ export class ResponsesService implements TurnHost {
   }
 
   /** POST /v1/responses with its complete body; never throws (failures are answers through `port`). */
-  begin(port: ClientPort, tenant: string, requestId: string, authorization: string, headers: Readonly<Record<string, string>>, raw: Buffer): ResponsesTurn {
-    const t = new ResponsesTurn(this, port, tenant, requestId, authorization, headers);
+  begin(port: ClientPort, caller: Caller, requestId: string, headers: Readonly<Record<string, string>>, raw: Buffer): ResponsesTurn {
+    const t = new ResponsesTurn(this, port, caller, requestId, headers);
     try {
       t.start(raw);
     } catch (err) {

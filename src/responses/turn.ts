@@ -10,6 +10,7 @@ import type { Logger } from 'pino';
 import type { Rejected } from '../admission.js';
 import { KIND_CHAT, type ClientPort, type Director, type Flight } from '../director/director.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
+import type { Caller } from '../identity.js';
 import { newResponseId } from './ids.js';
 import { chainCalls, messageBounds } from './items.js';
 import { EngineOutputError, TurnOutput, type ChatToolCall } from './output.js';
@@ -93,7 +94,8 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   /** The tenant the turn belongs to ('' = anonymous): the scope of every store key it reads and writes. */
   readonly #tenant: string;
   readonly #requestId: string;
-  readonly #authorization: string;
+  /** Who sent the turn: its inner chat request carries the same caller. */
+  readonly #caller: Caller;
   readonly #headers: Readonly<Record<string, string>>;
   #parent: StoredResponse | null = null;
   #root = '';
@@ -131,12 +133,12 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
   /** The client's stream ended (completed or failed). */
   #streamEnded = false;
 
-  constructor(svc: TurnHost, client: ClientPort, tenant: string, requestId: string, authorization: string, headers: Readonly<Record<string, string>>) {
+  constructor(svc: TurnHost, client: ClientPort, caller: Caller, requestId: string, headers: Readonly<Record<string, string>>) {
     this.#svc = svc;
     this.#client = client;
-    this.#tenant = tenant;
+    this.#tenant = caller.tenant;
+    this.#caller = caller;
     this.#requestId = requestId;
-    this.#authorization = authorization;
     this.#headers = headers;
   }
 
@@ -260,7 +262,7 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     // the session key: prompt_cache_key when given, else the chain's root; within the tenant (the store keys are tenant-scoped, so is the pin)
     const key = req.promptCacheKey !== null ? `k:${req.promptCacheKey}` : this.#root;
     const session = this.#tenant === '' ? key : `${this.#tenant.length}:${this.#tenant}:${key}`;
-    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#authorization, this.#headers, Buffer.from(body), session);
+    this.#flight = this.#svc.director.begin(this, KIND_CHAT, this.#requestId, this.#caller, this.#headers, Buffer.from(body), session);
   }
 
   /**

@@ -9,6 +9,8 @@
 //   POST   /admin/endpoints/{name}/drain          no new requests; ?wait=1 answers once drained
 //   DELETE /admin/endpoints/{name}                drain then remove; ?force=1 for a model's last endpoint
 //   POST   /admin/reload                          re-read the config file (as SIGHUP)
+//   GET    /admin/tenants                         per-tenant usage and keys (by id: a digest prefix, never the key)
+//   POST   /admin/keys/reload                     re-read the auth keys (keys file, keys variable) of the running config
 //
 // Errors use the OpenAI error shape; 400 for a bad body or a malformed %-escape
 // in the path, 401 without the token, 404 for an unknown endpoint or pool, 409
@@ -20,7 +22,8 @@ import type { AddressInfo } from 'node:net';
 import { endpointConfigSchema, type AdminConfig } from '../config/schema.js';
 import { toConfigIssues } from '../config/schema-kit.js';
 import type { EndpointSpec, EndpointTarget } from '../endpoints/live.js';
-import { EndpointError, SwitchyardError } from '../errors.js';
+import { ConfigError, EndpointError, SwitchyardError } from '../errors.js';
+import { loadAuth } from '../auth/keys.js';
 import { errorBody } from './http-errors.js';
 import type { RouterCore } from './core.js';
 import type { ConfigReloader } from './reload.js';
@@ -162,6 +165,37 @@ function decodeSegment(p: string): string {
   }
 }
 
+/**
+ * GET /admin/tenants: each tenant's requests and in-flight counts, and its keys
+ * by id (the first 16 hex digits of the key's SHA-256: names a key in logs and
+ * dashboards without revealing it) with their models, band ceiling and counts.
+ * The anonymous scope ('') is `anonymous`.
+ */
+function tenantsView(core: RouterCore) {
+  const auth = core.auth;
+  const u = core.usage;
+  const zero = { requests: 0, inFlight: 0 };
+  const byTenant = new Map<string, { id: string; models: string[] | null; maxBand: string | null; requests: number; inFlight: number }[]>();
+  for (const c of auth?.callers ?? []) {
+    const k = u.keys.get(c.keyId) ?? zero;
+    let list = byTenant.get(c.tenant);
+    if (list === undefined) byTenant.set(c.tenant, (list = []));
+    list.push({ id: c.keyId, models: c.models === null ? null : [...c.models], maxBand: c.maxBand || null, requests: k.requests, inFlight: k.inFlight });
+  }
+  const names = new Set([...byTenant.keys(), ...u.tenants.keys()]);
+  names.delete('');
+  const tenants = [...names].sort().map((tenant) => {
+    const c = u.tenants.get(tenant) ?? zero;
+    return { tenant, requests: c.requests, inFlight: c.inFlight, keys: byTenant.get(tenant) ?? [] };
+  });
+  const anon = u.tenants.get('') ?? zero;
+  return {
+    auth: auth === null ? null : { required: auth.required, trustHeaders: auth.trustHeaders, keys: auth.size },
+    tenants,
+    anonymous: { requests: anon.requests, inFlight: anon.inFlight },
+  };
+}
+
 /** Starts the admin listener of `core` (and of `reloader`, when the router has a config file). */
 export function startAdmin(core: RouterCore, cfg: AdminConfig, reloader: ConfigReloader | null, target: EndpointTarget = core.live): Promise<AdminServer> {
   const token = adminToken(cfg);
@@ -222,6 +256,24 @@ export function startAdmin(core: RouterCore, cfg: AdminConfig, reloader: ConfigR
         return send(res, 200, { endpoint: v });
       }
       throw new HttpError(405, `method ${method} is not allowed on ${u.pathname}`);
+    }
+    if (parts[1] === 'tenants' && parts.length === 2) {
+      if (method !== 'GET') throw new HttpError(405, 'use GET /admin/tenants');
+      return send(res, 200, tenantsView(core));
+    }
+    if (parts[1] === 'keys' && parts[2] === 'reload' && parts.length === 3) {
+      if (method !== 'POST') throw new HttpError(405, 'use POST /admin/keys/reload');
+      const cfg = reloader?.current ?? core.config;
+      if (cfg.auth === undefined) throw new HttpError(409, 'this router has no auth block: no keys to reload');
+      try {
+        core.auth = await loadAuth(cfg);
+      } catch (err) {
+        if (!(err instanceof ConfigError)) throw err;
+        log.error({ issues: err.issues }, 'admin: keys reload refused, the running keys keep serving');
+        return send(res, 422, { ok: false, issues: err.issues, message: err.message });
+      }
+      log.info({ keys: core.auth!.size }, 'admin: keys reloaded');
+      return send(res, 200, { ok: true, keys: core.auth!.size });
     }
     if (parts[1] === 'reload' && parts.length === 2) {
       if (method !== 'POST') throw new HttpError(405, 'use POST /admin/reload');

@@ -27,6 +27,8 @@ import { buildPrecise, type Precise } from './precise.js';
 import { newUpstreamClient } from './upstream-choice.js';
 import { StateLog } from './state-log.js';
 import { flowGateFactory } from './flow-gate.js';
+import { loadAuth } from '../auth/keys.js';
+import type { ApiKeyAuthenticator } from '../auth/authenticator.js';
 import { CloseRank, type Lifecycle } from './lifecycle.js';
 // loaded only when configured: a feature that is off costs no import (ioredis, grpc-js)
 import type { HighAvailability } from '../ha/standby.js';
@@ -47,6 +49,8 @@ export interface AssembleOptions {
   tracer?: RequestTracer | null;
   /** Wait for the first round of health checks and scrapes (default true). */
   waitForFirstScrape?: boolean;
+  /** API-key authentication; default: built from config.auth (its key sources read now: src/auth/keys.ts), null without. */
+  auth?: ApiKeyAuthenticator | null;
 }
 
 /** The components RouterCore serves with, built by assembleRouter. */
@@ -75,6 +79,8 @@ export interface RouterParts {
   readonly batchApi: BatchApi | null;
   /** A hot-standby pair's lease (src/ha/): /readyz answers 503 while this router is the standby. Null: no pair. */
   readonly leadership: { readonly leading: boolean } | null;
+  /** API-key authentication (config.auth), or null; a reload replaces RouterCore.auth. */
+  readonly auth: ApiKeyAuthenticator | null;
 }
 
 /** Everything assembleRouter built: the core's parts and the services that run beside the core. */
@@ -101,6 +107,8 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
   const config = o.config;
   const log = o.logger;
   const gate = o.gate ?? (await flowGateFactory(config));
+  // API keys (config.auth): the keys file and variable are read now, and again on every reload
+  const auth = o.auth !== undefined ? o.auth : await loadAuth(config);
   // OpenTelemetry is loaded only when tracing is on
   const tracer = o.tracer ?? (config.tracing.enabled ? await (await import('../telemetry/tracing.js')).createTracer(config.tracing, VERSION) : null);
   const parts = buildParts(config, log, gate, o.upstream, o.random, tracer);
@@ -151,7 +159,7 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
     }
     batchApi = api;
   }
-  return { parts: { ...parts, batchApi, leadership: ha }, ha, discovery, batch };
+  return { parts: { ...parts, batchApi, leadership: ha, auth }, ha, discovery, batch };
 }
 
 /** A URL for a message: its password (redis://:secret@host) replaced by ***. */
@@ -166,7 +174,7 @@ export function redactUrl(url: string): string {
 }
 
 /** The parts built before anything starts (the batch API and the lease come later). */
-type BuiltParts = Omit<RouterParts, 'batchApi' | 'leadership'>;
+type BuiltParts = Omit<RouterParts, 'batchApi' | 'leadership' | 'auth'>;
 
 /** The components themselves (no I/O beyond the session table's sweep timer): what the RouterCore constructor built before. */
 function buildParts(

@@ -3,16 +3,18 @@
 // Without a `batch:` block every route answers an OpenAI error saying so.
 import type { ApiAnswer, BatchApi } from '../batch/api.js';
 import type { HttpRequest, HttpResponse, TemplatedApp } from '../uws.js';
-import { errorBody, statusLine } from './http-errors.js';
+import { isRefusal, type Caller, type Refusal } from '../identity.js';
+import { answerUnauthorized, errorBody, statusLine } from './http-errors.js';
 
 export interface BatchHost {
   /** Set by startRouter when `config.batch` is (null until then and without it). */
   readonly batchApi: BatchApi | null;
   readonly draining: boolean;
+  readonly limits: { readonly maxBodyBytes: number };
   readonly metrics: { countRequest(model: string, endpoint: number, status: number): void };
   readonly log: { error(o: object, msg: string): void };
-  /** The tenant a request belongs to for flow control (an API key's tenant, or a trusted header); '' for none. */
-  tenantOf(get: (name: string) => string): string;
+  /** Who a request is (its tenant: an API key's, or a trusted header's; '' for none), or a Refusal. */
+  callerOf(get: (name: string) => string): Caller | Refusal;
 }
 
 export type Op = (api: BatchApi, param: string, query: string, contentType: string, body: Buffer | null, tenant: string) => Promise<ApiAnswer>;
@@ -78,8 +80,10 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
   // every file and batch belongs to a tenant (the caller's flow-control tenant: an API key's, or a trusted header;
   // '' = the anonymous scope), and every call is scoped to the caller's: another tenant's objects answer 404.
   // The request is only readable inside this call, so the identity is taken now.
-  const tenant = host.tenantOf((n) => req.getHeader(n));
+  const caller = host.callerOf((n) => req.getHeader(n));
   const declared = req.getHeader('content-length');
+  if (isRefusal(caller)) return answerUnauthorized(host, res, caller.refused, declared);
+  const tenant = caller.tenant;
   const bodyless = declared === '0' || (declared === '' && req.getHeader('transfer-encoding') === '');
   let gone = false;
   res.onAborted(() => {

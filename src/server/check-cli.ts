@@ -6,6 +6,7 @@ import { configYaml, issueLines, loadConfigFile, printableConfig } from '../conf
 import { ConfigError } from '../errors.js';
 import { registry } from '../scheduler/plugins/index.js';
 import { flowGateFactory } from './flow-gate.js';
+import { loadAuth } from '../auth/keys.js';
 
 export const CHECK_USAGE = `usage: switchyard check --config FILE [options]
 
@@ -56,6 +57,8 @@ export async function runCheckCli(argv: string[]): Promise<number> {
     const cfg = await loadConfigFile(args.config, validatePlugin);
     // flow control's own rules beyond the schema (what startRouter checks when it builds the gate)
     await flowGateFactory(cfg);
+    // the auth block's keys file and variable, the pools' upstreamAuth variables (what startRouter reads)
+    await loadAuth(cfg);
     if (!args.quiet) process.stdout.write(args.json ? `${JSON.stringify(printableConfig(cfg), null, 2)}\n` : configYaml(cfg));
     return 0;
   } catch (err) {

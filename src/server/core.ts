@@ -34,6 +34,9 @@ import { chooseFrontEnd, type FrontEnd, type FrontHost } from './front-end.js';
 import { UwsFrontEnd } from './front-uws.js';
 import { NativeFrontEnd } from './front-native.js';
 import type { RouterParts } from './assemble.js';
+import type { ApiKeyAuthenticator } from '../auth/authenticator.js';
+import { UsageCounters } from '../auth/usage.js';
+import { ANONYMOUS, isRefusal, type Caller, type HeaderGetter, type Refusal } from '../identity.js';
 
 export interface CoreOptions {
   /** Raise the process's open-file soft limit to its hard limit when listening (default true). */
@@ -71,10 +74,65 @@ export class RouterCore implements FrontHost {
   /** P/D disaggregation (config.disaggregation), or null. */
   readonly pd: Disaggregator | null;
 
-  /** The tenant a request belongs to for flow control ('' without flow control or a tenant): the owner of a Batches API batch. */
-  tenantOf(get: (name: string) => string): string {
-    return this.gate.identity?.tenantOf(get) ?? '';
+  /**
+   * API-key authentication (config.auth), or null. Replaced whole on a config
+   * reload: new requests see the new keys at once, a request that resolved its
+   * caller keeps it to its end.
+   */
+  get auth(): ApiKeyAuthenticator | null {
+    return this.#auth;
   }
+  set auth(a: ApiKeyAuthenticator | null) {
+    this.#auth = a;
+    this.#modelsFor.clear();
+  }
+  #auth: ApiKeyAuthenticator | null;
+  /** Requests and in-flight counts per tenant and per key (GET /admin/tenants). */
+  readonly usage: UsageCounters;
+  /** Callers by tenant without auth (flow control's tenants): one shared object per tenant. */
+  readonly #tenantCallers = new Map<string, Caller>();
+
+  /**
+   * Who a request is (src/identity.ts), decided once as it arrives: with
+   * `auth` its key's caller, or a Refusal (401); without, the flow-control
+   * tenant (an API key of flowControl.tenants, or a trusted header) or the
+   * anonymous caller.
+   */
+  callerOf(get: HeaderGetter): Caller | Refusal {
+    if (this.#auth !== null) return this.#auth.authenticate(get);
+    const id = this.gate.identity;
+    if (id === undefined) return ANONYMOUS;
+    const tenant = id.tenantOf(get);
+    if (tenant === '') return ANONYMOUS;
+    let c = this.#tenantCallers.get(tenant);
+    if (c === undefined) {
+      if (this.#tenantCallers.size >= 4096) this.#tenantCallers.clear();
+      c = Object.freeze({ ...ANONYMOUS, tenant });
+      this.#tenantCallers.set(tenant, c);
+    }
+    return c;
+  }
+
+  /** The tenant a request belongs to ('' = the anonymous scope, also for a refused request). */
+  tenantOf(get: HeaderGetter): string {
+    const c = this.callerOf(get);
+    return isRefusal(c) ? '' : c.tenant;
+  }
+
+  /** GET /v1/models's body for a caller: only its models when it has an allow-list. */
+  modelsBodyFor(caller: Caller): string {
+    if (caller.models === null) return this.modelsBody;
+    let b = this.#modelsFor.get(caller);
+    if (b === undefined) {
+      if (this.#modelsFor.size >= 4096) this.#modelsFor.clear();
+      b = this.#modelsOf(caller.models);
+      this.#modelsFor.set(caller, b);
+    }
+    return b;
+  }
+  /** /v1/models bodies of callers with a model allow-list (cleared when endpoints or keys change). */
+  readonly #modelsFor = new Map<Caller, string>();
+  readonly #modelsOf: (allowed: ReadonlySet<string> | null) => string;
   readonly metrics: RouterMetrics;
   readonly limits: LimitsConfig;
   /** The drain's grace and delay (config.shutdown; a reload replaces it). */
@@ -144,16 +202,22 @@ export class RouterCore implements FrontHost {
     // latency plugins read the request's objectives (x-slo-ttft-ms, x-slo-tpot-ms) besides the gate's headers
     this.headerNames = this.scheduler.latency ? [...gate.headerNames, ...SLO_HEADERS] : gate.headerNames;
     this.limits = cfg.limits;
+    this.#auth = parts.auth;
+    this.usage = new UsageCounters(cfg.metrics.maxLabelValues);
     this.shutdown = cfg.shutdown;
     const created = Math.floor(Date.now() / 1000);
-    const modelsBody = () =>
+    const modelsBody = (this.#modelsOf = (allowed: ReadonlySet<string> | null) =>
       JSON.stringify({
         object: 'list',
-        data: set.models().map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
-      });
-    this.modelsBody = modelsBody();
+        data: set
+          .models()
+          .filter((id) => allowed === null || allowed.has(id))
+          .map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
+      }));
+    this.modelsBody = modelsBody(null);
     set.onChange(() => {
-      this.modelsBody = modelsBody();
+      this.modelsBody = modelsBody(null);
+      this.#modelsFor.clear();
     });
     const sweepEvery = (this.#sweepEvery = Math.max(10, Math.min(1000, Math.floor(cfg.limits.requestBodyTimeoutMs / 4))));
     this.#sweep = setInterval(() => this.#sweepSlowBodies(), sweepEvery);
@@ -226,9 +290,18 @@ export class RouterCore implements FrontHost {
     return [503, JSON.stringify({ status: 'not ready', models_without_ready_endpoint: notReady, reasons })];
   }
 
-  /** An inference request began (the front end's side of requestEnded): it is in flight until then. */
+  /** An inference request began (the front end's side of requestEnded): it is in flight until then, counted for its caller's tenant and key. */
   requestBegan(x: InFlightRequest): void {
     this.#inFlight.add(x);
+    const caller = x.caller;
+    const t = this.usage.tenant(caller.tenant);
+    t.requests++;
+    t.inFlight++;
+    const k = this.usage.key(caller.keyId);
+    if (k !== null) {
+      k.requests++;
+      k.inFlight++;
+    }
   }
 
   /** The access log is on (the front ends read the tenant for it). */
@@ -251,6 +324,9 @@ export class RouterCore implements FrontHost {
   /** Called once per inference request when it ends (any way). */
   requestEnded(ctx: InFlightRequest, status: number): void {
     this.#inFlight.delete(ctx);
+    this.usage.tenant(ctx.caller.tenant).inFlight--;
+    const k = this.usage.key(ctx.caller.keyId);
+    if (k !== null) k.inFlight--;
     const now = performance.now();
     this.metrics.countOutcome(ctx.flight?.model ?? '', ctx.outcome, ctx.rejectReason, (now - ctx.startedAt) / 1000, ctx.firstByteAt > 0 ? (ctx.firstByteAt - ctx.startedAt) / 1000 : -1);
     if (this.#access ? this.#accessSample >= 1 || Math.random() < this.#accessSample : this.#debug) this.#accessLine(ctx, status);

@@ -4,6 +4,7 @@
 import { errorBody } from '../proxy/error-shape.js';
 import { SlotList } from './reading-list.js';
 import type { ExchangeFlight } from './exchange-flight.js';
+import type { Caller } from '../identity.js';
 
 /** What the drain needs of a request in flight (HttpExchange). */
 export interface Cuttable {
@@ -24,6 +25,8 @@ export interface InFlightRequest extends Cuttable {
   readonly startedAt: number;
   readonly firstByteAt: number;
   readonly tenant: string;
+  /** Who sent it (src/identity.ts): the usage counters' tenant and key. */
+  readonly caller: Caller;
   /** Its route. */
   readonly path: string;
 }

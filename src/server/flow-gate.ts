@@ -24,5 +24,5 @@ export async function flowGateFactory(config: RouterConfig): Promise<((set: Endp
   // Pool utilisation is the least-loaded routable endpoint's load: endpoints
   // that are down or behind an open circuit breaker are skipped, and a model
   // with none left is answered 503 instead of being queued.
-  return (set) => FlowControlGate.fromEndpoints({ config: fc, endpointsFor: (model) => set.forModel(model) });
+  return (set) => FlowControlGate.fromEndpoints({ config: fc, endpointsFor: (model) => set.forModel(model), maxLabelValues: config.metrics.maxLabelValues });
 }

@@ -17,6 +17,7 @@ import type { RouterMetrics } from './metrics.js';
 import type { InFlightRequest } from './drain.js';
 import type { ReadingList } from './reading-list.js';
 import { uwsProblem } from '../uws.js';
+import type { Caller, Refusal } from '../identity.js';
 
 /** What a front end needs of the router (RouterCore implements it). */
 export interface FrontHost {
@@ -45,10 +46,15 @@ export interface FrontHost {
   readonly modelsBody: string;
   /** GET /readyz's answer: status and body. */
   readiness(): [number, string];
+  /** The tenant of a request ('' = the anonymous scope, also when refused). */
   tenantOf(get: (name: string) => string): string;
+  /** Who a request is, or a Refusal (answer 401 invalid_api_key with its message): src/identity.ts. */
+  callerOf(get: (name: string) => string): Caller | Refusal;
+  /** GET /v1/models's body for a caller (only its models when it has an allow-list). */
+  modelsBodyFor(caller: Caller): string;
   newRequestId(): string;
   headerBlock(ep: Endpoint, contentType: string): Buffer;
-  /** An inference request began (paired with requestEnded): in flight until then (a drain's end cuts it). */
+  /** An inference request began (paired with requestEnded): in flight until then (a drain's end cuts it), counted for its caller. */
   requestBegan(x: InFlightRequest): void;
   requestEnded(x: InFlightRequest, status: number): void;
   /** logging.access is on: the front end reads the request's tenant for the access log. */

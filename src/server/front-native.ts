@@ -19,6 +19,7 @@ import type { ExchangeFlight } from './http-exchange.js';
 import { KIND_RESPONSES, inputItems, remove, retrieve, runResponsesOp, type Op as ResponsesOp } from './responses-http.js';
 import { BATCH_NOT_CONFIGURED, batchRoute, isBatchPath, runBatchOp } from './batch-http.js';
 import { knownPaths, type FrontEnd, type FrontHost } from './front-end.js';
+import { isRefusal, type Caller, type Refusal } from '../identity.js';
 import { SHUTDOWN_CODE, type InFlightRequest } from './drain.js';
 import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, statusOutcome } from './outcomes.js';
 
@@ -206,8 +207,11 @@ export class NativeFrontEnd implements FrontEnd {
           const [status, body] = this.#h.readiness();
           return this.#json(r.id, status, head ? '' : body);
         }
-        case '/v1/models':
-          return this.#json(r.id, 200, head ? '' : this.#h.modelsBody);
+        case '/v1/models': {
+          const caller = this.#h.callerOf((n) => this.header(r, n));
+          if (isRefusal(caller)) return this.#unauthorized(r, caller);
+          return this.#json(r.id, 200, head ? '' : this.#h.modelsBodyFor(caller));
+        }
         case '/metrics':
           return this.#metrics(r.id, head);
       }
@@ -222,8 +226,9 @@ export class NativeFrontEnd implements FrontEnd {
       else if (id !== '' && tail === '' && method === 'DELETE') op = remove;
       else if (id !== '' && tail === '/input_items' && method === 'GET') op = inputItems;
       if (op !== null) {
-        const tenant = this.#h.tenantOf((n) => this.header(r, n));
-        return runResponsesOp(this.#h, op, id, query, tenant, (status, body) => this.#json(r.id, status, body));
+        const caller = this.#h.callerOf((n) => this.header(r, n));
+        if (isRefusal(caller)) return this.#unauthorized(r, caller);
+        return runResponsesOp(this.#h, op, id, query, caller.tenant, (status, body) => this.#json(r.id, status, body));
       }
     }
     if (path.startsWith('/v1/files') || path.startsWith('/v1/batches')) {
@@ -255,6 +260,12 @@ export class NativeFrontEnd implements FrontEnd {
     this.#server.respond(r.id, status, lines, body, true, this.#h.draining);
   }
 
+  /** 401 invalid_api_key for a request authentication refused (src/identity.ts). */
+  #unauthorized(r: FrontRequest, refusal: Refusal): void {
+    this.#h.metrics.countRequest('', -1, 401);
+    this.#json(r.id, 401, errorBody(401, refusal.refused));
+  }
+
   #json(id: number, status: number, body: string, contentType = JSON_LINES): void {
     this.#server.respond(id, status, contentType, body === '' ? null : body, true, this.#h.draining);
   }
@@ -279,10 +290,12 @@ export class NativeFrontEnd implements FrontEnd {
       h.metrics.countRequest('', -1, status);
       this.#server.respond(id, status, `content-type: ${fieldValue(contentType)}\r\n`, body, true, h.draining);
     };
+    // the caller's tenant scopes every file and batch (another tenant's objects answer 404)
+    const caller = h.callerOf((n) => this.header(r, n));
+    if (isRefusal(caller)) return this.#unauthorized(r, caller);
+    const tenant = caller.tenant;
     const api = h.batchApi;
     if (api === null) return write(404, BATCH_NOT_CONFIGURED());
-    // the caller's tenant scopes every file and batch (another tenant's objects answer 404)
-    const tenant = h.tenantOf((n) => this.header(r, n));
     const body = withBody ? r.body : null;
     if (body !== null && body.length > api.maxFileBytes) {
       return write(
@@ -298,8 +311,9 @@ export class NativeFrontEnd implements FrontEnd {
     const w = r.wanted;
     let requestId = w[W_REQUEST_ID]!;
     if (requestId === '' || requestId.length > 256) requestId = h.newRequestId();
-    const x = new NativeExchange(this, h, this.#server, r.id, kind, requestId, w[W_AUTHORIZATION]!);
-    if (kind === KIND_RESPONSES || h.accessLog) x.tenant = h.tenantOf((n) => this.header(r, n));
+    const caller = h.callerOf((n) => (n === 'authorization' ? w[W_AUTHORIZATION]! : this.header(r, n)));
+    if (isRefusal(caller)) return this.#unauthorized(r, caller);
+    const x = new NativeExchange(this, h, this.#server, r.id, kind, requestId, caller);
     const names = h.headerNames;
     let hd: Record<string, string> | null = null;
     if (names.length > 0) {
@@ -322,7 +336,7 @@ export class NativeFrontEnd implements FrontEnd {
     // an answer given inside begin() (a bad body, no endpoint) is reported once begin() returns: the metrics see the flight's model
     x.beginning = true;
     try {
-      x.flight = kind === KIND_RESPONSES ? h.responses!.begin(x, x.tenant, requestId, x.authorization, x.headers, r.body) : h.director.begin(x, kind, requestId, x.authorization, x.headers, r.body, '', x.sessionHeader);
+      x.flight = kind === KIND_RESPONSES ? h.responses!.begin(x, caller, requestId, x.headers, r.body) : h.director.begin(x, kind, requestId, caller, x.headers, r.body, '', x.sessionHeader);
     } finally {
       x.beginning = false;
     }
@@ -335,11 +349,10 @@ export class NativeExchange implements ClientPort, InFlightRequest {
   readonly id: number;
   readonly kind: number;
   readonly requestId: string;
-  readonly authorization: string;
+  /** Who sent the request (src/identity.ts). */
+  readonly caller: Caller;
   headers: Readonly<Record<string, string>> = EMPTY;
   sessionHeader = '';
-  /** The Responses API's tenant (POST /v1/responses). */
-  tenant = '';
   flight: ExchangeFlight | null = null;
   /** Position in the router's in-flight list (src/server/drain.ts); -1 otherwise. */
   activeSlot = -1;
@@ -368,14 +381,19 @@ export class NativeExchange implements ClientPort, InFlightRequest {
     return KIND_PATHS[this.kind] ?? '/v1/responses';
   }
 
-  constructor(fe: NativeFrontEnd, h: FrontHost, server: FrontServer, id: number, kind: number, requestId: string, authorization: string) {
+  /** The request's tenant ('' = the anonymous scope): its caller's. */
+  get tenant(): string {
+    return this.caller.tenant;
+  }
+
+  constructor(fe: NativeFrontEnd, h: FrontHost, server: FrontServer, id: number, kind: number, requestId: string, caller: Caller) {
     this.#fe = fe;
     this.#h = h;
     this.#server = server;
     this.id = id;
     this.kind = kind;
     this.requestId = requestId;
-    this.authorization = authorization;
+    this.caller = caller;
   }
 
   /** The server saw the client leave (or the connection was cut). */

@@ -4,7 +4,8 @@
 // listen again). Inference requests are HttpExchange / ResponsesExchange
 // (http-exchange.ts), which read the body and write the director's answer.
 import { KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS } from '../director/director.js';
-import { errorBody, statusLine } from './http-errors.js';
+import { answerUnauthorized, errorBody, statusLine } from './http-errors.js';
+import { isRefusal } from '../identity.js';
 import { headerBytes, HttpExchange } from './http-exchange.js';
 import { KIND_RESPONSES, mountResponseReads, ResponsesExchange } from './responses-http.js';
 import { mountBatchRoutes } from './batch-http.js';
@@ -16,7 +17,9 @@ import { uws, type HttpRequest, type HttpResponse, type TemplatedApp, type us_li
 // string argument into a fresh UTF-8 heap copy per call, a Buffer it reads in place.
 const H_CONTENT_LENGTH = Buffer.from('content-length');
 const H_REQUEST_ID = Buffer.from('x-request-id');
-const H_AUTHORIZATION = Buffer.from('authorization');
+// the request whose headers the module-level getter reads (no closure per request)
+let curReq: HttpRequest;
+const getCurHeader = (name: string): string => curReq.getHeader(name);
 const H_TRANSFER_ENCODING = Buffer.from('transfer-encoding');
 
 const KNOWN_PATHS = knownPaths(KIND_PATHS);
@@ -49,7 +52,11 @@ export class UwsFrontEnd implements FrontEnd {
     }
     mountBatchRoutes(app, this.#h);
     app.get('/v1/models', (res, req) => {
-      if (!this.#badlyFramed(res, req)) this.#json(res, 200, this.#h.modelsBody);
+      if (this.#badlyFramed(res, req)) return;
+      curReq = req;
+      const caller = this.#h.callerOf(getCurHeader);
+      if (isRefusal(caller)) return answerUnauthorized(this.#h, res, caller.refused);
+      this.#json(res, 200, this.#h.modelsBodyFor(caller));
     });
     app.get('/healthz', (res, req) => {
       if (!this.#badlyFramed(res, req)) this.#json(res, 200, '{"status":"ok"}');
@@ -168,14 +175,16 @@ export class UwsFrontEnd implements FrontEnd {
   #inference(res: HttpResponse, req: HttpRequest, kind: number): void {
     if (this.#badlyFramed(res, req, true)) return;
     const clText = req.getHeader(H_CONTENT_LENGTH);
+    // who it is, before the body is read: a refused request is answered 401 and its body dropped
+    curReq = req;
+    const caller = this.#h.callerOf(getCurHeader);
+    if (isRefusal(caller)) return answerUnauthorized(this.#h, res, caller.refused, clText);
     const contentLength = clText === '' ? -1 : Number(clText);
     let id = req.getHeader(H_REQUEST_ID);
     let idHeader: string | Buffer;
     if (id === '' || id.length > 256) idHeader = id = this.#h.newRequestId();
     else idHeader = headerBytes(id);
-    const auth = req.getHeader(H_AUTHORIZATION);
-    const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this.#h, res, kind, id, idHeader, auth, contentLength) : new HttpExchange(this.#h, res, kind, id, idHeader, auth, contentLength);
-    if (kind === KIND_RESPONSES || this.#h.accessLog) ctx.tenant = this.#h.tenantOf((n) => req.getHeader(n));
+    const ctx = kind === KIND_RESPONSES ? new ResponsesExchange(this.#h, res, kind, id, idHeader, caller, contentLength) : new HttpExchange(this.#h, res, kind, id, idHeader, caller, contentLength);
     const names = this.#h.headerNames;
     let h: Record<string, string> | null = null;
     if (names.length > 0) {

@@ -1,5 +1,6 @@
 // HTTP status lines for uWS's writeStatus; the OpenAI error bodies live in
 // src/proxy/error-shape.ts (every transport writes the same shape).
+import { errorBody } from '../proxy/error-shape.js';
 export { errorBody, normalizeErrorBody } from '../proxy/error-shape.js';
 
 export const STATUS_LINES: Record<number, string> = {
@@ -25,3 +26,31 @@ export function statusLine(status: number): string {
   return STATUS_LINES[status] ?? `${status} Status`;
 }
 
+
+/**
+ * Answers 401 invalid_api_key on the uWS transport for a request that
+ * authentication refused (src/identity.ts), before its body is read (uWS
+ * reads and drops a body no handler takes). A body declared over the limit is
+ * not worth reading: answered after uWS is done with this read, then closed.
+ */
+export function answerUnauthorized(
+  host: { readonly draining: boolean; readonly limits: { readonly maxBodyBytes: number }; readonly metrics: { countRequest(model: string, endpoint: number, status: number): void } },
+  res: import('../uws.js').HttpResponse,
+  message: string,
+  declaredLength = '',
+): void {
+  host.metrics.countRequest('', -1, 401);
+  const close = declaredLength !== '' && Number(declaredLength) > host.limits.maxBodyBytes;
+  const write = (): void =>
+    void res.cork(() => {
+      res.writeStatus(statusLine(401)).writeHeader('content-type', 'application/json').end(errorBody(401, message), close || host.draining);
+    });
+  if (!close) return write();
+  let gone = false;
+  res.onAborted(() => {
+    gone = true;
+  });
+  setImmediate(() => {
+    if (!gone) write();
+  });
+}

@@ -11,6 +11,7 @@ import { errorBody } from '../proxy/error-shape.js';
 import type { HttpResponse } from '../uws.js';
 import type { LimitsConfig } from '../config/schema.js';
 import type { Director } from '../director/director.js';
+import type { Caller } from '../identity.js';
 import { KIND_PATHS } from '../director/kinds.js';
 import { statusLine } from './http-errors.js';
 import { SHUTDOWN_CODE, type Cuttable } from './drain.js';
@@ -72,14 +73,13 @@ export class HttpExchange implements ClientPort, Cuttable {
   readonly requestId: string;
   /** The x-request-id value as written back to the client (see headerBytes). */
   readonly requestIdHeader: string | Buffer;
-  readonly authorization: string;
+  /** Who sent the request (resolved before the body was read; src/identity.ts). */
+  readonly caller: Caller;
   readonly contentLength: number;
   /** Headers the admission gate asked for (lower-case names; '' when absent). */
   headers: Readonly<Record<string, string>> = EMPTY;
   /** The session header's value ('' when absent or not read). */
   sessionHeader = '';
-  /** The request's tenant (read for the Responses API and the access log; '' otherwise). */
-  tenant = '';
   /** performance.now() when the request's headers arrived, and when its answer's first bytes went out (0: not yet). */
   readonly startedAt = performance.now();
   firstByteAt = 0;
@@ -113,13 +113,18 @@ export class HttpExchange implements ClientPort, Cuttable {
     return KIND_PATHS[this.kind] ?? '/v1/responses';
   }
 
-  constructor(core: ExchangeHost, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, authorization: string, contentLength: number) {
+  /** The request's tenant ('' = the anonymous scope): its caller's (the Responses API and the access log read it). */
+  get tenant(): string {
+    return this.caller.tenant;
+  }
+
+  constructor(core: ExchangeHost, res: HttpResponse, kind: number, requestId: string, requestIdHeader: string | Buffer, caller: Caller, contentLength: number) {
     this.core = core;
     this.res = res;
     this.kind = kind;
     this.requestId = requestId;
     this.requestIdHeader = requestIdHeader;
-    this.authorization = authorization;
+    this.caller = caller;
     this.contentLength = contentLength;
   }
 
@@ -169,7 +174,7 @@ export class HttpExchange implements ClientPort, Cuttable {
 
   /** Hands the complete body over: to the director (a subclass may hand it elsewhere). */
   begin(raw: Buffer): ExchangeFlight {
-    return this.core.director.begin(this, this.kind, this.requestId, this.authorization, this.headers, raw, '', this.sessionHeader);
+    return this.core.director.begin(this, this.kind, this.requestId, this.caller, this.headers, raw, '', this.sessionHeader);
   }
 
   /** An error answer from the transport itself (413, 408), before the director took the request; closes the connection. */

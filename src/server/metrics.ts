@@ -14,11 +14,14 @@ const TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5
 const DURATION_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
 const ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1];
 
+/** The key (in place of endpoint id + 1) of the counts of removed endpoints, per model. */
+const RETIRED = -1;
+
 export class RouterMetrics {
   /** This router's registry: the switchyard_* families below, the process and Node.js defaults, and whatever the gate registers. */
   readonly registry: Registry;
   readonly #set: EndpointSet;
-  /** model → endpoint id (+1; 0 = none) → status → count */
+  /** model → endpoint id (+1; 0 = none; RETIRED = endpoints since removed) → status → count */
   readonly #requests = new Map<string, Map<number, Map<number, number>>>();
   readonly decision = new Histogram(DECISION_BUCKETS);
   readonly ttft: Histogram[];
@@ -51,6 +54,18 @@ export class RouterMetrics {
       this.ttft[ep.id] = new Histogram(TTFT_BUCKETS);
       this.itl[ep.id] = new Histogram(ITL_BUCKETS);
     });
+    // a removed endpoint's series go with it (an endpoint's name is never reused: ids are not)
+    // (its counts move to the model's retired bucket: the per-model totals never go down)
+    set.onRemoved((ep) => {
+      for (const byEp of this.#requests.values()) {
+        const gone = byEp.get(ep.id + 1);
+        if (gone === undefined) continue;
+        byEp.delete(ep.id + 1);
+        let retired = byEp.get(RETIRED);
+        if (retired === undefined) byEp.set(RETIRED, (retired = new Map()));
+        for (const [status, n] of gone) retired.set(status, (retired.get(status) ?? 0) + n);
+      }
+    });
     this.registry = newRegistry();
     this.#register(this.registry);
     this.#registerGatewayNames(this.registry);
@@ -65,7 +80,11 @@ export class RouterMetrics {
       this.#requests.set(model, (byEp = new Map()));
     }
     let byStatus = byEp.get(endpointId + 1);
-    if (!byStatus) byEp.set(endpointId + 1, (byStatus = new Map()));
+    if (!byStatus) {
+      // a request that ends after its endpoint left (its grace expired) does not bring the series back
+      if (endpointId >= 0 && this.#set.byId(endpointId) === undefined) return this.countRequest(model, -1, status);
+      byEp.set(endpointId + 1, (byStatus = new Map()));
+    }
     byStatus.set(status, (byStatus.get(status) ?? 0) + 1);
   }
 
@@ -220,6 +239,7 @@ export class RouterMetrics {
         this.reset();
         for (const [model, byEp] of requests) {
           for (const [epPlus1, byStatus] of byEp) {
+            if (epPlus1 === RETIRED) continue; // removed endpoints: counted in the per-model totals only
             const endpoint = epPlus1 === 0 ? '' : set.nameOf(epPlus1 - 1);
             for (const [status, n] of byStatus) this.inc({ model, endpoint, status: String(status) }, n);
           }

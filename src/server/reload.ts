@@ -3,20 +3,23 @@
 // log, switchyard_config_reloads_total{result="invalid"}) and the running
 // config keeps serving. A good one reconciles the config's endpoints through
 // the live-endpoint manager: new ones join, removed or changed ones drain and
-// leave. Of the rest logging.level and shutdown apply live; a change elsewhere is
+// leave. The auth block (its keys file and variable read again) applies
+// live: a removed key is refused from the next request on, requests already
+// under way finish. Of the rest logging.level and shutdown apply live; a change elsewhere is
 // logged as needing a restart.
 import { loadConfigFile, parseConfig, type PluginValidator } from '../config/load.js';
 import type { RouterConfig } from '../config/schema.js';
 import type { ReconcileResult } from '../endpoints/live.js';
 import { ConfigError, type ConfigIssue } from '../errors.js';
 import type { RouterCore } from './core.js';
+import { loadAuth } from '../auth/keys.js';
 
 export type ReloadResult =
   | { ok: true; changes: ReconcileResult; restartNeeded: string[] }
   | { ok: false; issues: ConfigIssue[]; message: string };
 
 /** Top-level sections a reload cannot apply to a running router. */
-const RESTART_SECTIONS = ['listen', 'scheduling', 'dataLayer', 'proxy', 'limits', 'flowControl', 'admin', 'disaggregation'] as const;
+const RESTART_SECTIONS = ['listen', 'scheduling', 'dataLayer', 'proxy', 'limits', 'flowControl', 'admin', 'disaggregation', 'metrics'] as const;
 
 export class ConfigReloader {
   readonly file: string;
@@ -49,8 +52,11 @@ export class ConfigReloader {
     const log = core.log;
     const reloads = core.metrics.reloads;
     let next: RouterConfig;
+    let auth: Awaited<ReturnType<typeof loadAuth>>;
     try {
       next = text !== undefined ? parseConfig(text, this.#validate, this.file) : await loadConfigFile(this.file, this.#validate);
+      // the keys file and variable are read again: a removed key is refused from the next request on
+      auth = await loadAuth(next);
     } catch (err) {
       const issues = err instanceof ConfigError ? err.issues : [{ path: '', message: (err as Error).message }];
       reloads.set('invalid', (reloads.get('invalid') ?? 0) + 1);
@@ -64,6 +70,7 @@ export class ConfigReloader {
     const [was, now] = [discovered(prev), discovered(next)];
     for (const name of new Set([...was.keys(), ...now.keys()])) if (was.get(name) !== now.get(name)) restartNeeded.push(`pools.${name}.discovery`);
     const changes = core.live.reconcile('config', next.pools);
+    core.auth = auth;
     if (JSON.stringify(next.logging) !== JSON.stringify(prev.logging)) core.setLogLevel(next.logging.level, next.logging);
     core.shutdown = next.shutdown;
     this.#current = next;

@@ -6,25 +6,25 @@ import type { ResponsesService } from '../responses/service.js';
 import { ResponsesError } from '../responses/request.js';
 import { StoreUnavailableError } from '../responses/store.js';
 import type { HttpRequest, HttpResponse, TemplatedApp } from '../uws.js';
-import { errorBody, statusLine } from './http-errors.js';
+import { isRefusal, type Caller, type Refusal } from '../identity.js';
+import { answerUnauthorized, errorBody, statusLine } from './http-errors.js';
 import { HttpExchange, type ExchangeFlight, type ExchangeHost } from './http-exchange.js';
 
 /** The exchange kind of POST /v1/responses: a transport kind, never a director kind. */
 export { KIND_RESPONSES } from '../director/kinds.js';
 
 export interface ResponsesHost extends ExchangeHost {
-  /** The tenant of a request ('' = the anonymous scope): the one place the Responses API learns who owns what. */
-  tenantOf(get: (name: string) => string): string;
+  /** Who a request is (its tenant, '' = the anonymous scope, is the one place the Responses API learns who owns what), or a Refusal. */
+  callerOf(get: (name: string) => string): Caller | Refusal;
   readonly responses: ResponsesService | null;
   readonly draining: boolean;
   readonly metrics: ExchangeHost['metrics'];
 }
 
 export class ResponsesExchange extends HttpExchange {
-  // tenant: set by the route from the request's headers (tenantOf), before the body is read
-
   override begin(raw: Buffer): ExchangeFlight {
-    return (this.core as ResponsesHost).responses!.begin(this, this.tenant, this.requestId, this.authorization, this.headers, raw);
+    // every stored turn belongs to the caller's tenant
+    return (this.core as ResponsesHost).responses!.begin(this, this.caller, this.requestId, this.headers, raw);
   }
 }
 
@@ -53,7 +53,9 @@ export function runResponsesOp(host: ResponsesHost, op: Op, id: string, query: s
 function answer(host: ResponsesHost, res: HttpResponse, req: HttpRequest, op: Op): void {
   const id = req.getParameter(0) ?? '';
   const query = req.getQuery() ?? '';
-  const tenant = host.tenantOf((n) => req.getHeader(n));
+  const caller = host.callerOf((n) => req.getHeader(n));
+  if (isRefusal(caller)) return answerUnauthorized(host, res, caller.refused);
+  const tenant = caller.tenant;
   let gone = false;
   res.onAborted(() => {
     gone = true;

@@ -86,7 +86,7 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   };
   let assembly: Assembly;
   try {
-    assembly = await assembleRouter({ config, logger, gate: opts.gate, upstream: opts.upstream, random: opts.random, tracer: opts.tracer, waitForFirstScrape: opts.waitForFirstScrape }, lifecycle);
+    assembly = await assembleRouter({ config, logger, gate: opts.gate, upstream: opts.upstream, random: opts.random, tracer: opts.tracer, waitForFirstScrape: opts.waitForFirstScrape, auth: opts.auth }, lifecycle);
   } catch (err) {
     return failStart(err);
   }

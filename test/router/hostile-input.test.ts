@@ -948,8 +948,8 @@ t.test('bad input rejected by an older engine (flat error body) still reaches th
 
 t.test('flow control: a client inventing fairness ids cannot lock other tenants out', async (t) => {
   // Every distinct x-llm-d-inference-fairness-id is a new flow. Past the
-  // per-band bound on flow statistics (maxFlows x 4 = 1024 by default), a
-  // new flow must share the "(other)" series, not fail.
+  // bound on flow label values (metrics.maxLabelValues, 1,000 by default), a
+  // new flow must share the "(overflow)" series, not fail.
   const { flowGateFactory } = await import('../../src/server/flow-gate.js');
   const fcfg = { ...cfg, flowControl: { enabled: true } };
   const fr = await startRouter(fcfg, { port: 0, host: '127.0.0.1', gate: await flowGateFactory(fcfg) });

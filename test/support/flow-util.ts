@@ -21,7 +21,8 @@ export class Signal implements AbortHook {
  * tests that use it also keep the documented example valid. */
 export const OPERATOR_FLOW_BLOCK = (() => {
   const doc = readFileSync(new URL('../../docs/flow-control.md', import.meta.url), 'utf8');
-  const m = /## Configuration\s+```yaml\n(flowControl:[\s\S]*?)```/.exec(doc);
+  // the first yaml block under the heading; its flowControl block runs to the block's end (the auth block comes first)
+  const m = /## Configuration\s+```yaml\n[\s\S]*?^(flowControl:[\s\S]*?)```/m.exec(doc);
   if (!m) throw new Error('docs/flow-control.md has no yaml flowControl block under "## Configuration"');
   return m[1]!;
 })();

@@ -1,0 +1,135 @@
+// API-key authentication: the Authorization header's bearer token → the
+// caller (tenant, key id, allowed models, band ceiling). The key table holds
+// SHA-256 digests only: a presented token is hashed, its digest looked up by
+// its first 48 bits, and compared whole in constant time (timingSafeEqual).
+// Nothing here logs or exports a key or a digest; a key is named by its id
+// (the digest's first 16 hex digits). Built from the validated config and the
+// key lines (keys.ts); replaced whole on a config reload, so a removed key is
+// refused at once while requests that already resolved their caller finish.
+import * as crypto from 'node:crypto';
+import { timingSafeEqual } from 'node:crypto';
+import type { AuthConfig, AuthKeyConfig } from '../config/auth.js';
+import { ANONYMOUS, type Authenticator, type Caller, type HeaderGetter, type Identity, type Refusal } from '../identity.js';
+
+/** Tokens longer than this are refused unhashed (a real key is well under it). */
+const MAX_TOKEN = 4096;
+const ID_RE = /^[A-Za-z0-9._:@/-]{1,128}$/;
+
+/**
+ * SHA-256 of an ASCII token: crypto.hash (one call, no Hash object: about five
+ * times cheaper than createHash on Node 20) where Node has it.
+ */
+const sha256: (token: string) => Buffer =
+  typeof (crypto as { hash?: unknown }).hash === 'function'
+    ? (token) => (crypto as unknown as { hash(alg: string, data: string, enc: 'buffer'): Buffer }).hash('sha256', token, 'buffer')
+    : (token) => crypto.createHash('sha256').update(token, 'latin1').digest();
+
+/** "bearer" as char codes, lower case. */
+const BEARER = [0x62, 0x65, 0x61, 0x72, 0x65, 0x72];
+
+const MISSING: Refusal = Object.freeze({
+  refused: 'You did not provide an API key: send it as "Authorization: Bearer <key>".',
+});
+const MALFORMED: Refusal = Object.freeze({
+  refused: 'The Authorization header is not "Bearer <key>".',
+});
+const UNKNOWN: Refusal = Object.freeze({ refused: 'Incorrect API key provided.' });
+
+interface KeyEntry {
+  readonly digest: Buffer;
+  readonly caller: Caller;
+}
+
+/** The bearer token of an Authorization value, '' when there is none, null when the value is not `Bearer <token>`. */
+export function bearerToken(auth: string): string | null {
+  if (auth === '') return '';
+  let i = 0;
+  const n = auth.length;
+  while (i < n && (auth.charCodeAt(i) === 32 || auth.charCodeAt(i) === 9)) i++;
+  // "bearer" in any case, then at least one space
+  if (n - i < 8) return null;
+  for (let j = 0; j < 6; j++) if ((auth.charCodeAt(i + j) | 0x20) !== BEARER[j]) return null;
+  i += 6;
+  const c = auth.charCodeAt(i);
+  if (c !== 32 && c !== 9) return null;
+  while (i < n && (auth.charCodeAt(i) === 32 || auth.charCodeAt(i) === 9)) i++;
+  let end = n;
+  while (end > i && (auth.charCodeAt(end - 1) === 32 || auth.charCodeAt(end - 1) === 9)) end--;
+  if (end === i || end - i > MAX_TOKEN) return null;
+  for (let j = i; j < end; j++) {
+    const ch = auth.charCodeAt(j);
+    // visible ASCII only (RFC 6750's b64token is a subset): the digest is of these bytes
+    if (ch <= 32 || ch >= 127) return null;
+  }
+  return i === 0 && end === n ? auth : auth.slice(i, end);
+}
+
+export class ApiKeyAuthenticator implements Authenticator, Identity {
+  readonly required: boolean;
+  readonly trustHeaders: boolean;
+  /** Keys by the first 48 bits of their digest (a bucket per value; collisions only between distinct digests). */
+  readonly #keys = new Map<number, KeyEntry | KeyEntry[]>();
+  /** Callers by key id (the admin API's key listing). */
+  readonly callers: readonly Caller[];
+  readonly #anonymous: Caller;
+
+  constructor(cfg: Pick<AuthConfig, 'required' | 'trustHeaders'>, keys: readonly AuthKeyConfig[]) {
+    this.required = cfg.required;
+    this.trustHeaders = cfg.trustHeaders;
+    this.#anonymous = cfg.trustHeaders ? ANONYMOUS : Object.freeze({ ...ANONYMOUS, flow: 'default' });
+    const callers: Caller[] = [];
+    for (const k of keys) {
+      const digest = Buffer.from(k.digest, 'hex');
+      const caller: Caller = Object.freeze({
+        tenant: k.tenant,
+        keyId: k.digest.slice(0, 16),
+        models: k.models ? new Set(k.models) : null,
+        maxBand: k.maxBand ?? '',
+        flow: `tenant:${k.tenant}`,
+      });
+      callers.push(caller);
+      const e: KeyEntry = { digest, caller };
+      const slot = digest.readUIntBE(0, 6);
+      const had = this.#keys.get(slot);
+      this.#keys.set(slot, had === undefined ? e : Array.isArray(had) ? [...had, e] : [had, e]);
+    }
+    this.callers = callers;
+  }
+
+  get size(): number {
+    return this.callers.length;
+  }
+
+  authenticate(get: HeaderGetter): Caller | Refusal {
+    const token = bearerToken(get('authorization'));
+    let caller: Caller | null = null;
+    if (token === null) {
+      if (this.required) return MALFORMED;
+    } else if (token === '') {
+      if (this.required) return MISSING;
+    } else {
+      caller = this.#lookup(token);
+      if (caller === null && this.required) return UNKNOWN;
+    }
+    if (this.trustHeaders) {
+      // a gateway in front vouches for the tenant it names; the key's models and band ceiling still apply
+      const t = get('x-tenant-id');
+      if (t !== '' && ID_RE.test(t) && t !== caller?.tenant) return Object.freeze({ ...(caller ?? ANONYMOUS), tenant: t, flow: `tenant:${t}` });
+    }
+    return caller ?? this.#anonymous;
+  }
+
+  tenantOf(get: HeaderGetter): string {
+    const r = this.authenticate(get);
+    return (r as Caller).tenant ?? '';
+  }
+
+  #lookup(token: string): Caller | null {
+    const digest = sha256(token);
+    const hit = this.#keys.get(digest.readUIntBE(0, 6));
+    if (hit === undefined) return null;
+    if (!Array.isArray(hit)) return timingSafeEqual(hit.digest, digest) ? hit.caller : null;
+    for (const e of hit) if (timingSafeEqual(e.digest, digest)) return e.caller;
+    return null;
+  }
+}
