@@ -51,7 +51,10 @@ options (--name value or --name=value):
   --default-max-tokens N      completion length when a request sets no max_tokens (default ${D.defaultMaxTokens})
   --max-body-bytes N          largest request body (default ${D.maxBodyBytes})
   --lora NAME                 serve a LoRA adapter named NAME on the base model; repeatable
-  --max-loras N               distinct adapters in the running batch (default ${D.maxLoras})
+  --max-loras N               distinct adapters in the running batch: the GPU adapter slots (default ${D.maxLoras})
+  --lora-modules NAME=PATH    serve adapter NAME from PATH (vLLM's form); repeatable
+  --lora-load-ms MS           model ms to bring an adapter into a free GPU slot, and of /v1/load_lora_adapter (default ${D.loraLoadMs})
+  --enable-lora               accept runtime adapter loading with no adapter at start (on with --lora)
   --cpu-offload-blocks N      host-memory KV tier in blocks: GPU evictions move there (default ${D.cpuOffloadBlocks})
   --cpu-reload-us-per-block F cost of loading a block back from host memory, microseconds (default ${D.cpuReloadUsPerBlock})
   --kv-events-config JSON     publish KV events like vLLM, e.g. '{"enable_kv_cache_events":true,"publisher":"zmq",
@@ -160,6 +163,19 @@ const FLAGS: Record<string, { type: 'string' | 'boolean'; set: Setter }> = {
     },
   },
   'max-loras': { type: 'string', set: (o, v, f) => (o.maxLoras = integer(f, v)) },
+  // vLLM's form: name=path (one per flag here; repeatable)
+  'lora-modules': {
+    type: 'string',
+    set: (o, v, f) => {
+      const eq = v.indexOf('=');
+      if (eq <= 0 || eq === v.length - 1) throw new FlagError(`${f} expects name=path, got '${v}'`);
+      const name = v.slice(0, eq);
+      o.loras = [...(o.loras ?? []), name];
+      o.loraPaths = { ...(o.loraPaths ?? {}), [name]: v.slice(eq + 1) };
+    },
+  },
+  'lora-load-ms': { type: 'string', set: (o, v, f) => (o.loraLoadMs = number(f, v)) },
+  'enable-lora': { type: 'boolean', set: (o, v, f) => (o.enableLora = trueFalse(f, v)) },
   'front-end': {
     type: 'string',
     set: (o, v, f) => {

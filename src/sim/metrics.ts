@@ -68,7 +68,7 @@ export class SimMetrics {
         () => 1,
       ],
     ]);
-    if (o.loras.length > 0) {
+    if (o.enableLora) {
       const labelNames = [...Object.keys(engine), 'max_lora', 'model_name', 'running_lora_adapters', 'waiting_lora_adapters'];
       new Gauge({
         name: 'vllm:lora_requests_info',

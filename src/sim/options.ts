@@ -63,8 +63,21 @@ export interface SimOptions {
   maxBodyBytes?: number;
   /** LoRA adapters served on top of the base model (requested by name in `model`). */
   loras?: string[];
-  /** Distinct LoRA adapters allowed in the running batch (vLLM's --max-loras). */
+  /** Distinct LoRA adapters allowed in the running batch (vLLM's --max-loras): the GPU adapter slots. */
   maxLoras?: number;
+  /** Paths of adapters (name → path, vLLM's --lora-modules name=path): `root` in /v1/models; adapters in `loras` without one get their name. */
+  loraPaths?: Record<string, string>;
+  /**
+   * Cost of bringing an adapter into a GPU slot it is not in (evicting the
+   * least recently used idle one), model milliseconds: it takes the prefill
+   * compute like a prefill (every running decode waits). POST
+   * /v1/load_lora_adapter answers after this long too (model time).
+   */
+  loraLoadMs?: number;
+  /** Accepts LoRA requests and the runtime load/unload routes even with no adapter at start (vLLM's --enable-lora); on when `loras` is not empty. */
+  enableLora?: boolean;
+  /** Every POST /v1/load_lora_adapter fails with 500 (an adapter store that is down): tests of a refused load. */
+  loraLoadFail?: boolean;
   /** Mimic an older vLLM: vllm:gpu_cache_usage_perc, no engine label, flat error bodies. */
   legacy?: boolean;
   /** Host-memory KV tier in blocks (0: none): GPU evictions move there (kv-offload.ts). */
@@ -117,6 +130,10 @@ export const SIM_DEFAULTS: ResolvedSimOptions = Object.freeze({
   maxBodyBytes: 32 * 1024 * 1024,
   loras: [],
   maxLoras: 1,
+  loraPaths: {},
+  loraLoadMs: 0,
+  enableLora: false,
+  loraLoadFail: false,
   legacy: false,
   cpuOffloadBlocks: 0,
   cpuReloadUsPerBlock: 100,
@@ -195,6 +212,10 @@ export const simOptionsSchema = z
       .array(z.string().min(1), { error: 'expected a list of non-empty adapter names distinct from the model names' })
       .default(() => []),
     maxLoras: int(1).default(SIM_DEFAULTS.maxLoras),
+    loraPaths: z.record(z.string(), z.string().min(1), { error: 'expected an object of adapter name → non-empty path' }).default(() => ({})),
+    loraLoadMs: num(0).default(SIM_DEFAULTS.loraLoadMs),
+    enableLora: bool().default(SIM_DEFAULTS.enableLora),
+    loraLoadFail: bool().default(SIM_DEFAULTS.loraLoadFail),
     legacy: bool().default(SIM_DEFAULTS.legacy),
     cpuOffloadBlocks: int(0).default(SIM_DEFAULTS.cpuOffloadBlocks),
     cpuReloadUsPerBlock: num(0).default(SIM_DEFAULTS.cpuReloadUsPerBlock),
@@ -234,7 +255,9 @@ export function resolveSimOptions(opts: SimOptions = {}): ResolvedSimOptions {
     const option = String(iss.path[0] ?? '(options)');
     throw new SimOptionError(option, LIST_MESSAGES[option] ?? iss.message);
   }
-  return withSpeed(r.data as SimOptions & Omit<ResolvedSimOptions, 'prefillCostFactor' | 'decodeCostFactor'>);
+  const o = r.data as SimOptions & Omit<ResolvedSimOptions, 'prefillCostFactor' | 'decodeCostFactor'>;
+  if (o.loras.length > 0) o.enableLora = true;
+  return withSpeed(o);
 }
 
 /** The cost factors: given ones win, then the accelerator profile's, then 1. */

@@ -20,8 +20,13 @@
 // - Each further token takes itlMs × (1 + decodeSlowdown × (running − 1)),
 //   evaluated when the token is produced (so the batch size at that moment
 //   counts).
-// - A request for a LoRA adapter also needs its adapter to be in the batch:
-//   at most maxLoras distinct adapters run at once (vLLM's --max-loras).
+// - A request for a LoRA adapter also needs its adapter in one of maxLoras GPU
+//   slots (vLLM's --max-loras): an adapter not in a slot is loaded into a free
+//   one or over the least recently used idle one, at loraLoadMs of prefill
+//   compute; when every slot holds an adapter with running requests, the
+//   request waits and later ones for adapters in a slot (or for the base
+//   model) go ahead of it (vLLM's scheduler skips such a request rather than
+//   blocking its queue).
 // - Every model time is multiplied by timeScale to get wall-clock time. With
 //   timeScale 0 a request runs to completion synchronously, with no timers.
 //
@@ -107,6 +112,8 @@ export interface SchedulerStats {
   finished: number;
   aborted: number;
   evictions: number;
+  /** Adapters brought into a GPU slot so far. */
+  loraLoads: number;
 }
 
 export class Scheduler {
@@ -131,6 +138,10 @@ export class Scheduler {
   /** Running / waiting requests per LoRA adapter. */
   readonly runningLoras = new Map<string, number>();
   readonly waitingLoras = new Map<string, number>();
+  /** Adapters in a GPU slot, least recently used first (insertion order). */
+  readonly residentLoras = new Map<string, true>();
+  /** Adapters brought into a GPU slot (each costs loraLoadMs). */
+  loraLoads = 0;
   #head: SimRequest | null = null;
   #tail: SimRequest | null = null;
   /** Running requests (a second list through the same prev/next links: a request is in one list at a time). */
@@ -155,7 +166,7 @@ export class Scheduler {
   /** Queues a request, or admits it at once when a slot and blocks are free. */
   submit(req: SimRequest): void {
     req.arrival = performance.now();
-    if (this.#head === null && this.#canAdmit(req)) {
+    if ((this.#head === null || this.#onlyLoraBlocked()) && this.#canAdmit(req)) {
       this.#admit(req);
       return;
     }
@@ -167,6 +178,13 @@ export class Scheduler {
     else this.#head = req;
     this.#tail = req;
     this.waiting++;
+  }
+
+  /** Every queued request waits for an adapter slot (so a newcomer that fits may go ahead of them). */
+  #onlyLoraBlocked(): boolean {
+    if (this.runningLoras.size < this.#o.maxLoras) return false;
+    for (let r = this.#head; r !== null; r = r.next) if (!this.#loraBlocked(r)) return false;
+    return true;
   }
 
   /** Drops a request (client gone): frees its slot and blocks at once. Idempotent. */
@@ -216,14 +234,46 @@ export class Scheduler {
       finished: this.finishedLength + this.finishedStop,
       aborted: this.aborted,
       evictions: c.evictions,
+      loraLoads: this.loraLoads,
     };
   }
 
   #canAdmit(req: SimRequest): boolean {
     if (this.running >= this.#o.maxNumSeqs) return false;
-    const l = req.lora;
-    if (l !== null && !this.runningLoras.has(l) && this.runningLoras.size >= this.#o.maxLoras) return false;
+    if (this.#loraBlocked(req)) return false;
     return this.cache.canAdmit(req.hashes, req.nBlocks, req.privateBlocks);
+  }
+
+  /** Every GPU adapter slot holds an adapter with running requests, none of them this request's. */
+  #loraBlocked(req: SimRequest): boolean {
+    const l = req.lora;
+    return l !== null && !this.runningLoras.has(l) && this.runningLoras.size >= this.#o.maxLoras;
+  }
+
+  /** Puts the request's adapter in a GPU slot (marked most recently used); returns the model ms it costs (0: it was there). */
+  #slotLora(l: string): number {
+    const r = this.residentLoras;
+    if (r.delete(l)) {
+      r.set(l, true);
+      return 0;
+    }
+    if (r.size >= this.#o.maxLoras) {
+      // the least recently used adapter with no running request gives up its slot (#loraBlocked says one exists)
+      for (const k of r.keys()) {
+        if (!this.runningLoras.has(k)) {
+          r.delete(k);
+          break;
+        }
+      }
+    }
+    r.set(l, true);
+    this.loraLoads++;
+    return this.#o.loraLoadMs;
+  }
+
+  /** Forgets an adapter that was unloaded (its slot is free for another). */
+  dropLora(l: string): void {
+    if (!this.runningLoras.has(l)) this.residentLoras.delete(l);
   }
 
   #unlink(req: SimRequest): void {
@@ -246,6 +296,7 @@ export class Scheduler {
     req.next = this.#runHead;
     if (this.#runHead !== null) this.#runHead.prev = req;
     this.#runHead = req;
+    const loadMs = req.lora !== null ? this.#slotLora(req.lora) : 0;
     if (req.lora !== null) bump(this.runningLoras, req.lora, 1);
     // The engine always computes the prompt's last token, so a full hit is capped one token short.
     const maxHitBlocks = Math.floor((req.promptTokens - 1) / o.blockSize);
@@ -258,7 +309,7 @@ export class Scheduler {
     this.promptTokensTotal += req.promptTokens;
     const uncached = req.remotePrefill ? 0 : req.promptTokens - lease.cachedTokens;
     // blocks loaded back from host memory cost their transfer, not their recompute
-    req.prefillMs = o.prefillOverheadMs + (uncached * o.prefillUsPerToken + lease.hostBlocks * o.cpuReloadUsPerBlock) / 1000;
+    req.prefillMs = o.prefillOverheadMs + loadMs + (uncached * o.prefillUsPerToken + lease.hostBlocks * o.cpuReloadUsPerBlock) / 1000;
     req.queueMs = o.timeScale > 0 ? (now - req.arrival) / o.timeScale : 0;
     req.ttftMs = req.queueMs + req.prefillMs;
     req.e2eMs = req.ttftMs;
@@ -271,7 +322,8 @@ export class Scheduler {
     if (o.serialPrefill) {
       // One compute resource: prefills run one after another, and each one's
       // compute delays the next token of every request already decoding.
-      let computeMs = (uncached * o.prefillUsPerToken) / 1000;
+      // an adapter load takes the compute too (the step that loads it stalls the batch)
+      let computeMs = (uncached * o.prefillUsPerToken) / 1000 + loadMs;
       if (this.#computeFreeAt > start) start = this.#computeFreeAt;
       if (computeMs > 0) {
         const chunked = o.prefillChunkTokens > 0;
@@ -292,7 +344,7 @@ export class Scheduler {
         if (chunked && decoding > 0) computeMs += Math.ceil(uncached / o.prefillChunkTokens) * this.#itlMs();
       }
       this.#computeFreeAt = start + computeMs * scale;
-      req.prefillMs += computeMs - (uncached * o.prefillUsPerToken) / 1000;
+      req.prefillMs += computeMs - (uncached * o.prefillUsPerToken) / 1000 - loadMs;
       req.ttftMs = req.queueMs + req.prefillMs + (start - now) / scale;
       req.e2eMs = req.ttftMs;
     }
@@ -399,11 +451,18 @@ export class Scheduler {
   }
 
   #drain(): void {
-    while (this.#head !== null) {
-      const head = this.#head;
-      if (!this.#canAdmit(head)) return;
-      this.#unlink(head);
-      this.#admit(head);
+    let r = this.#head;
+    while (r !== null) {
+      // a request whose adapter finds no slot is passed over; any other that does not fit stops the queue (FIFO)
+      if (this.#loraBlocked(r)) {
+        r = r.next;
+        continue;
+      }
+      if (!this.#canAdmit(r)) return;
+      const next = r.next;
+      this.#unlink(r);
+      this.#admit(r);
+      r = next !== null && next.state === ReqState.Waiting ? next : this.#head;
     }
   }
 }

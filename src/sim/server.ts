@@ -68,7 +68,7 @@ const INSTANT_ROUTES: [string, Kind][] = [
   ['/v1/rerank', Kind.Rerank],
   ['/v2/rerank', Kind.Rerank],
 ];
-const POST_PATHS = new Set(['/v1/completions', '/v1/chat/completions', ...INSTANT_ROUTES.map(([p]) => p), '/sim/restart']);
+const POST_PATHS = new Set(['/v1/completions', '/v1/chat/completions', ...INSTANT_ROUTES.map(([p]) => p), '/sim/restart', '/v1/load_lora_adapter', '/v1/unload_lora_adapter']);
 
 export class Engine implements SimEngine, CallHost {
   readonly options: ResolvedSimOptions;
@@ -80,6 +80,9 @@ export class Engine implements SimEngine, CallHost {
   readonly loraSalt = new Map<string, number>();
   /** LoRA adapter name → its integer id in KV events (vLLM's lora_int_id: 1, 2, ...). */
   readonly loraId = new Map<string, number>();
+  /** Adapters served now (at start and loaded since, less those unloaded): name → path (`root` in /v1/models). */
+  readonly loraPath = new Map<string, string>();
+  #nextLoraId = 1;
   readonly kvEvents: KvEventPublisher | null;
   readonly engineId: string;
   readonly idPrefix: string;
@@ -105,11 +108,7 @@ export class Engine implements SimEngine, CallHost {
     this.sched = new Scheduler(scaledCosts(opts));
     this.#metrics = new SimMetrics(opts, this.sched);
     for (const m of opts.models) this.modelJson.set(m, JSON.stringify(m));
-    opts.loras.forEach((m, i) => {
-      this.modelJson.set(m, JSON.stringify(m));
-      this.loraSalt.set(m, mix32(0x10a + i) + 1);
-      this.loraId.set(m, i + 1);
-    });
+    for (const m of opts.loras) this.#addLora(m, opts.loraPaths[m] ?? m);
     const kv = resolveKvEventsConfig(opts.kvEventsConfig);
     this.kvEvents = kv === null ? null : new KvEventPublisher(kv, salt);
     if (this.kvEvents !== null) this.sched.cache.setEvents(this.kvEvents);
@@ -119,6 +118,62 @@ export class Engine implements SimEngine, CallHost {
     this.rooms = new RoomTable(opts.kvTransferTtlMs);
     this.loadingUntil = opts.loadingMs > 0 ? Date.now() + opts.loadingMs : 0;
     this.idPrefix = ((Math.random() * 0xffffff) >>> 0).toString(16) + '-';
+  }
+
+  /** Registers an adapter: its id, its hash salt (its KV blocks are its own), its name as a model. */
+  #addLora(name: string, path: string): void {
+    const id = this.#nextLoraId++;
+    this.modelJson.set(name, JSON.stringify(name));
+    this.loraSalt.set(name, mix32(0x10a + id - 1) + 1);
+    this.loraId.set(name, id);
+    this.loraPath.set(name, path);
+  }
+
+  /**
+   * POST /v1/load_lora_adapter {lora_name, lora_path} and POST
+   * /v1/unload_lora_adapter {lora_name} (vLLM's runtime API): 200 with a
+   * plain-text line, 400 for a bad body or an adapter already loaded, 404 to
+   * unload one that is not. A load answers after loraLoadMs (model time).
+   */
+  #loraRoute(res: HttpResponse, load: boolean): void {
+    const o = this.options;
+    readSideBody(res, o.maxBodyBytes, (text, gone) => {
+      const fail = (status: number, msg: string, param: string | null = null) => {
+        if (!gone()) res.cork(() => res.writeStatus(STATUS[status]!).writeHeader('Content-Type', JSON_TYPE).end(errorBody(status, msg, param, o.legacy)));
+      };
+      const ok = (msg: string) => {
+        if (!gone()) res.cork(() => res.writeHeader('Content-Type', 'text/plain; charset=utf-8').end(msg));
+      };
+      if (!o.enableLora) return fail(400, 'LoRA is not enabled on this server (start it with --enable-lora)');
+      let b: Record<string, unknown>;
+      try {
+        const j = JSON.parse(text) as unknown;
+        if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new TypeError('not an object');
+        b = j as Record<string, unknown>;
+      } catch {
+        return fail(400, 'the request body must be a JSON object');
+      }
+      const name = b.lora_name;
+      const path = b.lora_path;
+      if (!load) {
+        if (typeof name !== 'string' || name === '') return fail(400, "'lora_name' must be provided", 'lora_name');
+        if (!this.loraPath.has(name)) return fail(404, `The lora adapter '${name}' cannot be found.`, 'lora_name');
+        this.loraPath.delete(name);
+        this.modelJson.delete(name);
+        this.sched.dropLora(name);
+        return ok(`Success: LoRA adapter '${name}' removed successfully.`);
+      }
+      if (typeof name !== 'string' || name === '' || typeof path !== 'string' || path === '') return fail(400, "Both 'lora_name' and 'lora_path' must be provided.");
+      if (this.loraPath.has(name) || o.models.includes(name)) return fail(400, `The lora adapter '${name}' has already been loaded.`, 'lora_name');
+      const done = () => {
+        if (o.loraLoadFail) return fail(500, `failed to load LoRA adapter '${name}' from ${path}`);
+        if (!this.loraPath.has(name)) this.#addLora(name, path);
+        ok(`Success: LoRA adapter '${name}' added successfully.`);
+      };
+      const wait = o.loraLoadMs * o.timeScale;
+      if (wait > 0) setTimeout(done, wait).unref();
+      else done();
+    });
   }
 
   get port(): number {
@@ -152,6 +207,8 @@ export class Engine implements SimEngine, CallHost {
     for (const [path, kind] of INSTANT_ROUTES) app.post(path, (res, req) => this.#post(res, req, kind));
     app.post(PULL_PATH, (res) => this.#pull(res));
     app.post(BOOTSTRAP_PATH, (res) => this.#bootstrap(res));
+    app.post('/v1/load_lora_adapter', (res) => this.#loraRoute(res, true));
+    app.post('/v1/unload_lora_adapter', (res) => this.#loraRoute(res, false));
     // an engine restart as the fleet sees it (docs/sim.md): the cache is gone and the publisher starts at seq 0
     app.post('/sim/restart', (res) => {
       res.onAborted(() => {});
@@ -216,7 +273,7 @@ export class Engine implements SimEngine, CallHost {
     const o = this.options;
     const created = Math.floor(Date.now() / 1000);
     const base = o.models.map((m) => ({ id: m, object: 'model', created, owned_by: o.engine, root: o.models[0], parent: null, max_model_len: o.maxModelLen }));
-    const loras = o.loras.map((m) => ({ id: m, object: 'model', created, owned_by: o.engine, root: m, parent: o.models[0], max_model_len: o.maxModelLen }));
+    const loras = [...this.loraPath].map(([m, path]) => ({ id: m, object: 'model', created, owned_by: o.engine, root: path, parent: o.models[0], max_model_len: o.maxModelLen }));
     return JSON.stringify({ object: 'list', data: [...base, ...loras] });
   }
 
