@@ -6,6 +6,7 @@
 import { CONTROL_CHARS, httpOrigin, isLoopback, safeName } from './defaults.js';
 import type { PluginSpec } from './plugin-spec.js';
 import { preciseRules } from './prefix-mode.js';
+import { modelRules } from './models.js';
 import { isMapping, type z } from './schema-kit.js';
 
 /** A plugin spec as far as it parsed (the raw value when its own checks failed), or null. */
@@ -53,6 +54,8 @@ export function crossFieldRules<T>(validatePlugin?: PluginCheck) {
         epNames.add(name);
       });
     });
+
+    modelRules(v, add);
 
     // the precise pools share one index and one subscription per publisher (what buildPrecise relies on)
     preciseRules(pools, add, endpointName);

@@ -17,6 +17,7 @@ import { discoverySchema } from './discovery.js';
 import { extProcSchema } from './extproc.js';
 import { flowControlSchema } from './flow-control.js';
 import { haSchema } from './ha.js';
+import { adapterLoadingSchema, modelRewritesSchema, poolAdaptersSchema } from './models.js';
 import { filterSpec, scorerSpec } from './plugin-spec.js';
 import { kvEventsEndpointSchema, poolPrefixSchema, tierWeightsSchema } from './prefix-mode.js';
 import { responsesSchema, type ResponsesConfig } from './responses.js';
@@ -127,6 +128,8 @@ const poolSchema = strict(
       .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, { error: 'must be the name of an environment variable (letters, digits, _)' })
       .optional()
       .describe("name of an environment variable holding the engines' API key: sent as Authorization: Bearer to this pool's endpoints"),
+    adapters: poolAdaptersSchema,
+    adapterLoading: adapterLoadingSchema,
   },
   'must be a mapping',
 );
@@ -243,6 +246,7 @@ export const routerConfigSchema = strict(
     ha: haSchema.optional().describe('hot standby over a Redis lease (docs/operations.md); absent = a single router'),
     extProc: extProcSchema.optional().describe('Envoy ext_proc endpoint-picker listener (docs/operations.md); absent = none'),
     batch: batchSchema.optional().describe('the async processor over a Redis stream (docs/batch.md); absent = off'),
+    modelRewrites: modelRewritesSchema,
   },
   'the config must be a YAML mapping',
   'unknown top-level field',

@@ -2,6 +2,7 @@
 // default filled in): what validateConfig (schema.ts) returns. Each block with
 // a module of its own (batch, ha, ext_proc, sessions, ...) declares its type
 // there; this file puts them together.
+import type { AdapterConfig, AdapterLoadingConfig, RewriteRule } from './models.js';
 import { ACCELERATOR_NAMES, type AcceleratorName } from '../accelerators.js';
 import type { AdminConfig } from './admin.js';
 import type { AuthConfig } from './auth.js';
@@ -66,6 +67,10 @@ export interface PoolConfig {
   discovery?: DiscoveryConfig;
   /** Name of an environment variable holding the engines' API key (sent as `Authorization: Bearer`); absent = no Authorization upstream. */
   upstreamAuth?: string;
+  /** LoRA adapters declared for the pool's models (src/config/models.ts). */
+  adapters?: AdapterConfig[];
+  /** Loading adapters on engines that lack them; absent = off. */
+  adapterLoading?: AdapterLoadingConfig;
 }
 
 export interface SchedulingConfig {
@@ -163,4 +168,6 @@ export interface RouterConfig {
   extProc?: ExtProcConfig;
   /** The async processor (docs/batch.md); undefined when the config has none. */
   batch?: BatchConfig;
+  /** Model rewrites with weighted targets (docs/models.md); absent in a hand-built config: none. */
+  modelRewrites?: RewriteRule[];
 }

@@ -39,7 +39,7 @@ function fail(status: number, message: string, param: string | null = null): Bod
  * Parses and checks a body and renders its prompt into `pw` (reset first).
  * Checks: depth, JSON, an object, `model`, and `messages` (chat) or `prompt`.
  */
-export function parseRequestBody(raw: Buffer, kind: number, pw: PromptWriter, maxDepth = MAX_JSON_DEPTH): ParsedBody | BodyError {
+export function parseRequestBody(raw: Buffer, kind: number, pw: PromptWriter, maxDepth = MAX_JSON_DEPTH, modelOptional = false): ParsedBody | BodyError {
   if (jsonNestsDeeper(raw, maxDepth)) return fail(400, `the request body nests arrays or objects deeper than ${maxDepth} levels (limits.maxJsonDepth)`);
   let parsed: unknown;
   try {
@@ -58,13 +58,15 @@ export function parseRequestBody(raw: Buffer, kind: number, pw: PromptWriter, ma
     if (typeof model !== 'string' || model.length === 0) return fail(400, "field 'model' must be a non-empty string", 'model');
     return { ok: true, model, body };
   }
-  if (typeof model !== 'string' || model.length === 0) return fail(400, "missing required field 'model' (a non-empty string)", 'model');
+  // absent, with a rewrite rule for requests that name no model (modelRewrites' default): '' goes to it
+  const none = model === undefined && modelOptional;
+  if (!none && (typeof model !== 'string' || model.length === 0)) return fail(400, "missing required field 'model' (a non-empty string)", 'model');
   if (!renderPrompt(pw, kind, body)) {
     const field = kind === KIND_CHAT ? 'messages' : 'prompt';
     const what = kind === KIND_CHAT ? 'a non-empty list of {role, content} objects' : 'a string, a list of strings or a list of token ids';
     return fail(400, `missing or invalid field '${field}' (${what})`, field);
   }
-  return { ok: true, model, body };
+  return { ok: true, model: none ? '' : (model as string), body };
 }
 
 export function renderPrompt(pw: PromptWriter, kind: number, body: Readonly<Record<string, unknown>>): boolean {

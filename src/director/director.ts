@@ -33,6 +33,8 @@ import type { TokenSource } from '../tokenize/source.js';
 import type { Disaggregator, PdFlight } from './pd.js';
 import type { FlightHost } from './flight-state.js';
 import { RetryingFlight } from './flight-retry.js';
+import { ModelRewriter } from './model-rewrites.js';
+import { AdapterLoader } from '../endpoints/adapter-loader.js';
 
 export { Kind, KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, isPassthrough } from './kinds.js';
 export { SLO_HEADERS } from './flight-state.js';
@@ -69,6 +71,10 @@ export class Director implements FlightHost {
   readonly resolver: SessionResolver;
   /** The model a passthrough request without `model` goes to: the router's only model ('' when it serves several). */
   readonly soleModel: string;
+  /** Model rewrites (weighted targets, sticky per session). */
+  readonly rewrites: ModelRewriter;
+  /** Loads LoRA adapters on engines that lack them (pools with adapterLoading). */
+  readonly adapterLoader: AdapterLoader;
   #pool: Piscina<ParseTask, ParseReply> | null = null;
   /** Bodies parsed in a worker since start. */
   offloadedParses = 0;
@@ -91,6 +97,8 @@ export class Director implements FlightHost {
     const models = o.scheduler.endpoints.models();
     this.soleModel = models.length === 1 ? models[0]! : '';
     this.tokens = o.tokens ?? null;
+    this.rewrites = o.rewrites ?? new ModelRewriter();
+    this.adapterLoader = new AdapterLoader(o.scheduler.endpoints);
   }
 
   /** Parses a large body in the worker pool (created on first use); the answer goes to flight.parsed(). */
@@ -104,7 +112,7 @@ export class Director implements FlightHost {
     });
     this.offloadedParses++;
     // the worker gets a copy: the flight keeps the client's bytes to send upstream
-    this.#pool.run({ raw, kind: f.kind, maxDepth: this.maxJsonDepth }).then(
+    this.#pool.run({ raw, kind: f.kind, maxDepth: this.maxJsonDepth, modelOptional: this.rewrites.hasDefault }).then(
       (r) => f.parsed(r),
       (err: Error) =>
         f.parsed({

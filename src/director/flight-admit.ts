@@ -8,6 +8,7 @@ import type { Admission } from '../admission.js';
 import type { TokenSource } from '../tokenize/source.js';
 import { parseRequestBody, renderPrompt } from './body.js';
 import { isPassthrough } from './kinds.js';
+import { withFields } from './pd.js';
 import type { ParseReply } from './parse-worker.js';
 import { FlightState, SLO_HEADERS } from './flight-state.js';
 
@@ -22,7 +23,7 @@ export abstract class AdmittingFlight extends FlightState {
       d.parseOffLoop(this, raw);
       return;
     }
-    const r = parseRequestBody(raw, this.kind, d.prompt, d.maxJsonDepth);
+    const r = parseRequestBody(raw, this.kind, d.prompt, d.maxJsonDepth, d.rewrites.hasDefault);
     if (!r.ok) {
       this.reply(r.status, r.message, r.param, null);
       return;
@@ -58,6 +59,19 @@ export abstract class AdmittingFlight extends FlightState {
   protected admit(): void {
     const d = this.director;
     let model = this.model;
+    const asked = model;
+    if (d.rewrites.active) {
+      // the session first: a conversation keeps the target its first request got
+      const passthrough = isPassthrough(this.kind);
+      if (!passthrough && this.sessionKey === '') this.sessionKey = d.resolver.resolve(this.sessionHeader, this.body);
+      const target = d.rewrites.apply(model, passthrough ? '' : this.sessionKey);
+      if (target !== model) {
+        // the engine reads the last `model` of the body: appended, the bytes before stay the client's
+        this.raw = withFields(this.raw!, `"model":${JSON.stringify(target)}`);
+        this.bodyBytes = this.raw.length;
+        model = this.model = target;
+      }
+    }
     if (model === '') {
       // a passthrough body without `model` (the engine would default to its own)
       if (d.soleModel === '') {
@@ -67,8 +81,9 @@ export abstract class AdmittingFlight extends FlightState {
       model = this.model = d.soleModel;
     }
     // a model outside the caller's allow-list is answered exactly as one that does not exist (existence does not leak)
-    if (!d.scheduler.hasModel(model) || (this.caller.models !== null && !this.caller.models.has(model))) {
-      this.reply(404, `The model \`${model}\` does not exist.`, 'model', null);
+    // the allow-list is of the names callers ask for (a rewrite's target is the router's business)
+    if (!d.scheduler.hasModel(model) || (this.caller.models !== null && !this.caller.models.has(asked === '' ? model : asked))) {
+      this.reply(404, `The model \`${asked === '' ? model : asked}\` does not exist.`, 'model', null);
       return;
     }
     if (d.scheduler.latency && !this.readSlo()) return;

@@ -66,6 +66,7 @@ export abstract class PickingFlight extends AdmittingFlight implements PdFlight,
       sreq.prompt = undefined;
       sreq.tokens = undefined;
       if (this.pdState !== null && this.pdState.noPair) this.reply(503, `no ready endpoint for model \`${this.model}\`: no revision has a ready prefill endpoint for its SGLang decode endpoints (they refuse a request without a bootstrap room) or a ready both endpoint`, null, null);
+      else if (this.adapterLoadError !== '') this.reply(503, `no endpoint could serve adapter \`${this.model}\`: ${this.adapterLoadError}`, null, null);
       else if (this.tried !== null) this.reply(502, `all endpoints tried for model \`${this.model}\` failed: ${this.errorMessage}`, null, null);
       else this.reply(503, `no ready endpoint for model \`${this.model}\``, null, null);
       return;
@@ -84,6 +85,13 @@ export abstract class PickingFlight extends AdmittingFlight implements PdFlight,
       (this.port as DecisionPortOf<PickingFlight>).picked(this);
       return;
     }
+    if (this.adapter !== '' && !this.endpoint.adapters.has(this.adapter)) {
+      // a pool that loads adapters on demand: this engine lacks it; the request goes once it has it
+      sreq.prompt = undefined;
+      sreq.tokens = undefined;
+      this.loadAdapterThenSend();
+      return;
+    }
     const pd = d.pd;
     // NIXL: a retry reuses the prefill's transfer parameters; SGLang: a decode-role endpoint only takes pairs
     if (pd !== null && (this.attempts === 0 || pd.needsRoom(this.endpoint)) && pd.begin(this, sreq)) {
@@ -96,6 +104,34 @@ export abstract class PickingFlight extends AdmittingFlight implements PdFlight,
     sreq.prompt = undefined;
     sreq.tokens = undefined;
     this.send(this.pdState?.retryBody ?? this.raw);
+  }
+
+  /** Why the last adapter load for this request failed ('' none): a pick that then finds no endpoint answers 503 with it. */
+  protected adapterLoadError = '';
+
+  /**
+   * Asks the picked engine to load the request's adapter, then sends there;
+   * a refused or timed-out load tries another endpoint (one that has it, or
+   * another load) without this one, and with none left answers 503.
+   * (After a load the request goes as one leg, without P/D.)
+   */
+  protected loadAdapterThenSend(): void {
+    const ep = this.endpoint;
+    void this.director.adapterLoader.load(ep, this.adapter).then((why) => {
+      if (this.aborted || this.done) return; // the abort or the reply released the pick
+      try {
+        if (why === '') {
+          this.send(this.raw);
+          return;
+        }
+        this.adapterLoadError = why;
+        this.unpick();
+        (this.tried ??= []).push(ep);
+        this.dispatch();
+      } catch (err) {
+        this.internalError(err);
+      }
+    });
   }
 
   protected send(body: Buffer | null): void {

@@ -47,6 +47,8 @@ export interface FlightHost {
   readonly sessions: SessionTable;
   readonly resolver: SessionResolver;
   readonly soleModel: string;
+  readonly rewrites: import('./model-rewrites.js').ModelRewriter;
+  readonly adapterLoader: import('../endpoints/adapter-loader.js').AdapterLoader;
   /** Parses a large body off the event loop; the answer goes to flight.parsed(). */
   parseOffLoop(f: { readonly kind: Kind; parsed(r: ParseReply): void }, raw: Buffer): void;
 }
@@ -59,6 +61,7 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   matchedBlocks = 0;
   /** Uncached prompt tokens this attempt holds in its endpoint's prefill backlog (0: released). */
   prefillTokens = 0;
+  adapter = '';
   // Decision's LatencyNote (written by latency plugins; numbers, no allocation)
   latPending = 0;
   latWork = 0;

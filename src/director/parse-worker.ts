@@ -9,6 +9,8 @@ export interface ParseTask {
   raw: Uint8Array;
   kind: number;
   maxDepth: number;
+  /** A rule rewrites requests without a model (modelRewrites' default): `model` may be absent. */
+  modelOptional?: boolean;
 }
 
 export type ParseReply =
@@ -19,7 +21,7 @@ const pw = new PromptWriter();
 
 export default function parse(task: ParseTask): ParseReply {
   const raw = Buffer.from(task.raw.buffer, task.raw.byteOffset, task.raw.byteLength);
-  const r = parseRequestBody(raw, task.kind, pw, task.maxDepth);
+  const r = parseRequestBody(raw, task.kind, pw, task.maxDepth, task.modelOptional === true);
   if (!r.ok) return { ok: false, status: r.status, message: r.message, param: r.param };
   // a copy of exactly the prompt's bytes, in its own buffer, so it can be transferred
   const prompt = new Uint8Array(pw.length);

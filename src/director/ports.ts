@@ -82,4 +82,6 @@ export interface DirectorOptions {
   scanUsage?: boolean;
   /** Prefill/decode disaggregation (config.disaggregation); absent: off, and it costs nothing. */
   pd?: Disaggregator | null;
+  /** Model rewrites (config modelRewrites; a reload sets new rules on it); absent: none. */
+  rewrites?: import('./model-rewrites.js').ModelRewriter;
 }

@@ -199,6 +199,7 @@ export class DataLayer {
   async #checkModels(ep: Endpoint, client: Client): Promise<void> {
     ep.modelsCheckedAt = performance.now();
     let served: string[] | null = null;
+    let adapters: { id: string; parent: string }[] = [];
     try {
       const res = await client.request({ path: '/v1/models', method: 'GET', signal: AbortSignal.timeout(this.#set.dataLayer.healthTimeoutMs) });
       if (res.statusCode !== 200) {
@@ -215,10 +216,13 @@ export class DataLayer {
       const j = JSON.parse(Buffer.concat(chunks, size).toString('utf8')) as { data?: unknown };
       if (!Array.isArray(j.data)) return;
       served = j.data.map((m) => (m as { id?: unknown })?.id).filter((id): id is string => typeof id === 'string');
+      // LoRA adapters: listed with the base model as `parent` (vLLM)
+      adapters = (j.data as { id?: unknown; parent?: unknown }[]).filter((m): m is { id: string; parent: string } => typeof m?.id === 'string' && typeof m.parent === 'string' && m.parent !== '');
     } catch {
       return; // unreachable meanwhile, or not a model list: the health check has its own verdict
     }
     if (ep.removed || this.#closed) return;
+    this.#set.learnAdapters(ep, adapters);
     const missing = ep.models.filter((m) => !served.includes(m));
     const before = ep.missingModels ?? [];
     ep.missingModels = missing.length > 0 ? missing : null;

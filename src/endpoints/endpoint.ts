@@ -4,10 +4,11 @@
 // outcomes.
 import type { Accelerator, CapacityConfig, DataLayerConfig, Engine, EndpointConfig, PoolConfig, Role } from '../config/schema.js';
 import { DEFAULTS } from '../config/schema.js';
-import type { EngineMetrics } from './engine-metrics.js';
+import { emptyEngineMetrics, type EngineMetrics } from './engine-metrics.js';
 import { BatchLimit } from './batch-limit.js';
 import { EndpointError } from '../errors.js';
 import { acceleratorProfile } from '../accelerators.js';
+import { AdapterStats } from './adapter-stats.js';
 import type { LatencyModel } from './latency-model.js';
 
 export type Health = 'unknown' | 'up' | 'down';
@@ -77,7 +78,17 @@ export class Endpoint {
   /** The router's requests counted in prefillPending (those with uncached tokens). */
   prefillRequests = 0;
 
-  readonly metrics: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0 };
+  readonly metrics: EngineMetrics = emptyEngineMetrics();
+  /** LoRA adapters its engine serves (its GET /v1/models lists them with a `parent` among the pool's models; those the router loaded there since). */
+  readonly adapters = new Set<string>();
+  /** The router's requests here per adapter, in flight now (the lora-affinity scorer's exact view between scrapes). */
+  readonly adapterInFlight = new Map<string, number>();
+  /** Adapters the router sent here last, most recent last: those likely still in a GPU slot (bounded by the slots, loraMax or 1). */
+  readonly recentAdapters = new Map<string, true>();
+  /** The pool loads adapters on demand (pools[].adapterLoading): a request for one its engine lacks may go here after a load. */
+  readonly adapterLoading: boolean;
+  /** Adapter → performance.now() until which this engine is not asked to load it again (it refused). */
+  readonly loadRefused = new Map<string, number>();
   /** performance.now() of the last successful scrape; 0 = never. */
   metricsAt = 0;
   /**
@@ -142,6 +153,47 @@ export class Endpoint {
     this.staleAfterMs = staleAfterMs;
     this.configuredBatchLimit = pool.batchLimit;
     this.batch = new BatchLimit(pool.batchLimit);
+    this.adapterLoading = pool.adapterLoading?.enabled === true;
+  }
+
+  /** The router may ask this engine to load `adapter` (its pool loads on demand, and it has not refused lately). */
+  canLoad(adapter: string, now: number): boolean {
+    if (!this.adapterLoading) return false;
+    const until = this.loadRefused.get(adapter);
+    return until === undefined || now >= until;
+  }
+
+  /** A request for `adapter` was sent here: counted in flight, remembered as recent. */
+  adapterSent(adapter: string): void {
+    this.adapterInFlight.set(adapter, (this.adapterInFlight.get(adapter) ?? 0) + 1);
+    const r = this.recentAdapters;
+    r.delete(adapter);
+    r.set(adapter, true);
+    const cap = this.metrics.loraMax > 0 ? this.metrics.loraMax : 1;
+    if (r.size > cap) for (const k of r.keys()) if (r.size > cap) r.delete(k); else break;
+  }
+
+  /** A request for `adapter` sent here ended. */
+  adapterDone(adapter: string): void {
+    const n = (this.adapterInFlight.get(adapter) ?? 0) - 1;
+    if (n > 0) this.adapterInFlight.set(adapter, n);
+    else this.adapterInFlight.delete(adapter);
+  }
+
+  /**
+   * Where `adapter` stands here: 2 = active (requests of it running or
+   * waiting at the engine, the router's in flight, or sent here among the last
+   * loraMax adapters: likely in a GPU slot), 1 = a free GPU slot (loraMax less
+   * the distinct adapters running or waiting), 0 = every slot taken.
+   */
+  adapterState(adapter: string): 0 | 1 | 2 {
+    const m = this.metrics;
+    if (this.adapterInFlight.has(adapter) || this.recentAdapters.has(adapter) || m.loraRunning.includes(adapter) || m.loraWaiting.includes(adapter)) return 2;
+    const max = m.loraMax > 0 ? m.loraMax : 1;
+    let used = this.adapterInFlight.size;
+    for (const a of m.loraRunning) if (!this.adapterInFlight.has(a)) used++;
+    for (const a of m.loraWaiting) if (!this.adapterInFlight.has(a) && !m.loraRunning.includes(a)) used++;
+    return used < max ? 1 : 0;
   }
 
   /** True when metrics were scraped within `staleAfterMs` of `now`. */
@@ -292,6 +344,12 @@ export class EndpointSet {
   /** Active endpoints by name (a draining one may share its name with the active one replacing it). */
   readonly #byName = new Map<string, Endpoint>();
   readonly #byModel = new Map<string, Endpoint[]>();
+  /** LoRA adapter → its base model: declared (pools[].adapters) or listed by an engine's /v1/models with that parent. */
+  readonly #adapterBase = new Map<string, string>();
+  /** Requests, misses and loads per adapter (the router's metrics). */
+  readonly adapterStats = new AdapterStats();
+  /** Declared adapters: name → [base, path]. */
+  #declared = new Map<string, [string, string]>();
   readonly #byId: (Endpoint | undefined)[] = [];
   /** Names by id, kept after removal (request counters of a removed endpoint keep their label). */
   readonly #names: string[] = [];
@@ -306,6 +364,7 @@ export class EndpointSet {
   constructor(pools: readonly PoolConfig[], dataLayer: DataLayerConfig = DEFAULTS.dataLayer) {
     this.pools = pools;
     this.dataLayer = dataLayer;
+    this.#declare(pools);
     for (const pool of pools) {
       for (const m of pool.models) if (!this.#byModel.has(m)) this.#byModel.set(m, []);
       for (const ec of pool.endpoints) this.add(pool, ec, 'config');
@@ -391,6 +450,7 @@ export class EndpointSet {
     ep.state = 'draining';
     ep.removed = true;
     this.#pruneModels();
+    this.#pruneAdapters();
     for (const fn of this.#removed) fn(ep);
     for (const fn of this.#changed) fn();
   }
@@ -398,6 +458,8 @@ export class EndpointSet {
   /** Replaces the pool definitions (a config reload); models no pool declares and no endpoint serves are forgotten. */
   setPools(pools: readonly PoolConfig[]): void {
     this.pools = pools;
+    this.#declare(pools);
+    this.#pruneAdapters();
     for (const pool of pools) for (const m of pool.models) if (!this.#byModel.has(m)) this.#byModel.set(m, []);
     this.#pruneModels();
     for (const fn of this.#changed) fn();
@@ -442,10 +504,73 @@ export class EndpointSet {
    * unknown model. A model whose endpoints are all draining has an empty list.
    */
   forModel(model: string): readonly Endpoint[] | undefined {
-    return this.#byModel.get(model);
+    const eps = this.#byModel.get(model);
+    if (eps !== undefined) return eps;
+    // an adapter: the endpoints of its base model (the model filter keeps those that hold it or may load it)
+    const base = this.#adapterBase.get(model);
+    return base === undefined ? undefined : this.#byModel.get(base);
   }
 
   models(): string[] {
     return [...this.#byModel.keys()];
+  }
+
+  // ---- LoRA adapters ----------------------------------------------------------------
+
+  #declare(pools: readonly PoolConfig[]): void {
+    const d = new Map<string, [string, string]>();
+    for (const p of pools) for (const a of p.adapters ?? []) d.set(a.name, [a.base ?? p.models[0]!, a.path ?? a.name]);
+    this.#declared = d;
+    for (const [name, [base]] of d) this.#adapterBase.set(name, base);
+  }
+
+  /** The base model of adapter `model` (undefined: not an adapter the router knows). */
+  baseOf(model: string): string | undefined {
+    return this.#adapterBase.get(model);
+  }
+
+  /** The `lora_path` a load of `adapter` sends: the declared path, else its name. */
+  adapterPath(adapter: string): string {
+    return this.#declared.get(adapter)?.[1] ?? adapter;
+  }
+
+  /** Adapters the router knows, with their base model (for /v1/models). */
+  adapters(): [string, string][] {
+    return [...this.#adapterBase];
+  }
+
+  /**
+   * What an endpoint's GET /v1/models lists: entries with a `parent` among
+   * its pool's models are its adapters. Tells the change listeners when the
+   * router's set of adapters changed.
+   */
+  learnAdapters(ep: Endpoint, listed: readonly { id: string; parent: string }[]): void {
+    let changed = false;
+    ep.adapters.clear();
+    for (const a of listed) {
+      if (!ep.models.includes(a.parent) || this.#byModel.has(a.id)) continue;
+      ep.adapters.add(a.id);
+      if (!this.#adapterBase.has(a.id)) {
+        this.#adapterBase.set(a.id, a.parent);
+        changed = true;
+      }
+    }
+    if (this.#pruneAdapters() || changed) for (const fn of this.#changed) fn();
+  }
+
+  /** An adapter the router loaded on `ep` (its next /v1/models read will list it). */
+  adapterLoaded(ep: Endpoint, adapter: string): void {
+    ep.adapters.add(adapter);
+  }
+
+  /** Forgets adapters no endpoint lists and no pool declares; true if any went. */
+  #pruneAdapters(): boolean {
+    let gone = false;
+    for (const name of this.#adapterBase.keys()) {
+      if (this.#declared.has(name) || this.all.some((e) => e.adapters.has(name))) continue;
+      this.#adapterBase.delete(name);
+      gone = true;
+    }
+    return gone;
   }
 }

@@ -34,6 +34,8 @@ export interface Decision extends Partial<LatencyNote> {
    * (Scheduler.prefilled, or complete()). Set by pick().
    */
   prefillTokens?: number;
+  /** The LoRA adapter the request names, counted in its endpoint's adapterInFlight until complete() ('' or absent: none). */
+  adapter?: string;
 }
 
 export type Outcome = 'ok' | 'failed' | 'aborted';
@@ -276,7 +278,13 @@ export class Scheduler {
     this.lastScore = n > 1 || scorers.length > 0 ? this.#total[idx] : 0;
     if (prefix !== null) prefix.record(ctx, ep, idx);
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onPicked?.(ctx, ep, idx);
-    const d: Decision = out ?? { endpoint: ep, seq: 0, promptBlocks: 0, matchedBlocks: 0, prefillTokens: 0 };
+    const d: Decision = out ?? { endpoint: ep, seq: 0, promptBlocks: 0, matchedBlocks: 0, prefillTokens: 0, adapter: '' };
+    // a LoRA adapter: counted per adapter (a miss when the endpoint did not have it active), in flight there until complete()
+    if (this.endpoints.baseOf(req.model) !== undefined && !ep.models.includes(req.model)) {
+      this.endpoints.adapterStats.picked(req.model, ep.adapters.has(req.model) && ep.adapterState(req.model) === 2);
+      ep.adapterSent(req.model);
+      d.adapter = req.model;
+    } else d.adapter = '';
     if (this.latency) this.#decide(ctx, ep, idx, d as Decision & LatencyNote);
     d.seq = ep.onDispatch(ctx.now);
     // the prefill backlog: what this request makes the engine compute before its first token
@@ -388,6 +396,10 @@ export class Scheduler {
     if (outcome === 'aborted') ep.onRelease(seq);
     else ep.onOutcome(failed ? performance.now() : 0, failed, this.endpoints.dataLayer, seq); // the clock matters only to the breaker
     if (failed && req !== undefined && this.prefix !== null) this.prefix.forget(ep, d, req);
+    if (d.adapter !== undefined && d.adapter !== '') {
+      ep.adapterDone(d.adapter);
+      d.adapter = '';
+    }
     for (let p = 0; p < this.#lat.length; p++) this.#lat[p].onEnd?.(ep, d as Decision & LatencyNote);
     for (let p = 0; p < this.#plugins.length; p++) this.#plugins[p].onComplete?.(ep, failed, d, failed ? req : undefined);
   }

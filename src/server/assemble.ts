@@ -6,6 +6,7 @@
 // listens, registers each one's close in the lifecycle, and hands the parts to
 // RouterCore (which keeps routes, listen and the drain). startRouter
 // (router.ts) calls it; nothing else builds these.
+import { ModelRewriter } from '../director/model-rewrites.js';
 import type { Logger } from 'pino';
 import type { RouterConfig } from '../config/schema.js';
 import { PassThroughGate, type AdmissionGate } from '../admission.js';
@@ -245,7 +246,9 @@ function buildParts(
     tokens: precise?.tokens ?? null,
     pd,
     scanUsage: cfg.logging.access, // the access log's `tokens`
+    rewrites: new ModelRewriter(cfg.modelRewrites ?? []),
   });
+  metrics.registerRewrites(director.rewrites);
   if (tracer) metrics.registerTracing(tracer.stats);
   const responses = cfg.responses.enabled
     ? new ResponsesService({ config: cfg.responses, director, log, countRequest: (m, e, s) => metrics.countRequest(m, e, s), registry: metrics.registry })

@@ -209,10 +209,17 @@ export class RouterCore implements FrontHost {
     const modelsBody = (this.#modelsOf = (allowed: ReadonlySet<string> | null) =>
       JSON.stringify({
         object: 'list',
-        data: set
-          .models()
-          .filter((id) => allowed === null || allowed.has(id))
-          .map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
+        data: [
+          ...set
+            .models()
+            .filter((id) => allowed === null || allowed.has(id))
+            .map((id) => ({ id, object: 'model', created, owned_by: 'switchyard' })),
+          // LoRA adapters, with their base model as parent (as vLLM lists them)
+          ...set
+            .adapters()
+            .filter(([id]) => allowed === null || allowed.has(id))
+            .map(([id, parent]) => ({ id, object: 'model', created, owned_by: 'switchyard', parent })),
+        ],
       }));
     this.modelsBody = modelsBody(null);
     set.onChange(() => {

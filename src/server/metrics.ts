@@ -28,6 +28,8 @@ export class RouterMetrics {
   readonly itl: Histogram[];
   promptBlocks = 0;
   matchedBlocks = 0;
+  /** Registers the model-rewrite counters of the director's rewriter (once, at assembly). */
+  registerRewrites: (rw: import('../director/model-rewrites.js').ModelRewriter) => void = () => {};
   retries = 0;
   /** Times a slow client made the relay pause reading from the engine. */
   pauses = 0;
@@ -393,6 +395,47 @@ export class RouterMetrics {
       collect() {
         this.reset();
         for (const ep of set.all) this.set({ endpoint: ep.name, pool: ep.pool, role: ep.role, revision: ep.revision ?? '', state: ep.state }, 1);
+      },
+    });
+    this.registerRewrites = (rw) =>
+      new Counter({
+        name: 'switchyard_model_rewrites_total',
+        help: 'Requests a model rewrite rule (modelRewrites) sent to each of its targets; rule = the requested model, (default) for requests without one.',
+        labelNames: ['rule', 'target'],
+        registers: r,
+        collect() {
+          this.reset();
+          for (const c of rw.counts()) this.inc({ rule: c.rule, target: c.target }, c.requests);
+        },
+      });
+    const adapterCounter = (name: string, help: string, read: (c: import('../endpoints/adapter-stats.js').AdapterCount) => number) =>
+      new Counter({
+        name,
+        help,
+        labelNames: ['adapter'],
+        registers: r,
+        collect() {
+          this.reset();
+          const seen = new Set<object>();
+          for (const [adapter, c] of set.adapterStats.byAdapter) {
+            if (seen.has(c)) continue; // an adapter past the label cap shares the (overflow) counts
+            seen.add(c);
+            this.inc({ adapter }, read(c));
+          }
+        },
+      });
+    adapterCounter('switchyard_adapter_requests_total', 'Requests routed per LoRA adapter.', (c) => c.requests);
+    adapterCounter('switchyard_adapter_misses_total', 'Requests for a LoRA adapter routed to an endpoint that did not have it active (the engine loads it into a GPU slot, or the router loads it first).', (c) => c.misses);
+    adapterCounter('switchyard_adapter_loads_total', 'LoRA adapter loads the router asked an engine for (POST /v1/load_lora_adapter) that succeeded.', (c) => c.loads);
+    adapterCounter('switchyard_adapter_load_failures_total', 'LoRA adapter loads an engine refused or did not answer in time.', (c) => c.loadFailures);
+    new Gauge({
+      name: 'switchyard_engine_lora_bad_series',
+      help: "vllm:lora_requests_info series ignored per endpoint: a missing or malformed label (max_lora, running_lora_adapters, waiting_lora_adapters).",
+      labelNames: ['endpoint'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const ep of set.all) if (ep.metrics.loraBadSeries > 0) this.set({ endpoint: ep.name }, ep.metrics.loraBadSeries);
       },
     });
     new Counter({

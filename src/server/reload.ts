@@ -73,6 +73,8 @@ export class ConfigReloader {
     core.auth = auth;
     if (JSON.stringify(next.logging) !== JSON.stringify(prev.logging)) core.setLogLevel(next.logging.level, next.logging);
     core.shutdown = next.shutdown;
+    // model rewrites apply live: new conversations follow the new weights, running ones keep their target
+    core.director.rewrites.setRules(next.modelRewrites ?? []);
     this.#current = next;
     reloads.set('ok', (reloads.get('ok') ?? 0) + 1);
     const changed = (Object.keys(next) as (keyof RouterConfig)[]).filter((k) => k !== 'pools' && JSON.stringify(prev[k]) !== JSON.stringify(next[k]));

@@ -156,7 +156,7 @@ t.test('a /metrics without load signals keeps the last values (which then go sta
 });
 
 t.test('negative, NaN and infinite queue counts do not count (a negative one made an endpoint look emptier than idle)', async (t) => {
-  const m: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0 };
+  const m: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0, loraMax: 0, loraRunning: [], loraWaiting: [], loraBadSeries: 0 };
   const text = [
     'vllm:num_requests_waiting{engine="0",model_name="m"} -40',
     'vllm:num_requests_waiting{engine="1",model_name="m"} 3',

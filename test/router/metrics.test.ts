@@ -266,7 +266,7 @@ t.test("the simulator's /metrics goes through prom-client and still parses into 
     const res = await fetch(`${e.url}/metrics`);
     t.equal(res.headers.get('content-type'), 'text/plain; version=0.0.4; charset=utf-8');
     const text = await res.text();
-    const out: EngineMetrics = { waiting: -1, running: -1, kvUsage: -1, cacheBlocks: 0, cacheBlockTokens: 0 };
+    const out: EngineMetrics = { waiting: -1, running: -1, kvUsage: -1, cacheBlocks: 0, cacheBlockTokens: 0, loraMax: 0, loraRunning: [], loraWaiting: [], loraBadSeries: 0 };
     t.ok(readEngineMetrics(text, out), 'load signals found');
     t.equal(out.running, 1);
     t.equal(out.waiting, 2);

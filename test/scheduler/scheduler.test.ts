@@ -278,7 +278,7 @@ t.test('Prometheus text parser and engine metrics (vLLM current and old names, S
     'garbage line without value',
     '',
   ].join('\n');
-  const m: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0 };
+  const m: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0, loraMax: 0, loraRunning: [], loraWaiting: [], loraBadSeries: 0 };
   t.ok(readEngineMetrics(text, m));
   t.same(m, { waiting: 5, running: 4, kvUsage: 0.5, cacheBlocks: 2048, cacheBlockTokens: 16 }, 'summed over engine ranks; old KV name');
   const sg = 'sglang:num_queue_reqs{model_name="m"} 7\nsglang:num_running_reqs{model_name="m"} 2\nsglang:token_usage{model_name="m"} 0.25\nsglang:cache_config_info{num_pages="100",page_size="1"} 1\n';

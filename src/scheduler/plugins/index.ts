@@ -10,6 +10,7 @@ import { kvCacheScorer } from './kv-cache-scorer.js';
 import { loadScorer } from './load-scorer.js';
 import { runningRequestsScorer } from './running-requests-scorer.js';
 import { predictedLatencyScorer } from './predicted-latency-scorer.js';
+import { loraAffinityScorer } from './lora-affinity-scorer.js';
 import { maxScorePicker } from './max-score-picker.js';
 import { weightedRandomPicker } from './weighted-random-picker.js';
 import { roundRobinPicker } from './round-robin-picker.js';
@@ -27,6 +28,7 @@ export function builtinRegistry(): PluginRegistry {
     .register(loadScorer)
     .register(runningRequestsScorer)
     .register(predictedLatencyScorer)
+    .register(loraAffinityScorer)
     .register(maxScorePicker)
     .register(weightedRandomPicker)
     .register(roundRobinPicker)

@@ -1,0 +1,124 @@
+// LoRA adapters through the router, over real simulated engines: adapters
+// learned from the engines' /v1/models (no config), placement on the replicas
+// that hold them, adapter affinity (fewer GPU slot loads than adapter-blind
+// routing, same requests), /v1/models with parent, per-adapter metrics, and
+// on-demand loading (POST /v1/load_lora_adapter) with its fallback and 503.
+import t from 'tap';
+import { startEngine, type SimEngine } from '../../src/sim/index.js';
+import { validateConfig, API_VERSION } from '../../src/config/schema.js';
+import { startRouter, type RunningRouter } from '../../src/server/router.js';
+import { validatePlugin } from '../support/router-util.js';
+import { get, metric, post, scrape } from '../support/sim-util.js';
+
+async function route(t: Tap.Test, engines: SimEngine[], extra: Record<string, unknown> = {}, pool: Record<string, unknown> = {}): Promise<RunningRouter> {
+  const cfg = validateConfig(
+    {
+      apiVersion: API_VERSION,
+      kind: 'Router',
+      pools: [{ name: 'p', models: ['open-model'], endpoints: engines.map((e, i) => ({ name: `e${i}`, url: e.url })), ...pool }],
+      logging: { level: 'silent' },
+      ...extra,
+    },
+    validatePlugin,
+  );
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => router.close(200));
+  return router;
+}
+
+const ask = (url: string, model: string, prompt = 'hello') => post(url, '/v1/completions', { model, prompt, max_tokens: 2 });
+
+t.test('adapters learned from /v1/models: routed only to the engines that hold them; /v1/models lists them with parent; unknown is 404', async (t) => {
+  const e0 = await startEngine({ timeScale: 0, loras: ['sql'] });
+  const e1 = await startEngine({ timeScale: 0, loras: ['chat-fr'] });
+  const e2 = await startEngine({ timeScale: 0 });
+  t.teardown(() => Promise.all([e0, e1, e2].map((e) => e.close())));
+  const router = await route(t, [e0, e1, e2]);
+  for (let i = 0; i < 6; i++) {
+    const a = await ask(router.url, 'sql');
+    t.equal(a.status, 200);
+    t.equal(a.headers['x-switchyard-endpoint'], 'e0', 'sql: only e0 holds it');
+    t.equal(JSON.parse(a.body).model, 'sql', 'the answer names the adapter');
+    t.equal((await ask(router.url, 'chat-fr')).headers['x-switchyard-endpoint'], 'e1');
+  }
+  const list = JSON.parse((await get(router.url, '/v1/models')).body).data as { id: string; parent?: string }[];
+  t.same(list.map((m) => [m.id, m.parent ?? null]).sort(), [['chat-fr', 'open-model'], ['open-model', null], ['sql', 'open-model']]);
+  const miss = await ask(router.url, 'nope');
+  t.equal(miss.status, 404);
+  t.equal(JSON.parse(miss.body).error.code, 'model_not_found');
+  const ex = await scrape(router.url);
+  t.equal(metric(ex, 'switchyard_adapter_requests_total', { adapter: 'sql' }), 6);
+  t.equal(metric(ex, 'switchyard_adapter_requests_total', { adapter: 'chat-fr' }), 6);
+});
+
+// Four engines, each holding every adapter, one GPU adapter slot each, a load
+// cost; eight adapters requested round robin in bursts. With adapter affinity
+// each adapter sticks to the engines it is on; adapter-blind routing spreads
+// them and every engine keeps swapping.
+async function loadsWith(t: Tap.Test, scorers: unknown[]): Promise<{ loads: number; misses: number; requests: number }> {
+  const adapters = ['a0', 'a1', 'a2', 'a3', 'a4', 'a5', 'a6', 'a7'];
+  const engines = await Promise.all([0, 1, 2, 3].map(() => startEngine({ timeScale: 0.01, loras: adapters, maxLoras: 2, loraLoadMs: 200, itlMs: 5, prefillOverheadMs: 1 })));
+  t.teardown(() => Promise.all(engines.map((e) => e.close())));
+  const router = await route(t, engines, { scheduling: { scorers, picker: 'max-score' } });
+  for (let round = 0; round < 6; round++) {
+    // a burst: every adapter at once, twice
+    await Promise.all([...adapters, ...adapters].map((a, i) => ask(router.url, a, `round ${round} request ${i}`)));
+  }
+  const ex = await scrape(router.url);
+  let misses = 0;
+  let requests = 0;
+  for (const a of adapters) {
+    misses += metric(ex, 'switchyard_adapter_misses_total', { adapter: a });
+    requests += metric(ex, 'switchyard_adapter_requests_total', { adapter: a });
+  }
+  return { loads: engines.reduce((s, e) => s + e.stats().loraLoads, 0), misses, requests };
+}
+
+t.test('lora-affinity: far fewer adapter loads than adapter-blind routing over the same requests', async (t) => {
+  const blind = await loadsWith(t, [{ type: 'queue', weight: 1 }]);
+  const aware = await loadsWith(t, [{ type: 'lora-affinity', weight: 4 }, { type: 'queue', weight: 1 }]);
+  t.equal(blind.requests, 96);
+  t.equal(aware.requests, 96);
+  t.ok(aware.loads * 2 <= blind.loads, `loads: aware ${aware.loads}, blind ${blind.loads}`);
+  t.ok(aware.misses < blind.misses, `misses: aware ${aware.misses}, blind ${blind.misses}`);
+});
+
+t.test('on-demand loading: a declared adapter no engine holds is loaded on one, then served there; a refused load falls back, then 503', async (t) => {
+  const e0 = await startEngine({ timeScale: 0, enableLora: true });
+  const bad = await startEngine({ timeScale: 0, enableLora: true, loraLoadFail: true });
+  t.teardown(() => Promise.all([e0.close(), bad.close()]));
+  const router = await route(t, [bad, e0], { scheduling: { scorers: [{ type: 'lora-affinity', weight: 1 }], picker: 'round-robin' } }, {
+    adapters: [{ name: 'sql', path: '/adapters/sql' }, 'other'],
+    adapterLoading: { enabled: true },
+  });
+  const list = JSON.parse((await get(router.url, '/v1/models')).body).data as { id: string }[];
+  t.ok(list.some((m) => m.id === 'sql'), 'a declared adapter is listed before any engine holds it');
+  const r = await ask(router.url, 'sql');
+  t.equal(r.status, 200, r.body);
+  t.equal(r.headers['x-switchyard-endpoint'], 'e1', 'the load e0 refused fell back to the engine that loaded it');
+  const models = JSON.parse((await get(e0.url, '/v1/models')).body).data as { id: string; root: string }[];
+  t.same(models.find((m) => m.id === 'sql')?.root, '/adapters/sql', 'loaded with the declared path');
+  for (let i = 0; i < 4; i++) t.equal((await ask(router.url, 'sql')).headers['x-switchyard-endpoint'], 'e1', 'then routed where it is');
+  const ex = await scrape(router.url);
+  t.equal(metric(ex, 'switchyard_adapter_loads_total', { adapter: 'sql' }), 1);
+  t.equal(metric(ex, 'switchyard_adapter_load_failures_total', { adapter: 'sql' }), 1);
+  // both engines refuse: e0 is stopped from loading by closing it, bad refuses
+  await e0.close();
+  const gone = await ask(router.url, 'other');
+  t.equal(gone.status, 503, gone.body);
+  t.match(JSON.parse(gone.body).error.message, /no endpoint could serve adapter `other`/);
+});
+
+t.test('config errors name the field: an adapter for a model its pool does not serve, an adapter named like a model', async (t) => {
+  const bad = (pool: Record<string, unknown>) => {
+    try {
+      validateConfig({ apiVersion: API_VERSION, kind: 'Router', pools: [{ name: 'p', models: ['m1'], endpoints: [{ name: 'e', url: 'http://127.0.0.1:1' }], ...pool }] }, validatePlugin);
+      return '';
+    } catch (err) {
+      return (err as Error).message;
+    }
+  };
+  t.match(bad({ adapters: [{ name: 'x', base: 'm2' }] }), /pools\[0\]\.adapters\[0\]\.base: "m2" is not a model of this pool/);
+  t.match(bad({ adapters: ['m1'] }), /pools\[0\]\.adapters\[0\]: "m1" is a model name/);
+  t.match(bad({ adapterLoading: { enabled: 'yes' } }), /pools\[0\]\.adapterLoading\.enabled/);
+});
