@@ -328,6 +328,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
   if (v.disaggregation !== undefined) cfg.disaggregation = v.disaggregation;
   if (v.ha !== undefined) cfg.ha = v.ha;
   if (v.extProc !== undefined) cfg.extProc = v.extProc;
+  if (v.modelRewrites.length > 0) cfg.modelRewrites = v.modelRewrites as RouterConfig['modelRewrites'];
   if (v.batch !== undefined) cfg.batch = { ...v.batch, consumer: v.batch.consumer ?? '', checkIntervalMs: v.batch.checkIntervalMs ?? v.dataLayer.scrapeIntervalMs } as BatchConfig;
   return cfg;
 }

@@ -280,10 +280,21 @@ t.test('Prometheus text parser and engine metrics (vLLM current and old names, S
   ].join('\n');
   const m: EngineMetrics = { waiting: 0, running: 0, kvUsage: NaN, cacheBlocks: 0, cacheBlockTokens: 0, loraMax: 0, loraRunning: [], loraWaiting: [], loraBadSeries: 0 };
   t.ok(readEngineMetrics(text, m));
-  t.same(m, { waiting: 5, running: 4, kvUsage: 0.5, cacheBlocks: 2048, cacheBlockTokens: 16 }, 'summed over engine ranks; old KV name');
+  t.same(m, { waiting: 5, running: 4, kvUsage: 0.5, cacheBlocks: 2048, cacheBlockTokens: 16, loraMax: 0, loraRunning: [], loraWaiting: [], loraBadSeries: 0 }, 'summed over engine ranks; old KV name');
   const sg = 'sglang:num_queue_reqs{model_name="m"} 7\nsglang:num_running_reqs{model_name="m"} 2\nsglang:token_usage{model_name="m"} 0.25\nsglang:cache_config_info{num_pages="100",page_size="1"} 1\n';
   t.ok(readEngineMetrics(sg, m));
-  t.same(m, { waiting: 7, running: 2, kvUsage: 0.25, cacheBlocks: 100, cacheBlockTokens: 1 });
+  t.same(m, { waiting: 7, running: 2, kvUsage: 0.25, cacheBlocks: 100, cacheBlockTokens: 1, loraMax: 0, loraRunning: [], loraWaiting: [], loraBadSeries: 0 });
+  // vllm:lora_requests_info: the newest series (its value is a timestamp) is the state; a series with a bad label is counted and ignored
+  const lora = [
+    'vllm:num_requests_running{model_name="m"} 1',
+    'vllm:lora_requests_info{max_lora="4",model_name="m",running_lora_adapters="a,b",waiting_lora_adapters=""} 1700000000.5',
+    'vllm:lora_requests_info{max_lora="4",model_name="m",running_lora_adapters="c",waiting_lora_adapters="d"} 1700000009',
+    'vllm:lora_requests_info{max_lora="many",model_name="m",running_lora_adapters="x",waiting_lora_adapters=""} 1700000099',
+    'vllm:lora_requests_info{model_name="m",running="y"} 1700000099',
+    '',
+  ].join('\n');
+  t.ok(readEngineMetrics(lora, m));
+  t.match(m, { loraMax: 4, loraRunning: ['c'], loraWaiting: ['d'], loraBadSeries: 2 });
   t.notOk(readEngineMetrics('# nothing here\nfoo 1\n', m), 'no load signal found');
   t.same(parseLabels('a="x",b="y\\"z",c="1\\n2"'), { a: 'x', b: 'y"z', c: '1\n2' });
   const all = parsePrometheus('a 1\nb{x="1"} NaN\nc +Inf\nd -1e3 1700000000\n');
