@@ -11,7 +11,12 @@
 //   - one compute queue: prefills run one at a time, each costing
 //     `prefillMs` + `prefillUsPerBlock` per uncached block;
 //   - decoding: every running request emits a token every `itlMs` while at
-//     most `maxRunning` run; others wait for a slot before their prefill.
+//     most `maxRunning` run; others wait for a slot before their prefill;
+//   - LoRA adapters (`adapters`, requested by name in `model`): at most
+//     `maxLoras` distinct adapters are resident; a request whose adapter is
+//     not resident takes a free place or the oldest idle adapter's, paying
+//     `loraLoadMs` on the compute queue; with every place held by adapters
+//     with running requests it waits until one is released.
 //
 // Tool calls: with `tools` and a tool_choice of "required" or a named
 // function, the answer is a call (arguments `{"q": "..."}` streamed in
@@ -22,6 +27,7 @@
 //   node dist/testkit/reference/engine-model.js --fleet N --base-port P
 //        [--cache-blocks 400] [--block-chars 256] [--prefill-ms 5] [--prefill-us-per-block 6400]
 //        [--itl-ms 10] [--max-running 16] [--time-scale 1] [--model open-model]
+//        [--adapters a,b,c] [--max-loras 4] [--lora-load-ms 0]
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 
 export interface EngineModelOptions {
@@ -35,6 +41,10 @@ export interface EngineModelOptions {
   maxRunning: number;
   /** Wall time per model time. */
   timeScale: number;
+  /** LoRA adapters served on top of `model`. */
+  adapters: string[];
+  maxLoras: number;
+  loraLoadMs: number;
 }
 
 export const ENGINE_MODEL_DEFAULTS: Omit<EngineModelOptions, 'port'> = {
@@ -46,6 +56,9 @@ export const ENGINE_MODEL_DEFAULTS: Omit<EngineModelOptions, 'port'> = {
   itlMs: 10,
   maxRunning: 16,
   timeScale: 1,
+  adapters: [],
+  maxLoras: 4,
+  loraLoadMs: 0,
 };
 
 /** FNV-1a over a string, continued from `h` (a prefix's hash extends to the next block). */
@@ -76,6 +89,12 @@ export class EngineModel {
   #compute: Promise<void> = Promise.resolve();
   #server: Server | null = null;
   requests = 0;
+  /** Resident adapters → their running requests (insertion order: oldest first). */
+  readonly #resident = new Map<string, number>();
+  readonly #adapterWaiters: (() => void)[] = [];
+  readonly #adapterWaiting = new Map<string, number>();
+  /** Adapters made resident (each cost loraLoadMs). */
+  loraLoads = 0;
 
   constructor(o: Partial<EngineModelOptions> & { port: number }) {
     this.o = { ...ENGINE_MODEL_DEFAULTS, ...o };
@@ -114,6 +133,41 @@ export class EngineModel {
     this.#slotWaiters.shift()?.();
   }
 
+  /** Makes `a` resident (waiting for a place if need be); returns the model ms its load costs (0: it was resident). */
+  async #adapter(a: string): Promise<number> {
+    for (;;) {
+      const n = this.#resident.get(a);
+      if (n !== undefined) {
+        this.#resident.delete(a);
+        this.#resident.set(a, n + 1);
+        return 0;
+      }
+      if (this.#resident.size >= this.o.maxLoras) {
+        for (const [k, v] of this.#resident) {
+          if (v === 0) {
+            this.#resident.delete(k);
+            break;
+          }
+        }
+      }
+      if (this.#resident.size < this.o.maxLoras) {
+        this.#resident.set(a, 1);
+        this.loraLoads++;
+        return this.o.loraLoadMs;
+      }
+      this.#adapterWaiting.set(a, (this.#adapterWaiting.get(a) ?? 0) + 1);
+      await new Promise<void>((r) => this.#adapterWaiters.push(r));
+      const w = this.#adapterWaiting.get(a)! - 1;
+      if (w > 0) this.#adapterWaiting.set(a, w);
+      else this.#adapterWaiting.delete(a);
+    }
+  }
+
+  #adapterDone(a: string): void {
+    this.#resident.set(a, this.#resident.get(a)! - 1);
+    for (const w of this.#adapterWaiters.splice(0)) w();
+  }
+
   /** Waits its turn on the compute queue and spends `ms` (model time). */
   #prefill(ms: number): Promise<void> {
     const p = this.#compute.then(() => sleep(ms * this.o.timeScale));
@@ -130,10 +184,18 @@ export class EngineModel {
     const choice = body.tool_choice;
     const named = typeof choice === 'object' && choice !== null ? (choice.function?.name as string | undefined) : undefined;
     const callName = tools.length > 0 && (choice === 'required' || named !== undefined) ? (named ?? tools[0]!.function?.name ?? 'tool') : null;
+    const adapter = this.o.adapters.includes(body.model) ? (body.model as string) : null;
     await this.#slot();
+    let loadMs = 0;
+    let holds = false;
     try {
-      const { blocks, hits } = this.#lookup(prompt);
-      await this.#prefill(this.o.prefillMs + ((blocks - hits) * this.o.prefillUsPerBlock) / 1000);
+      if (adapter !== null) {
+        loadMs = await this.#adapter(adapter);
+        holds = true;
+      }
+      // an adapter's blocks are its own
+      const { blocks, hits } = this.#lookup(adapter === null ? prompt : `${adapter}\n${prompt}`);
+      await this.#prefill(this.o.prefillMs + loadMs + ((blocks - hits) * this.o.prefillUsPerBlock) / 1000);
       const cached = Math.min(promptTokens, Math.floor((hits * this.o.blockChars) / 4));
       const id = `chatcmpl-model-${this.requests}`;
       const created = Math.floor(Date.now() / 1000);
@@ -166,6 +228,7 @@ export class EngineModel {
       res.write(chunk({}, finish));
       res.end(`data: ${JSON.stringify({ id, object: 'chat.completion.chunk', created, model: body.model, choices: [], usage })}\n\ndata: [DONE]\n\n`);
     } finally {
+      if (holds) this.#adapterDone(adapter!);
       this.#release();
     }
   }
@@ -175,7 +238,10 @@ export class EngineModel {
     return (
       `vllm:num_requests_running${l} ${this.#running}\n` +
       `vllm:num_requests_waiting${l} ${this.#waiting}\n` +
-      `vllm:kv_cache_usage_perc${l} ${(this.#cache.size / this.o.cacheBlocks).toFixed(4)}\n`
+      `vllm:kv_cache_usage_perc${l} ${(this.#cache.size / this.o.cacheBlocks).toFixed(4)}\n` +
+      (this.o.adapters.length === 0
+        ? ''
+        : `vllm:lora_requests_info{max_lora="${this.o.maxLoras}",model_name="${this.o.model}",running_lora_adapters="${[...this.#resident].filter(([, n]) => n > 0).map(([a]) => a).join(',')}",waiting_lora_adapters="${[...this.#adapterWaiting.keys()].join(',')}"} ${Date.now() / 1000}\n`)
     );
   }
 
@@ -184,7 +250,12 @@ export class EngineModel {
     if (url === '/health') return void res.writeHead(200).end();
     if (url === '/metrics') return void res.writeHead(200, { 'content-type': 'text/plain' }).end(this.#metrics());
     if (url === '/v1/models') {
-      return void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ object: 'list', data: [{ id: this.o.model, object: 'model', owned_by: 'engine-model' }] }));
+      return void res.writeHead(200, { 'content-type': 'application/json' }).end(
+        JSON.stringify({
+          object: 'list',
+          data: [{ id: this.o.model, object: 'model', owned_by: 'engine-model' }, ...this.o.adapters.map((a) => ({ id: a, object: 'model', owned_by: 'engine-model', parent: this.o.model, root: a }))],
+        }),
+      );
     }
     if (req.method !== 'POST' || url !== '/v1/chat/completions') return void res.writeHead(404, { 'content-type': 'application/json' }).end('{"error":{"message":"not found","type":"invalid_request_error","param":null,"code":null}}');
     let body: Record<string, any>;
@@ -234,6 +305,9 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     itlMs: opt('--itl-ms', ENGINE_MODEL_DEFAULTS.itlMs),
     maxRunning: opt('--max-running', ENGINE_MODEL_DEFAULTS.maxRunning),
     timeScale: opt('--time-scale', ENGINE_MODEL_DEFAULTS.timeScale),
+    adapters: argv.includes('--adapters') ? argv[argv.indexOf('--adapters') + 1]!.split(',') : [],
+    maxLoras: opt('--max-loras', ENGINE_MODEL_DEFAULTS.maxLoras),
+    loraLoadMs: opt('--lora-load-ms', ENGINE_MODEL_DEFAULTS.loraLoadMs),
   };
   const engines = Array.from({ length: fleet }, (_, i) => new EngineModel({ ...o, port: base + i }));
   Promise.all(engines.map((e) => e.listen())).then(

@@ -4,12 +4,14 @@
 // there among the last max_lora adapters: likely still in a GPU slot) and
 // room for one more request; then those with a free adapter slot (max_lora
 // less the adapters running or waiting); then an active one that is full;
-// then, in a pool that loads adapters on demand, an engine that lacks it
+// ("room": fewer than maxPending of the router's requests there still wait for
+// their first byte, and the batch is not full); then, in a pool that loads
+// adapters on demand, an engine that lacks it
 // (a load costs a round trip and the engine's load time). Requests for a base
 // model score 1 everywhere (the scorer is neutral to them). As llm-d's
 // lora-affinity scorer, after its reading of the same metric.
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { numberParam, pluginParams, type PluginFactory } from '../registry.js';
+import { intParam, numberParam, pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, PluginEnv, Scorer } from '../types.js';
 import { ensure } from './score-util.js';
 
@@ -24,6 +26,8 @@ export interface LoraAffinityParams {
   noSlot: number;
   /** The engine lacks the adapter and its pool loads on demand (with a free slot; half that without). */
   loadable: number;
+  /** "Room": fewer than this many of the router's requests there still wait for their first byte (and occupancy below the batch limit). */
+  maxPending: number;
 }
 
 export class LoraAffinityScorer implements Scorer {
@@ -52,7 +56,7 @@ export class LoraAffinityScorer implements Scorer {
       const ep = eps[i];
       const st = ep.adapterState(m);
       if (!ep.adapters.has(m)) out[i] = st === 0 ? p.loadable / 2 : p.loadable;
-      else if (st === 2) out[i] = ep.occupancy(ctx.now) < ep.batchLimit ? p.active : p.activeFull;
+      else if (st === 2) out[i] = ep.prefillRequests < p.maxPending && ep.occupancy(ctx.now) < ep.batchLimit ? p.active : p.activeFull;
       else out[i] = st === 1 ? p.freeSlot : p.noSlot;
     }
     return out;
@@ -70,6 +74,7 @@ export const loraAffinityScorer: PluginFactory<'scorer'> = {
     activeFull: unit().default(0.5),
     noSlot: unit().default(0),
     loadable: unit().default(0.3),
+    maxPending: intParam(1, 1_000_000).default(4),
   }),
   create: (params, env) => new LoraAffinityScorer(params as unknown as LoraAffinityParams, env),
 };
