@@ -7,7 +7,7 @@ import t from 'tap';
 import { startEngine, type SimEngine } from '../../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../../src/config/schema.js';
 import { startRouter, type RunningRouter } from '../../src/server/router.js';
-import { validatePlugin } from '../support/router-util.js';
+import { spawnServe, validatePlugin } from '../support/router-util.js';
 import { get, metric, post, scrape } from '../support/sim-util.js';
 
 async function route(t: Tap.Test, engines: SimEngine[], extra: Record<string, unknown> = {}, pool: Record<string, unknown> = {}): Promise<RunningRouter> {
@@ -121,4 +121,16 @@ t.test('config errors name the field: an adapter for a model its pool does not s
   t.match(bad({ adapters: [{ name: 'x', base: 'm2' }] }), /pools\[0\]\.adapters\[0\]\.base: "m2" is not a model of this pool/);
   t.match(bad({ adapters: ['m1'] }), /pools\[0\]\.adapters\[0\]: "m1" is a model name/);
   t.match(bad({ adapterLoading: { enabled: 'yes' } }), /pools\[0\]\.adapterLoading\.enabled/);
+});
+
+t.test('quick mode (serve --upstream): the engine\'s adapters are learned and served with no config', async (t) => {
+  const e = await startEngine({ timeScale: 0, loras: ['sql'] });
+  t.teardown(() => e.close());
+  const s = await spawnServe(t, ['--upstream', e.url, '--port', '0']);
+  t.teardown(() => void s.child.kill('SIGTERM'));
+  const r = await ask(s.url, 'sql');
+  t.equal(r.status, 200, r.body);
+  t.equal(JSON.parse(r.body).model, 'sql');
+  const list = JSON.parse((await get(s.url, '/v1/models')).body).data as { id: string; parent?: string }[];
+  t.ok(list.some((m) => m.id === 'sql' && m.parent === 'open-model'), 'listed with its parent');
 });

@@ -19,6 +19,10 @@ t.test('flags parse into options', async (t) => {
     defaultMaxTokens: 3, maxBodyBytes: 1000, fleet: 3, basePort: 9100, loras: ['l1', 'l2'], maxLoras: 2, serialPrefill: false, legacy: true,
   });
   t.match(parseSimArgs(['--legacy=false']), { legacy: false });
+  t.match(parseSimArgs(['--lora-modules', 'sql=/adapters/sql', '--lora-modules=fr=/a/fr', '--lora-load-ms', '40', '--enable-lora']), {
+    loras: ['sql', 'fr'], loraPaths: { sql: '/adapters/sql', fr: '/a/fr' }, loraLoadMs: 40, enableLora: true,
+  });
+  t.throws(() => parseSimArgs(['--lora-modules', 'sql']), { message: /--lora-modules expects name=path/ });
   t.match(parseSimArgs(['--port', '0']), { port: 0, basePort: 0, fleet: 1 });
   t.equal(parseSimArgs(['--itl-ms', '3', '--help']), 'help');
   t.equal(parseSimArgs(['-h']), 'help');
@@ -71,7 +75,7 @@ t.test('bad flags exit 2 with a clear message; --help exits 0 and lists every fl
   t.equal(help, SIM_USAGE);
   for (const f of ['--host', '--port', '--model', '--engine', '--max-num-seqs', '--kv-cache-blocks', '--block-size', '--prefill-overhead-ms',
     '--prefill-us-per-token', '--itl-ms', '--decode-slowdown', '--serial-prefill', '--time-scale', '--seed', '--revision', '--role', '--failure-rate',
-    '--failure-kinds', '--slow-first-byte-ms', '--max-model-len', '--default-max-tokens', '--max-body-bytes', '--lora', '--max-loras', '--legacy', '--fleet', '--base-port']) {
+    '--failure-kinds', '--slow-first-byte-ms', '--max-model-len', '--default-max-tokens', '--max-body-bytes', '--lora', '--max-loras', '--lora-modules', '--lora-load-ms', '--enable-lora', '--legacy', '--fleet', '--base-port']) {
     t.match(help, f);
   }
 });
