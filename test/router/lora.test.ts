@@ -4,6 +4,7 @@
 // routing, same requests), /v1/models with parent, per-adapter metrics, and
 // on-demand loading (POST /v1/load_lora_adapter) with its fallback and 503.
 import t from 'tap';
+import { performance } from 'node:perf_hooks';
 import { startEngine, type SimEngine } from '../../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../../src/config/schema.js';
 import { startRouter, type RunningRouter } from '../../src/server/router.js';
@@ -81,6 +82,27 @@ t.test('lora-affinity: far fewer adapter loads than adapter-blind routing over t
   t.equal(aware.requests, 96);
   t.ok(aware.loads * 2 <= blind.loads, `loads: aware ${aware.loads}, blind ${blind.loads}`);
   t.ok(aware.misses < blind.misses, `misses: aware ${aware.misses}, blind ${blind.misses}`);
+});
+
+t.test('a free adapter slot wins over a busy engine; with every slot held the request waits for one and is served', async (t) => {
+  const opts = { timeScale: 0.05, loras: ['a0', 'a1', 'a2'], maxLoras: 1, itlMs: 40, prefillOverheadMs: 0, prefillUsPerToken: 0 };
+  const e0 = await startEngine(opts);
+  const e1 = await startEngine(opts);
+  t.teardown(() => Promise.all([e0.close(), e1.close()]));
+  const router = await route(t, [e0, e1], { scheduling: { scorers: [{ type: 'lora-affinity', weight: 10 }, { type: 'queue', weight: 1 }] } });
+  const long = (model: string) => post(router.url, '/v1/completions', { model, prompt: 'x', max_tokens: 100 }); // 200 ms wall
+  const first = long('a0');
+  await new Promise((r) => setTimeout(r, 30));
+  const second = long('a1');
+  await new Promise((r) => setTimeout(r, 30));
+  const t0 = performance.now();
+  const third = await ask(router.url, 'a2');
+  const waited = performance.now() - t0;
+  const [r0, r1] = await Promise.all([first, second]);
+  t.not(r0.headers['x-switchyard-endpoint'], r1.headers['x-switchyard-endpoint'], 'a1 went to the engine with a free slot');
+  t.equal(third.status, 200, 'a2: no slot free anywhere, it waited at an engine and was served');
+  t.ok(waited > 80, `a2 waited for a slot (${waited.toFixed(0)} ms)`);
+  t.equal(e0.stats().loraLoads + e1.stats().loraLoads, 3);
 });
 
 t.test('on-demand loading: a declared adapter no engine holds is loaded on one, then served there; a refused load falls back, then 503', async (t) => {
