@@ -9,7 +9,7 @@ import { startEngine, type SimEngine } from '../../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../../src/config/schema.js';
 import { startRouter, type RunningRouter } from '../../src/server/router.js';
 import { spawnServe, validatePlugin } from '../support/router-util.js';
-import { get, metric, post, scrape } from '../support/sim-util.js';
+import { get, metric, post, scrape, until } from '../support/sim-util.js';
 
 async function route(t: Tap.Test, engines: SimEngine[], extra: Record<string, unknown> = {}, pool: Record<string, unknown> = {}): Promise<RunningRouter> {
   const cfg = validateConfig(
@@ -18,12 +18,20 @@ async function route(t: Tap.Test, engines: SimEngine[], extra: Record<string, un
       kind: 'Router',
       pools: [{ name: 'p', models: ['open-model'], endpoints: engines.map((e, i) => ({ name: `e${i}`, url: e.url })), ...pool }],
       logging: { level: 'silent' },
+      dataLayer: { modelCheckIntervalMs: 500 }, // a first read timed out on a loaded machine is read again soon
       ...extra,
     },
     validatePlugin,
   );
   const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
   t.teardown(() => router.close(200));
+  // the engines' adapters are learned at their first good health check (a loaded machine may time the first out)
+  const want = [...new Set(engines.flatMap((e) => e.options.loras))];
+  const listed = async () => {
+    const ids = (JSON.parse((await get(router.url, '/v1/models')).body).data as { id: string }[]).map((m) => m.id);
+    return want.every((a) => ids.includes(a));
+  };
+  t.ok(await until(listed, 20_000), 'the engines\' adapters are known');
   return router;
 }
 
