@@ -33,6 +33,7 @@
 //
 //   node dist/bench/system/failover.js [--warmup 15] [--window 30] [--concurrency 8] [--routers 2]
 //       [--modes active-active,standby] [--cold] [--rolling] [--lease-ttl 3000] [--renew 1000] [--drain-delay 1000]
+//       [--plain-haproxy]   (issue 32's setup: retries 2, option redispatch, no backup servers, no retry-on)
 import { spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir, loadavg } from 'node:os';
@@ -104,7 +105,32 @@ async function one(url: string, dispatcher: Agent, g: number, q: number): Promis
   return rec;
 }
 
-function haproxyConf(port: number, routers: number[]): string {
+/**
+ * `plain`: the issue-32 setup a new user writes (check /readyz, `retries 2`, `option redispatch`, no
+ * backup servers, no retry-on); else the one docs/operations.md recommends.
+ */
+function haproxyConf(port: number, routers: number[], plain: boolean): string {
+  if (plain) {
+    return `global
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 60s
+  timeout server 60s
+  retries 2
+  option redispatch
+frontend fe
+  bind 127.0.0.1:${port}
+  default_backend be
+backend be
+  option httpchk
+  http-check send meth GET uri /readyz ver HTTP/1.1 hdr host localhost
+  http-response set-header x-served-by %s
+  default-server inter 200ms fall 1 rise 1
+${routers.map((p, i) => `  server r${i} 127.0.0.1:${p} check`).join('\n')}
+`;
+  }
   return `global
   maxconn 4096
 defaults
@@ -175,6 +201,7 @@ interface RunOptions {
   renew: number;
   routers: number;
   drainDelayMs: number;
+  plainHaproxy: boolean;
 }
 
 async function run(mode: Mode, scenario: 'kill' | 'rolling', o: RunOptions): Promise<RunResult> {
@@ -219,7 +246,7 @@ async function run(mode: Mode, scenario: 'kill' | 'rolling', o: RunOptions): Pro
   }
   await waitReady(`http://127.0.0.1:${rports[0]}/readyz`, 30_000);
   const hport = await freePort();
-  writeFileSync(join(dir, 'haproxy.cfg'), haproxyConf(hport, rports));
+  writeFileSync(join(dir, 'haproxy.cfg'), haproxyConf(hport, rports, o.plainHaproxy));
   const haproxy = start('haproxy', which('haproxy')!, ['-db', '-f', join(dir, 'haproxy.cfg')]);
   const url = `http://127.0.0.1:${hport}`;
   await waitReady(`${url}/readyz`);
@@ -335,11 +362,12 @@ async function main(): Promise<void> {
   const scenarios: ('kill' | 'rolling')[] = argv.includes('--rolling') ? ['kill', 'rolling'] : ['kill'];
   if (!which('haproxy')) throw new Error('haproxy not found (apt-get install haproxy)');
   const load0 = loadavg()[0];
-  const o: RunOptions = { warmupS, windowS, conc, ttl, renew, routers, drainDelayMs };
+  const plainHaproxy = argv.includes('--plain-haproxy');
+  const o: RunOptions = { warmupS, windowS, conc, ttl, renew, routers, drainDelayMs, plainHaproxy };
   const results: RunResult[] = [];
   for (const scenario of scenarios) for (const mode of modes) results.push(await run(mode, scenario, o));
   console.log(
-    `failover under load: HAProxy (check /readyz every 200 ms, retries 3, redispatch, retry-on conn-failure empty-response) → ${routers} routers (active-active: ha.redis; standby: lease ${ttl} ms, renewal ${renew} ms; shutdown.drainDelayMs ${drainDelayMs}) → 4 sim engines (--time-scale 0.02, 1200 KV blocks each); ${conc} streamed clients, ${GROUPS} prefix groups; ${warmupS} s warm-up, ${windowS} s before the event, ${windowS} s after; load average ${load0.toFixed(1)} → ${loadavg()[0].toFixed(1)}`,
+    `failover under load: HAProxy (${plainHaproxy ? 'the plain setup: check /readyz every 200 ms, retries 2, redispatch, no backups, no retry-on' : 'check /readyz every 200 ms, retries 3, redispatch, retry-on conn-failure empty-response, the routers again as unchecked backups'}) → ${routers} routers (active-active: ha.redis; standby: lease ${ttl} ms, renewal ${renew} ms; shutdown.drainDelayMs ${drainDelayMs}) → 4 sim engines (--time-scale 0.02, 1200 KV blocks each); ${conc} streamed clients, ${GROUPS} prefix groups; ${warmupS} s warm-up, ${windowS} s before the event, ${windowS} s after; load average ${load0.toFixed(1)} → ${loadavg()[0].toFixed(1)}`,
   );
   console.log('| mode | event | requests | failed | in flight at the event (on the killed router) | failed not in flight | takeover (event → a router Ready; rolling: → all back) | gap (event → first success) | hit rate before | hit rate after | after / before | hit rate, first 5 s after |');
   console.log('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');

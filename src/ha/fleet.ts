@@ -75,7 +75,8 @@ export class FleetShare {
   readonly #reader: Redis;
   readonly #peers = new Map<string, Peer>();
   #flush: NodeJS.Timeout | null = null;
-  #flushing = false;
+  /** The append in progress, if any (a goodbye waits for it). */
+  #flushing: Promise<void> | null = null;
   #reading = false;
   #loop: Promise<void> = Promise.resolve();
   #closed = false;
@@ -268,18 +269,25 @@ export class FleetShare {
   /** Folds what arrived and appends this replica's message (its heartbeat). Runs on a timer; tests call it directly. */
   async flush(leaving = false): Promise<void> {
     this.#fold(performance.now());
-    if (this.#flushing) return;
+    if (this.#flushing !== null) {
+      if (!leaving) return; // the next tick sends what gathers meanwhile
+      await this.#flushing; // the goodbye goes after the append in progress
+    }
     const msg = this.buffer.takeShare(this.replica, leaving);
     if (!this.#up && this.#main.status !== 'ready') return; // Redis away: nothing to hand it to (the records are lost to the others)
-    this.#flushing = true;
+    const p = this.#append(msg);
+    this.#flushing = p;
+    await p;
+    if (this.#flushing === p) this.#flushing = null;
+  }
+
+  async #append(msg: Buffer): Promise<void> {
     try {
       await this.#main.xadd(this.streamKey, 'MAXLEN', '~', this.#cfg.streamMaxLen, '*', 'r', this.replica, 'd', msg);
       this.published++;
       this.#setUp();
     } catch (err) {
       this.#down(err as Error);
-    } finally {
-      this.#flushing = false;
     }
   }
 

@@ -93,7 +93,7 @@ t.test('two replicas: both Ready; a prefix placed through A is routed to the sam
   t.match(metrics, /switchyard_ha_ops_applied_total [1-9]/);
   // a graceful stop says goodbye: B drops A's share at once, without waiting for peerTtlMs
   await a.close(100);
-  t.ok((await until(() => b.fleet!.peers === 0, 400)) >= 0, 'A stopped: B dropped its share before peerTtlMs');
+  t.ok((await until(() => b.fleet!.peers === 0 && b.fleet!.left === 1, 2000)) >= 0, 'A stopped: B dropped its share on its goodbye');
   t.equal(b.fleet!.left, 1, 'counted as left, not expired');
   t.equal(b.fleet!.expired, 0);
 });
@@ -178,4 +178,36 @@ t.test('a replica started while Redis is down serves, and shares once Redis is u
   t.ok(await ask(a.url, 1, 0), 'serves');
   await redis.restart();
   t.ok((await until(() => a.fleet!.shared && a.fleet!.published > 0, 6000)) >= 0, 'shares once Redis is up');
+});
+
+t.test('SIGTERM a replica mid-stream: /readyz 503 at once, its streams finish, the others count them until it says goodbye', async (t) => {
+  const redis = await startRedis(t);
+  const fleet = await startFleet(2, { timeScale: 1, itlMs: 5 });
+  t.teardown(() => fleet.close());
+  const raw = { ...config(redis.url, fleet.urls), shutdown: { drainDelayMs: 300, graceMs: 20_000 } };
+  const dir = mkdtempSync(join(tmpdir(), 'swy-aa-'));
+  const file = join(dir, 'router.yaml');
+  writeFileSync(file, JSON.stringify({ ...raw, logging: { level: 'info' } }));
+  const a = await spawnServe(t, ['--config', file, '--port', '0'], 60_000);
+  const b = await startRouter(validateConfig(raw, validatePlugin), { port: 0, host: '127.0.0.1' });
+  t.teardown(() => b.close(100));
+  t.ok((await until(() => b.fleet!.peers === 1, 5000)) >= 0, 'B sees A');
+  const N = 3;
+  const streams = Array.from({ length: N }, (_, i) =>
+    fetch(`${a.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: body(200 + i, 0, 300, true) }).then(async (r) => [r.status, await r.text()] as const),
+  );
+  const peer = () => b.core.endpoints.all.reduce((s, ep) => s + ep.peerInFlight, 0);
+  t.ok((await until(() => peer() === N, 5000)) >= 0, `B counts A's ${N} streams`);
+  a.child.kill('SIGTERM');
+  t.ok((await until(async () => (await fetch(`${a.url}/readyz`).then((r) => r.status, () => 0)) === 503, 2000)) >= 0, "A's /readyz answers 503 during its drain delay");
+  await sleep(400);
+  t.equal(peer(), N, 'A still reports its draining streams');
+  const done = await Promise.all(streams);
+  for (const [status, text] of done) {
+    t.equal(status, 200);
+    t.ok(text.includes('data: [DONE]') && !text.includes('"error"'), 'a whole stream, no error event');
+  }
+  t.same(await a.exited, [0, null], 'A exits cleanly');
+  t.ok((await until(() => b.fleet!.left === 1 && peer() === 0, 2000)) >= 0, 'and its goodbye dropped its share at once');
+  t.equal(b.fleet!.expired, 0, 'not by expiry');
 });
