@@ -191,6 +191,9 @@ interface RunResult {
   /** Hit rate of requests started in the first 5 s after the kill (where a cold index shows). */
   hitFirst5: number;
   errors: string[];
+  /** The failed requests' ends, ms after the event: first and last. */
+  failFirstMs: number;
+  failLastMs: number;
 }
 
 interface RunOptions {
@@ -338,6 +341,8 @@ async function run(mode: Mode, scenario: 'kill' | 'rolling', o: RunOptions): Pro
     hitAfter: rate(recs.filter((r) => r.start >= killAt && r.start < killAt + windowS * 1000)),
     hitFirst5: rate(recs.filter((r) => r.start >= killAt && r.start < killAt + 5000)),
     errors: [...new Set(failed.map((r) => r.err))].slice(0, 5),
+    failFirstMs: failed.length > 0 ? Math.min(...failed.map((r) => r.end - killAt)) : 0,
+    failLastMs: failed.length > 0 ? Math.max(...failed.map((r) => r.end - killAt)) : 0,
   };
   await dispatcher.close();
   await haproxy.stop();
@@ -377,7 +382,7 @@ async function main(): Promise<void> {
       `| ${label(r.mode)} | ${r.scenario === 'kill' ? 'SIGKILL one' : 'rolling restart'} | ${r.requests} | ${r.failed} | ${r.inFlightAtKill} (${r.inFlightOnKilled}) | ${r.failedNotInFlight} | ${r.takeoverMs.toFixed(0)} ms | ${r.gapMs.toFixed(0)} ms | ${(r.hitBefore * 100).toFixed(1)} % | ${(r.hitAfter * 100).toFixed(1)} % | ${((r.hitAfter / r.hitBefore) * 100).toFixed(0)} % | ${(r.hitFirst5 * 100).toFixed(1)} % |`,
     );
   }
-  for (const r of results) if (r.errors.length > 0) console.log(`${label(r.mode)} ${r.scenario} errors: ${r.errors.join('; ')}`);
+  for (const r of results) if (r.errors.length > 0) console.log(`${label(r.mode)} ${r.scenario} errors (failed requests ended ${r.failFirstMs.toFixed(0)} to ${r.failLastMs.toFixed(0)} ms after the event): ${r.errors.join('; ')}`);
 }
 
 runMain(main);
