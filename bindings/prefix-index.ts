@@ -240,6 +240,16 @@ export class PrefixIndex {
   }
 
   /**
+   * Another router's prefix records (active-active replicas, the standby's follower: src/ha/deltas.ts) in
+   * one native call: `ops` holds `nOps` triples [kind, endpoint, count] (kind 1 record, 2 remove, 3 clear;
+   * endpoint -1 skips the op and its hashes); each op's `count` hashes follow the previous op's in
+   * `hashes[0, nHashes)`. Throws RangeError (nothing applied) for an op out of range. Returns the ops applied.
+   */
+  applyOps(ops: Int32Array, nOps: number, hashes: BigUint64Array, nHashes: number): number {
+    return this.#h.applyOps(ops, nOps, hashes, nHashes) as number;
+  }
+
+  /**
    * Engine block hashes remembered per endpoint for precise mode (default 1 048 576). Past it the least
    * recently stored-or-used hash is forgotten and its key removed from the index (counted in totals[4]).
    */

@@ -92,6 +92,7 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
                            InstanceMethod<&PrefixIndexWrap::MappedBlocks>("mappedBlocks"),
                            InstanceMethod<&PrefixIndexWrap::ApplyPayloads>("applyPayloads"),
                            InstanceMethod<&PrefixIndexWrap::SetEventMapLimit>("setEventMapLimit"),
+                           InstanceMethod<&PrefixIndexWrap::ApplyOps>("applyOps"),
                        });
   }
 
@@ -261,6 +262,55 @@ class PrefixIndexWrap : public Napi::ObjectWrap<PrefixIndexWrap> {
     index_->RemoveEndpoint(ep);
     events_->Clear(ep);
     ReportMemory(info.Env());
+  }
+
+  // applyOps(ops: Int32Array, nOps, hashes: BigUint64Array, nHashes) -> applied: another router's prefix
+  // records (what it sent where: src/ha/deltas.ts) in one call. ops holds nOps triples [kind, endpoint, count]
+  // (kind 1 record, 2 remove, 3 clear; endpoint -1: an endpoint this router does not have, its hashes are
+  // skipped); each op's `count` hashes follow the previous op's in `hashes`. Everything is checked before
+  // anything is applied (RangeError: nothing applied). Returns the ops applied (those with an endpoint).
+  Napi::Value ApplyOps(const Napi::CallbackInfo& info) {
+    int32_t* ops;
+    uint64_t* hashes;
+    size_t ops_len, hashes_len;
+    uint32_t n_ops, n_hashes;
+    if (!Ready(info) || !GetArray(info, 0, napi_int32_array, "ops must be an Int32Array", &ops, &ops_len) ||
+        !GetUint(info, 1, "nOps must be a number", "nOps must be an integer in [0, ops.length / 3]",
+                 static_cast<double>(ops_len / 3), &n_ops) ||
+        !GetArray(info, 2, napi_biguint64_array, "hashes must be a BigUint64Array", &hashes, &hashes_len) ||
+        !GetUint(info, 3, "nHashes must be a number", "nHashes must be an integer in [0, hashes.length]",
+                 static_cast<double>(hashes_len), &n_hashes))
+      return info.Env().Undefined();
+    const int64_t max_ep = index_->max_endpoints();
+    size_t at = 0;
+    for (uint32_t k = 0; k < n_ops; k++) {
+      const int32_t kind = ops[3 * k], ep = ops[3 * k + 1], count = ops[3 * k + 2];
+      if (kind < 1 || kind > 3) return ThrowRange(info.Env(), "op kind must be 1 (record), 2 (remove) or 3 (clear)"), info.Env().Undefined();
+      if (ep < -1 || ep >= max_ep) return ThrowRange(info.Env(), "op endpoint must be -1 or in [0, maxEndpoints)"), info.Env().Undefined();
+      if (count < 0 || at + static_cast<size_t>(count) > n_hashes) return ThrowRange(info.Env(), "op hash counts exceed nHashes"), info.Env().Undefined();
+      at += static_cast<size_t>(count);
+    }
+    uint32_t applied = 0;
+    at = 0;
+    for (uint32_t k = 0; k < n_ops; k++) {
+      const int32_t kind = ops[3 * k], ep = ops[3 * k + 1];
+      const size_t count = static_cast<size_t>(ops[3 * k + 2]);
+      const uint64_t* keys = hashes + at;
+      at += count;
+      if (ep < 0) continue;
+      const uint32_t e = static_cast<uint32_t>(ep);
+      if (kind == 1) {
+        if (count > 0) index_->Record(e, keys, count, 0);
+      } else if (kind == 2) {
+        if (count > 0) index_->Remove(e, keys, count);
+      } else {
+        index_->Clear(e);
+        events_->Clear(e);
+      }
+      applied++;
+    }
+    ReportMemory(info.Env());
+    return Napi::Number::New(info.Env(), applied);
   }
 
   // applyEvents(ops: Uint32Array, nOps, words: Uint32Array, tokens: Uint32Array, totals: Float64Array(4)):

@@ -29,7 +29,9 @@
 // front of the one fleet, each client request sent to the next router in turn
 // (active-active replicas behind an L4 balancer). Each approximate router knows
 // only its own picks; precise routers all read the same engines' KV events.
-// Every policy of a run gets the same N. Scenario --restart-every S: every S
+// Every policy of a run gets the same N; policy `switchyard-shared` is the defaults
+// with the replicas sharing their prefix records and load through a redis-server
+// (ha active-active, src/ha/fleet.ts). Scenario --restart-every S: every S
 // seconds one engine in turn restarts (POST /sim/restart: its cache is gone,
 // its KV-event publisher starts at seq 0); no router is told.
 // Every policy of a run gets the same N and the same restarts. After each run every router's
@@ -47,6 +49,7 @@ import { Pool } from 'undici';
 import { CLI, freePort, freePortRange, start, waitReady, option } from '../lib/proc.js';
 import { expGap, fmt, mean, quantile, rng } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
+import { which } from '../lib/proxies.js';
 
 exitOnHelp(import.meta.url);
 
@@ -60,6 +63,8 @@ export const POLICIES: Record<string, string> = {
   'precise-nospec': '',
   // precise with host-memory and disk blocks weighted 0 (a diagnostic: affinity to GPU-resident copies only, as the approximate record models)
   'precise-gpu': 'scheduling:\n  tierWeights: { gpu: 1, cpu: 0, disk: 0 }\n',
+  // the defaults with the replicas sharing prefix records and load (ha active-active over a redis-server the run starts)
+  'switchyard-shared': '',
 };
 
 export interface FleetShape {
@@ -565,6 +570,17 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
             (precise ? `, kvEvents: { endpoint: "tcp://127.0.0.1:${evBase + i}", replayEndpoint: "tcp://127.0.0.1:${rpBase + i}" }` : '') +
             ' }',
         ).join('\n');
+        // switchyard-shared: a redis-server for the replicas' shared stream (active-active, src/ha/fleet.ts)
+        let redis: ReturnType<typeof start> | null = null;
+        let haBlock = '';
+        if (policy === 'switchyard-shared') {
+          const bin = which('redis-server');
+          if (!bin) throw new Error('switchyard-shared needs redis-server (apt-get install redis-server)');
+          const rport = await freePort();
+          redis = start('redis', bin, ['--port', String(rport), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
+          await new Promise((r) => setTimeout(r, 300));
+          haBlock = `ha: { redis: "redis://127.0.0.1:${rport}" }\n`;
+        }
         // N replicas with one config but their own port
         const procs = ports.map((port, k) => {
           const cfg = join(dir, `${policy}-${k}.yaml`);
@@ -576,6 +592,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
                 ? '    prefix: { mode: precise, blockTokens: ' + fleet.blockSize + ', tokenizer: { type: sim }' + (policy === 'precise-nospec' ? ', speculativeMs: 0' : '') + ' }\n'
                 : '') +
               `    endpoints:\n${endpoints}\n` +
+              haBlock +
               POLICIES[policy],
           );
           return start(`router${k}`, process.execPath, [CLI, 'serve', '--config', cfg]);
@@ -612,6 +629,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
         } finally {
           await Promise.all(procs.map((p) => p.stop()));
           await sim.stop();
+          await redis?.stop();
         }
       }
     }

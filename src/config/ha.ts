@@ -1,11 +1,20 @@
-// The `ha` block of the router config: a hot-standby pair over a Redis lease
-// (docs/operations.md "High availability"). Types, defaults and the zod
-// schema; schema.ts adds it to the Router config.
+// The `ha` block of the router config: active-active replicas sharing their
+// routing state through Redis (the default), or a hot-standby pair over a
+// lease (`mode: standby`; docs/operations.md "High availability"). Types,
+// defaults and the zod schema; schema.ts adds it to the Router config.
 import { got, int, nonEmpty, strict, z } from './schema-kit.js';
 
 export const ON_REDIS_DOWN = ['serve-alone', 'refuse'] as const;
+export const HA_MODES = ['active-active', 'standby'] as const;
 
 export interface HaConfig {
+  /**
+   * active-active: every replica serves and shares its prefix records and
+   * load through Redis (src/ha/fleet.ts); standby: one active router holds a
+   * lease, the other waits (src/ha/standby.ts). Default: active-active, or
+   * standby with `kubernetes` (the Lease is the pair's).
+   */
+  mode: (typeof HA_MODES)[number];
   /** redis://host:port[/db] of the Redis both routers of the pair share (the lease, unless `kubernetes`; the warm standby's delta stream). */
   redis?: string;
   /** The lease as a Kubernetes coordination.k8s.io/v1 Lease instead of in Redis. */
@@ -24,6 +33,10 @@ export interface HaConfig {
   streamMaxLen: number;
   /** The active publishes its routing-state deltas and the standby follows them (false: a cold standby). */
   warmStandby: boolean;
+  /** Active-active: a replica whose reports stopped this long ago is gone (its in-flight share expires). */
+  peerTtlMs: number;
+  /** Active-active: this replica's id on the shared stream; default: hostname plus a random suffix. */
+  replicaId?: string;
 }
 
 export interface HaKubernetesConfig {
@@ -37,7 +50,7 @@ export interface HaKubernetesConfig {
   identity?: string;
 }
 
-export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, streamMaxLen: 1000, warmStandby: true };
+export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, streamMaxLen: 1000, warmStandby: true, peerTtlMs: 2000 };
 
 const redisUrl = nonEmpty().refine(
   (s) => {
@@ -53,7 +66,11 @@ const redisUrl = nonEmpty().refine(
 
 export const haSchema = strict(
   {
-    redis: redisUrl.optional().describe('the Redis the standby pair shares: redis://host:port[/db] (lease unless kubernetes; the warm standby\'s delta stream)'),
+    mode: z
+      .enum(HA_MODES, { error: (i) => `must be one of: ${HA_MODES.join(', ')} (got ${got(i.input)})` })
+      .optional()
+      .describe('active-active (default): every replica serves and shares routing state through Redis; standby: a lease picks one active router (default with kubernetes)'),
+    redis: redisUrl.optional().describe('the Redis the replicas share: redis://host:port[/db] (active-active: the shared stream; standby: the lease unless kubernetes, the warm standby\'s delta stream)'),
     kubernetes: strict(
       {
         name: nonEmpty()
@@ -83,14 +100,23 @@ export const haSchema = strict(
       .boolean({ error: (i) => `must be true or false (got ${got(i.input)})` })
       .default(HA_DEFAULTS.warmStandby)
       .describe('the active publishes routing-state deltas and the standby follows them (false: a cold standby)'),
+    peerTtlMs: int(100, 600_000).default(HA_DEFAULTS.peerTtlMs).describe('active-active: a replica silent this long is gone and its in-flight share expires'),
+    replicaId: nonEmpty().optional().describe("active-active: this replica's id on the shared stream; default: hostname plus a random suffix"),
   },
   'must be a mapping (at least `redis: redis://host:port` or `kubernetes: {name}`)',
 ).superRefine((v, ctx) => {
-  if (v.redis === undefined && v.kubernetes === undefined) ctx.addIssue({ code: 'custom', path: ['redis'], message: 'is required (or kubernetes: {name} for a Kubernetes Lease)', input: undefined });
+  const mode = v.mode ?? (v.kubernetes !== undefined ? 'standby' : 'active-active');
+  if (mode === 'active-active') {
+    if (v.redis === undefined) ctx.addIssue({ code: 'custom', path: ['redis'], message: 'is required: active-active replicas share their routing state through it (or mode: standby with kubernetes: {name})', input: undefined });
+    if (v.kubernetes !== undefined) ctx.addIssue({ code: 'custom', path: ['kubernetes'], message: 'is the standby pair\'s lease: active-active replicas need no lease (set mode: standby, or remove kubernetes)', input: v.kubernetes });
+    if (typeof v.peerTtlMs === 'number' && typeof v.deltaFlushMs === 'number' && v.peerTtlMs < 3 * v.deltaFlushMs) {
+      ctx.addIssue({ code: 'custom', path: ['peerTtlMs'], message: `must be at least 3 × deltaFlushMs (${3 * v.deltaFlushMs}): a live replica reports every deltaFlushMs, and two late reports must not expire it`, input: v.peerTtlMs });
+    }
+  } else if (v.redis === undefined && v.kubernetes === undefined) ctx.addIssue({ code: 'custom', path: ['redis'], message: 'is required (or kubernetes: {name} for a Kubernetes Lease)', input: undefined });
   if (typeof v.leaseTtlMs === 'number' && typeof v.renewIntervalMs === 'number' && v.renewIntervalMs * 2 > v.leaseTtlMs) {
     ctx.addIssue({ code: 'custom', path: ['renewIntervalMs'], message: `must be at most half of leaseTtlMs (${v.leaseTtlMs}): one missed renewal must not lose the lease`, input: v.renewIntervalMs });
   }
-});
+}).transform((v): HaConfig => ({ ...v, mode: v.mode ?? (v.kubernetes !== undefined ? 'standby' : 'active-active') }));
 
 // the ext_proc block moved to extproc.ts (re-exported here for older imports)
 export { EXT_PROC_DEFAULTS, extProcSchema, type ExtProcConfig } from './extproc.js';

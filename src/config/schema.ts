@@ -243,7 +243,7 @@ export const routerConfigSchema = strict(
     disaggregation: disaggregationSchema.optional().describe('prefill/decode disaggregation (docs/disaggregation.md); absent = off'),
     admin: adminSchema.optional().describe('the admin API on its own listener (docs/operations.md); absent = none'),
     auth: authSchema.optional().describe('API keys → tenants, model allow-lists, band ceilings (docs/security.md); absent = no authentication'),
-    ha: haSchema.optional().describe('hot standby over a Redis lease (docs/operations.md); absent = a single router'),
+    ha: haSchema.optional().describe('several router replicas: active-active sharing routing state through Redis, or a standby pair over a lease (docs/operations.md); absent = a single router'),
     extProc: extProcSchema.optional().describe('Envoy ext_proc endpoint-picker listener (docs/operations.md); absent = none'),
     batch: batchSchema.optional().describe('the async processor over a Redis stream (docs/batch.md); absent = off'),
     modelRewrites: modelRewritesSchema,

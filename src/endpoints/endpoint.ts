@@ -77,6 +77,22 @@ export class Endpoint {
   prefillPending = 0;
   /** The router's requests counted in prefillPending (those with uncached tokens). */
   prefillRequests = 0;
+  /**
+   * Other router replicas' requests here (active-active, src/ha/fleet.ts):
+   * the sum of their last reports that have not expired, set off the request
+   * path every `ha.flushMs`; 0 without replicas. `peerUnseen`: of those, the
+   * ones sent since their replica's last scrape; `peerPrefillPending` and
+   * `peerPrefillRequests`: their prefill backlog.
+   */
+  peerInFlight = 0;
+  peerUnseen = 0;
+  peerPrefillPending = 0;
+  peerPrefillRequests = 0;
+
+  /** Requests the whole fleet of routers has out here: this router's own plus its replicas' (as of their last reports). */
+  get fleetInFlight(): number {
+    return this.inFlight + this.peerInFlight;
+  }
 
   readonly metrics: EngineMetrics = emptyEngineMetrics();
   /** LoRA adapters its engine serves (its GET /v1/models lists them with a `parent` among the pool's models; those the router loaded there since). */
@@ -203,20 +219,22 @@ export class Endpoint {
 
   /**
    * Requests waiting at the engine: the engine's last waiting count plus what
-   * the router sent since that scrape and still has out; with stale metrics,
-   * the router's in-flight count alone.
+   * the router sent since that scrape and still has out (and its replicas',
+   * peerUnseen); with stale metrics, the fleet's in-flight count alone.
    */
   queueEstimate(now: number): number {
-    return this.fresh(now) ? this.metrics.waiting + Math.min(this.sinceScrape, this.inFlight) : this.inFlight;
+    return this.fresh(now) ? this.metrics.waiting + Math.min(this.sinceScrape, this.inFlight) + this.peerUnseen : this.inFlight + this.peerInFlight;
   }
 
   /**
    * Requests at the engine now, running or waiting: the router's own in-flight
-   * count (exact at any moment, scrapes or not) plus, while the metrics are
-   * fresh, what the last scrape showed beyond the router's own requests.
+   * count (exact at any moment, scrapes or not) and its replicas' (as of their
+   * last reports) plus, while the metrics are fresh, what the last scrape
+   * showed beyond the fleet's requests.
    */
   occupancy(now: number): number {
-    return this.foreign > 0 && this.fresh(now) ? this.inFlight + this.foreign : this.inFlight;
+    const fleet = this.inFlight + this.peerInFlight;
+    return this.foreign > 0 && this.fresh(now) ? fleet + this.foreign : fleet;
   }
 
   /** How many requests the engine runs at once: learned from its metrics, a default until then. */
@@ -237,7 +255,8 @@ export class Endpoint {
     // leaving them out would count them twice (as foreign and as in flight)
     // and hold requests for nothing until the next scrape; counted here, at
     // worst some other client's load is missed until then.
-    const other = m.running + m.waiting - this.inFlight;
+    // (and the replicas' requests, which occupancy() counts on their own)
+    const other = m.running + m.waiting - this.inFlight - this.peerInFlight;
     this.foreign = other > 0 ? other : 0;
   }
 

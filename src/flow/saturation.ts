@@ -3,7 +3,8 @@
 //                               in-flight count, plus other clients' requests the
 //                               last fresh scrape showed) over the engine's batch
 //                               limit (learned from its running/waiting counts)
-//   inFlight / maxConcurrency   the operator's cap on the router's own requests
+//   inFlight / maxConcurrency   the operator's cap on the routers' requests
+//                               (this one's and, active-active, its replicas')
 //   waiting / queueDepthThreshold, kvUsage / kvThreshold   from fresh metrics only
 //   prefillPending × prefillCostFactor / prefillBacklogTokens
 //                               the prefill backlog: uncached prompt tokens
@@ -29,7 +30,9 @@
 // and it is saturated at load >= 1. The first term is exact between scrapes:
 // a burst that arrives right after a scrape is counted request by request as
 // the router dispatches it, so it is held once the engines' batches are full,
-// whenever the next scrape comes. Stale or missing metrics never halt
+// whenever the next scrape comes. With active-active replicas (src/ha/fleet.ts)
+// every term counts their requests and backlog too, as of their last reports
+// (at most ha.flushMs plus a read old). Stale or missing metrics never halt
 // dispatch: then only the router's own counts apply. Freshness is the
 // endpoint's own (the data layer's `staleAfterMs`).
 import type { SaturationConfig } from './config.js';
@@ -47,6 +50,10 @@ export interface EndpointLoad {
   readonly batchLimit: number;
   /** Uncached prompt tokens the router dispatched here without a first byte back yet (its prefill backlog); absent = 0. */
   readonly prefillPending?: number;
+  /** Other router replicas' requests there and prefill backlog (active-active, as of their last reports); absent = 0. */
+  readonly peerInFlight?: number;
+  readonly peerPrefillPending?: number;
+  readonly peerPrefillRequests?: number;
   /** How many requests prefillPending counts; absent: the term applies whatever the count. */
   readonly prefillRequests?: number;
   /** The pool's prefill cost against the reference accelerator (2 = half as fast); absent = 1. */
@@ -77,10 +84,10 @@ export class SaturationDetector {
   withBacklog(ep: EndpointLoad, base: number): number {
     const pb = this.#perBacklogToken;
     if (pb === 0) return base;
-    const pending = ep.prefillPending;
-    if (pending === undefined || !(pending > 0)) return base;
+    const pending = (ep.prefillPending ?? 0) + (ep.peerPrefillPending ?? 0);
+    if (!(pending > 0)) return base;
     // one request alone (prefilling, nothing queued behind it) never holds the next: the engine would idle
-    const n = ep.prefillRequests;
+    const n = ep.prefillRequests === undefined ? undefined : ep.prefillRequests + (ep.peerPrefillRequests ?? 0);
     if (n !== undefined && n < 2) return base;
     const p = pending * (ep.prefillCostFactor ?? 1) * pb;
     return p > base ? p : base;
@@ -93,7 +100,7 @@ export class SaturationDetector {
    */
   baseLoad(ep: EndpointLoad, now: number): number {
     const c = this.#cfg;
-    let u = ep.inFlight / c.maxConcurrency;
+    let u = (ep.inFlight + (ep.peerInFlight ?? 0)) / c.maxConcurrency;
     const b = ep.occupancy(now) / ep.batchLimit;
     if (b > u) u = b;
     if (ep.fresh(now)) {

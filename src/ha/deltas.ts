@@ -116,6 +116,48 @@ export class DeltaBuffer implements PrefixObserver {
     this.reset();
     return out;
   }
+
+  /**
+   * An active-active replica's message (src/ha/fleet.ts): always one (it is
+   * also the replica's heartbeat), with its own load per endpoint beside the
+   * ops: i in flight, u of those sent since the last scrape (the engine's
+   * figures cannot show them yet), p prefill-backlog tokens, q the requests
+   * p counts; r the replica's id, t its wall clock (ms), x 1 on its last
+   * message (it is leaving: its share goes at once).
+   */
+  takeShare(replica: string, leaving = false): Buffer {
+    const all = this.#endpoints.all;
+    const n = all.length;
+    const names: string[] = new Array(n);
+    const i: number[] = new Array(n);
+    const u: number[] = new Array(n);
+    const p: number[] = new Array(n);
+    const q: number[] = new Array(n);
+    for (let k = 0; k < n; k++) {
+      const ep = all[k];
+      names[k] = ep.name;
+      i[k] = ep.inFlight;
+      u[k] = Math.min(ep.sinceScrape, ep.inFlight);
+      p[k] = Math.round(ep.prefillPending);
+      q[k] = ep.prefillRequests;
+    }
+    const out = pack({
+      v: 1,
+      r: replica,
+      t: Date.now(),
+      x: leaving ? 1 : 0,
+      n: names,
+      o: Buffer.from(this.#ops.buffer, 0, this.#opLen * 12),
+      h: Buffer.from(this.#h32.buffer, 0, this.#hLen * 8),
+      i,
+      u,
+      p,
+      q,
+      d: this.#dropped,
+    });
+    this.reset();
+    return out;
+  }
 }
 
 export interface ApplyTarget {
@@ -123,36 +165,80 @@ export interface ApplyTarget {
   store: PrefixStore | null;
 }
 
-/** Applies one message to a router's index; returns the peer's in-flight counts by endpoint name. Throws on a malformed message. */
-export function applyDelta(raw: Buffer, t: ApplyTarget, peerInFlight: Map<string, number>): number {
-  const m = unpack(raw) as { v?: unknown; n?: unknown; o?: unknown; h?: unknown; i?: unknown };
+/** A decoded message (v1): the standby pair's and the active-active replicas' (takeShare). */
+export interface DeltaMessage {
+  v: 1;
+  n: string[];
+  o: Uint8Array;
+  h: Uint8Array;
+  i?: number[];
+  d?: number;
+  /** Active-active only: replica id, wall clock, leaving, unseen / prefill tokens / prefill requests per endpoint. */
+  r?: string;
+  t?: number;
+  x?: number;
+  u?: number[];
+  p?: number[];
+  q?: number[];
+}
+
+/** Decodes one message; throws on anything that is not a switchyard delta (v1). */
+export function decodeDelta(raw: Buffer): DeltaMessage {
+  const m = unpack(raw) as Partial<DeltaMessage> | null;
   if (m === null || typeof m !== 'object' || m.v !== 1 || !Array.isArray(m.n) || !(m.o instanceof Uint8Array) || !(m.h instanceof Uint8Array)) {
     throw new Error('not a switchyard delta (v1)');
   }
-  const names = m.n as string[];
-  const ids = names.map((n) => t.endpoints.byName(n)?.id ?? -1);
-  if (Array.isArray(m.i)) (m.i as number[]).forEach((c, k) => names[k] !== undefined && peerInFlight.set(names[k], Number(c) || 0));
+  if (m.o.length % 12 !== 0 || m.h.length % 8 !== 0) throw new Error('delta ops or hashes of a length that is not whole records');
+  return m as DeltaMessage;
+}
+
+/**
+ * Applies a decoded message's ops to a router's index in one native call
+ * (PrefixStore.applyOps; endpoints mapped by name, those this router does not
+ * have skipped); returns the ops applied. Throws on counts out of range.
+ */
+export function applyDeltaOps(m: DeltaMessage, t: ApplyTarget): number {
   const store = t.store;
   if (store === null || m.o.length === 0) return 0;
+  const names = m.n;
   // copies: the decoded bytes need not be aligned for typed-array views
   const ops = new Int32Array(new Uint8Array(m.o).buffer);
   const hashes = new BigUint64Array(new Uint8Array(m.h).buffer);
+  const nOps = ops.length / 3;
+  let total = 0;
+  for (let k = 0; k < nOps; k++) {
+    const c = ops[3 * k + 2];
+    if (c < 0) throw new Error('delta hash count out of range');
+    total += c;
+    const src = ops[3 * k + 1];
+    const name = src >= 0 && src < names.length ? names[src] : undefined;
+    ops[3 * k + 1] = name !== undefined ? (t.endpoints.byName(name)?.id ?? -1) : -1;
+  }
+  if (total > hashes.length) throw new Error('delta hash count out of range');
+  if (store.applyOps !== undefined) return store.applyOps(ops, nOps, hashes, total);
   let at = 0;
   let applied = 0;
-  for (let k = 0; k + 2 < ops.length; k += 3) {
-    const kind = ops[k];
-    const id = ops[k + 1] >= 0 && ops[k + 1] < ids.length ? ids[ops[k + 1]] : -1;
-    const count = ops[k + 2];
-    if (count < 0 || at + count > hashes.length) throw new Error('delta hash count out of range');
+  for (let k = 0; k < nOps; k++) {
+    const kind = ops[3 * k];
+    const id = ops[3 * k + 1];
+    const count = ops[3 * k + 2];
     const hs = hashes.subarray(at, at + count);
     at += count;
-    if (id < 0) continue; // an endpoint this router does not have
+    if (id < 0) continue;
     if (kind === OP_RECORD) store.applyRecord?.(id, hs, count);
     else if (kind === OP_REMOVE) store.applyRemove?.(id, hs, count);
     else if (kind === OP_CLEAR) store.clear(id);
     applied++;
   }
   return applied;
+}
+
+/** Applies one message to a router's index; returns the ops applied and fills the peer's in-flight counts by endpoint name. Throws on a malformed message. */
+export function applyDelta(raw: Buffer, t: ApplyTarget, peerInFlight: Map<string, number>): number {
+  const m = decodeDelta(raw);
+  const names = m.n;
+  if (Array.isArray(m.i)) m.i.forEach((c, k) => names[k] !== undefined && peerInFlight.set(names[k], Number(c) || 0));
+  return applyDeltaOps(m, t);
 }
 
 /** The standby's reader of the delta stream (a dedicated connection: XREAD BLOCK holds it). */

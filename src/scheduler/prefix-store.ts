@@ -40,6 +40,12 @@ export interface PrefixStore {
   applyRecord?(endpointId: number, hashes: BigUint64Array, count: number): void;
   /** Applies block hashes removed elsewhere. */
   applyRemove?(endpointId: number, hashes: BigUint64Array, count: number): void;
+  /**
+   * Applies a batch of changes made elsewhere in one call (active-active replicas, the standby's follower):
+   * `ops` holds `nOps` triples [kind (1 record, 2 remove, 3 clear), endpoint id (-1: skip), count], their
+   * hashes in order in `hashes[0, nHashes)`. Returns the ops applied. Throws RangeError (nothing applied).
+   */
+  applyOps?(ops: Int32Array, nOps: number, hashes: BigUint64Array, nHashes: number): number;
 }
 
 /** The native (C++) prefix index in approximate mode: the router's own record of what it sent where. */
@@ -103,5 +109,9 @@ export class NativePrefixStore implements PrefixStore {
 
   applyRemove(endpointId: number, hashes: BigUint64Array, count: number): void {
     if (count > 0) this.#idx.remove(endpointId, hashes, count);
+  }
+
+  applyOps(ops: Int32Array, nOps: number, hashes: BigUint64Array, nHashes: number): number {
+    return this.#idx.applyOps(ops, nOps, hashes, nHashes);
   }
 }

@@ -33,6 +33,7 @@ import type { ApiKeyAuthenticator } from '../auth/authenticator.js';
 import { CloseRank, type Lifecycle } from './lifecycle.js';
 // loaded only when configured: a feature that is off costs no import (ioredis, grpc-js)
 import type { HighAvailability } from '../ha/standby.js';
+import type { FleetShare } from '../ha/fleet.js';
 import type { KubernetesDiscovery } from '../k8s/discovery.js';
 import type { BatchApi } from '../batch/api.js';
 import type { BatchProcessor } from '../batch/processor.js';
@@ -87,8 +88,10 @@ export interface RouterParts {
 /** Everything assembleRouter built: the core's parts and the services that run beside the core. */
 export interface Assembly {
   readonly parts: RouterParts;
-  /** The hot-standby pair's coordinator (config.ha), or null. */
+  /** The hot-standby pair's coordinator (config.ha with mode standby), or null. */
   readonly ha: HighAvailability | null;
+  /** Active-active sharing (config.ha with mode active-active), or null. */
+  readonly fleet: FleetShare | null;
   /** Endpoint sources of pools with `discovery`, in pool order. */
   readonly discovery: readonly KubernetesDiscovery[];
   /** The async processor, when `config.batch` is set. */
@@ -132,7 +135,15 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
   }
 
   let ha: HighAvailability | null = null;
-  if (config.ha) {
+  let fleet: FleetShare | null = null;
+  if (config.ha?.mode === 'active-active') {
+    // every replica serves (no lease: /readyz as without ha); prefix records and load shared through Redis
+    const { FleetShare } = await import('../ha/fleet.js');
+    const started = await FleetShare.start(config.ha, { endpoints: parts.endpoints, store: parts.scheduler.prefix?.store ?? null, log });
+    lifecycle.add('share', CloseRank.share, () => started.close());
+    started.registerMetrics(parts.metrics.registry);
+    fleet = started;
+  } else if (config.ha) {
     const { HighAvailability } = await import('../ha/standby.js');
     const started = await HighAvailability.start(config.ha, { endpoints: parts.endpoints, store: parts.scheduler.prefix?.store ?? null, log });
     lifecycle.add('lease', CloseRank.lease, () => started.close());
@@ -160,7 +171,7 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
     }
     batchApi = api;
   }
-  return { parts: { ...parts, batchApi, leadership: ha, auth }, ha, discovery, batch };
+  return { parts: { ...parts, batchApi, leadership: ha, auth }, ha, fleet, discovery, batch };
 }
 
 /** A URL for a message: its password (redis://:secret@host) replaced by ***. */

@@ -18,8 +18,10 @@ export const CloseRank = {
   batchApi: 5,
   batch: 6,
   serving: 7,
+  /** Active-active sharing (src/ha/fleet.ts): its goodbye once this replica's requests are done. */
+  share: 8,
   /** The router's components (assemble.ts), after every listener has drained. */
-  parts: 8,
+  parts: 9,
 } as const;
 
 interface Entry {

@@ -9,6 +9,7 @@ import { CloseRank, Lifecycle } from './lifecycle.js';
 import type { PluginValidator } from '../config/load.js';
 // loaded only when configured: a feature that is off costs no import (ioredis, grpc-js)
 import type { HighAvailability } from '../ha/standby.js';
+import type { FleetShare } from '../ha/fleet.js';
 import type { ExtProcServer } from '../extproc/server.js';
 import type { KubernetesDiscovery } from '../k8s/discovery.js';
 
@@ -21,8 +22,10 @@ export interface RunningRouter {
   readonly admin: AdminServer | null;
   /** Re-reads the config file (SIGHUP does this): refused when invalid, the old config keeps serving. Null without a config file. */
   readonly reload: (() => Promise<ReloadResult>) | null;
-  /** The hot-standby pair's coordinator (config.ha), or null. */
+  /** The hot-standby pair's coordinator (config.ha, mode standby), or null. */
   readonly ha: HighAvailability | null;
+  /** Active-active sharing (config.ha, mode active-active), or null. */
+  readonly fleet: FleetShare | null;
   /** The Envoy ext_proc listener (config.extProc), or null. */
   readonly extProc: ExtProcServer | null;
   /** Endpoint sources of pools with `discovery` (Kubernetes pods), in pool order; empty without. */
@@ -90,7 +93,7 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
   } catch (err) {
     return failStart(err);
   }
-  const { ha, discovery, batch } = assembly;
+  const { ha, fleet, discovery, batch } = assembly;
   const core = new RouterCore(assembly.parts, { raiseFdLimit: opts.raiseFdLimit });
   lifecycle.add('router', CloseRank.serving, (graceMs) => core.close(graceMs));
   const host = opts.host ?? config.listen.host;
@@ -126,5 +129,5 @@ export async function startRouter(config: RouterConfig, opts: StartRouterOptions
     }
   }
   const close = (graceMs?: number) => lifecycle.close(graceMs);
-  return { host, port, url, core, admin, reload: reloader ? () => reloader.reload() : null, ha, extProc, discovery, ...(batch !== null ? { batch } : {}), close };
+  return { host, port, url, core, admin, reload: reloader ? () => reloader.reload() : null, ha, fleet, extProc, discovery, ...(batch !== null ? { batch } : {}), close };
 }

@@ -100,13 +100,20 @@ t.test('PodSecurity "restricted": every pod runs as non-root, no privilege escal
 
 t.test('the router: probes that survive a GC pause, --watch-config, the drain inside the termination grace, scrape annotations, a versioned image', async (t) => {
   const dep = router();
-  t.equal(dep.spec.replicas, 2, 'a standby pair');
+  t.equal(dep.spec.replicas, 2, 'two active-active replicas');
+  const cfgHa = routerConfig(base).ha!;
+  t.equal(cfgHa.mode, 'active-active', 'ha: every replica serves (Ready), so the rolling update below never waits on a never-Ready standby');
+  t.equal(routerConfig(base).sessions.store === 'memory' ? '' : (routerConfig(base).sessions.store as { url: string }).url, cfgHa.redis, 'session pins shared through the same Redis');
+  const ru = dep.spec.strategy.rollingUpdate;
+  t.equal(dep.spec.strategy.type, 'RollingUpdate');
+  t.equal(ru.maxUnavailable, 0, 'maxUnavailable 0: an old pod goes only once a new one is Ready');
+  t.ok(ru.maxSurge >= 1, `maxSurge ${ru.maxSurge}: the new pod comes first`);
   const pod = dep.spec.template;
   t.ok(matches(dep.spec.selector.matchLabels, pod.metadata.labels), 'selector matches the pod template labels');
   const c = pod.spec.containers[0];
   t.equal(c.image, `registry.example.com/switchyard:${VERSION}`, 'the kustomization pins the image to the package version (set newName to your registry)');
   const r = c.readinessProbe;
-  t.equal(r.httpGet.path, '/readyz', 'readiness follows the lease');
+  t.equal(r.httpGet.path, '/readyz', 'readiness: can route, not draining');
   t.ok(r.periodSeconds >= 2 && r.failureThreshold >= 3 && r.timeoutSeconds >= 2, `readiness: period ${r.periodSeconds} s × ${r.failureThreshold} misses, timeout ${r.timeoutSeconds} s (one slow answer does not take the router out)`);
   t.equal(c.livenessProbe.httpGet.path, '/healthz');
   t.ok(c.livenessProbe.periodSeconds * c.livenessProbe.failureThreshold >= 20, 'liveness tolerates 20 s of trouble before a restart');
@@ -204,9 +211,11 @@ t.test('components: the InferencePool over the pods the config discovers, the en
   t.equal(sm.spec.endpoints[0].path, '/metrics');
 });
 
-t.test('PodDisruptionBudget covers the router pods and keeps one', async (t) => {
+t.test('PodDisruptionBudget covers the router pods and lets a drain take one at a time', async (t) => {
   const pdb = one(base, 'PodDisruptionBudget', 'switchyard')!;
   t.ok(matches(pdb.spec.selector.matchLabels, router().spec.template.metadata.labels));
-  t.equal(pdb.spec.minAvailable, 1);
-  t.equal(pdb.spec.unhealthyPodEvictionPolicy, 'AlwaysAllow', 'the never-Ready standby can be evicted');
+  t.equal(pdb.spec.maxUnavailable, 1, 'one router at a time (whatever the replica count)');
+  t.notOk('minAvailable' in pdb.spec, 'not minAvailable: with every replica Ready a drain may always take one');
+  t.ok(router().spec.replicas > pdb.spec.maxUnavailable, 'a drain never leaves zero routers');
+  t.equal(pdb.spec.unhealthyPodEvictionPolicy, 'AlwaysAllow', 'a pod that is not Ready (starting) can be evicted: a drain never waits on it');
 });

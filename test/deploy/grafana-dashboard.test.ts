@@ -106,7 +106,7 @@ t.test('every metric the dashboard queries exists in a live router', async (t) =
   // a second router with a standby pair's lease (ha), so the HA panels' families are there too
   const { startRedis } = await import('../support/redis-util.js');
   const redis = await startRedis(t);
-  const ha = await startTestRouter(t, { n: 1, extra: { ha: { redis: redis.url } } });
+  const ha = await startTestRouter(t, { n: 1, extra: { ha: { mode: 'standby', redis: redis.url } } });
   const text = (await (await fetch(`${url}/metrics`)).text()) + '\n' + (await (await fetch(`${ha.url}/metrics`)).text());
   const types = new Map<string, string>();
   for (const m of text.matchAll(/^# TYPE (\S+) (\S+)$/gm)) types.set(m[1]!, m[2]!);

@@ -155,7 +155,7 @@ t.test('warm standby: the standby follows the deltas and routes the same prefixe
       kind: 'Router',
       pools: [{ name: 'p', models: ['open-model'], endpoints: fleet.urls.map((url, i) => ({ name: `e${i}`, url })) }],
       logging: { level: 'silent' },
-      ha: { redis: redis.url, key: 'swy-warm', leaseTtlMs: TTL, renewIntervalMs: RENEW, deltaFlushMs: 30 },
+      ha: { mode: 'standby', redis: redis.url, key: 'swy-warm', leaseTtlMs: TTL, renewIntervalMs: RENEW, deltaFlushMs: 30 },
     },
     validatePlugin,
   );
@@ -195,7 +195,7 @@ t.test('real processes: SIGKILL the active, the standby takes over; the old one 
       apiVersion: API_VERSION,
       kind: 'Router',
       pools: [{ name: 'p', models: ['open-model'], endpoints: fleet.urls.map((url, i) => ({ name: `e${i}`, url })) }],
-      ha: { redis: redis.url, key: 'swy-proc', leaseTtlMs: TTL, renewIntervalMs: RENEW },
+      ha: { mode: 'standby', redis: redis.url, key: 'swy-proc', leaseTtlMs: TTL, renewIntervalMs: RENEW },
     }),
   );
   const ready = async (url: string) => (await fetch(`${url}/readyz`).catch(() => null))?.status ?? 0;

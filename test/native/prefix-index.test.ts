@@ -283,3 +283,42 @@ t.test('stats account bytes and stay bounded by the capacities', (t) => {
   t.ok(s.bytes > 0 && s.bytes < 4000 * 64 + 600_000, `bytes ${s.bytes}`);
   t.end();
 });
+
+t.test('applyOps: a batch of another router\'s records, removals and clears in one call, equal to the calls one by one; bad batches apply nothing', (t) => {
+  const prompts = [randomBytes(64 * 6), randomBytes(64 * 4), randomBytes(64 * 5)];
+  const hashes = prompts.map((p) => {
+    const h = new BigUint64Array(p.length / 64);
+    new PrefixIndex().hashPrompt(p, SEED, h);
+    return h;
+  });
+  // ops: record p0 on 0, record p1 on 1, a skipped op (-1) carrying p2's hashes, remove p0's last two from 0, record p2 on 2, clear 1
+  const ops = Int32Array.from([1, 0, 6, 1, 1, 4, 1, -1, 5, 2, 0, 2, 1, 2, 5, 3, 1, 0]);
+  const all6 = new BigUint64Array([...hashes[0], ...hashes[1], ...hashes[2], ...hashes[0].subarray(4), ...hashes[2]]);
+  const bulk = new PrefixIndex();
+  t.equal(bulk.applyOps(ops, 6, all6, all6.length), 5, 'five ops applied (the -1 one skipped)');
+  const one = new PrefixIndex();
+  one.record(0, hashes[0]);
+  one.record(1, hashes[1]);
+  one.remove(0, hashes[0].subarray(4));
+  one.record(2, hashes[2]);
+  one.clear(1);
+  for (const p of prompts) {
+    const a = bulk.matchPrompt(p, SEED, all(3));
+    const b = one.matchPrompt(p, SEED, all(3));
+    t.same([...a.matched.subarray(0, 3)], [...b.matched.subarray(0, 3)], 'the same index as one call per op');
+  }
+  t.same([...bulk.matchPrompt(prompts[0], SEED, all(3)).matched.subarray(0, 3)], [4, 0, 0], 'p0: 4 blocks left on endpoint 0');
+  t.same([...bulk.matchPrompt(prompts[2], SEED, all(3)).matched.subarray(0, 3)], [0, 0, 5], 'p2 on 2 only (the skipped op recorded nothing)');
+  // bad batches: RangeError, nothing applied
+  const fresh = new PrefixIndex({ maxEndpoints: 4 });
+  const h = hashes[1];
+  t.throws(() => fresh.applyOps(Int32Array.from([1, 0, 4, 1, 9, 0]), 2, h, h.length), RangeError, 'an endpoint out of range');
+  t.throws(() => fresh.applyOps(Int32Array.from([1, 0, 4, 7, 0, 0]), 2, h, h.length), RangeError, 'an unknown kind');
+  t.throws(() => fresh.applyOps(Int32Array.from([1, 0, 4, 1, 1, 1]), 2, h, h.length), RangeError, 'counts beyond nHashes');
+  t.throws(() => fresh.applyOps(Int32Array.from([1, 0, -1]), 1, h, h.length), RangeError, 'a negative count');
+  t.throws(() => fresh.applyOps(Int32Array.from([1, 0, 4]), 2, h, h.length), RangeError, 'nOps beyond ops');
+  t.throws(() => fresh.applyOps(Int32Array.from([1, 0, 4]), 1, h, 9), RangeError, 'nHashes beyond hashes');
+  t.throws(() => fresh.applyOps(new Uint32Array(3) as unknown as Int32Array, 1, h, h.length), TypeError, 'ops of the wrong type');
+  t.same([...fresh.matchPrompt(prompts[1], SEED, all(2)).matched.subarray(0, 2)], [0, 0], 'nothing was applied by the refused batches');
+  t.end();
+});

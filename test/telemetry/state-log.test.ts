@@ -156,7 +156,7 @@ t.test('a leader change is logged: the standby of a pair takes over when the act
   writeFileSync(
     file,
     `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: 0 }\nshutdown: { graceMs: 500 }\n` +
-      `ha: { redis: "${redis.url}", leaseTtlMs: 1000, renewIntervalMs: 200 }\n` +
+      `ha: { mode: standby, redis: "${redis.url}", leaseTtlMs: 1000, renewIntervalMs: 200 }\n` +
       `pools:\n  - { name: p, models: [m], endpoints: [{ name: e0, url: "${fleet.urls[0]}" }] }\n`,
   );
   const a = await spawnServe(t, ['--config', file]);

@@ -1,7 +1,8 @@
 // Scorer `kv-cache-utilization`: 1 - KV-cache usage (vllm:kv_cache_usage_perc,
 // old vllm:gpu_cache_usage_perc, sglang:token_usage). When an endpoint's
 // metrics are stale or it reports no usage, its score comes from the router's
-// own in-flight count instead: 1 - inFlight / (max in-flight over candidates + 1).
+// in-flight count instead (its own and its active-active replicas'):
+// 1 - inFlight / (max in-flight over candidates + 1).
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Scorer } from '../types.js';
@@ -16,11 +17,14 @@ export class KvCacheScorer implements Scorer {
     const n = eps.length;
     const out = (this.#out = ensure(this.#out, n));
     let maxInFlight = 0;
-    for (let i = 0; i < n; i++) if (eps[i].inFlight > maxInFlight) maxInFlight = eps[i].inFlight;
+    for (let i = 0; i < n; i++) {
+      const f = eps[i].inFlight + eps[i].peerInFlight;
+      if (f > maxInFlight) maxInFlight = f;
+    }
     for (let i = 0; i < n; i++) {
       const ep = eps[i];
       const kv = ep.metrics.kvUsage;
-      out[i] = ep.fresh(ctx.now) && kv === kv ? 1 - kv : 1 - ep.inFlight / (maxInFlight + 1);
+      out[i] = ep.fresh(ctx.now) && kv === kv ? 1 - kv : 1 - (ep.inFlight + ep.peerInFlight) / (maxInFlight + 1);
     }
     return out;
   }

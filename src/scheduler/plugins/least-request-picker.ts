@@ -1,5 +1,6 @@
 // Picker `least-request` (baseline): ignores scores; the candidate with the
-// fewest requests in flight from this router, ties broken at random.
+// fewest requests in flight from this router and its active-active replicas
+// (Endpoint.fleetInFlight), ties broken at random.
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Picker } from '../types.js';
@@ -17,7 +18,7 @@ export class LeastRequestPicker implements Picker {
     let bestLoad = Infinity;
     let ties = 0;
     for (let i = 0; i < eps.length; i++) {
-      const l = eps[i].inFlight;
+      const l = eps[i].inFlight + eps[i].peerInFlight;
       if (l < bestLoad) {
         best = i;
         bestLoad = l;

@@ -1,4 +1,5 @@
-// Scorer `load`: the router's own in-flight count per endpoint (always fresh).
+// Scorer `load`: the router's own in-flight count per endpoint (always fresh),
+// plus its active-active replicas' (Endpoint.peerInFlight, as of their last reports).
 // Fewest in flight scores 1, most scores 0 (min-max over the candidates).
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { pluginParams, type PluginFactory } from '../registry.js';
@@ -9,7 +10,7 @@ export class LoadScorer extends FewestScorer {
   readonly name = 'load';
 
   protected value(ep: Endpoint): number {
-    return ep.inFlight;
+    return ep.inFlight + ep.peerInFlight;
   }
 }
 
