@@ -86,6 +86,10 @@ export class ApiKeyAuthenticator implements Authenticator, Identity {
         models: k.models ? new Set(k.models) : null,
         maxBand: k.maxBand ?? '',
         flow: `tenant:${k.tenant}`,
+        limits:
+          k.requestsPerMinute !== undefined || k.tokensPerMinute !== undefined || k.tokensPerDay !== undefined
+            ? Object.freeze({ requestsPerMinute: k.requestsPerMinute, tokensPerMinute: k.tokensPerMinute, tokensPerDay: k.tokensPerDay })
+            : null,
       });
       callers.push(caller);
       const e: KeyEntry = { digest, caller };
