@@ -118,6 +118,11 @@ export class ApiKeyAuthenticator implements Authenticator, Identity {
     return this.callers.length;
   }
 
+  /** Tokens remembered (known keys only). */
+  get cached(): number {
+    return this.#cache.size;
+  }
+
   authenticate(get: HeaderGetter): Caller | Refusal {
     const token = bearerToken(get('authorization'));
     let caller: Caller | null = null;

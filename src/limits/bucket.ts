@@ -50,10 +50,19 @@ export class Bucket {
     this.who = who;
   }
 
+  /** The header lines' fixed parts for these limits (built when the limits are set, not per answer). */
+  reqPrefix = '';
+  tpmPrefix = '';
+  tpdPrefix = '';
+
   setLimits(rpm: number, tpm: number, tpd: number): void {
+    if (rpm === this.rpm && tpm === this.tpm && tpd === this.tpd && (this.reqPrefix !== '' || rpm === 0)) return;
     this.rpm = rpm;
     this.tpm = tpm;
     this.tpd = tpd;
+    this.reqPrefix = `x-ratelimit-limit-requests: ${rpm}\r\nx-ratelimit-remaining-requests: `;
+    this.tpmPrefix = `x-ratelimit-limit-tokens: ${tpm}\r\nx-ratelimit-remaining-tokens: `;
+    this.tpdPrefix = `x-ratelimit-limit-tokens: ${tpd}\r\nx-ratelimit-remaining-tokens: `;
   }
 
   get limited(): boolean {

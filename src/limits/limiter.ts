@@ -13,12 +13,17 @@ import type { RateLimitsConfig, LimitSpec } from '../config/rate-limits.js';
 import type { Caller, KeyLimits } from '../identity.js';
 import { Bucket, charge, check, correct, DAY_MS, duration, Fail, remainingRequests, remainingTokensDay, remainingTokensMinute, type Verdict } from './bucket.js';
 
-/** The buckets one caller is charged to. */
+/** The buckets one caller is charged to, and its answers' header lines. */
 export interface Plan {
   readonly key: Bucket | null;
   readonly tenant: Bucket | null;
   /** Some bucket counts tokens (the answer's usage is read at the end). */
   readonly tokens: boolean;
+  /** The x-ratelimit-* lines as of `at` (rebuilt when a counter moved since: `stale`). */
+  lines: string;
+  stale: boolean;
+  /** Date.now() of this caller's last admission (the headers describe the counters then). */
+  at: number;
 }
 
 /** The answer of shared counters (Redis): admitted, refused (the verdict says why), or the store failed. */
@@ -48,6 +53,8 @@ export class RateLimiter {
   #cfg: RateLimitsConfig;
   readonly #buckets = new Map<string, Bucket>();
   #plans = new WeakMap<Caller, Plan | null>();
+  /** The latest clock an admission read. */
+  #lastNow = 0;
   readonly #maxSubjects: number;
   /** Shared counters (Redis), or null: this router counts alone. */
   readonly shared: SharedCounters | null;
@@ -100,7 +107,7 @@ export class RateLimiter {
     const tspec = t === '' ? (cfg.anonymous ?? null) : (Object.hasOwn(cfg.tenants, t) ? cfg.tenants[t]! : (cfg.defaultTenant ?? null));
     const tenant = tspec !== null && limited(tspec) ? this.#bucket(`t:${t}`, t === '' ? 'the anonymous scope' : `tenant ${t}`, tspec) : null;
     if (key === null && tenant === null) return null;
-    return { key, tenant, tokens: (key !== null && (key.tpm > 0 || key.tpd > 0)) || (tenant !== null && (tenant.tpm > 0 || tenant.tpd > 0)) };
+    return { key, tenant, tokens: (key !== null && (key.tpm > 0 || key.tpd > 0)) || (tenant !== null && (tenant.tpm > 0 || tenant.tpd > 0)), lines: '', stale: true, at: Date.now() };
   }
 
   #bucket(id: string, who: string, spec: LimitSpec | KeyLimits): Bucket {
@@ -135,11 +142,14 @@ export class RateLimiter {
    * limit refuses it, and then nothing is charged.
    */
   takeLocal(plan: Plan, cost: number, now: number): boolean {
+    plan.at = now;
+    plan.stale = true;
     const v = this.verdict;
     v.fail = Fail.None;
     v.bucket = null;
     if (plan.key !== null) check(plan.key, now, cost, v);
     if (plan.tenant !== null) check(plan.tenant, now, cost, v);
+    this.#lastNow = now;
     if (v.fail !== Fail.None) {
       this.#count(v);
       return false;
@@ -155,6 +165,8 @@ export class RateLimiter {
     v.fail = Fail.None;
     v.bucket = null;
     return this.shared!.take(plan, cost, v).then((r) => {
+      plan.at = Date.now();
+      plan.stale = true;
       if (r === Take.Refused) this.#count(v);
       return r;
     });
@@ -168,7 +180,9 @@ export class RateLimiter {
   /** The answer ended: its real token count differs from the charged estimate by `delta`. */
   correct(plan: Plan, delta: number, day: number): void {
     if (delta === 0 || !plan.tokens) return;
-    const now = Date.now();
+    // the clock of the caller's last admission: near enough for a correction (no clock read per answer)
+    const now = Math.max(plan.at, this.#lastNow);
+    plan.stale = true;
     if (plan.key !== null) this.#correct(plan.key, now, delta, day);
     if (plan.tenant !== null) this.#correct(plan.tenant, now, delta, day);
   }
@@ -191,7 +205,12 @@ export class RateLimiter {
    */
   headers(caller: Caller): string {
     const p = this.plan(caller);
-    return p === null ? '' : headerLines(p, Date.now());
+    if (p === null) return '';
+    if (p.stale) {
+      p.lines = headerLines(p, p.at);
+      p.stale = false;
+    }
+    return p.lines;
   }
 }
 
@@ -210,15 +229,19 @@ function limited(s: LimitSpec): boolean {
   return s.requestsPerMinute !== undefined || s.tokensPerMinute !== undefined || s.tokensPerDay !== undefined;
 }
 
+const CRLF = '\r\n';
+const RESET_REQUESTS = '\r\nx-ratelimit-reset-requests: ';
+const RESET_TOKENS = '\r\nx-ratelimit-reset-tokens: ';
+
 /** The header lines of a plan at `now` (see RateLimiter.headers). */
 export function headerLines(p: Plan, now: number): string {
   let s = '';
   // requests: the bucket with the fewest left
-  let rl = 0;
+  let rl = '';
   let rr = Infinity;
   let rt = 0;
   // tokens: the limit (a minute's or the day's) with the fewest left
-  let tl = 0;
+  let tl = '';
   let tr = Infinity;
   let tt = 0;
   for (let i = 0; i < 2; i++) {
@@ -228,7 +251,7 @@ export function headerLines(p: Plan, now: number): string {
       const r = remainingRequests(b, now);
       if (r < rr) {
         rr = r;
-        rl = b.rpm;
+        rl = b.reqPrefix;
         rt = Math.max(b.reqTat, now) - now;
       }
     }
@@ -236,7 +259,7 @@ export function headerLines(p: Plan, now: number): string {
       const r = remainingTokensMinute(b, now);
       if (r < tr) {
         tr = r;
-        tl = b.tpm;
+        tl = b.tpmPrefix;
         tt = Math.max(b.tokTat, now) - now;
       }
     }
@@ -244,13 +267,13 @@ export function headerLines(p: Plan, now: number): string {
       const r = remainingTokensDay(b, now);
       if (r < tr) {
         tr = r;
-        tl = b.tpd;
+        tl = b.tpdPrefix;
         tt = r === b.tpd ? 0 : (Math.floor(now / DAY_MS) + 1) * DAY_MS - now;
       }
     }
   }
-  if (rl > 0) s += `x-ratelimit-limit-requests: ${rl}\r\nx-ratelimit-remaining-requests: ${rr}\r\nx-ratelimit-reset-requests: ${duration(rt)}\r\n`;
-  if (tl > 0) s += `x-ratelimit-limit-tokens: ${tl}\r\nx-ratelimit-remaining-tokens: ${tr}\r\nx-ratelimit-reset-tokens: ${duration(tt)}\r\n`;
+  if (rl !== '') s = rl + rr + RESET_REQUESTS + duration(rt) + CRLF;
+  if (tl !== '') s += tl + tr + RESET_TOKENS + duration(tt) + CRLF;
   return s;
 }
 
