@@ -51,6 +51,8 @@ export interface Rejected {
   readonly reason: string;
   /** When above 0 (429), goes to the `Retry-After` header (whole seconds, rounded up). */
   readonly retryAfterSeconds?: number;
+  /** The error body's `type` when it is not the status's default (a rate limit's `requests` or `tokens`, as OpenAI answers). */
+  readonly errorType?: string;
 }
 
 export type Admission = Admitted | Rejected;
@@ -68,6 +70,8 @@ export type ReleaseOutcome = 'ok' | 'failed' | 'aborted';
 export interface FinishedRequest extends RequestInfo {
   /** The answer's `usage.completion_tokens` when the director saw it, else -1. */
   readonly completionTokens: number;
+  /** The answer's `usage.prompt_tokens` when the director saw it (in the chunk with completion_tokens), else -1. */
+  readonly promptTokens: number;
   /** Bytes of the answer relayed to the client. */
   readonly responseBytes: number;
   /** Chunks of the answer relayed to the client (for a streamed answer: at least one token each). */

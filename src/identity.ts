@@ -32,6 +32,15 @@ export interface Caller {
    * request's headers (no auth, or trusted headers without a tenant).
    */
   readonly flow: string;
+  /** The key's own rate limits (src/limits/; the `auth` key's options); null = none of its own. */
+  readonly limits: KeyLimits | null;
+}
+
+/** A key's rate limits (config/rate-limits.ts's LimitSpec, structurally); an absent field is no limit of its own. */
+export interface KeyLimits {
+  readonly requestsPerMinute?: number;
+  readonly tokensPerMinute?: number;
+  readonly tokensPerDay?: number;
 }
 
 /** A request refused by authentication: 401 with this message (code invalid_api_key). */
@@ -44,7 +53,7 @@ export function isRefusal(r: Caller | Refusal): r is Refusal {
 }
 
 /** The caller of a request nothing identifies (no auth, no tenant). */
-export const ANONYMOUS: Caller = Object.freeze({ tenant: '', keyId: '', models: null, maxBand: '', flow: '' });
+export const ANONYMOUS: Caller = Object.freeze({ tenant: '', keyId: '', models: null, maxBand: '', flow: '', limits: null });
 
 /** Resolves the caller of a request from its headers; a Refusal when authentication requires a key it did not get. */
 export interface Authenticator {

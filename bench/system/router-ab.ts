@@ -9,7 +9,9 @@
 // `--base .` with `--extra '<yaml lines>'` compares one build under two configs
 // instead (the lines are appended to the second router's config only);
 // `--extra-all '<yaml lines>'` appends lines to both routers' configs (e.g. a
-// flowControl block, to compare the admission path of two builds).
+// flowControl block, to compare the admission path of two builds);
+// `--extra-base '<yaml lines>'` to the first (base) router's only (e.g. local
+// rate-limit counters against the second's Redis-shared ones).
 // `--auth-keys N` writes N random API keys (SHA-256 digests in a keys file)
 // and gives the second router `auth: { keysFile }` (docs/security.md): every
 // request to both routers carries `Authorization: Bearer <one of the keys>`,
@@ -17,7 +19,7 @@
 // `--otlp-sink` starts an OTLP/HTTP trace sink in this process (answers 200,
 // counts the bytes) and replaces {OTLP} in --extra with its URL, so a tracing
 // config exports to a live collector.
-//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml'] [--extra-all 'yaml'] [--auth-keys 1000] [--otlp-sink]
+//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml'] [--extra-all 'yaml'] [--extra-base 'yaml'] [--auth-keys 1000] [--otlp-sink]
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { createHash, randomBytes } from 'node:crypto';
 import { createServer, type Server } from 'node:http';
@@ -40,6 +42,7 @@ const connections = arg('--connections', '16,64,256').split(',').map(Number);
 const client = arg('--client', 'native');
 let extra = arg('--extra', '');
 const extraAll = arg('--extra-all', '');
+const extraBase = arg('--extra-base', '');
 const otlpSink = argv.includes('--otlp-sink');
 const authKeys = Number(arg('--auth-keys', '0'));
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
@@ -84,7 +87,7 @@ async function main(): Promise<void> {
     headers = { authorization: `Bearer ${keys[keys.length >> 1]}` };
   }
   const builds = [
-    { name: 'base', cli: join(base, 'bin', 'switchyard.js'), extra: extraAll },
+    { name: 'base', cli: join(base, 'bin', 'switchyard.js'), extra: [extraAll, extraBase].filter((x) => x !== '').join('\n') },
     { name: 'this', cli: CLI, extra: [extraAll, extra].filter((x) => x !== '').join('\n') },
   ];
   const routers: { name: string; url: string; proc: Proc }[] = [];
@@ -129,7 +132,7 @@ async function main(): Promise<void> {
     }
     bar.done();
     const f = (n: number) => Math.round(n).toLocaleString('en-US');
-    console.log(`router A/B: base = ${base}, this = ${ROOT}${extra ? ` with ${JSON.stringify(extra)}` : ''}${authKeys > 0 ? ` (${authKeys} keys; every request to both carries one)` : ''}${extraAll ? `; both with ${JSON.stringify(extraAll)}` : ''}; proxy.client ${client}; ${rounds} interleaved round(s) of ${seconds} s (medians); wrk -t1; engine = switchyard sim --time-scale 0`);
+    console.log(`router A/B: base = ${base}, this = ${ROOT}${extra ? ` with ${JSON.stringify(extra)}` : ''}${authKeys > 0 ? ` (${authKeys} keys; every request to both carries one)` : ''}${extraAll ? `; both with ${JSON.stringify(extraAll)}` : ''}${extraBase ? `; base with ${JSON.stringify(extraBase)}` : ''}; proxy.client ${client}; ${rounds} interleaved round(s) of ${seconds} s (medians); wrk -t1; engine = switchyard sim --time-scale 0`);
     console.log('| connections | build | req/s | router CPU µs/req | of which user µs/req | p50 µs | p99 µs | errors | CPU/req vs base | user/req vs base | req/s vs base |');
     console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
     for (const c of connections) {

@@ -72,6 +72,19 @@ export class ApiKeyAuthenticator implements Authenticator, Identity {
   /** Callers by key id (the admin API's key listing). */
   readonly callers: readonly Caller[];
   readonly #anonymous: Caller;
+  /**
+   * Known tokens → their caller, so a key's SHA-256 is computed once, not per
+   * request. Only tokens that matched a key go in (an unknown token is hashed
+   * every time and never stored: random tokens from a hostile client cannot
+   * grow it or push a real key out), so it holds at most one entry per key
+   * and needs no eviction; `maxCached` bounds it anyway. Replaced whole with
+   * the authenticator on a reload: a removed key's token is gone with it.
+   * Cost: the plaintext of keys in use stays in this process's memory (it
+   * passes through it on every request anyway); a lookup is a Map hash of
+   * the token string (V8's hash is seeded per process).
+   */
+  readonly #cache = new Map<string, Caller>();
+  readonly #maxCached: number;
 
   constructor(cfg: Pick<AuthConfig, 'required' | 'trustHeaders'>, keys: readonly AuthKeyConfig[]) {
     this.required = cfg.required;
@@ -86,6 +99,10 @@ export class ApiKeyAuthenticator implements Authenticator, Identity {
         models: k.models ? new Set(k.models) : null,
         maxBand: k.maxBand ?? '',
         flow: `tenant:${k.tenant}`,
+        limits:
+          k.requestsPerMinute !== undefined || k.tokensPerMinute !== undefined || k.tokensPerDay !== undefined
+            ? Object.freeze({ requestsPerMinute: k.requestsPerMinute, tokensPerMinute: k.tokensPerMinute, tokensPerDay: k.tokensPerDay })
+            : null,
       });
       callers.push(caller);
       const e: KeyEntry = { digest, caller };
@@ -94,10 +111,16 @@ export class ApiKeyAuthenticator implements Authenticator, Identity {
       this.#keys.set(slot, had === undefined ? e : Array.isArray(had) ? [...had, e] : [had, e]);
     }
     this.callers = callers;
+    this.#maxCached = Math.max(16, callers.length);
   }
 
   get size(): number {
     return this.callers.length;
+  }
+
+  /** Tokens remembered (known keys only). */
+  get cached(): number {
+    return this.#cache.size;
   }
 
   authenticate(get: HeaderGetter): Caller | Refusal {
@@ -125,6 +148,14 @@ export class ApiKeyAuthenticator implements Authenticator, Identity {
   }
 
   #lookup(token: string): Caller | null {
+    const known = this.#cache.get(token);
+    if (known !== undefined) return known;
+    const c = this.#match(token);
+    if (c !== null && this.#cache.size < this.#maxCached) this.#cache.set(token, c);
+    return c;
+  }
+
+  #match(token: string): Caller | null {
     const digest = sha256(token);
     const hit = this.#keys.get(digest.readUIntBE(0, 6));
     if (hit === undefined) return null;

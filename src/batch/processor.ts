@@ -70,6 +70,8 @@ export interface BatchStats {
   duplicates: number;
   deadLettered: number;
   deferredByQuota: number;
+  /** Lines refused by their tenant's rate limits when dispatched (rateLimits): left pending, claimed again later. */
+  deferredByRateLimit: number;
   reclaimed: number;
   /** Times dispatch paused because the pool was above the ceiling. */
   paused: number;
@@ -141,6 +143,8 @@ class CollectPort implements ClientPort {
   status = 0;
   readonly chunks: Buffer[] = [];
   failed = false;
+  /** Refused by a rate limit (rateLimits: the line's tenant's counters) or their store: the line is not answered, it waits. */
+  rateLimited = false;
   constructor(readonly resolve: (p: CollectPort) => void) {}
   head(status: number): void {
     this.status = status;
@@ -160,8 +164,9 @@ class CollectPort implements ClientPort {
     this.resolve(this);
   }
   /** An error answer instead of the engine's (ClientPort.error). */
-  error(status: number, message: string, param: string | null, _ep: Endpoint | undefined, _r: Rejected | null, code?: string): void {
+  error(status: number, message: string, param: string | null, _ep: Endpoint | undefined, r: Rejected | null, code?: string): void {
     this.status = status;
+    if (r !== null && (r.reason.startsWith('rate-limited') || r.reason === 'rate-limit-store-down')) this.rateLimited = true;
     this.chunks.length = 0;
     this.chunks.push(Buffer.from(errorBody(status, message, param, code)));
   }
@@ -181,7 +186,7 @@ export interface BatchProcessorOptions {
 export class BatchProcessor {
   readonly config: BatchConfig;
   readonly consumer: string;
-  readonly stats: BatchStats = { completed: 0, duplicates: 0, deadLettered: 0, deferredByQuota: 0, reclaimed: 0, paused: 0, inFlight: 0 };
+  readonly stats: BatchStats = { completed: 0, duplicates: 0, deadLettered: 0, deferredByQuota: 0, deferredByRateLimit: 0, reclaimed: 0, paused: 0, inFlight: 0 };
   readonly #director: Director;
   readonly #endpoints: EndpointSet;
   readonly #log: Logger;
@@ -374,6 +379,11 @@ export class BatchProcessor {
       starting = false;
       this.#starting--;
       const port = await this.#dispatch(e);
+      if (port.rateLimited) {
+        // its tenant's rate limits (the counters interactive requests use) are spent: it stays pending
+        this.stats.deferredByRateLimit++;
+        return;
+      }
       const body = Buffer.concat(port.chunks).toString('utf8');
       this.#unstored.set(e.entryId, { e, status: port.status, body });
       await this.#store(e.entryId);

@@ -6,7 +6,11 @@
 // the same rules. Reading the file and the variable is src/auth/keys.ts.
 import type { ConfigIssue } from '../errors.js';
 import { FLOW_ID_RE } from './flow-control.js';
-import { ALWAYS, isMapping, nonEmpty, strict, z } from './schema-kit.js';
+import { ALWAYS, int, isMapping, nonEmpty, strict, z } from './schema-kit.js';
+
+const LIMIT_MAX = 1_000_000_000_000;
+/** Key-line options naming a rate limit, and the field each sets. */
+const LIMIT_OPTIONS: Record<string, 'requestsPerMinute' | 'tokensPerMinute' | 'tokensPerDay'> = { rpm: 'requestsPerMinute', tpm: 'tokensPerMinute', tpd: 'tokensPerDay' };
 
 export interface AuthKeyConfig {
   /** SHA-256 of the key, 64 hex digits (lower case once validated). */
@@ -16,6 +20,10 @@ export interface AuthKeyConfig {
   models?: string[];
   /** The highest priority band the key may use; absent = no ceiling. */
   maxBand?: string;
+  /** The key's own rate limits (key lines: `rpm=` `tpm=` `tpd=`); absent = rateLimits.defaultKey's, if any. */
+  requestsPerMinute?: number;
+  tokensPerMinute?: number;
+  tokensPerDay?: number;
 }
 
 export interface AuthConfig {
@@ -23,7 +31,7 @@ export interface AuthConfig {
   required: boolean;
   /** Inline keys. */
   keys: AuthKeyConfig[];
-  /** A file of key lines (`digest tenant [models=a,b] [maxBand=band]`), read at start and on every reload. */
+  /** A file of key lines (`digest tenant [models=a,b] [maxBand=band] [rpm=N] [tpm=N] [tpd=N]`), read at start and on every reload. */
   keysFile?: string;
   /** An environment variable holding key lines (newline- or `;`-separated), read at start and on every reload. */
   keysEnv?: string;
@@ -41,8 +49,11 @@ const keySchema = strict(
     tenant: z.string({ error: (i) => (i.input === undefined ? 'is required' : tenantMsg) }).regex(FLOW_ID_RE, { error: tenantMsg }),
     models: z.array(nonEmpty(), { error: 'must be a list of model names' }).min(1, { error: 'must list at least one model (leave it out for every model)' }).optional(),
     maxBand: nonEmpty().optional().describe('the highest priority band this key may use'),
+    requestsPerMinute: int(1, LIMIT_MAX).optional().describe("this key's requests a minute (rateLimits)"),
+    tokensPerMinute: int(1, LIMIT_MAX).optional().describe("this key's tokens a minute (rateLimits)"),
+    tokensPerDay: int(1, LIMIT_MAX).optional().describe("this key's tokens per UTC day (rateLimits)"),
   },
-  'must be a mapping {digest, tenant, models, maxBand}',
+  'must be a mapping {digest, tenant, models, maxBand, requestsPerMinute, tokensPerMinute, tokensPerDay}',
 );
 
 export const authSchema = strict(
@@ -73,7 +84,15 @@ export const authSchema = strict(
   .transform((v): AuthConfig => {
     const out: AuthConfig = {
       required: v.required,
-      keys: v.keys.map((k) => ({ digest: k.digest.toLowerCase(), tenant: k.tenant, ...(k.models ? { models: k.models } : {}), ...(k.maxBand ? { maxBand: k.maxBand } : {}) })),
+      keys: v.keys.map((k) => ({
+        digest: k.digest.toLowerCase(),
+        tenant: k.tenant,
+        ...(k.models ? { models: k.models } : {}),
+        ...(k.maxBand ? { maxBand: k.maxBand } : {}),
+        ...(k.requestsPerMinute !== undefined ? { requestsPerMinute: k.requestsPerMinute } : {}),
+        ...(k.tokensPerMinute !== undefined ? { tokensPerMinute: k.tokensPerMinute } : {}),
+        ...(k.tokensPerDay !== undefined ? { tokensPerDay: k.tokensPerDay } : {}),
+      })),
       trustHeaders: v.trustHeaders,
     };
     if (v.keysFile !== undefined) out.keysFile = v.keysFile;
@@ -128,8 +147,14 @@ export function parseKeyLines(text: string, where: string): { keys: PlacedKey[];
           ok = false;
         } else key.models = models;
       } else if (name === 'maxBand' && value !== '' && key.maxBand === undefined) key.maxBand = value;
-      else {
-        bad(`unknown or repeated option ${JSON.stringify(opt.slice(0, 64))} (options: models=a,b maxBand=band)`);
+      else if (LIMIT_OPTIONS[name] !== undefined && value !== '' && key[LIMIT_OPTIONS[name]] === undefined) {
+        const n = Number(value);
+        if (!/^[0-9]+$/.test(value) || !(n >= 1 && n <= LIMIT_MAX)) {
+          bad(`${name}= must be a whole number in [1, ${LIMIT_MAX}], got ${JSON.stringify(value.slice(0, 64))}`);
+          ok = false;
+        } else key[LIMIT_OPTIONS[name]] = n;
+      } else {
+        bad(`unknown or repeated option ${JSON.stringify(opt.slice(0, 64))} (options: models=a,b maxBand=band rpm=N tpm=N tpd=N)`);
         ok = false;
       }
     }

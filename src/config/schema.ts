@@ -10,6 +10,7 @@
 import { ConfigError, type ConfigIssue } from '../errors.js';
 import { adminSchema } from './admin.js';
 import { authSchema } from './auth.js';
+import { rateLimitsSchema } from './rate-limits.js';
 import { batchSchema, type BatchConfig } from './batch.js';
 import { badUrlPort, CONTROL_CHARS, DEFAULT_FILTERS, DEFAULT_SCORERS, DEFAULTS, httpOrigin, safeName } from './defaults.js';
 import { disaggregationSchema } from './disaggregation.js';
@@ -33,6 +34,7 @@ export * from './defaults.js';
 export { PD_MODES, DEFAULT_DECODE_SCORERS, DEFAULT_PREFILL_FILTERS, DEFAULT_PREFILL_SCORERS, type DisaggregationConfig } from './disaggregation.js';
 export type { AdminConfig } from './admin.js';
 export type { AuthConfig, AuthKeyConfig } from './auth.js';
+export type { LimitSpec, RateLimitsConfig } from './rate-limits.js';
 export { FRONT_ENDS, SERVER_DEFAULTS, type ServerConfig } from './server.js';
 export type { PluginSpec, ScorerSpec } from './plugin-spec.js';
 
@@ -243,6 +245,7 @@ export const routerConfigSchema = strict(
     disaggregation: disaggregationSchema.optional().describe('prefill/decode disaggregation (docs/disaggregation.md); absent = off'),
     admin: adminSchema.optional().describe('the admin API on its own listener (docs/operations.md); absent = none'),
     auth: authSchema.optional().describe('API keys → tenants, model allow-lists, band ceilings (docs/security.md); absent = no authentication'),
+    rateLimits: rateLimitsSchema.optional().describe('requests and tokens per minute, tokens per UTC day, per tenant and per key (docs/security.md); absent = none'),
     ha: haSchema.optional().describe('several router replicas: active-active sharing routing state through Redis, or a standby pair over a lease (docs/operations.md); absent = a single router'),
     extProc: extProcSchema.optional().describe('Envoy ext_proc endpoint-picker listener (docs/operations.md); absent = none'),
     batch: batchSchema.optional().describe('the async processor over a Redis stream (docs/batch.md); absent = off'),
@@ -325,6 +328,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   if (v.admin !== undefined) cfg.admin = v.admin;
   if (v.auth !== undefined) cfg.auth = v.auth;
+  if (v.rateLimits !== undefined) cfg.rateLimits = v.rateLimits;
   if (v.disaggregation !== undefined) cfg.disaggregation = v.disaggregation;
   if (v.ha !== undefined) cfg.ha = v.ha;
   if (v.extProc !== undefined) cfg.extProc = v.extProc;

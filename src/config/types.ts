@@ -6,6 +6,7 @@ import type { AdapterConfig, AdapterLoadingConfig, RewriteRule } from './models.
 import { ACCELERATOR_NAMES, type AcceleratorName } from '../accelerators.js';
 import type { AdminConfig } from './admin.js';
 import type { AuthConfig } from './auth.js';
+import type { RateLimitsConfig } from './rate-limits.js';
 import type { ServerConfig } from './server.js';
 import type { BatchConfig } from './batch.js';
 import type { DisaggregationConfig } from './disaggregation.js';
@@ -160,6 +161,8 @@ export interface RouterConfig {
   metrics: { maxLabelValues: number };
   /** API-key authentication (docs/security.md); undefined: none (tenants from flowControl.tenants, if any). */
   auth?: AuthConfig;
+  /** Rate limits and token quotas per tenant and per key (docs/security.md); undefined: none. */
+  rateLimits?: RateLimitsConfig;
   /** Prefill/decode disaggregation (docs/disaggregation.md); undefined: every request goes to one endpoint. */
   disaggregation?: DisaggregationConfig;
   /** Hot standby over a Redis lease (src/ha/); undefined: a single router. */

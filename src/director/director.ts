@@ -28,7 +28,7 @@ import type { SessionTable } from '../sessions/table.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
 import type { ClientPort, DecisionPortOf, DirectorMetrics, DirectorOptions } from './ports.js';
 import { PromptWriter } from './prompt.js';
-import { countSseEvents, errorAnswer, MAX_ERROR_BODY, scanCompletionTokens, streamFailedEvent } from './relay.js';
+import { countSseEvents, errorAnswer, MAX_ERROR_BODY, scanCompletionTokens, scanPromptTokens, streamFailedEvent } from './relay.js';
 import type { TokenSource } from '../tokenize/source.js';
 import type { Disaggregator, PdFlight } from './pd.js';
 import type { FlightHost } from './flight-state.js';
@@ -244,7 +244,11 @@ export class Flight extends RetryingFlight implements UpstreamSink, PdFlight {
     this.responseChunks++;
     if (this.scanUsage) {
       const n = scanCompletionTokens(chunk);
-      if (n >= 0) this.completionTokens = n;
+      if (n >= 0) {
+        this.completionTokens = n;
+        const p = scanPromptTokens(chunk);
+        if (p >= 0) this.promptTokens = p;
+      }
     }
     if (this.timing) this.timeChunk(chunk);
     const eb = this.errorBody;

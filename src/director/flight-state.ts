@@ -86,6 +86,7 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   continuation = false;
   // FinishedRequest (what release() may read)
   completionTokens = -1;
+  promptTokens = -1;
   responseBytes = 0;
   responseChunks = 0;
   /** The session header's value ('' when absent): a source of the session key. */

@@ -9,14 +9,16 @@ import { errorBody, normalizeErrorBody } from '../proxy/error-shape.js';
 export const MAX_ERROR_BODY = 65536;
 /** The answer's output token count, as engines write it in `usage` (the last occurrence in a chunk is the one that counts). */
 const COMPLETION_TOKENS = Buffer.from('"completion_tokens":');
+/** The prompt's token count, beside it in the same `usage` object. */
+const PROMPT_TOKENS = Buffer.from('"prompt_tokens":');
 /** An SSE event's start: counted in streamed chunks to time output tokens. */
 const SSE_EVENT = Buffer.from('data:');
 const SSE_DATA = 'data: ';
 const SSE_DONE = '\n\ndata: [DONE]\n\n';
 
 /** The integer after `"completion_tokens":` at `at` in `chunk`, or -1 (the number is cut by the chunk's end, or absent). */
-function readCount(chunk: Buffer, at: number): number {
-  let i = at + COMPLETION_TOKENS.length;
+function readCount(chunk: Buffer, at: number, name: Buffer = COMPLETION_TOKENS): number {
+  let i = at + name.length;
   while (i < chunk.length && chunk[i] === 32) i++;
   let n = 0;
   const start = i;
@@ -32,6 +34,12 @@ function readCount(chunk: Buffer, at: number): number {
 export function scanCompletionTokens(chunk: Buffer): number {
   const k = chunk.lastIndexOf(COMPLETION_TOKENS);
   return k >= 0 ? readCount(chunk, k) : -1;
+}
+
+/** The last complete `"prompt_tokens":N` count in `chunk`, or -1 (read in the chunk that carried completion_tokens). */
+export function scanPromptTokens(chunk: Buffer): number {
+  const k = chunk.lastIndexOf(PROMPT_TOKENS);
+  return k >= 0 ? readCount(chunk, k, PROMPT_TOKENS) : -1;
 }
 
 /** SSE events (`data:` starts) in `chunk`: about one token each. */

@@ -31,13 +31,13 @@ export interface ErrorObject {
   code: string | null;
 }
 
-export function errorObject(status: number, message: string, param: string | null = null, code?: string | null): ErrorObject {
-  return { message, type: errorType(status), param, code: code ?? defaultCode(status, param) };
+export function errorObject(status: number, message: string, param: string | null = null, code?: string | null, type?: string): ErrorObject {
+  return { message, type: type ?? errorType(status), param, code: code ?? defaultCode(status, param) };
 }
 
-/** The JSON body of an error answer. */
-export function errorBody(status: number, message: string, param: string | null = null, code?: string | null): string {
-  return JSON.stringify({ error: errorObject(status, message, param, code) });
+/** The JSON body of an error answer; `type` when not the status's own (a token rate limit's `tokens`). */
+export function errorBody(status: number, message: string, param: string | null = null, code?: string | null, type?: string): string {
+  return JSON.stringify({ error: errorObject(status, message, param, code, type) });
 }
 
 /** vLLM's and SGLang's words for a prompt longer than the model's context: OpenAI's code for it is context_length_exceeded. */

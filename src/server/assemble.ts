@@ -30,6 +30,7 @@ import { StateLog } from './state-log.js';
 import { flowGateFactory } from './flow-gate.js';
 import { loadAuth } from '../auth/keys.js';
 import type { ApiKeyAuthenticator } from '../auth/authenticator.js';
+import type { RateLimiter } from '../limits/limiter.js';
 import { CloseRank, type Lifecycle } from './lifecycle.js';
 // loaded only when configured: a feature that is off costs no import (ioredis, grpc-js)
 import type { HighAvailability } from '../ha/standby.js';
@@ -83,6 +84,8 @@ export interface RouterParts {
   readonly leadership: { readonly leading: boolean } | null;
   /** API-key authentication (config.auth), or null; a reload replaces RouterCore.auth. */
   readonly auth: ApiKeyAuthenticator | null;
+  /** Rate limits (config.rateLimits; src/limits/), or null; the gate above charges them, a reload reconfigures them. */
+  readonly limiter: RateLimiter | null;
 }
 
 /** Everything assembleRouter built: the core's parts and the services that run beside the core. */
@@ -110,7 +113,14 @@ export interface Assembly {
 export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): Promise<Assembly> {
   const config = o.config;
   const log = o.logger;
-  const gate = o.gate ?? (await flowGateFactory(config));
+  const inner = o.gate ?? (await flowGateFactory(config));
+  // rate limits (config.rateLimits, and the auth keys' own limits, which a reload may add): a gate
+  // around the router's own, charged before it (src/limits/)
+  const limits = config.rateLimits !== undefined || config.auth !== undefined ? await buildLimits(config, log, lifecycle) : null;
+  const gate: AssembleOptions['gate'] =
+    limits === null
+      ? inner
+      : (set: EndpointSet) => limits.wrap(inner === undefined ? new PassThroughGate() : typeof inner === 'function' ? inner(set) : inner);
   // API keys (config.auth): the keys file and variable are read now, and again on every reload
   const auth = o.auth !== undefined ? o.auth : await loadAuth(config);
   // OpenTelemetry is loaded only when tracing is on
@@ -171,7 +181,7 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
     }
     batchApi = api;
   }
-  return { parts: { ...parts, batchApi, leadership: ha, auth }, ha, fleet, discovery, batch };
+  return { parts: { ...parts, batchApi, leadership: ha, auth, limiter: limits?.limiter ?? null }, ha, fleet, discovery, batch };
 }
 
 /** A URL for a message: its password (redis://:secret@host) replaced by ***. */
@@ -186,7 +196,28 @@ export function redactUrl(url: string): string {
 }
 
 /** The parts built before anything starts (the batch API and the lease come later). */
-type BuiltParts = Omit<RouterParts, 'batchApi' | 'leadership' | 'auth'>;
+type BuiltParts = Omit<RouterParts, 'batchApi' | 'leadership' | 'auth' | 'limiter'>;
+
+/**
+ * The rate limiter of config.rateLimits and its gate wrapper: counters in
+ * this process, or shared in Redis (its client connected now, closed with
+ * the parts). Loaded only when configured.
+ */
+async function buildLimits(config: RouterConfig, log: Logger, lifecycle: Lifecycle): Promise<{ limiter: RateLimiter; wrap: (g: AdmissionGate) => AdmissionGate }> {
+  const rl = config.rateLimits ?? { tenants: {} };
+  const { RateLimiter } = await import('../limits/limiter.js');
+  const { RateLimitGate } = await import('../limits/gate.js');
+  let shared = null;
+  if (rl.redis !== undefined) {
+    const { RedisCounters } = await import('../limits/redis-counters.js');
+    const counters = new RedisCounters(rl.redis, log);
+    lifecycle.add('rateLimits', CloseRank.parts, () => counters.close());
+    await counters.ready();
+    shared = counters;
+  }
+  const limiter = new RateLimiter(rl, { shared });
+  return { limiter, wrap: (g) => new RateLimitGate(g, limiter) };
+}
 
 /** The components themselves (no I/O beyond the session table's sweep timer): what the RouterCore constructor built before. */
 function buildParts(

@@ -36,6 +36,7 @@ import { NativeFrontEnd } from './front-native.js';
 import type { RouterParts } from './assemble.js';
 import type { ApiKeyAuthenticator } from '../auth/authenticator.js';
 import { UsageCounters } from '../auth/usage.js';
+import type { RateLimiter } from '../limits/limiter.js';
 import { ANONYMOUS, isRefusal, type Caller, type HeaderGetter, type Refusal } from '../identity.js';
 
 export interface CoreOptions {
@@ -89,6 +90,12 @@ export class RouterCore implements FrontHost {
   #auth: ApiKeyAuthenticator | null;
   /** Requests and in-flight counts per tenant and per key (GET /admin/tenants). */
   readonly usage: UsageCounters;
+  /** Rate limits (config.rateLimits; src/limits/), or null: its counters give every answer its x-ratelimit-* headers. */
+  readonly limiter: RateLimiter | null;
+
+  rateHeaders(caller: Caller): string {
+    return this.limiter === null ? '' : this.limiter.headers(caller);
+  }
   /** Callers by tenant without auth (flow control's tenants): one shared object per tenant. */
   readonly #tenantCallers = new Map<string, Caller>();
 
@@ -203,6 +210,7 @@ export class RouterCore implements FrontHost {
     this.headerNames = this.scheduler.latency ? [...gate.headerNames, ...SLO_HEADERS] : gate.headerNames;
     this.limits = cfg.limits;
     this.#auth = parts.auth;
+    this.limiter = parts.limiter;
     this.usage = new UsageCounters(cfg.metrics.maxLabelValues);
     this.shutdown = cfg.shutdown;
     const created = Math.floor(Date.now() / 1000);

@@ -57,6 +57,8 @@ export interface FrontHost {
   /** An inference request began (paired with requestEnded): in flight until then (a drain's end cuts it), counted for its caller. */
   requestBegan(x: InFlightRequest): void;
   requestEnded(x: InFlightRequest, status: number): void;
+  /** The x-ratelimit-* header lines of an answer to `caller` (each ending in CRLF; '' without rate limits: src/limits/). */
+  rateHeaders(caller: Caller): string;
   /** logging.access is on: the front end reads the request's tenant for the access log. */
   readonly accessLog: boolean;
 }

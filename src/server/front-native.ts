@@ -448,6 +448,8 @@ export class NativeExchange implements ClientPort, InFlightRequest {
     let s = this.#fe.headLines(this.#endpoint!, this.#contentType) + this.requestId + '\r\n';
     const pf = this.flight?.prefillEndpoint;
     if (pf) s += `x-switchyard-prefill-endpoint: ${Buffer.from(pf.name).toString('latin1')}\r\n`;
+    const rl = this.#h.rateHeaders(this.caller);
+    if (rl !== '') s += rl;
     return s;
   }
 
@@ -500,8 +502,9 @@ export class NativeExchange implements ClientPort, InFlightRequest {
       const ra = rejection.retryAfterSeconds ?? 0;
       if (ra > 0) s += `retry-after: ${Math.ceil(ra)}\r\n`;
     }
+    s += this.#h.rateHeaders(this.caller);
     this.#started = true;
-    this.#server.respond(this.id, status, s, errorBody(status, message, param, code), true, this.#h.draining);
+    this.#server.respond(this.id, status, s, errorBody(status, message, param, code, rejection?.errorType), true, this.#h.draining);
   }
 
   done(status: number): void {

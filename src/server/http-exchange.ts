@@ -32,6 +32,18 @@ export interface ExchangeHost {
   headerBlock(ep: Endpoint, contentType: string): Buffer;
   /** Called once per request when it ends (any way). */
   requestEnded(x: HttpExchange, status: number): void;
+  /** The x-ratelimit-* header lines of an answer to `caller` (each ending in CRLF; '' without rate limits). */
+  rateHeaders(caller: Caller): string;
+}
+
+/**
+ * Writes header lines (`name: value\r\n`...) in one uWS call: uWS writes a
+ * header's name and value verbatim, so the first name and the rest as its
+ * value are the same bytes.
+ */
+export function writeHeaderLines(res: HttpResponse, lines: string): void {
+  const colon = lines.indexOf(': ');
+  res.writeHeader(lines.slice(0, colon), lines.slice(colon + 2, lines.length - 2));
 }
 
 export type { ExchangeFlight } from './exchange-flight.js';
@@ -310,7 +322,9 @@ export class HttpExchange implements ClientPort, Cuttable {
       const ra = rejection.retryAfterSeconds ?? 0;
       if (ra > 0) res.writeHeader('retry-after', String(Math.ceil(ra)));
     }
-    res.end(errorBody(status, message, param, code), close || this.core.draining);
+    const rl = this.core.rateHeaders(this.caller);
+    if (rl !== '') writeHeaderLines(res, rl);
+    res.end(errorBody(status, message, param, code, rejection?.errorType), close || this.core.draining);
   }
 
   /** `streamed`: the body follows in write() calls (chunked), not in the one end(). */
@@ -323,6 +337,8 @@ export class HttpExchange implements ClientPort, Cuttable {
     res.writeHeader(this.core.headerBlock(this.#endpoint!, this.#contentType), this.requestIdHeader);
     const pf = this.flight?.prefillEndpoint;
     if (pf) res.writeHeader('x-switchyard-prefill-endpoint', pf.name);
+    const rl = this.core.rateHeaders(this.caller);
+    if (rl !== '') writeHeaderLines(res, rl);
     // draining: a stream says it closes its connection (a whole answer's end() does that itself)
     if (streamed && this.core.draining) res.writeHeader('connection', 'close');
     this.#started = true;

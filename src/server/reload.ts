@@ -71,6 +71,11 @@ export class ConfigReloader {
     for (const name of new Set([...was.keys(), ...now.keys()])) if (was.get(name) !== now.get(name)) restartNeeded.push(`pools.${name}.discovery`);
     const changes = core.live.reconcile('config', next.pools);
     core.auth = auth;
+    // rate limits: new limits from the next request on, what was used stays counted; adding or
+    // removing the block, or moving its counters (redis), needs a restart (the gate is built at start)
+    const [rlWas, rlNow] = [prev.rateLimits, next.rateLimits];
+    if (core.limiter !== null && JSON.stringify(rlWas?.redis) === JSON.stringify(rlNow?.redis)) core.limiter.configure(rlNow ?? { tenants: {} });
+    else if (JSON.stringify(rlWas) !== JSON.stringify(rlNow)) restartNeeded.push('rateLimits');
     if (JSON.stringify(next.logging) !== JSON.stringify(prev.logging)) core.setLogLevel(next.logging.level, next.logging);
     core.shutdown = next.shutdown;
     // model rewrites apply live: new conversations follow the new weights, running ones keep their target
