@@ -6,7 +6,7 @@
 // the events.
 import type { Logger } from 'pino';
 import type { Endpoint, EndpointEvents, EndpointSet, Health } from '../endpoints/endpoint.js';
-import { upstreamKind } from './outcomes.js';
+import { upstreamKind } from '../metrics/outcomes.js';
 
 /** At most one upstream-failure line per endpoint in this long (the rest are counted into the next). */
 export const UPSTREAM_LOG_EVERY_MS = 10_000;
