@@ -66,6 +66,14 @@ export class StateLog implements EndpointEvents {
     );
   }
 
+  /** A precise pool's KV-event publisher cannot be reached (once per outage; `where` the config field of its address). */
+  kvStreamUnreachable(name: string, endpoint: string, where: string, reason: string): void {
+    this.#log.warn(
+      { event: 'kv_events.unreachable', endpoint: name, zmq: endpoint, block: where, reason },
+      `KV-event stream of ${name} (${where || 'kvEvents.endpoint'}): the publisher at ${endpoint} cannot be reached: ${reason}; precise scoring uses the approximate mode for ${name} until it connects (logged then)`,
+    );
+  }
+
   /** A precise pool's KV-event stream connected or lost its publisher. */
   kvStream(name: string, endpoint: string, connected: boolean): void {
     if (connected) this.#log.info({ event: 'kv_events.connected', endpoint: name, zmq: endpoint }, `KV-event stream of ${name} connected`);
