@@ -128,6 +128,7 @@ export class KubernetesDiscovery implements EndpointSource {
     clearTimeout(timer);
     // an API server that failed has said so in its one line; one that has not answered at all says it here
     if (!synced && !this.#unreachable) {
+      this.#unreachable = true; // this is the outage's line: a failure that follows logs at debug, the answer at info
       this.#log.warn(
         { event: 'kubernetes.unreachable', block: this.where, server: this.#api.server.origin, namespace: this.#ns, waitedMs: wait },
         `kubernetes discovery (${this.where}): no pod list from the API server at ${this.#api.server.origin} within ${wait} ms: serving pool "${this.pool.name}" without its discovered endpoints while it keeps trying`,

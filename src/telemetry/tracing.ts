@@ -424,6 +424,9 @@ export function probeCollector(endpoint: string, timeoutMs: number): Promise<str
       resolve(why);
     };
     const timer = setTimeout(() => done(`no answer within ${timeoutMs} ms`), timeoutMs);
+    // the check never holds the process open (a router closed meanwhile exits at once)
+    timer.unref();
+    sock.unref();
     sock.once('connect', () => done(null));
     sock.once('error', (err: NodeJS.ErrnoException) =>
       done(err.code === 'ENOTFOUND' || err.code === 'EAI_AGAIN' ? `the name ${host} does not resolve (${err.code})` : err.code === 'ECONNREFUSED' ? `connection refused at ${host}:${port}` : err.message),
