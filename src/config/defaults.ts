@@ -99,3 +99,14 @@ export function safeName(url: string): string {
     return url;
   }
 }
+
+/** A URL for a message: its password (redis://:secret@host) replaced by ***. */
+export function redactUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password !== '') u.password = '***';
+    return u.toString().replace(/\/$/, '');
+  } catch {
+    return '(unparsable URL)';
+  }
+}

@@ -29,7 +29,7 @@ import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import type { Logger } from 'pino';
 import { DESTINATION_HEADER, encodeConstants, encoder, extProcCodec, extProcServices, setHeader, type Destination, type ProcessingRequest } from './codec.js';
 import { ExtProcHealth } from './health.js';
-import { ExtProcStream } from './stream.js';
+import { ExtProcStream, type StreamHost } from './stream.js';
 
 export { DESTINATION_HEADER, SERVED_KEY, extProcServices, type Destination } from './codec.js';
 
@@ -45,6 +45,8 @@ export interface ExtProcHost {
   /** The fallback list is read from it right after a pick. */
   readonly scheduler: { fallbacks(primary: Endpoint, max: number, out: Endpoint[]): Endpoint[] };
   newRequestId(): string;
+  /** The outcome counters and duration / TTFT histograms (RouterMetrics): each ext_proc request's end is counted as an HTTP request's is. */
+  readonly metrics: StreamHost['core']['metrics'];
   /** Who a request is, or a Refusal (401) when authentication requires a key it lacks (src/identity.ts). */
   callerOf(get: (name: string) => string): import('../identity.js').Caller | import('../identity.js').Refusal;
 }

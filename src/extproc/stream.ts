@@ -8,6 +8,7 @@ import { KIND_CHAT, KIND_COMPLETION, type DecisionPort, type Director, type Flig
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { isRefusal, type Caller, type Refusal } from '../identity.js';
 import { errorBody } from '../proxy/error-shape.js';
+import { errorOutcome, OUTCOME_TIMEOUT, statusOutcome } from '../metrics/outcomes.js';
 import { CONTINUE, FULL_DUPLEX_STREAMED, SERVED_KEY, headerText, setHeader, type Destination, type HeaderValue, type ProcessingRequest } from './codec.js';
 
 /** What a stream needs of its server. */
@@ -19,6 +20,11 @@ export interface StreamHost {
     newRequestId(): string;
     /** Who a request is, or a Refusal (401) when authentication requires a key it lacks. */
     callerOf(get: (name: string) => string): Caller | Refusal;
+    /** The router's outcome counters and duration / TTFT histograms, as an HTTP request's end counts them (RouterCore.requestEnded). */
+    readonly metrics: {
+      countOutcome(model: string, outcome: number, reason: string, seconds: number, ttftSeconds: number): void;
+      countRequest(model: string, endpointId: number, status: number): void;
+    };
   };
   readonly namespace: string;
   /** Streams ended on a message the server could not make sense of (a counter). */
@@ -53,6 +59,21 @@ export class ExtProcStream implements DecisionPort {
   #servedBy: Endpoint | null = null;
   #ended = false;
   #closed = false;
+  /**
+   * The outcome metrics (src/metrics/outcomes.ts): when the inference request's headers came (0: not an
+   * inference request, nothing counted), when the response's first body bytes passed (0: none), how it
+   * ended when that is decided before its end (-1: by its status), the gate's reason, and whether it was
+   * counted (once). The end comes from `done` (the director's flight), or from an ImmediateResponse
+   * given before there was a flight.
+   */
+  #startedAt = 0;
+  #firstByteAt = 0;
+  #outcome = -1;
+  #reason = '';
+  #counted = false;
+  /** Inside Director.decide(): an end reported there waits until decide returns the flight (its model). */
+  #inDecide = false;
+  #endedInDecide = -1;
   /** When the last message came (ms, the server's clock tick), for the idle timeout. */
   lastMessageAt: number;
   /** When the decision was answered (0: not yet), for the decision timeout. */
@@ -81,9 +102,10 @@ export class ExtProcStream implements DecisionPort {
     if (this.#closed) return;
     this.#closed = true;
     this.#unbuffer();
-    const f = this.#flight;
+    if (this.#outcome < 0) this.#outcome = OUTCOME_TIMEOUT;
+    // its done() counts it (as a timeout) with the flight's model
+    this.#flight?.clientAborted();
     this.#flight = null;
-    f?.clientAborted();
     this.#call.emit('error', Object.assign(new Error(why), { code: grpc.status.DEADLINE_EXCEEDED, details: why }));
   }
 
@@ -154,8 +176,10 @@ export class ExtProcStream implements DecisionPort {
     }
     this.#kind = kind;
     this.#headers = hs;
+    this.#startedAt = performance.now();
     if (m.request_headers?.end_of_stream) {
       this.#immediate(400, `POST ${path} needs a JSON body`, null, null);
+      this.#answeredAlone(400, '');
       return;
     }
     if (this.#duplex) this.#headersOwed = true;
@@ -177,12 +201,14 @@ export class ExtProcStream implements DecisionPort {
         this.#unbuffer();
         this.#body = [];
         this.#immediate(413, `request body of more than ${max} bytes exceeds the limit`, null, null);
+        this.#answeredAlone(413, '');
         return;
       }
       if (this.#s.buffered + chunk.length > this.#s.maxBuffered) {
         this.#unbuffer();
         this.#body = [];
         this.#immediate(503, `the router's buffer for ext_proc request bodies (extProc.maxBufferedBytes, ${this.#s.maxBuffered} bytes) is full: retry shortly`, null, null);
+        this.#answeredAlone(503, '');
         return;
       }
       this.#s.buffered += chunk.length;
@@ -213,13 +239,25 @@ export class ExtProcStream implements DecisionPort {
     if (isRefusal(caller)) {
       this.#body = [];
       this.#immediate(401, caller.refused, null, null);
+      this.#answeredAlone(401, '');
       return;
     }
     if (id === '' || id.length > 256) id = core.newRequestId();
     const body = this.#body.length === 1 ? this.#body[0] : Buffer.concat(this.#body);
     this.#body = [];
     if (this.#duplex) this.#echo = body; // goes back to the proxy with the decision
-    this.#flight = core.director.decide(this, this.#kind, id, caller, gateHeaders, body);
+    this.#inDecide = true;
+    try {
+      this.#flight = core.director.decide(this, this.#kind, id, caller, gateHeaders, body);
+    } finally {
+      this.#inDecide = false;
+    }
+    if (this.#endedInDecide >= 0) {
+      // answered inside decide (a bad body, no endpoint, shed): counted now, with the flight's model
+      const f = this.#flight;
+      this.#flight = null;
+      this.#count(f?.model ?? '', this.#endedInDecide);
+    }
   }
 
   // ---- DecisionPort ---------------------------------------------------------------------
@@ -249,12 +287,38 @@ export class ExtProcStream implements DecisionPort {
   end(): void {}
   fail(): void {}
 
-  error(status: number, message: string, param: string | null, _endpoint: Endpoint | undefined, rejection: Rejected | null): void {
+  error(status: number, message: string, param: string | null, endpoint: Endpoint | undefined, rejection: Rejected | null): void {
+    if (this.#outcome < 0) {
+      this.#outcome = errorOutcome(status, message, endpoint !== undefined, rejection !== null);
+      if (rejection !== null) this.#reason = rejection.reason ?? '';
+    }
     this.#immediate(status, message, param, rejection);
   }
 
-  done(): void {
+  done(status: number): void {
+    if (this.#inDecide) {
+      this.#endedInDecide = status;
+      return;
+    }
+    const f = this.#flight;
     this.#flight = null;
+    this.#count(f?.model ?? '', status);
+  }
+
+  /** The request's end in the outcome metrics (once; nothing for a stream that carried no inference request). */
+  #count(model: string, status: number): void {
+    if (this.#counted || this.#startedAt === 0) return;
+    this.#counted = true;
+    const outcome = this.#outcome >= 0 ? this.#outcome : statusOutcome(status);
+    const now = performance.now();
+    this.#s.core.metrics.countOutcome(model, outcome, this.#reason, (now - this.#startedAt) / 1000, this.#firstByteAt > 0 ? (this.#firstByteAt - this.#startedAt) / 1000 : -1);
+  }
+
+  /** An ImmediateResponse given before the director had the request (400, 401, 413, the body buffer full): counted here, as the transport's own answer. */
+  #answeredAlone(status: number, message: string): void {
+    if (this.#outcome < 0) this.#outcome = errorOutcome(status, message, false, false);
+    this.#s.core.metrics.countRequest('', -1, status);
+    this.#count('', status);
   }
 
   // ---- answers ------------------------------------------------------------------------
@@ -293,6 +357,7 @@ export class ExtProcStream implements DecisionPort {
 
   #responseBody(m: ProcessingRequest): void {
     const b = m.response_body;
+    if (this.#firstByteAt === 0 && this.#flight !== null) this.#firstByteAt = performance.now();
     if (this.#duplexResponse) this.#send({ response_body: { response: { body_mutation: { streamed_response: { body: b?.body ?? Buffer.alloc(0), end_of_stream: b?.end_of_stream === true } } } } });
     else this.#send(CONTINUE.RESPONSE_BODY);
     if (b?.end_of_stream) this.#complete();

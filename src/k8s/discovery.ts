@@ -66,10 +66,16 @@ export class KubernetesDiscovery implements EndpointSource {
   readonly stats: DiscoveryStats = { endpoints: 0, notReady: 0, skipped: 0, reselects: 0, failedReconciles: 0, lists: 0, gone: 0, failures: 0, bookmarks: 0 };
   /** Counters of list/watch loops that were stopped (a reselect), kept in the totals. */
   readonly #past = { lists: 0, gone: 0, failures: 0, bookmarks: 0 };
+  /** The config block, as a field path (pools[i].discovery.kubernetes), named by every line about reaching the API. */
+  readonly where: string;
+  /** The API server cannot be reached (its first failure was logged; the next lines are debug until it answers). */
+  #unreachable = false;
 
-  constructor(pool: PoolConfig, log: Logger) {
+  /** `poolIndex`: the pool's place in config.pools (for the field path in messages). */
+  constructor(pool: PoolConfig, log: Logger, poolIndex = 0) {
     if (pool.discovery === undefined) throw new TypeError(`pool "${pool.name}" has no discovery block`);
     this.pool = pool;
+    this.where = `pools[${poolIndex}].discovery.kubernetes`;
     this.cfg = pool.discovery.kubernetes;
     this.name = `kubernetes:${pool.name}`;
     this.#log = log.child({ source: this.name });
@@ -87,10 +93,15 @@ export class KubernetesDiscovery implements EndpointSource {
    */
   async start(target: EndpointTarget): Promise<void> {
     this.#target = target;
-    this.#api = await KubeApi.load(this.cfg.kubeconfig);
+    try {
+      this.#api = await KubeApi.load(this.cfg.kubeconfig);
+    } catch (err) {
+      // no cluster to ask: the start stops (exit 1), naming the block
+      throw new Error(`${this.where} (pool "${this.pool.name}"): ${(err as Error).message}`);
+    }
     this.#ns = this.cfg.namespace ?? this.#api.defaultNamespace;
     const api = this.#api;
-    const common = { watchTimeoutSeconds: this.cfg.watchTimeoutSeconds, backoffInitialMs: this.cfg.backoffInitialMs, backoffMaxMs: this.cfg.backoffMaxMs, log: this.#log };
+    const common = this.#common();
     let first: Promise<void>;
     if (this.cfg.inferencePool !== undefined) {
       const name = this.cfg.inferencePool;
@@ -115,7 +126,43 @@ export class KubernetesDiscovery implements EndpointSource {
     let timer: NodeJS.Timeout | undefined;
     const synced = await Promise.race([first.then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), wait)))]);
     clearTimeout(timer);
-    if (!synced) this.#log.warn({ namespace: this.#ns, waitedMs: wait }, 'kubernetes discovery: no pod list yet, serving without these endpoints while it retries');
+    // an API server that failed has said so in its one line; one that has not answered at all says it here
+    if (!synced && !this.#unreachable) {
+      this.#unreachable = true; // this is the outage's line: a failure that follows logs at debug, the answer at info
+      this.#log.warn(
+        { event: 'kubernetes.unreachable', block: this.where, server: this.#api.server.origin, namespace: this.#ns, waitedMs: wait },
+        `kubernetes discovery (${this.where}): no pod list from the API server at ${this.#api.server.origin} within ${wait} ms: serving pool "${this.pool.name}" without its discovered endpoints while it keeps trying`,
+      );
+    }
+  }
+
+  /** What both list/watch loops share: the timings, and one line per outage of the API server. */
+  #common() {
+    return {
+      watchTimeoutSeconds: this.cfg.watchTimeoutSeconds,
+      backoffInitialMs: this.cfg.backoffInitialMs,
+      backoffMaxMs: this.cfg.backoffMaxMs,
+      log: this.#log,
+      onFailure: (err: Error, retryInMs: number, inARow: number) => this.#failed(err, retryInMs, inARow),
+      onRecovered: (failures: number) => {
+        if (!this.#unreachable) return;
+        this.#unreachable = false;
+        this.#log.info({ event: 'kubernetes.reachable', block: this.where, server: this.#api?.server.origin, failures }, `kubernetes discovery (${this.where}): the API server answers again (after ${failures} failed attempts)`);
+      },
+    };
+  }
+
+  #failed(err: Error, retryInMs: number, inARow: number): void {
+    const server = this.#api?.server.origin ?? '';
+    if (this.#unreachable || inARow > 1) {
+      this.#log.debug({ block: this.where, server, err: err.message, retryInMs, inARow }, 'kubernetes list/watch failed again, retrying');
+      return;
+    }
+    this.#unreachable = true;
+    this.#log.warn(
+      { event: 'kubernetes.unreachable', block: this.where, server, namespace: this.#ns, err: err.message, retryInMs, backoffMaxMs: this.cfg.backoffMaxMs },
+      `kubernetes discovery (${this.where}): the API server at ${server} failed: ${err.message}; retrying with backoff (${this.cfg.backoffInitialMs} ms doubling to ${this.cfg.backoffMaxMs} ms), ${this.snapshot().lists > 0 ? `pool "${this.pool.name}" keeps the endpoints last listed` : `pool "${this.pool.name}" served without its discovered endpoints`} meanwhile (logged again when it answers)`,
+    );
   }
 
   async close(): Promise<void> {
@@ -165,12 +212,9 @@ export class KubernetesDiscovery implements EndpointSource {
 
   #startPods(selector: string): void {
     this.#pods = new ListWatch(this.#api!, {
+      ...this.#common(),
       path: `/api/v1/namespaces/${this.#ns}/pods`,
       labelSelector: selector,
-      watchTimeoutSeconds: this.cfg.watchTimeoutSeconds,
-      backoffInitialMs: this.cfg.backoffInitialMs,
-      backoffMaxMs: this.cfg.backoffMaxMs,
-      log: this.#log,
       onChange: () => this.#reconcile(),
     });
     this.#pods.start();

@@ -19,6 +19,14 @@ export interface ListWatchOptions {
   log: Logger;
   /** Called with every object of the collection after the list and after each change. */
   onChange(items: ReadonlyMap<string, KubeObject>): void;
+  /**
+   * A list or watch failed and is retried in `retryInMs` (`inARow`: failures since the last success, this one
+   * included); absent: each failure is logged at warn. The owner decides what is worth a line (discovery: the
+   * first of a run, naming its config block and the API server).
+   */
+  onFailure?(err: Error, retryInMs: number, inARow: number): void;
+  /** A list succeeded (or a watch delivered) after `failures` failures in a row. */
+  onRecovered?(failures: number): void;
 }
 
 export interface ListWatchCounters {
@@ -47,6 +55,8 @@ export class ListWatch {
   readonly synced: Promise<void>;
   #sleepTimer: NodeJS.Timeout | null = null;
   #wake: (() => void) | null = null;
+  /** Failures since the last successful list or delivering watch. */
+  #failedInARow = 0;
 
   constructor(api: KubeApi, opts: ListWatchOptions) {
     this.#api = api;
@@ -89,6 +99,7 @@ export class ListWatch {
           for (const it of list.items) if (it?.metadata?.name) this.#items.set(it.metadata.name, it);
           this.#rv = list.metadata.resourceVersion;
           this.#backoff = o.backoffInitialMs;
+          this.#recovered();
           o.onChange(this.#items);
           this.#synced();
         }
@@ -111,14 +122,19 @@ export class ListWatch {
         }
         goneInARow = 0;
         if (end.kind === 'error') throw end.error;
-        if (end.events > 0) this.#backoff = o.backoffInitialMs;
+        if (end.events > 0) {
+          this.#backoff = o.backoffInitialMs;
+          this.#recovered();
+        }
         // a clean end (timeoutSeconds): resume at once, unless the server keeps closing at once with nothing said
         if (end.events === 0 && performance.now() - t0 < 1000) await this.#sleep(this.#nextBackoff());
       } catch (err) {
         if (signal.aborted) return;
         this.counters.failures++;
         const delay = this.#nextBackoff();
-        o.log.warn({ path: o.path, err: (err as Error).message, retryInMs: delay, resourceVersion: this.#rv }, 'kubernetes list/watch failed, retrying');
+        this.#failedInARow++;
+        if (o.onFailure) o.onFailure(err as Error, delay, this.#failedInARow);
+        else o.log.warn({ path: o.path, err: (err as Error).message, retryInMs: delay, resourceVersion: this.#rv }, 'kubernetes list/watch failed, retrying');
         await this.#sleep(delay);
       }
     }
@@ -140,6 +156,13 @@ export class ListWatch {
     this.counters.events++;
     if (typeof rv === 'string') this.#rv = rv;
     this.#o.onChange(this.#items);
+  }
+
+  #recovered(): void {
+    if (this.#failedInARow === 0) return;
+    const n = this.#failedInARow;
+    this.#failedInARow = 0;
+    this.#o.onRecovered?.(n);
   }
 
   #nextBackoff(): number {

@@ -35,6 +35,8 @@ export interface KvFeedEndpoint {
   maxMessageBytes?: number;
   /** This stream's queue bound in payload bytes (default: the feed's maxQueuedBytes). */
   maxQueuedBytes?: number;
+  /** Where its address is configured, as a field path (pools[i].endpoints[j].kvEvents.endpoint), for messages. */
+  where?: string;
 }
 
 /** Default bound of one KV-event frame, bytes (a publisher that sends a bigger one is disconnected). */
@@ -114,6 +116,8 @@ export class KvEventFeed implements DecodeCounts {
   onEngineReset: ((id: number) => void) | null = null;
   /** Called when an engine's stream connects or loses its publisher (the router's log); null: none. */
   onConnection: ((name: string, endpoint: string, connected: boolean) => void) | null = null;
+  /** Called once per outage when an engine's publisher cannot be reached (KvEventStream.onUnreachable); null: none. */
+  onUnreachable: ((name: string, endpoint: string, where: string, reason: string) => void) | null = null;
   /** Engine resets seen (disconnects and restarts), over all streams. */
   engineResets = 0;
   /** Drains that threw (their batches were lost: the streams they came from were cleared and marked unhealthy). */
@@ -236,6 +240,7 @@ export class KvEventFeed implements DecodeCounts {
       },
     );
     feed.stream.onConnection = (connected) => this.onConnection?.(ep.name, ep.endpoint, connected);
+    feed.stream.onUnreachable = (reason) => this.onUnreachable?.(ep.name, ep.endpoint, ep.where ?? '', reason);
     this.#feeds.push(feed);
     for (const h of feed.holders) this.#byId[h] = feed;
     if (!this.#closed) feed.stream.start();

@@ -4,6 +4,8 @@
 // stream's health. Batches are decoded and applied by the KvEventFeed that
 // owns this stream, in bulk (one native call per drain); this file only moves
 // bytes and decides what they mean for the sequence. See docs/kv-events.md.
+import { lookup } from 'node:dns';
+import { isIP } from 'node:net';
 import { Dealer, Subscriber } from 'zeromq';
 
 export interface KvStreamOptions {
@@ -136,6 +138,14 @@ export class KvEventStream {
 
   /** Called when the stream's socket connects (true) or loses its publisher (false): the router logs it. */
   onConnection: ((connected: boolean) => void) | null = null;
+  /**
+   * Called once per outage when the publisher cannot be reached (libzmq retries a connection that was
+   * refused or whose name did not resolve, silently): `reason` says which. Not again until the stream has
+   * connected; a publisher lost after connecting is told by onConnection(false) instead.
+   */
+  onUnreachable: ((reason: string) => void) | null = null;
+  /** An outage already told (by onUnreachable or a disconnect); cleared when the socket connects. */
+  #told = false;
 
   /** Whether the index's entries for this engine can be trusted (else: score it by the approximate mode). */
   get healthy(): boolean {
@@ -161,8 +171,22 @@ export class KvEventStream {
     if (this.#closed) return;
     const sub = new Subscriber({ linger: 0, receiveHighWaterMark: RECEIVE_HWM, maxMessageSize: this.options.maxMessageBytes });
     this.#sub = sub;
+    sub.events.on('connect:retry', () => {
+      if (sub !== this.#sub || this.#told || this.#closed) return;
+      this.#told = true;
+      void this.#whyUnreachable().then((why) => {
+        // connected meanwhile (or closed): nothing to tell
+        if (this.#closed || !this.#told || this.#problem === null) return;
+        try {
+          this.onUnreachable?.(why);
+        } catch {
+          this.counters.callbackErrors++;
+        }
+      });
+    });
     sub.events.on('connect', () => {
       if (sub !== this.#sub) return;
+      this.#told = false;
       if (this.#problem === 'connecting' || this.#problem === 'disconnected') this.#problem = null;
       if (!this.#closed) this.onConnection?.(true);
     });
@@ -171,6 +195,7 @@ export class KvEventStream {
       // sends while we are not connected is lost, and it may come back restarted with an empty cache; forget
       // its entries, and on the next batch join again (replay from 0)
       if (this.#closed || sub !== this.#sub) return;
+      this.#told = true; // the disconnect is the outage's line: the new socket's retries say nothing more
       this.counters.disconnects++;
       this.onConnection?.(false);
       this.#setProblem('disconnected');
@@ -197,6 +222,19 @@ export class KvEventStream {
     sub.connect(this.options.endpoint);
     sub.subscribe(this.options.topic);
     void this.#receive(sub);
+  }
+
+  /** Why a connection attempt failed, as far as can be told (libzmq does not say): a name that does not resolve, or nothing accepting there. */
+  #whyUnreachable(): Promise<string> {
+    let host = '';
+    const m = /^tcp:\/\/(\[[^\]]*\]|[^:/]*):(\d+|\*)$/.exec(this.options.endpoint);
+    if (m !== null) host = m[1]!.replace(/^\[|\]$/g, '');
+    if (host === '' || isIP(host) !== 0 || host === '*') return Promise.resolve('nothing accepts connections there (refused or unreachable), libzmq keeps retrying');
+    return new Promise((resolve) =>
+      lookup(host, (err) =>
+        resolve(err ? `the name ${host} does not resolve (${(err as NodeJS.ErrnoException).code ?? err.message}), libzmq keeps retrying` : 'nothing accepts connections there (refused or unreachable), libzmq keeps retrying'),
+      ),
+    );
   }
 
   close(): void {

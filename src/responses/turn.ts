@@ -602,6 +602,23 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
    * error and the output streamed so far on the response, the stream's last
    * event. The openai SDKs yield both to the caller's iterator.
    */
+  /**
+   * A drain's grace ended while this turn streams (the transport cuts it):
+   * the events it ends with in the Responses shape, `error` (code `code`) and
+   * `response.failed` with the output streamed so far, as #streamFailed
+   * writes them; null when it is not a stream whose head went out, or it has
+   * ended (the transport then ends it as any other request). Nothing more is
+   * written by the turn after this.
+   */
+  shutdownEvents(code: string, message: string): string | null {
+    if (this.#mode !== MODE_SSE || this.#streamEnded) return null;
+    this.#streamEnded = true;
+    const res = this.#output();
+    const r = responseObject(this, 'failed', res.output(), this.#usage, { code, message });
+    this.#svc.stats.failed++;
+    return sseEvent('error', res.seq++, { code, message, param: null }) + sseEvent('response.failed', res.seq++, { response: r });
+  }
+
   /** `midStream`: the engine failed after the head went out: ended through client.fail (counted as a mid-stream failure). */
   #streamFailed(code: string, message: string, midStream = false): void {
     if (this.#streamEnded) return;

@@ -32,6 +32,7 @@ import { loadAuth } from '../auth/keys.js';
 import type { ApiKeyAuthenticator } from '../auth/authenticator.js';
 import type { RateLimiter } from '../limits/limiter.js';
 import { CloseRank, type Lifecycle } from './lifecycle.js';
+import { redactUrl } from '../config/defaults.js';
 // loaded only when configured: a feature that is off costs no import (ioredis, grpc-js)
 import type { HighAvailability } from '../ha/standby.js';
 import type { FleetShare } from '../ha/fleet.js';
@@ -124,7 +125,9 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
   // API keys (config.auth): the keys file and variable are read now, and again on every reload
   const auth = o.auth !== undefined ? o.auth : await loadAuth(config);
   // OpenTelemetry is loaded only when tracing is on
-  const tracer = o.tracer ?? (config.tracing.enabled ? await (await import('../telemetry/tracing.js')).createTracer(config.tracing, VERSION) : null);
+  const tracer = o.tracer ?? (config.tracing.enabled ? await (await import('../telemetry/tracing.js')).createTracer(config.tracing, VERSION, log) : null);
+  // a collector that cannot be reached is one line; the router starts without waiting for it
+  if (o.tracer === undefined && tracer !== null) void tracer.checkCollector();
   const parts = buildParts(config, log, gate, o.upstream, o.random, tracer);
   lifecycle.add('parts', CloseRank.parts, () => closeParts(parts));
   await parts.responses?.open(); // a sqlite file that cannot be opened stops the start
@@ -138,7 +141,7 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
   const discovered = config.pools.filter((p) => p.discovery !== undefined);
   if (discovered.length > 0) {
     const { KubernetesDiscovery, registerDiscoveryMetrics } = await import('../k8s/discovery.js');
-    for (const pool of discovered) discovery.push(new KubernetesDiscovery(pool, log));
+    for (const pool of discovered) discovery.push(new KubernetesDiscovery(pool, log, config.pools.indexOf(pool)));
     registerDiscoveryMetrics(parts.metrics.registry, discovery);
     lifecycle.add('discovery', CloseRank.discovery, () => Promise.all(discovery.map((d) => d.close())).then(() => undefined));
     await Promise.all(discovery.map((d) => d.start(parts.live)));
@@ -184,17 +187,6 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
   return { parts: { ...parts, batchApi, leadership: ha, auth, limiter: limits?.limiter ?? null }, ha, fleet, discovery, batch };
 }
 
-/** A URL for a message: its password (redis://:secret@host) replaced by ***. */
-export function redactUrl(url: string): string {
-  try {
-    const u = new URL(url);
-    if (u.password !== '') u.password = '***';
-    return u.toString().replace(/\/$/, '');
-  } catch {
-    return '(unparsable URL)';
-  }
-}
-
 /** The parts built before anything starts (the batch API and the lease come later). */
 type BuiltParts = Omit<RouterParts, 'batchApi' | 'leadership' | 'auth' | 'limiter'>;
 
@@ -238,6 +230,7 @@ function buildParts(
   const scheduler = new Scheduler(set, cfg.scheduling, { random, sessions, precise: precise?.feed, decodeProfile: cfg.disaggregation?.decode });
   if (precise !== null) {
     precise.feed.onConnection = (name, endpoint, connected) => stateLog.kvStream(name, endpoint, connected);
+    precise.feed.onUnreachable = (name, endpoint, where, reason) => stateLog.kvStreamUnreachable(name, endpoint, where, reason);
     // an engine that may have lost its cache is not believed to hold anything by the approximate fallback either
     precise.feed.onEngineReset = (id) => {
       const ep = set.byId(id);

@@ -18,7 +18,7 @@ export interface Cuttable {
 /** What the router keeps of a request in flight, on either front end (HttpExchange, NativeExchange): the drain's cut, the outcome metrics, the access log. */
 export interface InFlightRequest extends Cuttable {
   readonly flight: ExchangeFlight | null;
-  /** How it ended (src/server/outcomes.ts), and a rejection's reason. */
+  /** How it ended (src/metrics/outcomes.ts), and a rejection's reason. */
   readonly outcome: number;
   readonly rejectReason: string;
   /** performance.now() when its headers arrived, and when its answer's first bytes went out (0: none). */

@@ -17,4 +17,10 @@ export interface ExchangeFlight {
   readonly retries?: number;
   pause(): void;
   resume(): void;
+  /**
+   * A drain's grace ended while its stream runs: the bytes the stream ends with in this side's own API shape
+   * (a Responses turn: `error` and `response.failed` events); absent or null: the chat-shaped SSE error and
+   * `[DONE]` (drain.ts shutdownEvent).
+   */
+  shutdownEvents?(code: string, message: string): string | null;
 }

@@ -21,7 +21,7 @@ import { BATCH_NOT_CONFIGURED, batchRoute, isBatchPath, runBatchOp } from './bat
 import { knownPaths, type FrontEnd, type FrontHost } from './front-end.js';
 import { isRefusal, type Caller, type Refusal } from '../identity.js';
 import { SHUTDOWN_CODE, type InFlightRequest } from './drain.js';
-import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, statusOutcome } from './outcomes.js';
+import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, statusOutcome } from '../metrics/outcomes.js';
 
 const KNOWN_PATHS = knownPaths(KIND_PATHS);
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
@@ -356,7 +356,7 @@ export class NativeExchange implements ClientPort, InFlightRequest {
   flight: ExchangeFlight | null = null;
   /** Position in the router's in-flight list (src/server/drain.ts); -1 otherwise. */
   activeSlot = -1;
-  /** How the request ended (src/server/outcomes.ts; -1 until decided) and a rejection's reason. */
+  /** How the request ended (src/metrics/outcomes.ts; -1 until decided) and a rejection's reason. */
   outcome = -1;
   rejectReason = '';
   /** performance.now() when the request arrived, and when its answer's first bytes went out (0: not yet). */
@@ -420,7 +420,7 @@ export class NativeExchange implements ClientPort, InFlightRequest {
     if (this.#done || this.#aborted) return;
     this.outcome = OUTCOME_SHUTDOWN;
     if (this.#started) {
-      if (this.#contentType.startsWith('text/event-stream')) this.#send(sseEvent, true);
+      if (this.#contentType.startsWith('text/event-stream')) this.#send(this.flight?.shutdownEvents?.(SHUTDOWN_CODE, message) ?? sseEvent, true);
       else this.#server.abort(this.id);
     } else this.error(503, message, null, this.#endpoint, null, SHUTDOWN_CODE);
     this.#aborted = true; // the flight's later writes are dropped

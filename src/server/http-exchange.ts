@@ -16,7 +16,7 @@ import { KIND_PATHS } from '../director/kinds.js';
 import { statusLine } from './http-errors.js';
 import { SHUTDOWN_CODE, type Cuttable } from './drain.js';
 import type { ExchangeFlight } from './exchange-flight.js';
-import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_CLIENT_ERROR, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, OUTCOME_TIMEOUT, statusOutcome } from './outcomes.js';
+import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_CLIENT_ERROR, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, OUTCOME_TIMEOUT, statusOutcome } from '../metrics/outcomes.js';
 
 const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
 
@@ -95,7 +95,7 @@ export class HttpExchange implements ClientPort, Cuttable {
   /** performance.now() when the request's headers arrived, and when its answer's first bytes went out (0: not yet). */
   readonly startedAt = performance.now();
   firstByteAt = 0;
-  /** How the request ended (src/server/outcomes.ts; -1 until decided) and a rejection's reason. */
+  /** How the request ended (src/metrics/outcomes.ts; -1 until decided) and a rejection's reason. */
   outcome = -1;
   rejectReason = '';
   readStart = 0;
@@ -227,7 +227,11 @@ export class HttpExchange implements ClientPort, Cuttable {
     const res = this.res;
     if (this.#started) {
       // not end(…, true): uWS drops a chunked stream's last chunk when asked to close with it (the router closes the sockets after)
-      if (this.#contentType.startsWith('text/event-stream')) res.cork(() => res.end(sseEvent));
+      if (this.#contentType.startsWith('text/event-stream')) {
+        // the side's own shape when it has one (a Responses stream ends with response.failed)
+        const ev = this.flight?.shutdownEvents?.(SHUTDOWN_CODE, message) ?? sseEvent;
+        res.cork(() => res.end(ev));
+      }
       else res.close();
     } else this.#error(503, message, null, this.#endpoint, null, true, SHUTDOWN_CODE);
     if (this.flight !== null) this.flight.clientAborted(503);

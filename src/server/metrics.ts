@@ -7,7 +7,7 @@ import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import { VERSION } from '../version.js';
 import { Histogram } from '../metrics/histogram.js';
 import { HistogramMetric, newRegistry, scrapeCounter, type Registry } from '../metrics/prom.js';
-import { OUTCOME_NAMES, OUTCOME_REJECTED, UPSTREAM_KINDS } from './outcomes.js';
+import { OUTCOME_NAMES, OUTCOME_REJECTED, UPSTREAM_KINDS } from '../metrics/outcomes.js';
 
 const DECISION_BUCKETS = [5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01];
 const TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];

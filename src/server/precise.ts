@@ -78,9 +78,9 @@ export function buildPrecise(cfg: RouterConfig, set: EndpointSet): Precise | nul
  */
 export function kvFeedEndpoints(cfg: RouterConfig, set: EndpointSet): KvFeedEndpoint[] {
   const byAddr = new Map<string, KvFeedEndpoint & { ranks: Record<number, number> }>();
-  cfg.pools.forEach((p) => {
+  cfg.pools.forEach((p, i) => {
     if (p.prefix?.mode !== 'precise') return;
-    p.endpoints.forEach((ec) => {
+    p.endpoints.forEach((ec, j) => {
       if (!ec.kvEvents) return;
       const ep = set.byName(ec.name)!;
       const rank = ec.kvEvents.dataParallelRank;
@@ -96,6 +96,7 @@ export function kvFeedEndpoints(cfg: RouterConfig, set: EndpointSet): KvFeedEndp
           ranks: rank !== undefined ? { [rank]: ep.id } : {},
           maxMessageBytes: ec.kvEvents.maxMessageBytes,
           maxQueuedBytes: ec.kvEvents.maxQueuedBytes,
+          where: `pools[${i}].endpoints[${j}].kvEvents.endpoint`,
         });
         return;
       }

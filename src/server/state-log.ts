@@ -6,7 +6,7 @@
 // the events.
 import type { Logger } from 'pino';
 import type { Endpoint, EndpointEvents, EndpointSet, Health } from '../endpoints/endpoint.js';
-import { upstreamKind } from './outcomes.js';
+import { upstreamKind } from '../metrics/outcomes.js';
 
 /** At most one upstream-failure line per endpoint in this long (the rest are counted into the next). */
 export const UPSTREAM_LOG_EVERY_MS = 10_000;
@@ -63,6 +63,14 @@ export class StateLog implements EndpointEvents {
     this.#log.warn(
       { event: 'endpoint.upstream_error', ...where(ep), error: message, mid_stream: midStream, ...(more > 0 ? { more_since_last_line: more } : {}) },
       `endpoint ${ep.name}: request failed ${midStream ? 'mid-stream' : 'before its first byte'}: ${message}`,
+    );
+  }
+
+  /** A precise pool's KV-event publisher cannot be reached (once per outage; `where` the config field of its address). */
+  kvStreamUnreachable(name: string, endpoint: string, where: string, reason: string): void {
+    this.#log.warn(
+      { event: 'kv_events.unreachable', endpoint: name, zmq: endpoint, block: where, reason },
+      `KV-event stream of ${name} (${where || 'kvEvents.endpoint'}): the publisher at ${endpoint} cannot be reached: ${reason}; precise scoring uses the approximate mode for ${name} until it connects (logged then)`,
     );
   }
 

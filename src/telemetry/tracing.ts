@@ -20,7 +20,10 @@
 import { ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, TraceFlags, type Context, type Span, type Tracer } from '@opentelemetry/api';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { AlwaysOnSampler, BasicTracerProvider, type ReadableSpan, type SpanExporter, type SpanProcessor } from '@opentelemetry/sdk-trace-base';
+import { connect } from 'node:net';
+import type { Logger } from 'pino';
 import type { TracingConfig } from '../config/tracing.js';
+import { redactUrl } from '../config/defaults.js';
 import { formatTraceparent, sampledFlag, validTraceparent, type TraceCarrier } from '../proxy/trace-context.js';
 
 /** Counters of the export pipeline (read by /metrics). */
@@ -47,6 +50,8 @@ export class BoundedExportProcessor implements SpanProcessor, ExportStats {
   #inFlight = false;
   #timer: NodeJS.Timeout | null;
   #idle: (() => void)[] = [];
+  /** Told each export's result (`error`: why it failed, '' when it succeeded): the tracer logs the changes. */
+  onResult: ((ok: boolean, error: string) => void) | null = null;
 
   constructor(exporter: SpanExporter, o: { maxQueueSize: number; maxExportBatchSize: number; exportIntervalMs: number }) {
     this.#exporter = exporter;
@@ -82,19 +87,24 @@ export class BoundedExportProcessor implements SpanProcessor, ExportStats {
     this.#queue = batch === this.#queue ? [] : this.#queue.slice(this.#batch);
     this.#inFlight = true;
     let settled = false;
-    const done = (ok: boolean) => {
+    const done = (ok: boolean, error = '') => {
       if (settled) return;
       settled = true;
       this.#inFlight = false;
       if (ok) this.exported += batch.length;
       else this.failed += batch.length;
+      try {
+        this.onResult?.(ok, error);
+      } catch {
+        // the log hook: never into the exporter's callback
+      }
       // more waiting (or someone waiting for the queue to empty): go on
       if (this.#queue.length >= this.#batch || this.#idle.length > 0) setImmediate(() => this.#flush());
     };
     try {
-      this.#exporter.export(batch, (r) => done(r.code === 0));
-    } catch {
-      done(false);
+      this.#exporter.export(batch, (r) => done(r.code === 0, r.error?.message ?? 'the export failed'));
+    } catch (err) {
+      done(false, (err as Error)?.message ?? String(err));
     }
   }
 
@@ -138,12 +148,17 @@ export class RequestTracer {
   /** A new trace is sampled when random() < this. */
   readonly #ratio: number;
   readonly #random: () => number;
+  readonly #log: Logger | null;
+  /** Whether the collector answers: null until known; false once a line said it does not (the next one says when it answers again). */
+  #reachable: boolean | null = null;
 
-  constructor(config: TracingConfig, exporter: SpanExporter, opts: { version?: string; random?: () => number } = {}) {
+  constructor(config: TracingConfig, exporter: SpanExporter, opts: { version?: string; random?: () => number; log?: Logger } = {}) {
     this.config = config;
     this.#ratio = config.sampleRatio;
     this.#random = opts.random ?? Math.random;
+    this.#log = opts.log ?? null;
     const processor = new BoundedExportProcessor(exporter, config);
+    processor.onResult = (ok, error) => (ok ? this.#answered() : this.#unreachable(error));
     this.stats = processor;
     this.#provider = new BasicTracerProvider({
       // the decision is ours (before any span object exists); every span we start is recorded
@@ -175,6 +190,31 @@ export class RequestTracer {
       });
     }
     return new RequestTrace(this.tracer, ctx, kind, requestId, startTime);
+  }
+
+  /**
+   * The start's check of the collector (not awaited by the start): a TCP connection to its host and port,
+   * bounded by exportTimeoutMs (at most 5 s). One that does not resolve or does not answer is one warn line
+   * naming the block and the URL; the router serves on without it.
+   */
+  async checkCollector(): Promise<void> {
+    const why = await probeCollector(this.config.endpoint, Math.min(this.config.exportTimeoutMs, 5000));
+    if (why !== null) this.#unreachable(why);
+  }
+
+  #unreachable(why: string): void {
+    if (this.#reachable === false) return;
+    this.#reachable = false;
+    const url = redactUrl(this.config.endpoint);
+    this.#log?.warn(
+      { event: 'tracing.unreachable', block: 'tracing.endpoint', url, protocol: this.config.protocol, err: why },
+      `tracing (tracing.endpoint): the OTLP collector at ${url} cannot be reached: ${why}; serving without it: sampled spans are still queued and each export tried every ${this.config.exportIntervalMs} ms, a failed export's spans are dropped and counted (switchyard_tracing_spans_failed_total; logged again when it answers)`,
+    );
+  }
+
+  #answered(): void {
+    if (this.#reachable === false) this.#log?.info({ event: 'tracing.reachable', block: 'tracing.endpoint', url: redactUrl(this.config.endpoint) }, `tracing (tracing.endpoint): the OTLP collector answers again`);
+    this.#reachable = true;
   }
 
   /** Exports what is queued (tests, shutdown). */
@@ -356,7 +396,40 @@ export async function otlpExporter(cfg: TracingConfig): Promise<SpanExporter> {
   return new OTLPTraceExporter({ url: cfg.endpoint, headers: cfg.headers, timeoutMillis: cfg.exportTimeoutMs, concurrencyLimit: 1 });
 }
 
-/** A RequestTracer for the config's exporter. */
-export async function createTracer(cfg: TracingConfig, version?: string): Promise<RequestTracer> {
-  return new RequestTracer(cfg, await otlpExporter(cfg), { version });
+/** A RequestTracer for the config's exporter; with `log`, the collector's outages are logged (one line each). */
+export async function createTracer(cfg: TracingConfig, version?: string, log?: Logger): Promise<RequestTracer> {
+  return new RequestTracer(cfg, await otlpExporter(cfg), { version, log });
+}
+
+/**
+ * Whether something accepts TCP connections at the collector's host and port (the URL's, or 80 / 443):
+ * null when it does, else why not (the name does not resolve, the connection is refused, no answer in
+ * `timeoutMs`). It says nothing of OTLP itself: a failed export is logged on its own.
+ */
+export function probeCollector(endpoint: string, timeoutMs: number): Promise<string | null> {
+  let host: string;
+  let port: number;
+  try {
+    const u = new URL(endpoint);
+    host = u.hostname.startsWith('[') ? u.hostname.slice(1, -1) : u.hostname;
+    port = u.port !== '' ? Number(u.port) : u.protocol === 'https:' ? 443 : 80;
+  } catch {
+    return Promise.resolve('not a URL');
+  }
+  return new Promise((resolve) => {
+    const sock = connect({ host, port });
+    const done = (why: string | null) => {
+      clearTimeout(timer);
+      sock.destroy();
+      resolve(why);
+    };
+    const timer = setTimeout(() => done(`no answer within ${timeoutMs} ms`), timeoutMs);
+    // the check never holds the process open (a router closed meanwhile exits at once)
+    timer.unref();
+    sock.unref();
+    sock.once('connect', () => done(null));
+    sock.once('error', (err: NodeJS.ErrnoException) =>
+      done(err.code === 'ENOTFOUND' || err.code === 'EAI_AGAIN' ? `the name ${host} does not resolve (${err.code})` : err.code === 'ECONNREFUSED' ? `connection refused at ${host}:${port}` : err.message),
+    );
+  });
 }

@@ -9,31 +9,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI, { toFile } from 'openai';
 import { Redis } from 'ioredis';
-import { API_VERSION, validateConfig } from '../../src/config/schema.js';
+import { validateConfig } from '../../src/config/schema.js';
 import { startFleet, type FleetOptions } from '../../src/sim/index.js';
 import { startRouter } from '../../src/server/router.js';
 import { startRedis } from '../support/redis-util.js';
+import { batchConfigDoc, chatLine, jsonl, until } from '../support/batch-util.js';
 import { spawnServe, startTestRouter, validatePlugin } from '../support/router-util.js';
 
-async function until<T>(get: () => Promise<T>, ok: (v: T) => boolean, ms = 30000, what = 'condition'): Promise<T> {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await get();
-    if (ok(v)) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}: ${JSON.stringify(v).slice(0, 400)}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
-function config(urls: string[], redisUrl: string, batch: Record<string, unknown> = {}) {
-  return {
-    apiVersion: API_VERSION,
-    kind: 'Router',
-    pools: [{ name: 'p', models: ['open-model'], endpoints: urls.map((url, i) => ({ name: `e${i}`, url })) }],
-    logging: { level: 'silent' },
-    batch: { redis: redisUrl, stream: 'jobs', group: 'g', keyPrefix: 'swy', ...batch },
-  };
-}
+const config = (urls: string[], redisUrl: string, batch: Record<string, unknown> = {}) => batchConfigDoc(urls, redisUrl, batch);
 
 async function setup(t: Tap.Test, fleet: FleetOptions, batch: Record<string, unknown> = {}) {
   const redis = await startRedis(t);
@@ -43,10 +26,6 @@ async function setup(t: Tap.Test, fleet: FleetOptions, batch: Record<string, unk
   return { redis, engines, cfg };
 }
 
-const chatLine = (id: string, model = 'open-model') =>
-  JSON.stringify({ custom_id: id, method: 'POST', url: '/v1/chat/completions', body: { model, messages: [{ role: 'user', content: `hello ${id}` }], max_tokens: 4 } });
-
-const jsonl = (lines: string[]) => toFile(Buffer.from(lines.join('\n') + '\n'), 'in.jsonl');
 
 /** An HTTP error from the SDK as {status, param, code}. */
 async function apiError(p: Promise<unknown>): Promise<{ status: number; param: unknown; code: unknown; message: string }> {

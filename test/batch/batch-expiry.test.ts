@@ -5,27 +5,9 @@
 // and bad policies answer 400 naming the field. `minExpiresAfterSeconds: 1`
 // so a test does not wait OpenAI's hour.
 import t from 'tap';
-import OpenAI, { toFile } from 'openai';
+import OpenAI from 'openai';
 import { Redis } from 'ioredis';
-import { API_VERSION, validateConfig } from '../../src/config/schema.js';
-import { startFleet } from '../../src/sim/index.js';
-import { startRouter } from '../../src/server/router.js';
-import { startRedis } from '../support/redis-util.js';
-import { validatePlugin } from '../support/router-util.js';
-
-async function until<T>(get: () => Promise<T>, ok: (v: T) => boolean, ms = 30000): Promise<T> {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await get();
-    if (ok(v)) return v;
-    if (Date.now() > end) throw new Error(`timed out: ${JSON.stringify(v).slice(0, 300)}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
-const chatLine = (id: string) =>
-  JSON.stringify({ custom_id: id, method: 'POST', url: '/v1/chat/completions', body: { model: 'open-model', messages: [{ role: 'user', content: `hello ${id}` }], max_tokens: 4 } });
-const jsonl = (lines: string[]) => toFile(Buffer.from(lines.join('\n') + '\n'), 'in.jsonl');
+import { chatLine, jsonl, startBatchRouter, until } from '../support/batch-util.js';
 
 async function failure(p: Promise<unknown>): Promise<{ status: number; param: unknown; code: unknown }> {
   try {
@@ -38,24 +20,10 @@ async function failure(p: Promise<unknown>): Promise<{ status: number; param: un
 }
 
 async function setup(t: Tap.Test) {
-  const redis = await startRedis(t);
-  const engines = await startFleet(1, { timeScale: 0 });
-  t.teardown(() => engines.close());
-  const cfg = validateConfig(
-    {
-      apiVersion: API_VERSION,
-      kind: 'Router',
-      pools: [{ name: 'p', models: ['open-model'], endpoints: engines.urls.map((url, i) => ({ name: `e${i}`, url })) }],
-      logging: { level: 'silent' },
-      batch: { redis: redis.url, stream: 'jobs', group: 'g', keyPrefix: 'swy', minExpiresAfterSeconds: 1 },
-    },
-    validatePlugin,
-  );
-  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(() => router.close(200));
-  const r = new Redis(redis.url);
+  const { url, redisUrl } = await startBatchRouter(t, { batch: { minExpiresAfterSeconds: 1 } });
+  const r = new Redis(redisUrl);
   t.teardown(() => r.disconnect());
-  return { client: new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'k', maxRetries: 0 }), r };
+  return { client: new OpenAI({ baseURL: `${url}/v1`, apiKey: 'k', maxRetries: 0 }), r };
 }
 
 t.test('an upload with expires_after has expires_at and disappears after it, its usage given back', async (t) => {

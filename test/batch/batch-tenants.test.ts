@@ -5,27 +5,9 @@
 // work, the ids are unguessable, and a per-tenant file quota keeps one tenant
 // from filling the store for another.
 import t from 'tap';
-import OpenAI, { toFile } from 'openai';
+import OpenAI from 'openai';
 import { Redis } from 'ioredis';
-import { API_VERSION, validateConfig } from '../../src/config/schema.js';
-import { startFleet } from '../../src/sim/index.js';
-import { startRouter } from '../../src/server/router.js';
-import { startRedis } from '../support/redis-util.js';
-import { validatePlugin } from '../support/router-util.js';
-
-async function until<T>(get: () => Promise<T>, ok: (v: T) => boolean, ms = 30000): Promise<T> {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await get();
-    if (ok(v)) return v;
-    if (Date.now() > end) throw new Error(`timed out: ${JSON.stringify(v).slice(0, 300)}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
-const chatLine = (id: string, model = 'open-model') =>
-  JSON.stringify({ custom_id: id, method: 'POST', url: '/v1/chat/completions', body: { model, messages: [{ role: 'user', content: `hello ${id}` }], max_tokens: 4 } });
-const jsonl = (lines: string[]) => toFile(Buffer.from(lines.join('\n') + '\n'), 'in.jsonl');
+import { chatLine, jsonl, startBatchRouter, until } from '../support/batch-util.js';
 
 async function status(p: Promise<unknown>): Promise<number> {
   try {
@@ -37,24 +19,9 @@ async function status(p: Promise<unknown>): Promise<number> {
 }
 
 async function setup(t: Tap.Test, batch: Record<string, unknown> = {}, timeScale = 0) {
-  const redis = await startRedis(t);
-  const engines = await startFleet(1, { timeScale });
-  t.teardown(() => engines.close());
-  const cfg = validateConfig(
-    {
-      apiVersion: API_VERSION,
-      kind: 'Router',
-      pools: [{ name: 'p', models: ['open-model'], endpoints: engines.urls.map((url, i) => ({ name: `e${i}`, url })) }],
-      logging: { level: 'silent' },
-      flowControl: { tenants: { 'key-a': 'a', 'key-b': 'b' } },
-      batch: { redis: redis.url, stream: 'jobs', group: 'g', keyPrefix: 'swy', ...batch },
-    },
-    validatePlugin,
-  );
-  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(() => router.close(200));
+  const { router, redisUrl } = await startBatchRouter(t, { fleet: { timeScale }, batch, extra: { flowControl: { tenants: { 'key-a': 'a', 'key-b': 'b' } } } });
   const client = (key: string) => new OpenAI({ baseURL: `${router.url}/v1`, apiKey: key, maxRetries: 0 });
-  return { a: client('key-a'), b: client('key-b'), anon: client('no-such-key'), router, redisUrl: redis.url };
+  return { a: client('key-a'), b: client('key-b'), anon: client('no-such-key'), router, redisUrl };
 }
 
 t.test("tenant b cannot reach a's files, batches, output and error files; a can", async (t) => {

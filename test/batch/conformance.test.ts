@@ -5,11 +5,7 @@
 // (at creation and completed), the batch list, every line of the output and
 // error files, and the Error object of the APIs' bad input.
 import t from 'tap';
-import { API_VERSION, validateConfig } from '../../src/config/schema.js';
-import { startFleet } from '../../src/sim/index.js';
-import { startRouter } from '../../src/server/router.js';
-import { startRedis } from '../support/redis-util.js';
-import { validatePlugin } from '../support/router-util.js';
+import { startBatchRouter } from '../support/batch-util.js';
 import { BATCH, BATCH_LINE, check, ERROR_BODY, FILE, FILE_DELETED, list, RESPONSE, type Shape } from '../../testkit/openai-shapes.js';
 
 function conforms(t: Tap.Test, shape: Shape, v: unknown, what: string): void {
@@ -18,22 +14,7 @@ function conforms(t: Tap.Test, shape: Shape, v: unknown, what: string): void {
 }
 
 async function setup(t: Tap.Test) {
-  const redis = await startRedis(t);
-  const engines = await startFleet(2, { timeScale: 0 });
-  t.teardown(() => engines.close());
-  const cfg = validateConfig(
-    {
-      apiVersion: API_VERSION,
-      kind: 'Router',
-      pools: [{ name: 'p', models: ['open-model'], endpoints: engines.urls.map((url, i) => ({ name: `e${i}`, url })) }],
-      logging: { level: 'silent' },
-      batch: { redis: redis.url, stream: 'jobs', group: 'g', keyPrefix: 'swy' },
-    },
-    validatePlugin,
-  );
-  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(() => router.close(200));
-  return router.url;
+  return (await startBatchRouter(t, { engines: 2 })).url;
 }
 
 async function upload(url: string, text: string, purpose = 'batch'): Promise<{ status: number; json: any }> {

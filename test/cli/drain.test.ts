@@ -153,3 +153,51 @@ t.test('the native front end (server.frontEnd: native): the same cut at the grac
   t.same(await exited, [0, null]);
   t.match(out(), /"cut":2/);
 });
+
+/** The events of a Responses stream (`event: <type>` + `data: <json>`), parsed. */
+function responsesEvents(body: string): { event: string; data: any }[] {
+  const out: { event: string; data: any }[] = [];
+  for (const block of body.split('\n\n')) {
+    if (block.trim() === '') continue;
+    const lines = block.split('\n');
+    const ev = lines.find((l) => l.startsWith('event: '));
+    const data = lines.find((l) => l.startsWith('data: '));
+    if (ev === undefined || data === undefined) throw new Error(`not a Responses SSE event: ${JSON.stringify(block)}`);
+    out.push({ event: ev.slice(7), data: JSON.parse(data.slice(6)) });
+  }
+  return out;
+}
+
+for (const frontEnd of ['uws', 'native'] as const) {
+  t.test(`a Responses stream cut at the grace end ends with error + response.failed, in the Responses shape (${frontEnd} front end)`, async (t) => {
+    const fleet = await slowSim(t);
+    const file = configFile(fleet.urls[0], `{ graceMs: 1000 }${frontEnd === 'native' ? '\nserver: { frontEnd: native }' : ''}`);
+    const { child, url, out, exited } = await spawnServe(t, ['--config', file]);
+    const s = send(url, 'POST', '/v1/responses', { model: 'm', input: 'tell me a long story', max_output_tokens: 30, stream: true, store: false });
+    await s.first;
+    const t0 = Date.now();
+    child.kill('SIGTERM');
+    const r = await s.done;
+    const took = Date.now() - t0;
+    t.equal(r.status, 200);
+    t.notOk(r.error, `the stream ended cleanly, not with a reset: ${r.error}`);
+    t.ok(took >= 900 && took < 2500, `cut at the grace end (${took} ms)`);
+    t.notMatch(r.body, /\[DONE\]/, 'no chat-shaped [DONE]');
+    const evs = responsesEvents(r.body);
+    t.same(evs.slice(0, 2).map((e) => e.event), ['response.created', 'response.in_progress']);
+    t.ok(evs.some((e) => e.event === 'response.output_text.delta'), 'some text came before the cut');
+    t.same(evs.slice(-2).map((e) => e.event), ['error', 'response.failed'], 'the last two events');
+    t.same(evs.map((e) => e.data.sequence_number), evs.map((_, i) => i), 'sequence numbers run on without a hole');
+    const err = evs.at(-2)!.data;
+    t.equal(err.type, 'error');
+    t.equal(err.code, 'router_shutting_down');
+    t.match(err.message, /1000 ms drain grace/);
+    const failed = evs.at(-1)!.data.response;
+    t.equal(failed.status, 'failed');
+    t.same(failed.error, { code: 'router_shutting_down', message: err.message });
+    const text = evs.filter((e) => e.event === 'response.output_text.delta').map((e) => e.data.delta).join('');
+    t.equal(failed.output[0]?.content[0]?.text, text, 'the failed response holds the text streamed so far');
+    t.same(await exited, [0, null]);
+    t.match(out(), /still in flight ended/);
+  });
+}

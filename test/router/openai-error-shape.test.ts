@@ -13,11 +13,8 @@
 import t from 'tap';
 import type { Socket } from 'node:net';
 import OpenAI, { toFile } from 'openai';
-import { API_VERSION, validateConfig } from '../../src/config/schema.js';
-import { startFleet } from '../../src/sim/index.js';
-import { startRouter } from '../../src/server/router.js';
-import { startRedis } from '../support/redis-util.js';
-import { listenRaw, startTestRouter, validatePlugin } from '../support/router-util.js';
+import { startBatchRouter } from '../support/batch-util.js';
+import { listenRaw, startTestRouter } from '../support/router-util.js';
 
 const OPENAI_TYPES = ['invalid_request_error', 'requests', 'tokens', 'server_error', 'permission_error', 'insufficient_quota'];
 
@@ -165,21 +162,7 @@ t.test('streams: an engine failing mid-way, and an engine error event', async (t
 });
 
 t.test('a batch error line has the same Error as the interactive answer', async (t) => {
-  const redis = await startRedis(t);
-  const engines = await startFleet(1, { timeScale: 0 });
-  t.teardown(() => engines.close());
-  const cfg = validateConfig(
-    {
-      apiVersion: API_VERSION,
-      kind: 'Router',
-      pools: [{ name: 'p', models: ['open-model'], endpoints: engines.urls.map((url, i) => ({ name: `e${i}`, url })) }],
-      logging: { level: 'silent' },
-      batch: { redis: redis.url, stream: 'jobs', group: 'g', keyPrefix: 'swy' },
-    },
-    validatePlugin,
-  );
-  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(() => router.close(200));
+  const { router } = await startBatchRouter(t);
   const body = { model: 'no-such-model', messages: [{ role: 'user', content: 'hello' }], max_tokens: 4 };
   const live = await post(router.url, '/v1/chat/completions', body);
   t.equal(live.status, 404);
