@@ -6,7 +6,7 @@
 // the wall-clock gap less the time the kernel kept its thread waiting for a
 // CPU, which on this shared machine no code can remove; the wall-clock figure
 // is printed beside it), the best of three uploads; on a machine so contended
-// that the baseline takes over a second, a twentieth of it (stallBound). The
+// that the baseline takes over 200 ms, a quarter of it (stallBound). The
 // baseline, measured in the same run: the same JSONL check run on a loop (what
 // the code before the worker did: 0.5-2 s).
 import t from 'tap';

@@ -7,7 +7,7 @@
 // then it is cancelled. The bound: 50 ms of the loop's own stall (the
 // wall-clock gap less the time its thread waited for a CPU: see
 // test/support/loop-stall.ts), the best of three batches; on a machine so
-// contended that the baseline takes over a second, a twentieth of it
+// contended that the baseline takes over 200 ms, a quarter of it
 // (stallBound). The baseline, in the same run: the same line checks run on a
 // loop (what the old code did, and what it stalled for: 768-3,326 ms).
 import t from 'tap';

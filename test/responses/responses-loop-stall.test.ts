@@ -6,7 +6,7 @@
 // (the wall-clock gap less the time its thread waited for a CPU) while both
 // run must stay within 50 ms (the best of three rounds after a warm-up: the
 // machine is shared; on one so contended that the baseline's JSON.parse of
-// the body takes over a second, a twentieth of that: stallBound). The engine
+// the body takes over 200 ms, a quarter of that: stallBound). The engine
 // is a raw loopback server that reads nothing of the prompt.
 import t from 'tap';
 import { createServer } from 'node:http';

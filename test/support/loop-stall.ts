@@ -167,10 +167,12 @@ export async function spawnProbedServe(t: Tap.Test, config: Record<string, unkno
 }
 
 /**
- * The stall bound of issue #30 for a path whose old code ran `onLoopMs` of work on the loop (measured in
- * the same run, on this machine, now): 50 ms, or a twentieth of the old stall when the machine is so
- * contended that the old work itself took over a second (then even the loop's own part of a stall
- * grows: its GC waits for helper threads that wait for a CPU). It still fails the old code, whose stall
- * was all of `onLoopMs`.
+ * The stall bound of issue #30 for a path whose old code ran `onLoopMs` of work on the loop in one go
+ * (measured in the same run, on this machine, now): 50 ms, or a quarter of that old stall when it is
+ * over 200 ms. On a quiet machine the old work is short and the bound is the issue's 50 ms; on this
+ * shared 2-core machine at load averages of 20-30 even the loop's own part of a stall grows (a GC's
+ * main thread waits for helper threads that wait for a CPU: 100-900 ms GC pauses were seen in a router
+ * whose heap is 40 MB), and so does the old work, by about as much. The old code's stall was all of
+ * `onLoopMs` or more, so the bound still fails it.
  */
-export const stallBound = (onLoopMs: number): number => Math.max(50, onLoopMs / 20);
+export const stallBound = (onLoopMs: number): number => Math.max(50, onLoopMs / 4);
