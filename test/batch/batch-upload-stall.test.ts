@@ -39,8 +39,7 @@ t.test('a 64 MiB upload: the loop never stalls more than 50 ms', async (t) => {
     pools: [{ name: 'p', models: ['open-model'], endpoints: engines.urls.map((url, i) => ({ name: `e${i}`, url })) }],
     logging: { level: 'info' },
     batch: { redis: redis.url, keyPrefix: 'swy', maxFileBytes: 80 * 1024 * 1024 },
-  }, {}, process.env.SWY_NODE_ARGS ? process.env.SWY_NODE_ARGS.split(' ') : []);
-  if (process.env.SWY_NODE_ARGS) t.teardown(() => console.error(router.out().split('\n').filter((l) => /Mark|Scav/.test(l)).join('\n')));
+  });
 
   const line = (i: number) => JSON.stringify({ custom_id: `r-${i}`, method: 'POST', url: '/v1/chat/completions', body: { model: 'open-model', messages: [{ role: 'user', content: `hello ${i} ${'x'.repeat(100)}` }] } }) + '\n';
   const big = Buffer.allocUnsafe(64 * 1024 * 1024 + 4096);

@@ -104,7 +104,8 @@ export interface ProbedServe {
 /**
  * Spawns `switchyard serve --config <file>` (needs dist/: `npm run build:ts`) with the loop probe loaded,
  * waits for its listening line; killed at teardown. The router runs as it does in production (compiled
- * code in its own process), so its loop is not shared with the test or the test runner.
+ * code in its own process), so its loop is not shared with the test or the test runner. SWY_PROBE_NODE_ARGS
+ * (space-separated) adds node options to it, e.g. --trace-gc or --single-threaded-gc while investigating.
  */
 export async function spawnProbedServe(t: Tap.Test, config: Record<string, unknown>, env: Record<string, string> = {}, nodeArgs: string[] = []): Promise<ProbedServe> {
   const { spawn } = await import('node:child_process');
@@ -154,13 +155,9 @@ export async function spawnProbedServe(t: Tap.Test, config: Record<string, unkno
     url,
     out: () => out,
     async measure<T>(fn: () => Promise<T>): Promise<[T, LoopStall]> {
+      let s: Record<string, number> = {};
       await ask('start');
-      let r: T;
-      try {
-        r = await fn();
-      } finally {
-        var s = await ask('stop');
-      }
+      const r = await fn().finally(() => ask('stop').then((m) => (s = m)));
       return [r, { wall: s.wall, own: s.own, waited: s.waited, ticks: s.ticks, gc: s.gc }];
     },
   };
