@@ -80,8 +80,14 @@ ${OPERATOR_FLOW_BLOCK}`,
 
   // 1. The router learns the batch limit: long requests, more than the engines run at once,
   //    so two scrapes in a row see requests waiting behind a full batch.
-  const learn = await Promise.all(Array.from({ length: 16 }, (_, i) => call('internal-tools', `learn ${i}`, 60)));
-  t.ok(learn.every((r) => r.status === 200 || r.status === 429), 'the learning requests end');
+  //    Rounds until both are learnt (at most five): on a loaded machine a round's scrapes can land
+  //    where no two in a row see a full batch (#30: one round learnt nothing at a load average of 30).
+  const statuses: number[] = [];
+  for (let round = 0; round < 5 && !set.all.every((ep) => ep.batchLimit === SLOTS); round++) {
+    const learn = await Promise.all(Array.from({ length: 16 }, (_, i) => call('internal-tools', `learn ${round}.${i}`, 60)));
+    statuses.push(...learn.map((r) => r.status));
+  }
+  t.ok(statuses.every((s) => s === 200 || s === 429), `the learning requests end (${[...new Set(statuses)].join(', ')})`);
   t.same(set.all.map((ep) => ep.batchLimit), [SLOTS, SLOTS], 'the router learnt both engines\' batch limit');
 
   // 2. Just after a scrape (the next is SCRAPE_MS away), a best-effort burst of 60 and premium requests.
