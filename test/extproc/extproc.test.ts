@@ -250,7 +250,7 @@ t.test('an endpoint added at runtime (admin API, Kubernetes discovery) can be pi
 
 t.test('Health/Watch streams readiness as the lease moves between a standby pair', async (t) => {
   const redis = await startRedis(t);
-  const ha = { redis: redis.url, key: 'swy-watch', leaseTtlMs: 3000, renewIntervalMs: 300 }; // long enough not to flap on a loaded machine
+  const ha = { mode: 'standby' as const, redis: redis.url, key: 'swy-watch', leaseTtlMs: 3000, renewIntervalMs: 300 }; // long enough not to flap on a loaded machine
   const a = await setup(t, { ha });
   const b = await setup(t, { ha });
   t.equal(a.router.ha!.state, 'active');
