@@ -66,16 +66,20 @@ t.test('a conversation follows its pin; conversations spread; metrics count it',
   // a generous health-check limit: a CPU-starved machine must not mark an engine down mid-test
   const { url } = await startTestRouter(t, { n: 3, extra: { dataLayer: { healthTimeoutMs: 10_000 } } });
   const where = new Map<string, Set<string>>();
-  for (let turn = 0; turn < 5; turn++) {
-    for (let s = 0; s < 6; s++) {
-      // a different text every turn: no shared prefix keeps the turn there, only the pin
-      const r = await chat(url, `session ${s} turn ${turn} ${'x'.repeat(50 * turn + s)}`, { 'x-session-id': `conv-${s}` });
-      t.equal(r.status, 200);
-      let set = where.get(`conv-${s}`);
-      if (!set) where.set(`conv-${s}`, (set = new Set()));
-      set.add(r.endpoint);
-    }
-  }
+  const record = (s: number, r: { status: number; endpoint: string }) => {
+    t.equal(r.status, 200);
+    let set = where.get(`conv-${s}`);
+    if (!set) where.set(`conv-${s}`, (set = new Set()));
+    set.add(r.endpoint);
+  };
+  const say = (s: number, turn: number) =>
+    // a different text every turn: no shared prefix keeps the turn there, only the pin
+    chat(url, `session ${s} turn ${turn} ${'x'.repeat(50 * turn + s)}`, { 'x-session-id': `conv-${s}` });
+  // the first turns at once: the load-aware pick spreads them (sent one by one on an idle fleet, a shared
+  // template prefix can draw them all to one engine on a slow machine), then each conversation's pin holds
+  const firsts = await Promise.all([0, 1, 2, 3, 4, 5].map((s) => say(s, 0)));
+  firsts.forEach((r, s) => record(s, r));
+  for (let turn = 1; turn < 5; turn++) for (let s = 0; s < 6; s++) record(s, await say(s, turn));
   for (const [s, eps] of where) t.equal(eps.size, 1, `${s} stayed on one endpoint (${[...eps].join(',')})`);
   const first = new Set([...where.values()].map((s) => [...s][0]));
   t.ok(first.size > 1, 'the first turns were not all sent to one endpoint');
