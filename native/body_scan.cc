@@ -15,10 +15,14 @@
 namespace switchyard {
 namespace {
 
+// one per thread: the addon is context-aware and loads in worker threads
 std::vector<uint8_t>& Stack() {
-  // one per thread: the addon is context-aware and loads in worker threads
   thread_local std::vector<uint8_t> stack;
   return stack;
+}
+std::vector<bodyscan::Scanner::Span>& Spans() {
+  thread_local std::vector<bodyscan::Scanner::Span> spans;
+  return spans;
 }
 
 napi_value Throw(napi_env env, const char* msg) {
@@ -56,7 +60,7 @@ napi_value ScanRequestBody(napi_env env, napi_callback_info info) {
   m[0] = 0;
   m[1] = 0;
   bodyscan::Out o{static_cast<uint8_t*>(out), out_len};
-  bodyscan::Scanner s(static_cast<const uint8_t*>(body), body_len, max_depth, Stack());
+  bodyscan::Scanner s(static_cast<const uint8_t*>(body), body_len, max_depth, Stack(), Spans());
   int status = s.Scan(kind, o, m);
   napi_value r;
   napi_create_int32(env, status, &r);

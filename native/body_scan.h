@@ -77,8 +77,16 @@ struct Range {
 
 class Scanner {
  public:
-  Scanner(const uint8_t* b, size_t n, int max_depth, std::vector<uint8_t>& stack)
-      : b_(b), n_(n), max_depth_(max_depth), stack_(stack) {}
+  /** A long string's extent, noted while validating so the render never walks it again to skip it. */
+  struct Span {
+    uint32_t begin;  // its opening quote
+    uint32_t end;    // one past its closing quote
+  };
+
+  Scanner(const uint8_t* b, size_t n, int max_depth, std::vector<uint8_t>& stack, std::vector<Span>& spans)
+      : b_(b), n_(n), max_depth_(max_depth), stack_(stack), spans_(spans) {
+    spans_.clear();
+  }
 
   /**
    * Scans the whole body. `meta` has kMetaInts ints. Returns kOk (meta[0] =
@@ -152,6 +160,7 @@ class Scanner {
     Ws(i);
     if (i != n_) return kFallback;  // bytes after the object
     meta[1] = count;
+    rendering_ = true;
     bool ok = true;
     if (kind == kKindChat) ok = RenderChat(messages, out);
     else if (kind == kKindCompletion) ok = RenderCompletion(prompt, out);
@@ -170,6 +179,25 @@ class Scanner {
   size_t n_;
   int max_depth_;
   std::vector<uint8_t>& stack_;
+  std::vector<Span>& spans_;  // sorted by begin: strings are validated in order
+  bool rendering_ = false;    // validated: skipping a long string is a lookup
+
+  static constexpr size_t kLongString = 128;
+
+  // the end of the long string whose quote is at i, if the validation noted it
+  inline bool Jump(size_t& i) const {
+    size_t lo = 0, hi = spans_.size();
+    while (lo < hi) {
+      size_t mid = (lo + hi) / 2;
+      if (spans_[mid].begin < i) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo < spans_.size() && spans_[lo].begin == i) {
+      i = spans_[lo].end;
+      return true;
+    }
+    return false;
+  }
 
   static inline bool Digit(uint8_t c) { return c >= '0' && c <= '9'; }
 
@@ -238,6 +266,8 @@ class Scanner {
   // not checked here: JavaScript decodes an invalid sequence to U+FFFD, which a
   // JSON string may hold.
   bool SkipString(size_t& i, bool* escaped) {
+    if (rendering_ && escaped == nullptr && !spans_.empty() && Jump(i)) return true;
+    size_t begin = i;
     i++;
     for (;;) {
       i = FindStringSpecial(i);
@@ -245,6 +275,7 @@ class Scanner {
       uint8_t c = b_[i];
       if (c == '"') {
         i++;
+        if (!rendering_ && i - begin >= kLongString) spans_.push_back(Span{static_cast<uint32_t>(begin), static_cast<uint32_t>(i)});
         return true;
       }
       if (c < 0x20) return false;
