@@ -11,7 +11,8 @@
         "native/h1_parser_probe.cc",
         "native/h1_request_probe.cc",
         "native/front_server.cc",
-        "native/fd_limit.cc"
+        "native/fd_limit.cc",
+        "native/body_scan.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": ["NAPI_VERSION=8", "NAPI_DISABLE_CPP_EXCEPTIONS", "NODE_ADDON_API_DISABLE_DEPRECATED", "NODE_API_SWALLOW_UNTHROWABLE_EXCEPTIONS"],

@@ -6,3 +6,4 @@ export * from './prefix-index.js';
 export * from './upstream-client.js';
 export * from './process-limits.js';
 export * from './front-end.js';
+export * from './body-scan.js';

@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { SwitchyardError } from '../src/errors.js';
 
 /** Bumped whenever the native API changes shape; must equal native/addon.cc. */
-export const NATIVE_ABI_VERSION = 7;
+export const NATIVE_ABI_VERSION = 8;
 
 export class NativeLoadError extends SwitchyardError {
   override readonly code = 'SWY_ERR_NATIVE_LOAD';

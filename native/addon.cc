@@ -9,6 +9,7 @@
 #include "h1_request_probe.h"
 #include "front_server.h"
 #include "fd_limit.h"
+#include "body_scan_napi.h"
 
 namespace {
 
@@ -20,7 +21,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   switchyard::InitH1RequestProbe(env, exports);
   switchyard::InitFrontServer(env, exports);
   switchyard::InitFdLimit(env, exports);
-  exports.Set("abiVersion", Napi::Number::New(env, 7)); // 2: the upstream client; 3: h1ParseForTest, raiseFdLimit; 4: lowestFreeFd; 5: PrefixIndex.applyEvents; 6: UpstreamClient.closePool; 7: PrefixIndex.applyPayloads, setEventMapLimit
+  switchyard::InitBodyScan(env, exports);
+  exports.Set("abiVersion", Napi::Number::New(env, 8)); // 2: the upstream client; 3: h1ParseForTest, raiseFdLimit; 4: lowestFreeFd; 5: PrefixIndex.applyEvents; 6: UpstreamClient.closePool; 7: PrefixIndex.applyPayloads, setEventMapLimit; 8: scanRequestBody
   return exports;
 }
 

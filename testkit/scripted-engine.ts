@@ -35,6 +35,8 @@ export interface ScriptedEngine {
   readonly url: string;
   /** Every chat body received, parsed, in order. */
   readonly bodies: Record<string, any>[];
+  /** Every POST body received, as the bytes that arrived, in order. */
+  readonly raws: Buffer[];
   /** Turns left in the script. */
   readonly left: number;
   /** Appends turns to the script. */
@@ -55,6 +57,7 @@ let serial = 0;
 export async function startScriptedEngine(model = 'open-model', script: ScriptedTurn[] = []): Promise<ScriptedEngine> {
   const queue = [...script];
   const bodies: Record<string, any>[] = [];
+  const raws: Buffer[] = [];
   const created = Math.floor(Date.now() / 1000);
   const answer = (req: IncomingMessage, res: ServerResponse, raw: string) => {
     const url = req.url ?? '/';
@@ -111,16 +114,20 @@ export async function startScriptedEngine(model = 'open-model', script: Scripted
     setImmediate(() => res.end(`${out.slice(half)}data: [DONE]\n\n`));
   };
   const server: Server = createServer((req, res) => {
-    let raw = '';
-    req.setEncoding('utf8');
-    req.on('data', (d: string) => (raw += d));
-    req.on('end', () => answer(req, res, raw));
+    const parts: Buffer[] = [];
+    req.on('data', (d: Buffer) => parts.push(d));
+    req.on('end', () => {
+      const bytes = Buffer.concat(parts);
+      if (req.method === 'POST') raws.push(bytes);
+      answer(req, res, bytes.toString('utf8'));
+    });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   const port = (server.address() as { port: number }).port;
   return {
     url: `http://127.0.0.1:${port}`,
     bodies,
+    raws,
     get left() {
       return queue.length;
     },

@@ -44,6 +44,7 @@ export const DEFAULTS = {
     maxJsonDepth: 128,
     parseOffloadBytes: 256 * 1024,
     parseWorkers: 2,
+    bodyScan: 'native' as const,
   } satisfies LimitsConfig,
   logging: { level: 'info' as const, access: false, accessSample: 1 },
   shutdown: { graceMs: 120_000, drainDelayMs: 0 },

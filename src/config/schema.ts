@@ -205,6 +205,9 @@ export const routerConfigSchema = strict(
           .default(DEFAULTS.limits.parseOffloadBytes)
           .describe('bodies larger than this are parsed in a worker thread (0: every body)'),
         parseWorkers: int(1, 64).default(DEFAULTS.limits.parseWorkers).describe('worker threads for parsing large bodies'),
+        bodyScan: oneOf(['native', 'javascript'] as const)
+          .default(DEFAULTS.limits.bodyScan)
+          .describe('how an inference body is read: the native scan (JSON.parse only for bodies it refuses) or JSON.parse always'),
       },
       'must be a mapping',
     ).prefault({}),

@@ -116,6 +116,8 @@ export interface LimitsConfig {
   parseOffloadBytes: number;
   /** Worker threads for that. */
   parseWorkers: number;
+  /** How an inference body is read: 'native' (the addon's scan, JSON.parse only for bodies it refuses) or 'javascript' (JSON.parse always). */
+  bodyScan: 'native' | 'javascript';
 }
 
 export interface LoggingConfig {

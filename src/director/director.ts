@@ -28,6 +28,7 @@ import type { SessionTable } from '../sessions/table.js';
 import type { ParseReply, ParseTask } from './parse-worker.js';
 import type { ClientPort, DecisionPortOf, DirectorMetrics, DirectorOptions } from './ports.js';
 import { PromptWriter } from './prompt.js';
+import { BodyScanner } from './body-scan.js';
 import { countSseEvents, errorAnswer, MAX_ERROR_BODY, scanCompletionTokens, scanPromptTokens, streamFailedEvent } from './relay.js';
 import type { TokenSource } from '../tokenize/source.js';
 import type { Disaggregator, PdFlight } from './pd.js';
@@ -45,6 +46,8 @@ export type DecisionPort = DecisionPortOf<Flight>;
 
 /** Heap a parse worker may use; a body that needs more (millions of tiny objects) is refused, not parsed. */
 const PARSE_WORKER_HEAP_MB = 512;
+/** Bodies up to this many times parseOffloadBytes are scanned natively on the event loop. */
+const SCAN_ON_LOOP_FACTOR = 16;
 
 export class Director implements FlightHost {
   readonly scheduler: Scheduler;
@@ -60,6 +63,8 @@ export class Director implements FlightHost {
   readonly prompt = new PromptWriter();
   readonly schedRequest: SchedRequest = { model: '', prompt: undefined, sloTtftMs: 0, sloTpotMs: 0, band: '' };
   readonly parseOffloadBytes: number;
+  readonly scanner: BodyScanner | null;
+  readonly scanOnLoopBytes: number;
   readonly maxJsonDepth: number;
   /** The gate reads usage at release (AdmissionGate.wantsUsage): answers are scanned for `"completion_tokens":`. */
   readonly wantsUsage: boolean;
@@ -90,6 +95,10 @@ export class Director implements FlightHost {
     this.tracer = o.tracer ?? null;
     this.pd = o.pd ?? null;
     this.parseOffloadBytes = o.parseOffloadBytes ?? 256 * 1024;
+    this.scanner = o.bodyScan === 'javascript' ? null : new BodyScanner();
+    // the scan reads ~1-2 GB/s where JSON.parse and the render read ~0.1 (bench/RESULTS.md, issue 37): the loop
+    // scans bodies 16 times the size it would parse
+    this.scanOnLoopBytes = this.parseOffloadBytes * SCAN_ON_LOOP_FACTOR;
     this.#parseWorkers = Math.max(1, o.parseWorkers ?? 2);
     this.maxJsonDepth = o.maxJsonDepth ?? MAX_JSON_DEPTH;
     this.sessions = o.sessions ?? o.scheduler.sessions;

@@ -19,6 +19,19 @@ export abstract class AdmittingFlight extends FlightState {
     this.raw = raw;
     this.bodyBytes = raw.length;
     const d = this.director;
+    const sc = d.scanner;
+    if (sc !== null && raw.length <= d.scanOnLoopBytes) {
+      // the fast path: one native scan; null when only the JavaScript parse can give the answer
+      const s = sc.scan(raw, this.kind, d.prompt, d.maxJsonDepth);
+      if (s !== null) {
+        this.scanned = true;
+        this.body = s.body;
+        this.model = s.model;
+        this.promptBytes = d.prompt.length;
+        this.admit();
+        return;
+      }
+    }
     if (raw.length > d.parseOffloadBytes) {
       d.parseOffLoop(this, raw);
       return;
@@ -53,7 +66,9 @@ export abstract class AdmittingFlight extends FlightState {
   }
 
   protected rerenderPrompt(): void {
-    renderPrompt(this.director.prompt, this.kind, this.body);
+    const d = this.director;
+    if (this.scanned && this.raw !== null) d.scanner!.scan(this.raw, this.kind, d.prompt, d.maxJsonDepth);
+    else renderPrompt(d.prompt, this.kind, this.body);
   }
 
   protected admit(): void {
@@ -181,8 +196,9 @@ export abstract class AdmittingFlight extends FlightState {
   }
 
   protected tokenize(src: TokenSource): void {
-    const b = this.body as Record<string, unknown>;
     if (!src.has(this.model)) return;
+    // a scanned body's messages and prompt were never parsed: the tokenizer is the one reader that asks for them
+    const b = this.scanned && this.raw !== null ? (JSON.parse(this.raw.toString('utf8')) as Record<string, unknown>) : (this.body as Record<string, unknown>);
     const r = src.tokens({ model: this.model, messages: b.messages, prompt: b.prompt }, this.promptCopy ?? this.director.prompt.view());
     if (r instanceof Promise) {
       this.tokensWait = r.then((v) => {

@@ -22,6 +22,7 @@ import type { PdAttempt } from './pd-attempt.js';
 import type { Disaggregator } from './pd.js';
 import type { ClientPort, DirectorMetrics } from './ports.js';
 import type { PromptWriter } from './prompt.js';
+import type { BodyScanner } from './body-scan.js';
 
 export const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
 export const EMPTY_BODY = Buffer.alloc(0);
@@ -41,6 +42,10 @@ export interface FlightHost {
   readonly prompt: PromptWriter;
   readonly schedRequest: SchedRequest;
   readonly parseOffloadBytes: number;
+  /** The native body scan (limits.bodyScan: native), or null: every body parsed in JavaScript. */
+  readonly scanner: BodyScanner | null;
+  /** Bodies up to this size are scanned on the event loop (larger ones, and those the scan refuses, take the JavaScript path). */
+  readonly scanOnLoopBytes: number;
   readonly maxJsonDepth: number;
   readonly wantsUsage: boolean;
   readonly tokens: TokenSource | null;
@@ -105,6 +110,8 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   /** Who sent the request (src/identity.ts): the gate's flow and band ceiling, the model allow-list. Never forwarded upstream. */
   readonly caller: Caller;
   protected raw: Buffer | null = null;
+  /** The body was scanned natively: `body` holds its top-level scalars only, the prompt is rendered again by a scan. */
+  protected scanned = false;
   /** P/D: this request's legs (src/director/pd-attempt.ts); null until disaggregation takes it, and always for other requests. */
   protected pdState: PdAttempt | null = null;
   /** Prompt bytes copied out of the shared writer when admission is asynchronous. */

@@ -68,6 +68,8 @@ export interface DirectorOptions {
   maxRetries: number;
   /** Bodies larger than this are parsed in a worker thread, off the event loop (default 256 KiB). */
   parseOffloadBytes?: number;
+  /** How a body is read (limits.bodyScan): 'native' scans it in the addon (default), 'javascript' parses it with JSON.parse. */
+  bodyScan?: 'native' | 'javascript';
   /** Worker threads for that (default 2). */
   parseWorkers?: number;
   /** Deepest nesting of arrays/objects in a body (default 128). */

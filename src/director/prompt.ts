@@ -21,6 +21,18 @@ export class PromptWriter {
     this.#len = 0;
   }
 
+  /** Empties the writer and returns its buffer, at least `min` bytes, for a native renderer; then commit(). */
+  writable(min: number): Buffer {
+    this.#len = 0;
+    if (this.#buf.length < min) this.#buf = Buffer.allocUnsafe(Math.max(min, this.#buf.length * 2));
+    return this.#buf;
+  }
+
+  /** Takes the first `len` bytes of the buffer writable() returned as the prompt. */
+  commit(len: number): void {
+    this.#len = len;
+  }
+
   #ensure(extra: number): void {
     const need = this.#len + extra;
     if (need <= this.#buf.length) return;

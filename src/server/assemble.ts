@@ -275,6 +275,7 @@ function buildParts(
     maxRetries: cfg.proxy.maxRetries,
     maxJsonDepth: cfg.limits.maxJsonDepth,
     parseOffloadBytes: cfg.limits.parseOffloadBytes,
+    bodyScan: cfg.limits.bodyScan,
     parseWorkers: cfg.limits.parseWorkers,
     sessions,
     tracer,

@@ -6,6 +6,7 @@
 import t from 'tap';
 import { request } from 'node:http';
 import { maxStall, startTestRouter } from '../support/router-util.js';
+import { startScriptedEngine } from '../../testkit/scripted-engine.js';
 
 function postRaw(url: string, path: string, body: Buffer): Promise<{ status: number; text: string }> {
   return new Promise((resolve, reject) => {
@@ -58,7 +59,8 @@ t.test('a 16 MB body of nested arrays does not stall the event loop or balloon t
 });
 
 t.test('a large legitimate body is parsed off the loop and relayed as the client sent it', async (t) => {
-  const { url, router } = await startTestRouter(t, { n: 1, fleet: { timeScale: 0, maxModelLen: 1 << 20 } });
+  // the JavaScript path (limits.bodyScan: javascript): the native scan would read this body on the loop
+  const { url, router } = await startTestRouter(t, { n: 1, fleet: { timeScale: 0, maxModelLen: 1 << 20 }, extra: { limits: { bodyScan: 'javascript' } } });
   const text = 'lorem ipsum dolor sit amet '.repeat(12_000); // ~320 KB: over the 256 KiB offload threshold
   const body = Buffer.from(JSON.stringify({ model: 'open-model', messages: [{ role: 'user', content: text }], max_tokens: 2, user: 'u1' }));
   const before = router.core.director.offloadedParses;
@@ -75,3 +77,33 @@ t.test('a large legitimate body is parsed off the loop and relayed as the client
   const unknown = await postRaw(url, '/v1/chat/completions', Buffer.from(JSON.stringify({ model: 'nope', messages: [{ role: 'user', content: text }] })));
   t.equal(unknown.status, 404, 'and an unknown model a 404');
 });
+
+for (const frontEnd of ['uws', 'native'] as const) {
+  t.test(`${frontEnd} front end: a large body is scanned natively on the loop and the engine gets the client's bytes`, async (t) => {
+    const eng = await startScriptedEngine('open-model');
+    t.teardown(() => eng.close());
+    const { url, router } = await startTestRouter(t, {
+      n: 1,
+      pools: () => [{ name: 'p', models: ['open-model'], endpoints: [{ name: 's0', url: eng.url }] }],
+      extra: { server: { frontEnd }, sessions: { sources: ['user'] } },
+    });
+    // ~400 KB: a 100k-token agent prompt, with escapes, non-ASCII text and content parts; keys in an odd order
+    const text = 'lorem ipsum dolor sit amet, "quoted"\n\tand é日本😀 '.repeat(8_000);
+    const body = Buffer.from(
+      `{ "messages": [{"content": ${JSON.stringify(text)}, "role": "system"}, {"role":"user","content":[{"type":"text","text":"hi \\u00e9"}]}],\n "max_tokens": 2, "user": "u1", "stream": false, "model": "open-model" }`,
+    );
+    const before = router.core.director.offloadedParses;
+    const r = await postRaw(url, '/v1/chat/completions', body);
+    t.equal(r.status, 200, r.text.slice(0, 200));
+    t.equal(router.core.director.offloadedParses, before, 'no worker parse: the scan read it on the loop');
+    t.equal(eng.raws.length, 1);
+    t.ok(eng.raws[0]!.equals(body), 'the engine received exactly the bytes the client sent');
+    // a bad body over the offload threshold still gets the JavaScript path's exact 400
+    const bad = await postRaw(url, '/v1/chat/completions', Buffer.from(JSON.stringify({ model: 'open-model', messages: 'x'.repeat(300_000) })));
+    t.equal(bad.status, 400);
+    t.match(JSON.parse(bad.text), { error: { param: 'messages', message: "missing or invalid field 'messages' (a non-empty list of {role, content} objects)" } });
+    const broken = await postRaw(url, '/v1/chat/completions', body.subarray(0, body.length - 1));
+    t.equal(broken.status, 400);
+    t.match(JSON.parse(broken.text), { error: { message: /^invalid JSON in request body: / } });
+  });
+}
