@@ -43,6 +43,8 @@ const ENQUEUE_CHUNK = 500;
 const READ_CHUNK = 1000;
 /** Lines of the output and error files built per hand-off to the JSONL worker. */
 const LINES_CHUNK = 1000;
+/** Bound on a result's line number (a batch holds far fewer lines; an entry claiming more is not ours). */
+const MAX_LINE = 10_000_000;
 /** A batch whose step fails this many times (not for Redis being away) ends `failed`, saying why. */
 export const MAX_FAILURES = 3;
 /** Errors of Redis being away or slow: retried on the next tick for as long as it takes, never counted. */
@@ -247,25 +249,32 @@ export class Tracker {
     return ids;
   }
 
-  /** Writes the output and error files from the result stream (ordered by line) and ends the batch. Repeatable: the file ids come from the batch id. */
+  /**
+   * Writes the output and error files from the result stream (ordered by line) and ends the batch. Repeatable: the file ids come from the batch id.
+   * Two passes, so memory holds one chunk of answers, not the batch: the first reads the stream a chunk at a time
+   * and keeps, per line, only where its (last) answer sits in the stream; the second fetches the answers back in
+   * line order, LINES_CHUNK at a time (one pipelined round trip), and writes them out.
+   */
   async #finalize(id: string): Promise<void> {
     const h = await this.#s.redis.hgetall(this.#s.batchKey(id));
-    const results = new Map<number, [number, string]>();
+    const stream = this.#s.outStream(id);
+    const at: (string | undefined)[] = [];
+    let answers = 0;
     let cur = '-';
     for (;;) {
-      const es = (await this.#s.redis.xrange(this.#s.outStream(id), cur, '+', 'COUNT', READ_CHUNK)) as [string, string[]][];
+      const es = (await this.#s.redis.xrange(stream, cur, '+', 'COUNT', READ_CHUNK)) as [string, string[]][];
       for (const [eid, f] of es) {
         if (eid === cur) continue;
-        const m = new Map<string, string>();
-        for (let i = 0; i + 1 < f.length; i += 2) m.set(f[i], f[i + 1]);
-        const line = Number((m.get('id') ?? '').slice(id.length + 1));
-        if (Number.isInteger(line)) results.set(line, [Number(m.get('status')), m.get('body') ?? '']);
+        const line = lineOf(f, id);
+        if (line < 0) continue;
+        if (at[line] === undefined) answers++;
+        at[line] = eid;
       }
       if (es.length < READ_CHUNK) break;
       cur = es.at(-1)![0];
     }
     const expired = h.final === 'expired';
-    const customIds = await this.#customIds(id, h, results.size > 0 || expired);
+    const customIds = await this.#customIds(id, h, answers > 0 || expired);
     const tag = id.slice('batch_'.length);
     const tenant = h.tenant ?? '';
     const keep = Number(h.output_expires_after || 0);
@@ -285,17 +294,38 @@ export class Tracker {
       if (r.out !== '') await out.add(r.out);
       if (r.err !== '') await errs.add(r.err);
     };
-    for (let i = 0; i < customIds.length; i++) {
-      const r = results.get(i);
-      // not run: left out of a cancelled batch's files; in an expired batch's error file, as OpenAI does
-      if ((r === undefined || r[0] === 0) && !expired) continue;
-      results.delete(i); // its memory goes as its line is written
-      j.lines.push(i);
-      j.statuses.push(r?.[0] ?? 0);
-      j.bodies.push(r?.[1] ?? '');
-      j.ids.push(customIds[i]!);
-      bytes += (r?.[1].length ?? 0) + customIds[i]!.length;
-      if (j.lines.length >= LINES_CHUNK) await flush();
+    for (let from = 0; from < customIds.length; from += LINES_CHUNK) {
+      const to = Math.min(from + LINES_CHUNK, customIds.length);
+      const p = this.#s.redis.pipeline();
+      const asked: number[] = [];
+      for (let i = from; i < to; i++) {
+        const eid = at[i];
+        if (eid !== undefined) {
+          p.xrange(stream, eid, eid);
+          asked.push(i);
+        }
+      }
+      const got = asked.length === 0 ? [] : ((await p.exec()) ?? []);
+      let k = 0;
+      for (let i = from; i < to; i++) {
+        let status = 0;
+        let body = '';
+        if (asked[k] === i) {
+          const [err, es] = got[k++] as [Error | null, [string, string[]][]];
+          if (err) throw err;
+          const f = es[0]?.[1];
+          if (f !== undefined) ({ status, body } = answerOf(f));
+        }
+        // not run: left out of a cancelled batch's files; in an expired batch's error file, as OpenAI does
+        if (status === 0 && !expired) continue;
+        j.lines.push(i);
+        j.statuses.push(status);
+        j.bodies.push(body);
+        j.ids.push(customIds[i]!);
+        bytes += body.length + customIds[i]!.length;
+      }
+      at.fill(undefined, from, to); // its memory goes as its lines are written
+      await flush();
     }
     await flush();
     const outId = await out.close();
@@ -306,6 +336,29 @@ export class Tracker {
     await move(this.#s, id, 'finalizing', final, `${final}_at`, String(now()), 'output_file_id', outId, 'error_file_id', errId);
     await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).del(this.#s.batchIds(id)).exec();
   }
+}
+
+/** The input line a result-stream entry answers (its `id` field is `<batch id>.<line>`), or -1. */
+function lineOf(f: string[], id: string): number {
+  for (let i = 0; i + 1 < f.length; i += 2) {
+    if (f[i] === 'id') {
+      const v = f[i + 1]!;
+      if (!v.startsWith(id) || v.charCodeAt(id.length) !== 46 /* . */) return -1;
+      const line = Number(v.slice(id.length + 1));
+      return Number.isInteger(line) && line >= 0 && line < MAX_LINE ? line : -1;
+    }
+  }
+  return -1;
+}
+
+function answerOf(f: string[]): { status: number; body: string } {
+  let status = 0;
+  let body = '';
+  for (let i = 0; i + 1 < f.length; i += 2) {
+    if (f[i] === 'status') status = Number(f[i + 1]);
+    else if (f[i] === 'body') body = f[i + 1]!;
+  }
+  return { status: Number.isFinite(status) ? status : 0, body };
 }
 
 function answered(h: BatchHash): number {
