@@ -11,7 +11,7 @@
 // request to nginx's.
 //
 // The engine: `--engine sim` (switchyard sim --time-scale 0, which parses
-// every body) or `--engine canned` (a node:http server answering every POST
+// every body; 65,536 KV blocks, so a 200k-token prompt fits) or `--engine canned` (a node:http server answering every POST
 // with one fixed completion without reading the body: a second, independent
 // engine that costs the same whatever the prompt).
 //
@@ -142,7 +142,7 @@ async function main(): Promise<void> {
     const enginePort = await freePort();
     if (engine === 'canned') closeCanned = await startCanned(enginePort);
     else {
-      procs.push(start('sim', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0', '--max-model-len', '1000000']));
+      procs.push(start('sim', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0', '--max-model-len', '1000000', '--kv-cache-blocks', '65536']));
       await waitReady(`http://127.0.0.1:${enginePort}/health`);
     }
     const routers: Array<[string, string, string, string]> = [];
