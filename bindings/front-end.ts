@@ -81,6 +81,13 @@ export interface FrontServerOptions {
   onDrain?: (id: number) => void;
   /** The front end answered a request itself (400, 408, 413, 417, 431, 501, 505). */
   onReject?: (status: number) => void;
+  /**
+   * Bodies up to this many bytes come through the transfer buffer (one copy, into takeBody's buffer);
+   * larger ones are copied by the addon into a buffer of their own. Default 64 KiB.
+   */
+  transferBody?: number;
+  /** Where a body that came through the transfer buffer is copied to (default Buffer.allocUnsafe). */
+  takeBody?: (n: number) => Buffer;
 }
 
 /** Where the head starts in the transfer buffer (after the field offsets: native/front_server.cc kXferOffsets). */
@@ -103,10 +110,11 @@ export class FrontServer {
 
   constructor(onRequest: (r: FrontRequest) => void, onAbort: (id: number) => void, o: FrontServerOptions = {}) {
     // the transfer buffer (native/front_server.cc kXferOffsets): field offsets, the head, a body of up to
-    // 64 KiB are copied into it, so a request costs no ArrayBuffer of its own (a small body is copied out into
-    // Node's pooled allocation)
+    // transferBody bytes are copied into it, so a request costs no ArrayBuffer of its own (the body is
+    // copied out into takeBody's buffer: the router's reused ones, src/director/body-pool.ts)
     const maxHead = o.maxHead ?? 64 * 1024;
-    const xfer = new ArrayBuffer(XFER_OFFSETS + maxHead + 64 * 1024);
+    const xfer = new ArrayBuffer(XFER_OFFSETS + maxHead + Math.max(64 * 1024, o.transferBody ?? 0));
+    const takeBody = o.takeBody ?? ((n: number) => Buffer.allocUnsafe(n));
     const bytes = Buffer.from(xfer);
     const bodyAt = XFER_OFFSETS + maxHead;
     this.#n = new native.FrontServer(
@@ -117,7 +125,7 @@ export class FrontServer {
         }
         if (typeof body === 'number') {
           const n = body;
-          body = Buffer.allocUnsafe(n);
+          body = takeBody(n);
           bytes.copy(body, 0, bodyAt, bodyAt + n);
         }
         onRequest({ id, method, target, minor, head, offsets: offsets as Uint32Array, body, wanted });

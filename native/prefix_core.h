@@ -148,6 +148,7 @@ class Index {
   // evicted before its head.
   void Record(uint32_t ep, const uint64_t* keys, size_t n, int tier) {
     Ensure(ep);
+    if (LeadsList(ep, keys, n, tier)) return;  // recorded there last, in this order: nothing would change
     constexpr size_t kAhead = 8;
     for (size_t i = n; i-- > 0;) {
       if (i >= kAhead) __builtin_prefetch(&slots_[Home(keys[i - kAhead])]);
@@ -407,6 +408,7 @@ class Index {
   }
 
   Entry& E(uint32_t i) { return chunks_[i >> kChunkBits][i & (kChunk - 1)]; }
+  const Entry& E(uint32_t i) const { return chunks_[i >> kChunkBits][i & (kChunk - 1)]; }
 
   void LinkFront(uint32_t ep, uint32_t ei, int t) {
     EndpointState& e = eps_[ep];
@@ -468,6 +470,32 @@ class Index {
     E(ei).tier = static_cast<uint8_t>(target);
     LinkFront(ep, ei, target);
     Enforce(ep, target);
+  }
+
+  // True when recording keys[0..n) for ep in `tier` would change nothing: the
+  // list of the tier they would go to already begins with exactly those blocks
+  // in that order (the same prompt recorded on the same endpoint again, as a
+  // repeated long prefix is, turn after turn). Touching them last to first
+  // would move each to the front, leaving that same order, the sizes and so
+  // the capacities' evictions as they are. A read-only walk from the list's
+  // head: no unlink and relink per block. (Distinct entries of one endpoint
+  // hold distinct blocks, so keys with a repeat never pass.)
+  bool LeadsList(uint32_t ep, const uint64_t* keys, size_t n, int tier) const {
+    if (n == 0) return false;
+    const EndpointState& e = eps_[ep];
+    const int target = TierAtOrBelow(e, tier);
+    if (target < 0 || e.size[target] < n) return false;
+    constexpr size_t kAhead = 16;
+    for (size_t i = 0; i < n && i < kAhead; i++) __builtin_prefetch(&slots_[Home(keys[i])]);
+    uint32_t ei = e.head[target];
+    for (size_t i = 0; i < n; i++) {
+      if (i + kAhead < n) __builtin_prefetch(&slots_[Home(keys[i + kAhead])]);
+      if (ei == kNil) return false;
+      const Entry& en = E(ei);
+      if (slots_[en.slot].key != keys[i]) return false;
+      ei = en.next;
+    }
+    return true;
   }
 
   // Full tiers will give up their least-recently-used entry: start loading

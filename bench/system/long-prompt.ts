@@ -11,15 +11,23 @@
 // request to nginx's.
 //
 // The engine: `--engine sim` (switchyard sim --time-scale 0, which parses
-// every body) or `--engine canned` (a node:http server answering every POST
+// every body; 65,536 KV blocks, so a 200k-token prompt fits) or `--engine canned` (a node:http server answering every POST
 // with one fixed completion without reading the body: a second, independent
 // engine that costs the same whatever the prompt).
 //
-//   node dist/bench/system/long-prompt.js [--seconds 3] [--tokens 1000,10000,100000] [--engine sim|canned] [--targets ...]
+// `--idle-seconds N` (default 2; 0: none): then, per prompt size, one
+// connection to the engine directly and to each proxy: the p50/p99 latency
+// each adds to the engine's own.
+//
+// `--base <dir>`: another Switchyard build (its dist/ and build/ made) whose
+// routers run beside this build's in the same run, as targets base-scan-uws,
+// base-scan-native, base-json-uws, base-json-native (before vs after).
+//
+//   node dist/bench/system/long-prompt.js [--seconds 3] [--tokens 1000,10000,100000] [--engine sim|canned] [--targets ...] [--base <dir>] [--idle-seconds 2]
 import { createServer } from 'node:http';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { CLI, freePort, start, treeCpuSeconds, waitReady, type Proc, option, runMain } from '../lib/proc.js';
 import { NGINX_CONF, which } from '../lib/proxies.js';
 import { hasWrk, runWrk } from '../lib/wrk.js';
@@ -120,32 +128,38 @@ async function main(): Promise<void> {
   const seconds = Number(option(argv, '--seconds') ?? 3);
   const tokenLevels = (option(argv, '--tokens') ?? '1000,10000,100000').split(',').map(Number);
   const engine = option(argv, '--engine') ?? 'sim';
-  const want = new Set((option(argv, '--targets') ?? 'nginx,scan-uws,scan-native,json-uws').split(','));
+  const base = option(argv, '--base') ?? '';
+  const want = new Set((option(argv, '--targets') ?? (base === '' ? 'nginx,scan-uws,scan-native,json-uws' : 'nginx,base-scan-uws,scan-uws,base-scan-native,scan-native')).split(','));
   if (!(await hasWrk())) throw new Error('wrk is not installed: `apt-get install -y wrk` (Debian) and run again');
   const dir = mkdtempSync(join(tmpdir(), 'swy-long-'));
   const procs: Proc[] = [];
   let closeCanned: (() => Promise<void>) | null = null;
   const targets: Array<{ name: string; port: number; proc: Proc }> = [];
   const rows: Row[] = [];
+  const idleSeconds = Number(option(argv, '--idle-seconds') ?? 2);
+  const idle: Array<{ tokens: number; target: string; p50Us: number; p99Us: number; directP50: number; directP99: number }> = [];
   try {
     const enginePort = await freePort();
     if (engine === 'canned') closeCanned = await startCanned(enginePort);
     else {
-      procs.push(start('sim', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0', '--max-model-len', '1000000']));
+      procs.push(start('sim', process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0', '--max-model-len', '1000000', '--kv-cache-blocks', '65536']));
       await waitReady(`http://127.0.0.1:${enginePort}/health`);
     }
-    const routers: Array<[string, string, string]> = [
-      ['scan-uws', 'native', 'uws'],
-      ['scan-native', 'native', 'native'],
-      ['json-uws', 'javascript', 'uws'],
-      ['json-native', 'javascript', 'native'],
-    ];
-    for (const [name, scan, fe] of routers) {
+    const routers: Array<[string, string, string, string]> = [];
+    for (const [prefix, cli] of base === '' ? [['', CLI]] : [['', CLI], ['base-', join(resolve(base), 'bin', 'switchyard.js')]]) {
+      routers.push(
+        [`${prefix}scan-uws`, 'native', 'uws', cli!],
+        [`${prefix}scan-native`, 'native', 'native', cli!],
+        [`${prefix}json-uws`, 'javascript', 'uws', cli!],
+        [`${prefix}json-native`, 'javascript', 'native', cli!],
+      );
+    }
+    for (const [name, scan, fe, cli] of routers) {
       if (!want.has(name)) continue;
       const port = await freePort();
       const file = join(dir, `${name}.yaml`);
       writeFileSync(file, routerYaml(port, enginePort, scan, fe));
-      const p = start(name, process.execPath, [CLI, 'serve', '--config', file]);
+      const p = start(name, process.execPath, [cli, 'serve', '--config', file]);
       procs.push(p);
       await waitReady(`http://127.0.0.1:${port}/readyz`);
       targets.push({ name, port, proc: p });
@@ -183,6 +197,14 @@ async function main(): Promise<void> {
         });
         process.stderr.write(`${tokens} tokens ${tg.name}: ${fmt(w.rps, 0)} req/s, ${fmt(rows.at(-1)!.cpuUs, 0)} µs CPU/request\n`);
       }
+      if (idleSeconds > 0) {
+        // one connection, one request at a time: the latency each proxy adds to the engine's own (p50, p99)
+        const direct = await runWrk(`http://127.0.0.1:${enginePort}/v1/chat/completions`, body, { connections: 1, seconds: idleSeconds });
+        for (const tg of targets) {
+          const w = await runWrk(`http://127.0.0.1:${tg.port}/v1/chat/completions`, body, { connections: 1, seconds: idleSeconds });
+          idle.push({ tokens, target: tg.name, p50Us: w.p50Us - direct.p50Us, p99Us: w.p99Us - direct.p99Us, directP50: direct.p50Us, directP99: direct.p99Us });
+        }
+      }
     }
   } finally {
     await Promise.all(procs.reverse().map((p) => p.stop()));
@@ -197,8 +219,21 @@ async function main(): Promise<void> {
     const ratio = ng && r.target !== 'nginx' ? `${fmt(r.cpuUs / ng.cpuUs, 2)}×` : '';
     console.log(`| ${r.tokens / 1000}k tokens | ${fmt(r.bodyBytes / 1024, 0)} KB | ${r.target} | ${fmt(r.rps, 0)} | ${fmt(r.cpuUs, 0)} | ${ratio} | ${fmt(r.p50Us, 0)} | ${fmt(r.p99Us, 0)} | ${r.errors} |`);
   }
+  if (idle.length > 0) {
+    console.log('');
+    console.log(`added latency, one connection (${idleSeconds} s per cell): each proxy's wrk p50/p99 minus the engine's own, asked directly in the same run`);
+    console.log('');
+    console.log('| prompt | target | added p50 µs | added p99 µs | engine p50 / p99 µs |');
+    console.log('|---|---|---:|---:|---:|');
+    for (const r of idle) console.log(`| ${r.tokens / 1000}k tokens | ${r.target} | ${fmt(r.p50Us, 0)} | ${fmt(r.p99Us, 0)} | ${fmt(r.directP50, 0)} / ${fmt(r.directP99, 0)} |`);
+  }
   console.log('');
   for (const tokens of tokenLevels) {
+    for (const fe of ['uws', 'native']) {
+      const a = rows.find((x) => x.tokens === tokens && x.target === `base-scan-${fe}`);
+      const b = rows.find((x) => x.tokens === tokens && x.target === `scan-${fe}`);
+      if (a && b) console.log(`${tokens / 1000}k tokens: this build / base router CPU per request (scan, ${fe}) = ${fmt(b.cpuUs / a.cpuUs, 2)}`);
+    }
     const s = rows.find((x) => x.tokens === tokens && x.target === 'scan-uws');
     const j = rows.find((x) => x.tokens === tokens && x.target === 'json-uws');
     if (s && j) console.log(`${tokens / 1000}k tokens: native scan / JSON.parse router CPU per request (uWS) = ${fmt(s.cpuUs / j.cpuUs, 2)}`);

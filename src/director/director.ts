@@ -29,6 +29,7 @@ import type { ParseReply, ParseTask } from './parse-worker.js';
 import type { ClientPort, DecisionPortOf, DirectorMetrics, DirectorOptions } from './ports.js';
 import { PromptWriter } from './prompt.js';
 import { BodyScanner } from './body-scan.js';
+import { BodyPool } from './body-pool.js';
 import { countSseEvents, errorAnswer, MAX_ERROR_BODY, scanCompletionTokens, scanPromptTokens, streamFailedEvent } from './relay.js';
 import type { TokenSource } from '../tokenize/source.js';
 import type { Disaggregator, PdFlight } from './pd.js';
@@ -80,6 +81,8 @@ export class Director implements FlightHost {
   readonly rewrites: ModelRewriter;
   /** Loads LoRA adapters on engines that lack them (pools with adapterLoading). */
   readonly adapterLoader: AdapterLoader;
+  readonly bodies = new BodyPool();
+  readonly returnsBodies: boolean;
   #pool: Piscina<ParseTask, ParseReply> | null = null;
   /** Bodies parsed in a worker since start. */
   offloadedParses = 0;
@@ -94,6 +97,8 @@ export class Director implements FlightHost {
     this.maxRetries = o.maxRetries;
     this.tracer = o.tracer ?? null;
     this.pd = o.pd ?? null;
+    // P/D legs and undici may still hold a body when its flight ends: only the native client's bodies are reused
+    this.returnsBodies = o.upstream.copiesBody === true && this.pd === null;
     this.parseOffloadBytes = o.parseOffloadBytes ?? 256 * 1024;
     this.scanner = o.bodyScan === 'javascript' ? null : new BodyScanner();
     // the scan reads ~1-2 GB/s where JSON.parse and the render read ~0.1 (bench/RESULTS.md, issue 37): the loop
@@ -401,11 +406,14 @@ export class Flight extends RetryingFlight implements UpstreamSink, PdFlight {
     this.done = true;
     if (this.sessionKey !== '' && this.dispatchedAt !== 0) this.director.sessions.turnEnded(this.sessionKey, Date.now());
     this.pdState?.leg?.abort();
-    // the body is no longer needed (no retry after this)
+    // the body is no longer needed (no retry after this); the upstream client that copies what it sends
+    // holds none of it now: its buffer goes back to the pool for the next request
+    const d = this.director;
+    if (this.clientRaw !== null && d.returnsBodies) d.bodies.give(this.clientRaw);
+    this.clientRaw = null;
     this.raw = null;
     this.promptCopy = null;
     this.release(outcome);
-    const d = this.director;
     if (this.admitted) {
       this.admitted = false;
       d.gate.release(this.ticket, outcome, this);

@@ -17,6 +17,7 @@ export abstract class AdmittingFlight extends FlightState {
 
   start(raw: Buffer): void {
     this.raw = raw;
+    this.clientRaw = raw;
     this.bodyBytes = raw.length;
     const d = this.director;
     const sc = d.scanner;
@@ -33,6 +34,7 @@ export abstract class AdmittingFlight extends FlightState {
       }
     }
     if (raw.length > d.parseOffloadBytes) {
+      this.clientRaw = null; // a queued task reads it when a worker takes it: never given back
       d.parseOffLoop(this, raw);
       return;
     }

@@ -23,6 +23,7 @@ import type { Disaggregator } from './pd.js';
 import type { ClientPort, DirectorMetrics } from './ports.js';
 import type { PromptWriter } from './prompt.js';
 import type { BodyScanner } from './body-scan.js';
+import type { BodyPool } from './body-pool.js';
 
 export const EMPTY: Readonly<Record<string, string>> = Object.freeze({});
 export const EMPTY_BODY = Buffer.alloc(0);
@@ -54,6 +55,10 @@ export interface FlightHost {
   readonly soleModel: string;
   readonly rewrites: import('./model-rewrites.js').ModelRewriter;
   readonly adapterLoader: import('../endpoints/adapter-loader.js').AdapterLoader;
+  /** Request bodies' reused buffers (src/director/body-pool.ts): the front ends take them, flights give them back. */
+  readonly bodies: BodyPool;
+  /** A flight gives its client's body back when it ends (the upstream client copies what it sends, no P/D legs). */
+  readonly returnsBodies: boolean;
   /** Parses a large body off the event loop; the answer goes to flight.parsed(). */
   parseOffLoop(f: { readonly kind: Kind; parsed(r: ParseReply): void }, raw: Buffer): void;
 }
@@ -110,6 +115,8 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   /** Who sent the request (src/identity.ts): the gate's flow and band ceiling, the model allow-list. Never forwarded upstream. */
   readonly caller: Caller;
   protected raw: Buffer | null = null;
+  /** The body as the client's exchange handed it over, given back to director.bodies at the end; null when something else may still read it. */
+  protected clientRaw: Buffer | null = null;
   /** The body was scanned natively: `body` holds its top-level scalars only, the prompt is rendered again by a scan. */
   protected scanned = false;
   /** P/D: this request's legs (src/director/pd-attempt.ts); null until disaggregation takes it, and always for other requests. */

@@ -134,6 +134,8 @@ export interface NativeClientOptions {
 }
 
 export class NativeUpstreamClient implements UpstreamClient {
+  /** The addon writes what it can from the caller's memory and copies the rest (native/upstream_core.cc Conn::TryWrite). */
+  readonly copiesBody = true;
   readonly conns: NativeUpstreamConnections;
   readonly #calls: (NativeCall | undefined)[] = [];
   readonly #gens: number[] = [];

@@ -38,6 +38,12 @@ export interface UpstreamClient {
    * its idle connections now and each busy one when its call ends.
    */
   forget?(ep: Endpoint): void;
+  /**
+   * Optional: true when the client never reads a request's body after send()
+   * returns (what the socket did not take at once is its own copy), so the
+   * caller may reuse the body's memory once the call has ended or been aborted.
+   */
+  readonly copiesBody?: boolean;
 }
 
 /** A socket-level failure of an upstream call; `code` is the errno-style name (ECONNREFUSED, ETIMEDOUT, EPROTO, ...). */

@@ -11,6 +11,7 @@ import { Gauge, Counter } from 'prom-client';
 import type { Rejected } from '../admission.js';
 import type { ClientPort } from '../director/director.js';
 import { KIND_EMBEDDINGS, KIND_PATHS } from '../director/director.js';
+import { BodyPool } from '../director/body-pool.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { FrontServer, FULL, GONE, type FrontRequest } from '../../bindings/front-end.js';
 import { SERVER_DEFAULTS } from '../config/schema.js';
@@ -67,6 +68,7 @@ export class NativeFrontEnd implements FrontEnd {
     this.#responses = new Map(KIND_PATHS.map((p, k) => [p, k]));
     if (host.responses !== null) this.#responses.set('/v1/responses', KIND_RESPONSES);
     const limits = host.limits;
+    const bodies = host.director.bodies;
     this.#server = new FrontServer(
       (r) => this.#onRequest(r),
       (id) => this.#live.get(id)?.onClientAbort(),
@@ -82,6 +84,9 @@ export class NativeFrontEnd implements FrontEnd {
         wanted,
         onDrain: (id) => this.#live.get(id)?.onDrained(),
         onReject: (status) => host.metrics.countRequest('', -1, status),
+        // bodies the director scans on the loop come through the transfer buffer into its reused buffers
+        transferBody: Math.min(limits.maxBodyBytes, BodyPool.maxBytes),
+        takeBody: (n) => bodies.take(n),
       },
     );
   }

@@ -151,19 +151,28 @@ export class HttpExchange implements ClientPort, Cuttable {
       this.reject(413, `request body exceeds the limit of ${limit} bytes`);
       return;
     }
+    // the body's buffers come from the director's pool (src/director/body-pool.ts): its flight gives the
+    // last one back when it ends, a buffer outgrown here goes back at once
+    const bodies = this.core.director.bodies;
     if (isLast && this.#received === 0) {
-      const b = Buffer.allocUnsafe(n);
+      const b = bodies.take(n);
       b.set(new Uint8Array(ab));
       this.#raw = b;
       this.#received = n;
     } else if (n > 0) {
       let raw = this.#raw;
       if (raw === null || raw.length < this.#received + n) {
-        // Grow by doubling; trust the declared Content-Length only up to 64 KiB,
-        // so idle connections that announce large bodies cannot reserve memory.
-        const want = Math.min(limit, Math.max(Math.min(this.contentLength, 65536), (this.#received + n) * 2, 16384));
-        const next = Buffer.allocUnsafe(want);
-        if (raw !== null) raw.copy(next, 0, 0, this.#received);
+        // Grow by 4x, or to the declared Content-Length once a quarter of it has arrived: the
+        // client's claim reserves at most 4x what it sent (or 64 KiB), so idle connections
+        // that announce large bodies cannot reserve memory.
+        const got = this.#received + n;
+        const cl = this.contentLength;
+        const want = Math.min(limit, cl >= got && cl <= got * 4 ? cl : Math.max(Math.min(cl, 65536), got * 4, 16384));
+        const next = bodies.take(want);
+        if (raw !== null) {
+          raw.copy(next, 0, 0, this.#received);
+          bodies.give(raw);
+        }
         this.#raw = raw = next;
       }
       raw.set(new Uint8Array(ab), this.#received);

@@ -23,7 +23,8 @@ type Op =
   | { op: 'clear'; ep: number }
   | { op: 'removeEndpoint'; ep: number }
   | { op: 'match'; keys: number[]; cands: number[] }
-  | { op: 'matchRecorded'; pick: number; extra: number[]; cands: number[] };
+  | { op: 'matchRecorded'; pick: number; extra: number[]; cands: number[] }
+  | { op: 'recordAgain'; pick: number; ep: number; tier: 0 | 1 | 2 };
 
 const epArb = fc.integer({ min: 0, max: MAX_EPS - 1 });
 const keysArb = fc.array(fc.integer({ min: 0, max: KEYS.length - 1 }), { maxLength: 9 });
@@ -46,6 +47,17 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
   { arbitrary: fc.record({ op: fc.constant('clear' as const), ep: epArb }), weight: 1 },
   { arbitrary: fc.record({ op: fc.constant('removeEndpoint' as const), ep: epArb }), weight: 1 },
   { arbitrary: fc.record({ op: fc.constant('match' as const), keys: keysArb, cands: candArb }), weight: 3 },
+  // a prompt recorded earlier, recorded again (on its endpoint or another): the no-change fast path
+  // (native/prefix_core.h LeadsList) must leave the order and evictions as touching each block would
+  {
+    arbitrary: fc.record({
+      op: fc.constant('recordAgain' as const),
+      pick: fc.nat(),
+      ep: epArb,
+      tier: fc.constantFrom(0 as const, 0 as const, 1 as const, 2 as const),
+    }),
+    weight: 4,
+  },
   // a prompt recorded earlier, possibly extended: long prefix hits
   {
     arbitrary: fc.record({
@@ -87,7 +99,24 @@ function modelState(model: PrefixIndexModel): number[] {
   return out;
 }
 
-function applyBoth(idx: PrefixIndex, model: PrefixIndexModel, op: Op, res: MatchResult, recorded: number[][]): void {
+function applyBoth(idx: PrefixIndex, model: PrefixIndexModel, op: Op, res: MatchResult, recorded: number[][], recordedOps: Array<Extract<Op, { op: 'record' }>> = []): void {
+  if (op.op === 'recordAgain') {
+    const last = recorded.length === 0 ? null : recordedOps[op.pick % recorded.length]!;
+    // half the time the very record before (same endpoint and tier: the fast path's case)
+    // a third the record before with one block left out or two swapped (the list's head run then differs
+    // after its first block), a third an earlier prompt on any endpoint and tier
+    const prev = recordedOps[recordedOps.length - 1];
+    const variant = op.pick % 3;
+    if (last === null || prev === undefined) op = { op: 'record', ep: op.ep, keys: [], tier: op.tier };
+    else if (variant === 0) op = { ...prev };
+    else if (variant === 1) {
+      const keys = [...prev.keys];
+      const i = 1 + (op.pick % Math.max(1, keys.length - 1));
+      if (i + 1 < keys.length && op.pick % 2 === 0) [keys[i], keys[i + 1]] = [keys[i + 1]!, keys[i]!];
+      else keys.splice(i, 1);
+      op = { ...prev, keys };
+    } else op = { op: 'record', ep: op.ep, keys: last.keys, tier: op.tier };
+  }
   if (op.op === 'matchRecorded') {
     const keys = recorded.length === 0 ? op.extra : [...recorded[op.pick % recorded.length]!, ...op.extra];
     op = { op: 'match', keys, cands: [...op.cands, ...Array.from({ length: MAX_EPS }, (_, i) => i)] };
@@ -103,6 +132,7 @@ function applyBoth(idx: PrefixIndex, model: PrefixIndexModel, op: Op, res: Match
       arr.set(big(op.keys));
       idx.record(op.ep, arr, op.keys.length, op.tier);
       recorded.push(op.keys);
+      recordedOps.push(op);
       model.record(op.ep, op.keys.map((k) => KEYS[k]!), op.tier);
       return;
     }
@@ -140,10 +170,11 @@ t.test('native index agrees with the reference model on random operation sequenc
       const model = new PrefixIndexModel(MAX_EPS, DEFAULT_CAP);
       const res = new MatchResult(4, 2); // small on purpose: it must grow
       const recorded: number[][] = [];
+      const recordedOps: Array<Extract<Op, { op: 'record' }>> = [];
       for (const op of ops) {
         const before = model.stats().entries.reduce((a, b) => a + b, 0);
         const fresh = op.op === 'record' ? new Set(op.keys.filter((k) => model.match([KEYS[k]!], [op.ep]).matched[0] === 0)).size : 0;
-        applyBoth(idx, model, op, res, recorded);
+        applyBoth(idx, model, op, res, recorded, recordedOps);
         const s = idx.stats();
         if (s.entries[1] + s.entries[2] > 0) demotedSeen++;
         if (op.op === 'record' && s.entries.reduce((a, b) => a + b, 0) < before + fresh) droppedSeen++;

@@ -157,6 +157,31 @@ t.test('record promotes to tier 0, demotion order is least-recently-used first',
   t.end();
 });
 
+t.test('recording what already leads the list changes nothing; a near miss is recorded in full', (t) => {
+  // native/prefix_core.h LeadsList: a prompt recorded again on its endpoint skips the per-block moves
+  const idx = new PrefixIndex();
+  idx.setCapacity(0, [3, 1, 0]);
+  const r = new MatchResult();
+  const tierOf = (k: bigint) => {
+    idx.matchHashes(BigUint64Array.of(k), 1, Int32Array.of(0), r);
+    return r.matched[0] === 0 ? -1 : [0, 1, 2].find((x) => r.tiers[x] === 1);
+  };
+  idx.record(0, BigUint64Array.of(1n, 2n, 3n)); // tier 0, most recent first: 1 2 3
+  idx.record(0, BigUint64Array.of(1n, 2n, 3n)); // the same: still 1 2 3
+  idx.record(0, BigUint64Array.of(9n)); // 3 (LRU) demoted
+  t.same([tierOf(1n), tierOf(2n), tierOf(3n), tierOf(9n)], [0, 0, 1, 0]);
+  idx.clear(0);
+  idx.record(0, BigUint64Array.of(1n, 2n, 3n)); // 1 2 3
+  idx.record(0, BigUint64Array.of(1n, 3n)); // leads with 1, then differs: 1 3 2
+  idx.record(0, BigUint64Array.of(9n)); // 2 (LRU) demoted, not 3
+  t.same([tierOf(1n), tierOf(2n), tierOf(3n), tierOf(9n)], [0, 1, 0, 0]);
+  idx.clear(0);
+  idx.record(0, BigUint64Array.of(1n, 2n, 3n));
+  idx.record(0, BigUint64Array.of(1n, 2n, 3n), 3, 1); // leads tier 0's list, but asked for tier 1: moved there
+  t.same([tierOf(1n), tierOf(2n), tierOf(3n)], [1, -1, -1], 'tier 1 holds one block: 1 (recorded last) stays');
+  t.end();
+});
+
 t.test('unknown endpoint ids', (t) => {
   const idx = new PrefixIndex({ maxEndpoints: 8, defaultCapacity: [4, 0, 0] });
   const keys = BigUint64Array.of(1n, 2n);
