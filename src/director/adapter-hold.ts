@@ -11,9 +11,14 @@
 // A request waits when every candidate engine (of its base model, routable,
 // holding the adapter or able to load it) is known to have no free slot for
 // it: fresh metrics that report max_lora, the adapter running nowhere among
-// them (not in running_lora_adapters, no request of it in flight from this
-// router), and max_lora distinct adapters there already running or waiting
-// (the engine's lists, and the router's own requests in flight). An engine
+// them, and max_lora distinct other adapters running there (slotFor: exact
+// from the router's own requests while it is the engine's only client, else
+// the engine's running list of the last scrape). Adapters in the engine's
+// waiting list are not counted: they hold no slot (with a slot free they wait
+// for batch room or KV blocks, which is load, not adapters); counting them, as
+// the lora-affinity scorer's conservative free-slot estimate does, would turn
+// requests away from an engine where their adapter is still in a slot and
+// make them load it elsewhere (bench/RESULTS.md, "Adapter hold"). An engine
 // that does not report adapter slots, or whose metrics are stale, is never a
 // reason to hold. Batch room is not the hold's business: a request that can
 // run where its adapter is in a slot goes there as any request does (flow
@@ -331,17 +336,24 @@ export class AdapterHold {
 
 /**
  * `ep` can run a request for `adapter` without waiting for an adapter slot:
- * the adapter runs there now (the engine's list or this router's requests in
- * flight), or fewer than max_lora distinct adapters run or wait there. True
- * when that cannot be known (metrics stale, or no max_lora reported).
+ * the adapter runs there now, or fewer than max_lora distinct adapters run
+ * there. When the last scrape showed no request there but this router's (no
+ * other client, no replica), this router's requests in flight are exactly
+ * what runs there, so that count is used, exact between scrapes (a slot frees
+ * the moment the router's last request of an adapter ends). Otherwise the
+ * engine's running list (a scrape old) is added, and an adapter among the
+ * last max_lora this router sent there counts as still in a slot (with fewer
+ * than max_lora others running). True when it cannot be known (metrics stale,
+ * or no max_lora reported).
  */
 export function slotFor(ep: Endpoint, adapter: string, now: number): boolean {
   const m = ep.metrics;
   if (m.loraMax <= 0 || !ep.fresh(now)) return true;
   const mine = ep.adapterInFlight;
-  if (mine.has(adapter) || m.loraRunning.includes(adapter)) return true;
+  if (mine.has(adapter)) return true;
+  if (ep.foreign === 0 && ep.peerInFlight === 0) return mine.size < m.loraMax;
+  if (ep.recentAdapters.has(adapter) || m.loraRunning.includes(adapter)) return true;
   let used = mine.size;
   for (const a of m.loraRunning) if (!mine.has(a)) used++;
-  for (const a of m.loraWaiting) if (!mine.has(a) && !m.loraRunning.includes(a)) used++;
   return used < m.loraMax;
 }
