@@ -10,6 +10,10 @@ import { performance } from 'node:perf_hooks';
 import { startEngine, type SimEngine } from '../../src/sim/index.js';
 import { validateConfig, API_VERSION } from '../../src/config/schema.js';
 import { startRouter, type RunningRouter } from '../../src/server/router.js';
+import { mkdtemp, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { loadConfigFile } from '../../src/config/load.js';
 import { validatePlugin } from '../support/router-util.js';
 import { get, metric, post, scrape, send, until } from '../support/sim-util.js';
 
@@ -191,6 +195,44 @@ t.test('a bound on held requests: the one past maxPerAdapter is 503 at once; off
   t.ok(await until(async () => (await engineWaiting(e2[0]!)) + (await engineWaiting(e2[1]!)) === 1, 3000), 'with the hold off, a2 waits in an engine queue');
   t.equal((await waits).status, 200);
   for (const f of await Promise.all(fill2)) t.equal(f.status, 200);
+});
+
+t.test('a reload applies new bounds; turning the hold off lets the held requests go at once', async (t) => {
+  const engines = await fleet(t, 2);
+  const dir = await mkdtemp(join(tmpdir(), 'swy-hold-'));
+  const file = join(dir, 'router.json');
+  const doc = (adapterQueue: Record<string, unknown>) =>
+    JSON.stringify({
+      apiVersion: API_VERSION,
+      kind: 'Router',
+      pools: [{ name: 'p', models: ['open-model'], endpoints: engines.map((e, i) => ({ name: `e${i}`, url: e.url })) }],
+      scheduling: { scorers: [{ type: 'lora-affinity', weight: 10 }, { type: 'queue', weight: 1 }] },
+      logging: { level: 'silent' },
+      dataLayer: { modelCheckIntervalMs: 500, scrapeIntervalMs: 20 },
+      adapterQueue,
+    });
+  await writeFile(file, doc({ maxWaitMs: 60_000 }));
+  const router = await startRouter(await loadConfigFile(file, validatePlugin), { port: 0, host: '127.0.0.1', configFile: file, validatePlugin });
+  t.teardown(() => router.close(200));
+  t.ok(await until(async () => (await get(router.url, '/v1/models')).body.includes('"a3"'), 20_000), "the engines' adapters are known");
+  const fill = await fillSlots(t, router, engines, 600); // ~1.2 s each
+  const held = gen(router.url, 'a2', 2).then((r) => ({ r, at: performance.now() }));
+  t.ok(await until(async () => (await holdState(router.url)).held === 1, 3000), 'held');
+  // a bound lowered by a reload applies to the next request
+  await writeFile(file, doc({ maxWaitMs: 60_000, maxPerAdapter: 1 }));
+  t.ok((await router.reload!()).ok);
+  const over = await gen(router.url, 'a2', 2);
+  t.equal(over.status, 503, 'maxPerAdapter 1 after the reload: the second is refused');
+  // off: the held one goes now, to an engine queue, before any slot frees
+  await writeFile(file, doc({ enabled: false }));
+  const t0 = performance.now();
+  t.ok((await router.reload!()).ok);
+  t.ok(await until(async () => (await engineWaiting(engines[0]!)) + (await engineWaiting(engines[1]!)) === 1, 3000), 'it waits in an engine queue now');
+  t.equal((await holdState(router.url)).held, 0);
+  const [h, ...f] = await Promise.all([held, ...fill]);
+  t.equal(h.r.status, 200);
+  t.ok(performance.now() - t0 < 5000);
+  for (const x of f) t.equal(x.status, 200);
 });
 
 t.test('config errors name the field', async (t) => {
