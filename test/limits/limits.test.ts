@@ -14,6 +14,7 @@ import { startFleet } from '../../src/sim/index.js';
 import { validateConfig, API_VERSION, type RouterConfig } from '../../src/config/schema.js';
 import { startRouter } from '../../src/server/router.js';
 import { ConfigError } from '../../src/errors.js';
+import { parseConfig } from '../../src/config/load.js';
 import { validatePlugin } from '../support/router-util.js';
 import { send } from '../support/sim-util.js';
 
@@ -239,4 +240,33 @@ t.test('bad rateLimits config and key options are config errors naming the field
       { path: 'auth.keysFile line 3', message: /unknown or repeated option "rpm=2"/ },
     ]);
   }
+});
+
+t.test('a tenant with two budgets is a config error naming both lines (the file check and serve read)', async (t) => {
+  const issues = (yaml: string) => {
+    try {
+      parseConfig(yaml, validatePlugin, 'router.yaml');
+    } catch (err) {
+      if (err instanceof ConfigError) return err.issues.map((i) => `${i.path}: ${i.message}`);
+      throw err;
+    }
+    return [];
+  };
+  const head = 'apiVersion: switchyard/v1\nkind: Router\npools:\n  - { name: p, models: [m], endpoints: [{ url: "http://127.0.0.1:1" }] }\n';
+  t.same(
+    issues(`${head}rateLimits:\n  tenants:\n    acme: { requestsPerMinute: 10 }\n    team-b: { tokensPerDay: 5 }\n    acme: { requestsPerMinute: 1000 }\n`),
+    ['rateLimits.tenants.acme: tenant "acme" has two budgets: line 7 and line 9 (give each tenant one entry)'],
+  );
+  // JSON is read by the same parser: the same answer, with its lines
+  t.same(
+    issues(JSON.stringify({ apiVersion: API_VERSION, kind: 'Router', pools: [{ name: 'p', models: ['m'], endpoints: [{ url: 'http://127.0.0.1:1' }] }] }).slice(0, -1) + ',\n"rateLimits": {"tenants": {\n"team-b": {"tokensPerDay": 5},\n"team-b": {"tokensPerDay": 50}}}}'),
+    ['rateLimits.tenants.team-b: tenant "team-b" has two budgets: line 3 and line 4 (give each tenant one entry)'],
+  );
+  t.same(
+    issues(`${head}batch:\n  redis: redis://127.0.0.1:1\n  quotas:\n    tenants:\n      acme: { requests: 5 }\n      acme: { requests: 6 }\n`),
+    ['batch.quotas.tenants.acme: tenant "acme" has two budgets: line 9 and line 10 (give each tenant one entry)'],
+  );
+  // any other key given twice names its field and both lines too
+  t.same(issues(`${head}logging:\n  level: info\n  level: debug\n`), ['logging.level: "level" is given twice in this mapping: line 6 and line 7 (keys must be unique)']);
+  t.same(issues(`${head}rateLimits:\n  tenants:\n    acme: { requestsPerMinute: 10 }\n    beta: { requestsPerMinute: 10 }\n`), [], 'distinct tenants are fine');
 });
