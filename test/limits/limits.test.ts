@@ -270,3 +270,38 @@ t.test('a tenant with two budgets is a config error naming both lines (the file 
   t.same(issues(`${head}logging:\n  level: info\n  level: debug\n`), ['logging.level: "level" is given twice in this mapping: line 6 and line 7 (keys must be unique)']);
   t.same(issues(`${head}rateLimits:\n  tenants:\n    acme: { requestsPerMinute: 10 }\n    beta: { requestsPerMinute: 10 }\n`), [], 'distinct tenants are fine');
 });
+
+t.test('rateLimits.maxSubjects bounds the counters: past it new tenants share the (overflow) counter; a reload raises it', async (t) => {
+  const fleet = await startFleet(1, { timeScale: 0 });
+  t.teardown(() => fleet.close());
+  const dir = await mkdtemp(join(tmpdir(), 'swy-limits-'));
+  const cfgFile = join(dir, 'router.json');
+  const k = ['sk-subjects-0001', 'sk-subjects-0002', 'sk-subjects-0003', 'sk-subjects-0004', 'sk-subjects-0005'];
+  const cfg = (maxSubjects: number) =>
+    config(fleet.urls, {
+      auth: { keys: k.map((key, i) => ({ digest: sha(key), tenant: `t${i}` })) },
+      rateLimits: { maxSubjects, defaultTenant: { requestsPerMinute: 2 } },
+    });
+  await writeFile(cfgFile, JSON.stringify(cfg(2)));
+  const r = await router(t, cfg(2), { configFile: cfgFile });
+  // t0 and t1 take the two subjects (each has used a request: not idle, never dropped)
+  t.equal((await post(r.url, k[0]!)).headers['x-ratelimit-remaining-requests'], '1');
+  t.equal((await post(r.url, k[1]!)).headers['x-ratelimit-remaining-requests'], '1');
+  // t2 and t3 share the (overflow) counter: two requests between them
+  t.equal((await post(r.url, k[2]!)).headers['x-ratelimit-remaining-requests'], '1', 't2: the overflow counter');
+  const t3 = await post(r.url, k[3]!);
+  t.equal(t3.headers['x-ratelimit-remaining-requests'], '0', 't3 shares it');
+  t.equal((await post(r.url, k[3]!)).status, 429, "t3's second request: the shared counter is spent");
+  t.equal((await post(r.url, k[0]!)).status, 200, 't0 keeps its own counter');
+  const m = await send(r.url, 'GET', '/metrics').done;
+  t.match(m.body, /switchyard_rate_limit_subjects_overflowed_total \d+/);
+  t.ok(Number(/switchyard_rate_limit_subjects_overflowed_total (\d+)/.exec(m.body)?.[1]) >= 2, 'counted');
+  // raised by a reload: the next new tenant gets a counter of its own
+  await writeFile(cfgFile, JSON.stringify(cfg(10)));
+  t.ok((await r.reload!()).ok);
+  const t4 = await post(r.url, k[4]!);
+  t.equal(t4.status, 200);
+  t.equal(t4.headers['x-ratelimit-remaining-requests'], '1', 't4: its own counter after the reload');
+  // config errors name the field
+  t.throws(() => validateConfig(config(fleet.urls, { rateLimits: { maxSubjects: 0 } }), validatePlugin), /rateLimits\.maxSubjects: must be an integer in \[1, 10000000\]/);
+});
