@@ -10,17 +10,20 @@
 // tokens. Arms, each on a fresh fleet and a fresh router (in this process):
 //
 //   blind   the default scorers: prefix-cache 3, queue 2, kv-cache-utilization 2
-//           (prefix + load; the adapter plays no part in the pick);
-//   aware   the same plus lora-affinity (weight --weight, 10: above the other weights' sum, so a replica with the adapter active and room wins over load differences).
+//           (prefix + load; the adapter plays no part in the pick), no adapter hold;
+//   aware   the same plus lora-affinity (weight --weight, 10: above the other weights' sum, so a replica with the adapter active and room wins over load differences),
+//           and the router-side adapter hold (adapterQueue, on by default: a request no engine has
+//           a slot for waits in the router);
+//   aware-nohold  aware with adapterQueue.enabled: false (such a request waits in an engine's queue).
 //
 // Reported per arm: adapter loads per 1,000 requests (the engines' own count
 // of slot loads), the router's misses per 1,000 (sent where the adapter was
-// not active), client TTFT p50/p90 (from the scheduled send time, open loop).
+// not active), requests held in the router per 1,000, client TTFT p50/p90 (from the scheduled send time, open loop).
 // Floors (issue #36): loads ≥ 3× fewer, TTFT p90 ≥ 1.5× lower with affinity.
 // --engine sim (src/sim) or model (testkit/reference/engine-model.ts: a second,
 // independent engine model with the same adapter parameters).
 //
-//   flock /tmp/switchyard-bench.lock node dist/bench/system/lora-affinity.js [--engine sim|model] [--rate 150] [--requests 3000] [--tokens 16] [--lora-load-ms 40] [--weight 10]
+//   flock /tmp/switchyard-bench.lock node dist/bench/system/lora-affinity.js [--engine sim|model] [--rate 150] [--requests 3000] [--tokens 16] [--lora-load-ms 40] [--weight 10] [--arms blind,aware,aware-nohold]
 import { performance } from 'node:perf_hooks';
 import { Pool } from 'undici';
 import { startFleet, type SimEngine } from '../../src/sim/index.js';
@@ -41,6 +44,10 @@ const REQUESTS = Number(option(argv, '--requests') ?? '3000');
 const TOKENS = Number(option(argv, '--tokens') ?? '16');
 const LOAD_MS = Number(option(argv, '--lora-load-ms') ?? '40');
 const WEIGHT = Number(option(argv, '--weight') ?? '10');
+/** The arms to run, in this order (a later arm runs on a machine the earlier ones warmed: swap the order to see it). */
+const ARMS = (option(argv, '--arms') ?? 'blind,aware,aware-nohold').split(',') as ArmName[];
+type ArmName = 'blind' | 'aware' | 'aware-nohold';
+for (const a of ARMS) if (!['blind', 'aware', 'aware-nohold'].includes(a)) throw new Error(`--arms: unknown arm "${a}" (blind, aware, aware-nohold)`);
 const ENGINES = 8;
 const ADAPTERS = Array.from({ length: 32 }, (_, i) => `adapter-${i}`);
 const MAX_LORAS = 4;
@@ -82,19 +89,20 @@ interface ArmResult {
   arm: string;
   loadsPer1k: number;
   missesPer1k: number;
+  heldPer1k: number;
   p50: number;
   p90: number;
   errors: number;
 }
 
-async function arm(name: 'blind' | 'aware', plan: { at: number; adapter: string }[]): Promise<ArmResult> {
+async function arm(name: ArmName, plan: { at: number; adapter: string }[]): Promise<ArmResult> {
   const f = await fleet();
   const scorers: unknown[] = [
     { type: 'prefix-cache', weight: 3 },
     { type: 'queue', weight: 2 },
     { type: 'kv-cache-utilization', weight: 2 },
   ];
-  if (name === 'aware') scorers.push({ type: 'lora-affinity', weight: WEIGHT });
+  if (name !== 'blind') scorers.push({ type: 'lora-affinity', weight: WEIGHT });
   const cfg = validateConfig(
     {
       apiVersion: API_VERSION,
@@ -102,6 +110,7 @@ async function arm(name: 'blind' | 'aware', plan: { at: number; adapter: string 
       pools: [{ name: 'p', models: ['open-model'], endpoints: f.urls.map((url, i) => ({ name: `e${i}`, url })) }],
       scheduling: { scorers },
       logging: { level: 'silent' },
+      adapterQueue: { enabled: name === 'aware' },
     },
     (kind, s) => registry.validate(kind, s.type, s.params),
   );
@@ -143,24 +152,39 @@ async function arm(name: 'blind' | 'aware', plan: { at: number; adapter: string 
   );
   const m = await (await pool.request({ path: '/metrics', method: 'GET' })).body.text();
   let misses = 0;
-  for (const line of m.split('\n')) if (line.startsWith('switchyard_adapter_misses_total{')) misses += Number(line.slice(line.lastIndexOf(' ') + 1));
+  let held = 0;
+  for (const line of m.split('\n')) {
+    if (line.startsWith('switchyard_adapter_misses_total{')) misses += Number(line.slice(line.lastIndexOf(' ') + 1));
+    if (line.startsWith('switchyard_adapter_held_total{')) held += Number(line.slice(line.lastIndexOf(' ') + 1));
+  }
   const loads = f.loads();
   if (why.size > 0) console.error(`${name}: errors`, Object.fromEntries(why));
   await pool.close();
   await router.close(200);
   await f.close();
-  return { arm: name, loadsPer1k: (loads * 1000) / plan.length, missesPer1k: (misses * 1000) / plan.length, p50: quantile(ttft, 0.5), p90: quantile(ttft, 0.9), errors };
+  return { arm: name, loadsPer1k: (loads * 1000) / plan.length, missesPer1k: (misses * 1000) / plan.length, heldPer1k: (held * 1000) / plan.length, p50: quantile(ttft, 0.5), p90: quantile(ttft, 0.9), errors };
 }
 
 runMain(async () => {
   const plan = schedule();
-  const blind = await arm('blind', plan);
-  const aware = await arm('aware', plan);
+  const runs: ArmResult[] = [];
+  for (const a of ARMS) runs.push(await arm(a, plan));
+  // an arm run more than once (--arms a,b,a,b: each order) is summarised by its mean
+  const mean = (name: ArmName): ArmResult | undefined => {
+    const rs = runs.filter((r) => r.arm === name);
+    if (rs.length === 0) return undefined;
+    const m = (k: 'loadsPer1k' | 'missesPer1k' | 'heldPer1k' | 'p50' | 'p90' | 'errors') => rs.reduce((x, r) => x + r[k], 0) / rs.length;
+    return { arm: name, loadsPer1k: m('loadsPer1k'), missesPer1k: m('missesPer1k'), heldPer1k: m('heldPer1k'), p50: m('p50'), p90: m('p90'), errors: m('errors') };
+  };
+  const [blind, aware, nohold] = [mean('blind'), mean('aware'), mean('aware-nohold')];
   console.log(`engine ${ENGINE}: ${ENGINES} engines × ${MAX_LORAS} adapter slots, ${ADAPTERS.length} adapters (Zipf s=1), ${REQUESTS} requests at ${RATE}/s, ${TOKENS} tokens, load ${LOAD_MS} ms`);
-  console.log('| arm | adapter loads / 1k req | router misses / 1k | TTFT p50 ms | TTFT p90 ms | errors |');
-  console.log('|---|---|---|---|---|---|');
-  for (const r of [blind, aware]) console.log(`| ${r.arm} | ${fmt(r.loadsPer1k)} | ${fmt(r.missesPer1k)} | ${fmt(r.p50)} | ${fmt(r.p90)} | ${r.errors} |`);
-  const loadRatio = blind.loadsPer1k / Math.max(aware.loadsPer1k, 1e-9);
-  const p90Ratio = blind.p90 / aware.p90;
-  console.log(`loads: ${fmt(loadRatio, 2)}× fewer with affinity (floor 3×: ${loadRatio >= 3 ? 'met' : 'NOT met'}); TTFT p90: ${fmt(p90Ratio, 2)}× lower (floor 1.5×: ${p90Ratio >= 1.5 ? 'met' : 'NOT met'}); p50 ${fmt(blind.p50 / aware.p50, 2)}×`);
+  console.log('| arm | adapter loads / 1k req | router misses / 1k | held in the router / 1k | TTFT p50 ms | TTFT p90 ms | errors |');
+  console.log('|---|---|---|---|---|---|---|');
+  for (const r of runs) console.log(`| ${r.arm} | ${fmt(r.loadsPer1k)} | ${fmt(r.missesPer1k)} | ${fmt(r.heldPer1k)} | ${fmt(r.p50)} | ${fmt(r.p90)} | ${r.errors} |`);
+  if (blind !== undefined && aware !== undefined) {
+    const loadRatio = blind.loadsPer1k / Math.max(aware.loadsPer1k, 1e-9);
+    const p90Ratio = blind.p90 / aware.p90;
+    console.log(`loads: ${fmt(loadRatio, 2)}× fewer with affinity (floor 3×: ${loadRatio >= 3 ? 'met' : 'NOT met'}); TTFT p90: ${fmt(p90Ratio, 2)}× lower (floor 1.5×: ${p90Ratio >= 1.5 ? 'met' : 'NOT met'}); p50 ${fmt(blind.p50 / aware.p50, 2)}×`);
+  }
+  if (aware !== undefined && nohold !== undefined) console.log(`the hold (aware / aware-nohold): TTFT p50 ${fmt(aware.p50 / nohold.p50, 2)}×, p90 ${fmt(aware.p90 / nohold.p90, 2)}×, loads ${fmt(aware.loadsPer1k / Math.max(nohold.loadsPer1k, 1e-9), 2)}×`);
 });

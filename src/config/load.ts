@@ -1,21 +1,27 @@
 // Loading a Router config from YAML text or a file, and building the configs
 // the CLI needs without a file (quick mode, embedded default).
 import { readFile } from 'node:fs/promises';
-import { parseDocument, stringify } from 'yaml';
+import { isMap, isScalar, isSeq, LineCounter, parseDocument, stringify, type Document } from 'yaml';
 import { ConfigError, type ConfigIssue } from '../errors.js';
 import { validateConfig, API_VERSION, type Engine, type PluginSpec, type RouterConfig } from './schema.js';
+import { formatPath } from './schema-kit.js';
 
 export type PluginValidator = (kind: 'filter' | 'scorer' | 'picker', spec: PluginSpec) => string[];
 
 /** Parses YAML text and validates it; throws ConfigError listing every problem. */
 export function parseConfig(text: string, validatePlugin?: PluginValidator, source?: string): RouterConfig {
-  const doc = parseDocument(text, { prettyErrors: true, uniqueKeys: true });
+  const lines = new LineCounter();
+  const doc = parseDocument(text, { prettyErrors: true, uniqueKeys: true, lineCounter: lines });
   if (doc.errors.length > 0) {
-    const issues: ConfigIssue[] = doc.errors.map((e) => ({
-      path: e.linePos ? `line ${e.linePos[0].line}, column ${e.linePos[0].col}` : '',
-      message: `YAML syntax error: ${e.message.split('\n')[0]}`,
-    }));
-    throw new ConfigError(issues, source);
+    // a key given twice: named by its field path with both lines (a tenant with two budgets, ...)
+    const dups = doc.errors.some((e) => e.code === 'DUPLICATE_KEY') ? duplicateKeys(doc, lines) : [];
+    const issues: ConfigIssue[] = doc.errors
+      .filter((e) => e.code !== 'DUPLICATE_KEY' || dups.length === 0)
+      .map((e) => ({
+        path: e.linePos ? `line ${e.linePos[0].line}, column ${e.linePos[0].col}` : '',
+        message: `YAML syntax error: ${e.message.split('\n')[0]}`,
+      }));
+    throw new ConfigError([...dups, ...issues], source);
   }
   let value: unknown;
   try {
@@ -25,6 +31,45 @@ export function parseConfig(text: string, validatePlugin?: PluginValidator, sour
     throw new ConfigError([{ path: '', message: `YAML error: ${(err as Error).message}` }], source);
   }
   return validateConfig(value, validatePlugin, source);
+}
+
+/** Mappings whose keys are tenants, each value that tenant's budget: a key given twice there is a tenant with two budgets. */
+const TENANT_BUDGETS = new Set(['rateLimits.tenants', 'batch.quotas.tenants']);
+
+/**
+ * Every key given twice in one mapping of `doc`, as an issue at the key's
+ * field path naming the lines of both (YAML keeps one of them silently in
+ * most readers; the router refuses the file).
+ */
+function duplicateKeys(doc: Document, lines: LineCounter): ConfigIssue[] {
+  const out: ConfigIssue[] = [];
+  const walk = (node: unknown, path: (string | number)[]): void => {
+    if (isMap(node)) {
+      const first = new Map<string, number>();
+      for (const pair of node.items) {
+        const k = isScalar(pair.key) ? String(pair.key.value) : null;
+        const at = isScalar(pair.key) && pair.key.range ? pair.key.range[0] : -1;
+        if (k !== null && at >= 0) {
+          const line = lines.linePos(at).line;
+          const was = first.get(k);
+          if (was === undefined) first.set(k, line);
+          else {
+            const where = formatPath('', path);
+            const field = formatPath('', [...path, k]);
+            out.push({
+              path: field,
+              message: TENANT_BUDGETS.has(where)
+                ? `tenant ${JSON.stringify(k)} has two budgets: line ${was} and line ${line} (give each tenant one entry)`
+                : `${JSON.stringify(k)} is given twice in this mapping: line ${was} and line ${line} (keys must be unique)`,
+            });
+          }
+        }
+        if (k !== null) walk(pair.value, [...path, k]);
+      }
+    } else if (isSeq(node)) node.items.forEach((v, i) => walk(v, [...path, i]));
+  };
+  walk(doc.contents, []);
+  return out;
 }
 
 /** Reads and validates a config file. */

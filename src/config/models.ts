@@ -54,6 +54,51 @@ export const adapterLoadingSchema = strict(
   .optional()
   .describe("load an adapter on an engine that lacks it (vLLM's POST /v1/load_lora_adapter); absent = off");
 
+/**
+ * The router-side hold for adapter requests (docs/models.md, "When no slot is
+ * free"): a request for an adapter whose every candidate engine has all its
+ * GPU adapter slots taken by other adapters' requests waits in the router,
+ * FIFO per adapter, until a slot frees or the adapter runs somewhere; bounded
+ * in requests, bytes and time.
+ */
+export interface AdapterQueueConfig {
+  enabled: boolean;
+  /** Requests held at once for one adapter. */
+  maxPerAdapter: number;
+  /** Requests held at once over every adapter. */
+  maxRequests: number;
+  /** Bytes the held requests' bodies (and their prompt copies) may take together. */
+  maxBytes: number;
+  /** Longest wait in the hold; then 503 with Retry-After. */
+  maxWaitMs: number;
+  /** Retry-After (seconds) of the hold's 503s. */
+  retryAfterSeconds: number;
+}
+
+export const ADAPTER_QUEUE_DEFAULTS: AdapterQueueConfig = {
+  enabled: true,
+  maxPerAdapter: 256,
+  maxRequests: 4096,
+  maxBytes: 256 * 1024 * 1024,
+  maxWaitMs: 30_000,
+  retryAfterSeconds: 1,
+};
+
+const aq = ADAPTER_QUEUE_DEFAULTS;
+export const adapterQueueSchema = strict(
+  {
+    enabled: z.boolean({ error: 'must be true or false' }).default(aq.enabled).describe('hold adapter requests in the router while no candidate engine has a free adapter slot'),
+    maxPerAdapter: int(1, 1_000_000).default(aq.maxPerAdapter).describe('requests held at once for one adapter; beyond: 503'),
+    maxRequests: int(1, 10_000_000).default(aq.maxRequests).describe('requests held at once over every adapter; beyond: 503'),
+    maxBytes: int(1, 2 ** 40).default(aq.maxBytes).describe('bytes of the held requests\' bodies together; beyond: 503'),
+    maxWaitMs: int(1, 86_400_000).default(aq.maxWaitMs).describe('longest wait in the hold; then 503 with Retry-After'),
+    retryAfterSeconds: int(0, 86_400).default(aq.retryAfterSeconds).describe('Retry-After of the hold\'s 503s (0: none)'),
+  },
+  'must be a mapping {enabled, maxPerAdapter, maxRequests, maxBytes, maxWaitMs, retryAfterSeconds}',
+)
+  .prefault({})
+  .describe('the router-side hold of adapter requests while every candidate engine\'s adapter slots are taken (docs/models.md)');
+
 export interface RewriteTarget {
   model: string;
   weight: number;

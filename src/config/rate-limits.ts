@@ -37,9 +37,11 @@ export interface RateLimitsConfig {
   defaultKey?: LimitSpec;
   /** Counters shared by several routers; absent: this router counts alone. */
   redis?: RateLimitsRedisConfig;
+  /** Keys and tenants with counters of their own in this router; later ones share an `(overflow)` counter. Absent: 100,000. */
+  maxSubjects?: number;
 }
 
-export const RATE_LIMIT_DEFAULTS = { keyPrefix: 'switchyard:rl:', timeoutMs: 50, failMode: 'open' as const };
+export const RATE_LIMIT_DEFAULTS = { keyPrefix: 'switchyard:rl:', timeoutMs: 50, failMode: 'open' as const, maxSubjects: 100_000 };
 
 const MAX = 1_000_000_000_000;
 export const limitSpecSchema = strict(
@@ -75,6 +77,9 @@ export const rateLimitsSchema = strict(
     )
       .optional()
       .describe('counters shared by several routers; absent = counted by this router alone'),
+    maxSubjects: int(1, 10_000_000)
+      .default(RATE_LIMIT_DEFAULTS.maxSubjects)
+      .describe('keys and tenants with counters of their own in this router (idle ones are dropped first); later ones share an (overflow) counter per kind'),
   },
   'must be a mapping',
 )
@@ -83,7 +88,7 @@ export const rateLimitsSchema = strict(
     for (const t of Object.keys(v.tenants)) if (!FLOW_ID_RE.test(t)) ctx.addIssue({ code: 'custom', path: ['tenants', t], message: `the key ${tenantMsg}`, input: undefined });
   }, ALWAYS)
   .transform((v): RateLimitsConfig => {
-    const out: RateLimitsConfig = { tenants: v.tenants };
+    const out: RateLimitsConfig = { tenants: v.tenants, maxSubjects: v.maxSubjects };
     if (v.defaultTenant !== undefined) out.defaultTenant = v.defaultTenant;
     if (v.anonymous !== undefined) out.anonymous = v.anonymous;
     if (v.defaultKey !== undefined) out.defaultKey = v.defaultKey;

@@ -18,7 +18,7 @@ import { discoverySchema } from './discovery.js';
 import { extProcSchema } from './extproc.js';
 import { flowControlSchema } from './flow-control.js';
 import { haSchema } from './ha.js';
-import { adapterLoadingSchema, modelRewritesSchema, poolAdaptersSchema } from './models.js';
+import { adapterLoadingSchema, adapterQueueSchema, modelRewritesSchema, poolAdaptersSchema } from './models.js';
 import { filterSpec, scorerSpec } from './plugin-spec.js';
 import { kvEventsEndpointSchema, poolPrefixSchema, tierWeightsSchema } from './prefix-mode.js';
 import { responsesSchema, type ResponsesConfig } from './responses.js';
@@ -253,6 +253,7 @@ export const routerConfigSchema = strict(
     extProc: extProcSchema.optional().describe('Envoy ext_proc endpoint-picker listener (docs/operations.md); absent = none'),
     batch: batchSchema.optional().describe('the async processor over a Redis stream (docs/batch.md); absent = off'),
     modelRewrites: modelRewritesSchema,
+    adapterQueue: adapterQueueSchema,
   },
   'the config must be a YAML mapping',
   'unknown top-level field',
@@ -327,6 +328,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     responses: v.responses,
     tracing: v.tracing,
     metrics: v.metrics,
+    adapterQueue: v.adapterQueue,
   };
   if (v.flowControl !== undefined) cfg.flowControl = v.flowControl;
   if (v.admin !== undefined) cfg.admin = v.admin;

@@ -2,7 +2,7 @@
 // default filled in): what validateConfig (schema.ts) returns. Each block with
 // a module of its own (batch, ha, ext_proc, sessions, ...) declares its type
 // there; this file puts them together.
-import type { AdapterConfig, AdapterLoadingConfig, RewriteRule } from './models.js';
+import type { AdapterConfig, AdapterLoadingConfig, AdapterQueueConfig, RewriteRule } from './models.js';
 import { ACCELERATOR_NAMES, type AcceleratorName } from '../accelerators.js';
 import type { AdminConfig } from './admin.js';
 import type { AuthConfig } from './auth.js';
@@ -175,4 +175,6 @@ export interface RouterConfig {
   batch?: BatchConfig;
   /** Model rewrites with weighted targets (docs/models.md); absent in a hand-built config: none. */
   modelRewrites?: RewriteRule[];
+  /** The router-side hold of adapter requests (docs/models.md); undefined: the defaults (on). */
+  adapterQueue?: AdapterQueueConfig;
 }

@@ -37,6 +37,7 @@ import type { FlightHost } from './flight-state.js';
 import { RetryingFlight } from './flight-retry.js';
 import { ModelRewriter } from './model-rewrites.js';
 import { AdapterLoader } from '../endpoints/adapter-loader.js';
+import { AdapterHold } from './adapter-hold.js';
 
 export { Kind, KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, KIND_PATHS, isPassthrough } from './kinds.js';
 export { SLO_HEADERS } from './flight-state.js';
@@ -83,6 +84,8 @@ export class Director implements FlightHost {
   readonly adapterLoader: AdapterLoader;
   readonly bodies = new BodyPool();
   readonly returnsBodies: boolean;
+  /** Holds adapter requests while every candidate's GPU adapter slots are taken (config adapterQueue). */
+  readonly adapterHold: AdapterHold;
   #pool: Piscina<ParseTask, ParseReply> | null = null;
   /** Bodies parsed in a worker since start. */
   offloadedParses = 0;
@@ -113,6 +116,9 @@ export class Director implements FlightHost {
     this.tokens = o.tokens ?? null;
     this.rewrites = o.rewrites ?? new ModelRewriter();
     this.adapterLoader = new AdapterLoader(o.scheduler.endpoints);
+    this.adapterHold = new AdapterHold(o.scheduler.endpoints, o.adapterQueue);
+    // an endpoint added, back from draining, or a model list read: a held request may go now
+    o.scheduler.endpoints.onChange(() => this.adapterHold.wake());
   }
 
   /** Parses a large body in the worker pool (created on first use); the answer goes to flight.parsed(). */
@@ -140,6 +146,7 @@ export class Director implements FlightHost {
 
   /** Stops the parse workers (in-flight parses fail). */
   async close(): Promise<void> {
+    this.adapterHold.close();
     const p = this.#pool;
     this.#pool = null;
     await p?.destroy();

@@ -5,6 +5,7 @@
 // P/D legs' hooks, and the scheduler's accounting of an attempt (release,
 // unpick).
 import { performance } from 'node:perf_hooks';
+import type { Rejected } from '../admission.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
 import { appendTraceHeaders } from '../proxy/trace-context.js';
 import type { UpstreamSink } from '../proxy/upstream.js';
@@ -15,8 +16,9 @@ import { AdmittingFlight } from './flight-admit.js';
 import { PdAttempt } from './pd-attempt.js';
 import type { FallbackReason, PdFlight, PrefillLeg } from './pd.js';
 import type { DecisionPortOf } from './ports.js';
+import type { Holdable } from './adapter-hold.js';
 
-export abstract class PickingFlight extends AdmittingFlight implements PdFlight, UpstreamSink {
+export abstract class PickingFlight extends AdmittingFlight implements PdFlight, UpstreamSink, Holdable {
   // what the P/D collaborator and the upstream client call: defined by the later layers
   abstract pairFailed(reason: FallbackReason, prefill: Endpoint | null): void;
   abstract toBoth(sreq: SchedRequest): boolean;
@@ -53,9 +55,27 @@ export abstract class PickingFlight extends AdmittingFlight implements PdFlight,
 
   protected override dispatch(): void {
     const d = this.director;
+    let exclude: readonly Endpoint[] | null = this.tried;
+    if (this.attempts === 0 && exclude === null) {
+      // a LoRA adapter: held in the router while no candidate has a GPU adapter slot for it (adapter-hold.ts)
+      const hold = d.adapterHold;
+      if (this.held === 2) exclude = hold.exclude;
+      else if (hold.applies(this.model)) {
+        // the held requests that can go now go first (they use their own prompt copies)
+        if (hold.held > 0) this.promptCopy ??= Uint8Array.prototype.slice.call(d.prompt.view());
+        const now = performance.now();
+        if (hold.mustWait(this.model, now)) {
+          this.promptCopy ??= Uint8Array.prototype.slice.call(d.prompt.view());
+          this.held = 1;
+          hold.hold(this, this.model, (this.raw?.length ?? 0) + this.promptCopy.length, now);
+          return;
+        }
+        exclude = hold.exclude;
+      }
+    }
     const sreq = this.toSchedRequest(this.attempts > 0); // the first pick follows the render at once
     const t0 = performance.now();
-    const picked = d.scheduler.pick(sreq, this.tried, this, t0);
+    const picked = d.scheduler.pick(sreq, exclude, this, t0);
     const t1 = performance.now();
     d.metrics.decision.observe((t1 - t0) / 1000);
     if (this.trace !== null) {
@@ -104,6 +124,25 @@ export abstract class PickingFlight extends AdmittingFlight implements PdFlight,
     sreq.prompt = undefined;
     sreq.tokens = undefined;
     this.send(this.pdState?.retryBody ?? this.raw);
+  }
+
+  /** The adapter hold lets this request go: the pick runs now (Holdable). */
+  holdReleased(): void {
+    if (this.aborted || this.done) return;
+    this.held = 2;
+    try {
+      this.dispatch();
+    } catch (err) {
+      this.internalError(err);
+    }
+  }
+
+  /** The adapter hold refuses this request (full, timed out, closing): a 503 with its Retry-After (Holdable). */
+  holdRefused(r: Rejected): void {
+    if (this.aborted || this.done) return;
+    const rejected = this.director.metrics.rejected;
+    rejected.set(r.reason, (rejected.get(r.reason) ?? 0) + 1);
+    this.reply(r.status, r.message, null, r);
   }
 
   /** Why the last adapter load for this request failed ('' none): a pick that then finds no endpoint answers 503 with it. */
@@ -226,6 +265,8 @@ export abstract class PickingFlight extends AdmittingFlight implements PdFlight,
         sreq.tokens = undefined;
       }
     }
+    const hold = this.director.adapterHold;
+    if (hold.held > 0) hold.wake();
   }
 
   /** Completes the scheduler's accounting for the current attempt (once). */
@@ -233,6 +274,9 @@ export abstract class PickingFlight extends AdmittingFlight implements PdFlight,
     if (!this.picked) return;
     this.picked = false;
     const scheduler = this.director.scheduler;
+    // a slot (or its adapter's last request there) may be free now: the adapter hold looks, after this event
+    const hold = this.director.adapterHold;
+    if (hold.held > 0) hold.wake();
     if (outcome === 'failed' && (!this.relayStarted || this.status >= 500) && this.promptBlocks > this.matchedBlocks) {
       // cold path: the engine never took the prompt, so the prefix producer
       // forgets the blocks this pick recorded (it needs the prompt again)

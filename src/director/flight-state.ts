@@ -59,6 +59,8 @@ export interface FlightHost {
   readonly bodies: BodyPool;
   /** A flight gives its client's body back when it ends (the upstream client copies what it sends, no P/D legs). */
   readonly returnsBodies: boolean;
+  /** Holds adapter requests while no candidate has a GPU adapter slot for them (src/director/adapter-hold.ts). */
+  readonly adapterHold: import('./adapter-hold.js').AdapterHold;
   /** Parses a large body off the event loop; the answer goes to flight.parsed(). */
   parseOffLoop(f: { readonly kind: Kind; parsed(r: ParseReply): void }, raw: Buffer): void;
 }
@@ -130,6 +132,8 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   protected admitted = false;
   protected picked = false;
   protected tried: Endpoint[] | null = null;
+  /** The adapter hold: 0 never held, 1 held now, 2 let go by it (its check just ran: the pick uses its exclude). */
+  protected held = 0;
   protected attempts = 0;
   /** Attempts after the first one (the access log's `retries`). */
   get retries(): number {

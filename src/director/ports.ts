@@ -86,4 +86,6 @@ export interface DirectorOptions {
   pd?: Disaggregator | null;
   /** Model rewrites (config modelRewrites; a reload sets new rules on it); absent: none. */
   rewrites?: import('./model-rewrites.js').ModelRewriter;
+  /** The router-side hold of adapter requests (config adapterQueue; a reload configures it); absent: the defaults. */
+  adapterQueue?: import('../config/models.js').AdapterQueueConfig;
 }

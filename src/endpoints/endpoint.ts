@@ -365,8 +365,8 @@ export class EndpointSet {
   readonly #byModel = new Map<string, Endpoint[]>();
   /** LoRA adapter → its base model: declared (pools[].adapters) or listed by an engine's /v1/models with that parent. */
   readonly #adapterBase = new Map<string, string>();
-  /** Requests, misses and loads per adapter (the router's metrics). */
-  readonly adapterStats = new AdapterStats();
+  /** Requests, misses and loads per adapter (the router's metrics); the assembly sets one capped at metrics.maxLabelValues before any request. */
+  adapterStats = new AdapterStats();
   /** Declared adapters: name → [base, path]. */
   #declared = new Map<string, [string, string]>();
   readonly #byId: (Endpoint | undefined)[] = [];

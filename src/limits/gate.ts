@@ -150,6 +150,7 @@ export class RateLimitGate implements AdmissionGate {
         this.inc({ mode: 'closed' }, l.failedClosed);
       },
     });
+    scrapeCounter(r, 'switchyard_rate_limit_subjects_overflowed_total', 'New keys or tenants counted under the shared (overflow) counter because rateLimits.maxSubjects subjects were busy.', () => l.overflowed);
     new Gauge({
       name: 'switchyard_rate_limit_subjects',
       help: 'Keys and tenants with rate-limit counters in this router.',

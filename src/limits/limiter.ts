@@ -9,7 +9,7 @@
 // subject id, bounded by `maxSubjects` (idle ones are dropped first, then new
 // subjects share an `(overflow)` bucket); they outlive a reload, so a reload
 // never resets what a key or tenant used.
-import type { RateLimitsConfig, LimitSpec } from '../config/rate-limits.js';
+import { RATE_LIMIT_DEFAULTS, type RateLimitsConfig, type LimitSpec } from '../config/rate-limits.js';
 import type { Caller, KeyLimits } from '../identity.js';
 import { Bucket, charge, check, correct, DAY_MS, duration, Fail, remainingRequests, remainingTokensDay, remainingTokensMinute, type Verdict } from './bucket.js';
 
@@ -55,7 +55,7 @@ export class RateLimiter {
   #plans = new WeakMap<Caller, Plan | null>();
   /** The latest clock an admission read. */
   #lastNow = 0;
-  readonly #maxSubjects: number;
+  #maxSubjects: number;
   /** Shared counters (Redis), or null: this router counts alone. */
   readonly shared: SharedCounters | null;
   /** True when `rateLimits.redis.failMode` is closed. */
@@ -68,10 +68,13 @@ export class RateLimiter {
   storeErrors = 0;
   failedOpen = 0;
   failedClosed = 0;
+  /** New subjects counted under `(overflow)` because `maxSubjects` were busy. */
+  overflowed = 0;
 
+  /** `opts.maxSubjects` overrides `cfg.maxSubjects` (rateLimits.maxSubjects; default 100,000). */
   constructor(cfg: RateLimitsConfig, opts: { maxSubjects?: number; shared?: SharedCounters | null } = {}) {
     this.#cfg = cfg;
-    this.#maxSubjects = opts.maxSubjects ?? 100_000;
+    this.#maxSubjects = opts.maxSubjects ?? cfg.maxSubjects ?? RATE_LIMIT_DEFAULTS.maxSubjects;
     this.shared = opts.shared ?? null;
     this.failClosed = cfg.redis?.failMode === 'closed';
   }
@@ -79,7 +82,13 @@ export class RateLimiter {
   /** A reload's new block: limits apply from the next request; what was used stays counted. */
   configure(cfg: RateLimitsConfig): void {
     this.#cfg = cfg;
+    // a lower cap applies to the next new subject (idle ones are dropped then); none is cut off
+    this.#maxSubjects = cfg.maxSubjects ?? RATE_LIMIT_DEFAULTS.maxSubjects;
     this.#plans = new WeakMap();
+  }
+
+  get maxSubjects(): number {
+    return this.#maxSubjects;
   }
 
   get subjects(): number {
@@ -116,6 +125,7 @@ export class RateLimiter {
       if (this.#buckets.size >= this.#maxSubjects) this.#sweep();
       if (this.#buckets.size >= this.#maxSubjects) {
         // every subject is busy: later ones share one bucket per kind (bounded memory before fairness)
+        this.overflowed++;
         id = `${id.slice(0, 2)}${OVERFLOW}`;
         who = `${who.split(' ')[0]} ${OVERFLOW}`;
         b = this.#buckets.get(id);

@@ -7,6 +7,7 @@
 // RouterCore (which keeps routes, listen and the drain). startRouter
 // (router.ts) calls it; nothing else builds these.
 import { ModelRewriter } from '../director/model-rewrites.js';
+import { AdapterStats } from '../endpoints/adapter-stats.js';
 import type { Logger } from 'pino';
 import type { RouterConfig } from '../config/schema.js';
 import { PassThroughGate, type AdmissionGate } from '../admission.js';
@@ -221,6 +222,7 @@ function buildParts(
   tracer: RequestTracer | null,
 ): BuiltParts {
   const set = new EndpointSet(cfg.pools, cfg.dataLayer);
+  set.adapterStats = new AdapterStats(cfg.metrics.maxLabelValues);
   // endpoint state changes, KV-event streams and upstream failures: one log line each (docs/observability.md, "Logs")
   const stateLog = new StateLog(log, set);
   const sessions = new SessionTable(set, cfg.sessions);
@@ -283,7 +285,11 @@ function buildParts(
     pd,
     scanUsage: cfg.logging.access, // the access log's `tokens`
     rewrites: new ModelRewriter(cfg.modelRewrites ?? []),
+    adapterQueue: cfg.adapterQueue,
   });
+  // an engine's lora_requests_info may show a slot free: requests held for one look again
+  dl.onScrape(() => director.adapterHold.wake());
+  metrics.registerAdapterHold(director.adapterHold);
   metrics.registerRewrites(director.rewrites);
   if (tracer) metrics.registerTracing(tracer.stats);
   const responses = cfg.responses.enabled

@@ -30,6 +30,7 @@ export class RouterMetrics {
   matchedBlocks = 0;
   /** Registers the model-rewrite counters of the director's rewriter (once, at assembly). */
   registerRewrites: (rw: import('../director/model-rewrites.js').ModelRewriter) => void = () => {};
+  registerAdapterHold: (h: import('../director/adapter-hold.js').AdapterHold) => void = () => {};
   retries = 0;
   /** Times a slow client made the relay pause reading from the engine. */
   pauses = 0;
@@ -428,6 +429,40 @@ export class RouterMetrics {
     adapterCounter('switchyard_adapter_misses_total', 'Requests for a LoRA adapter routed to an endpoint that did not have it active (the engine loads it into a GPU slot, or the router loads it first).', (c) => c.misses);
     adapterCounter('switchyard_adapter_loads_total', 'LoRA adapter loads the router asked an engine for (POST /v1/load_lora_adapter) that succeeded.', (c) => c.loads);
     adapterCounter('switchyard_adapter_load_failures_total', 'LoRA adapter loads an engine refused or did not answer in time.', (c) => c.loadFailures);
+    adapterCounter('switchyard_adapter_held_total', 'Requests for a LoRA adapter held in the router while no candidate engine had a GPU adapter slot for it (adapterQueue).', (c) => c.held);
+    this.registerAdapterHold = (h) => {
+      new Gauge({
+        name: 'switchyard_adapter_queue_requests',
+        help: 'Requests for LoRA adapters held in the router now, waiting for a GPU adapter slot (adapterQueue).',
+        registers: r,
+        collect() {
+          this.set(h.held);
+        },
+      });
+      new Counter({
+        name: 'switchyard_adapter_queue_total',
+        help: 'Requests that left the adapter hold: dispatched (a slot freed), timeout (503 after adapterQueue.maxWaitMs), full (503 at once: a bound reached), cancelled (the client left).',
+        labelNames: ['outcome'],
+        registers: r,
+        collect() {
+          this.reset();
+          const c = h.counts;
+          this.inc({ outcome: 'dispatched' }, c.dispatched);
+          this.inc({ outcome: 'timeout' }, c.timeout);
+          this.inc({ outcome: 'full' }, c.full);
+          this.inc({ outcome: 'cancelled' }, c.cancelled);
+        },
+      });
+      new Counter({
+        name: 'switchyard_adapter_queue_wait_seconds_total',
+        help: 'Time the requests the adapter hold let go waited in it, summed (divide by its dispatched outcome for the mean).',
+        registers: r,
+        collect() {
+          this.reset();
+          this.inc(h.counts.waitedMs / 1000);
+        },
+      });
+    };
     new Gauge({
       name: 'switchyard_engine_lora_bad_series',
       help: "vllm:lora_requests_info series ignored per endpoint: a missing or malformed label (max_lora, running_lora_adapters, waiting_lora_adapters).",

@@ -80,6 +80,8 @@ export class ConfigReloader {
     core.shutdown = next.shutdown;
     // model rewrites apply live: new conversations follow the new weights, running ones keep their target
     core.director.rewrites.setRules(next.modelRewrites ?? []);
+    // the adapter hold's bounds apply from the next request on (off: the held requests go at once)
+    if (next.adapterQueue !== undefined) core.director.adapterHold.configure(next.adapterQueue);
     this.#current = next;
     reloads.set('ok', (reloads.get('ok') ?? 0) + 1);
     const changed = (Object.keys(next) as (keyof RouterConfig)[]).filter((k) => k !== 'pools' && JSON.stringify(prev[k]) !== JSON.stringify(next[k]));

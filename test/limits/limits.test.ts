@@ -14,6 +14,7 @@ import { startFleet } from '../../src/sim/index.js';
 import { validateConfig, API_VERSION, type RouterConfig } from '../../src/config/schema.js';
 import { startRouter } from '../../src/server/router.js';
 import { ConfigError } from '../../src/errors.js';
+import { parseConfig } from '../../src/config/load.js';
 import { validatePlugin } from '../support/router-util.js';
 import { send } from '../support/sim-util.js';
 
@@ -239,4 +240,68 @@ t.test('bad rateLimits config and key options are config errors naming the field
       { path: 'auth.keysFile line 3', message: /unknown or repeated option "rpm=2"/ },
     ]);
   }
+});
+
+t.test('a tenant with two budgets is a config error naming both lines (the file check and serve read)', async (t) => {
+  const issues = (yaml: string) => {
+    try {
+      parseConfig(yaml, validatePlugin, 'router.yaml');
+    } catch (err) {
+      if (err instanceof ConfigError) return err.issues.map((i) => `${i.path}: ${i.message}`);
+      throw err;
+    }
+    return [];
+  };
+  const head = 'apiVersion: switchyard/v1\nkind: Router\npools:\n  - { name: p, models: [m], endpoints: [{ url: "http://127.0.0.1:1" }] }\n';
+  t.same(
+    issues(`${head}rateLimits:\n  tenants:\n    acme: { requestsPerMinute: 10 }\n    team-b: { tokensPerDay: 5 }\n    acme: { requestsPerMinute: 1000 }\n`),
+    ['rateLimits.tenants.acme: tenant "acme" has two budgets: line 7 and line 9 (give each tenant one entry)'],
+  );
+  // JSON is read by the same parser: the same answer, with its lines
+  t.same(
+    issues(JSON.stringify({ apiVersion: API_VERSION, kind: 'Router', pools: [{ name: 'p', models: ['m'], endpoints: [{ url: 'http://127.0.0.1:1' }] }] }).slice(0, -1) + ',\n"rateLimits": {"tenants": {\n"team-b": {"tokensPerDay": 5},\n"team-b": {"tokensPerDay": 50}}}}'),
+    ['rateLimits.tenants.team-b: tenant "team-b" has two budgets: line 3 and line 4 (give each tenant one entry)'],
+  );
+  t.same(
+    issues(`${head}batch:\n  redis: redis://127.0.0.1:1\n  quotas:\n    tenants:\n      acme: { requests: 5 }\n      acme: { requests: 6 }\n`),
+    ['batch.quotas.tenants.acme: tenant "acme" has two budgets: line 9 and line 10 (give each tenant one entry)'],
+  );
+  // any other key given twice names its field and both lines too
+  t.same(issues(`${head}logging:\n  level: info\n  level: debug\n`), ['logging.level: "level" is given twice in this mapping: line 6 and line 7 (keys must be unique)']);
+  t.same(issues(`${head}rateLimits:\n  tenants:\n    acme: { requestsPerMinute: 10 }\n    beta: { requestsPerMinute: 10 }\n`), [], 'distinct tenants are fine');
+});
+
+t.test('rateLimits.maxSubjects bounds the counters: past it new tenants share the (overflow) counter; a reload raises it', async (t) => {
+  const fleet = await startFleet(1, { timeScale: 0 });
+  t.teardown(() => fleet.close());
+  const dir = await mkdtemp(join(tmpdir(), 'swy-limits-'));
+  const cfgFile = join(dir, 'router.json');
+  const k = ['sk-subjects-0001', 'sk-subjects-0002', 'sk-subjects-0003', 'sk-subjects-0004', 'sk-subjects-0005'];
+  const cfg = (maxSubjects: number) =>
+    config(fleet.urls, {
+      auth: { keys: k.map((key, i) => ({ digest: sha(key), tenant: `t${i}` })) },
+      rateLimits: { maxSubjects, defaultTenant: { requestsPerMinute: 2 } },
+    });
+  await writeFile(cfgFile, JSON.stringify(cfg(2)));
+  const r = await router(t, cfg(2), { configFile: cfgFile });
+  // t0 and t1 take the two subjects (each has used a request: not idle, never dropped)
+  t.equal((await post(r.url, k[0]!)).headers['x-ratelimit-remaining-requests'], '1');
+  t.equal((await post(r.url, k[1]!)).headers['x-ratelimit-remaining-requests'], '1');
+  // t2 and t3 share the (overflow) counter: two requests between them
+  t.equal((await post(r.url, k[2]!)).headers['x-ratelimit-remaining-requests'], '1', 't2: the overflow counter');
+  const t3 = await post(r.url, k[3]!);
+  t.equal(t3.headers['x-ratelimit-remaining-requests'], '0', 't3 shares it');
+  t.equal((await post(r.url, k[3]!)).status, 429, "t3's second request: the shared counter is spent");
+  t.equal((await post(r.url, k[0]!)).status, 200, 't0 keeps its own counter');
+  const m = await send(r.url, 'GET', '/metrics').done;
+  t.match(m.body, /switchyard_rate_limit_subjects_overflowed_total \d+/);
+  t.ok(Number(/switchyard_rate_limit_subjects_overflowed_total (\d+)/.exec(m.body)?.[1]) >= 2, 'counted');
+  // raised by a reload: the next new tenant gets a counter of its own
+  await writeFile(cfgFile, JSON.stringify(cfg(10)));
+  t.ok((await r.reload!()).ok);
+  const t4 = await post(r.url, k[4]!);
+  t.equal(t4.status, 200);
+  t.equal(t4.headers['x-ratelimit-remaining-requests'], '1', 't4: its own counter after the reload');
+  // config errors name the field
+  t.throws(() => validateConfig(config(fleet.urls, { rateLimits: { maxSubjects: 0 } }), validatePlugin), /rateLimits\.maxSubjects: must be an integer in \[1, 10000000\]/);
 });

@@ -108,7 +108,7 @@ t.test('a free adapter slot wins over a busy engine; with every slot held the re
   const waited = performance.now() - t0;
   const [r0, r1] = await Promise.all([first, second]);
   t.not(r0.headers['x-switchyard-endpoint'], r1.headers['x-switchyard-endpoint'], 'a1 went to the engine with a free slot');
-  t.equal(third.status, 200, 'a2: no slot free anywhere, it waited at an engine and was served');
+  t.equal(third.status, 200, 'a2: no slot free anywhere, it waited (in the router: adapter-hold.test.ts) and was served');
   t.ok(waited > 80, `a2 waited for a slot (${waited.toFixed(0)} ms)`);
   t.equal(e0.stats().loraLoads + e1.stats().loraLoads, 3);
 });
@@ -163,4 +163,15 @@ t.test('quick mode (serve --upstream): the engine\'s adapters are learned and se
   t.equal(JSON.parse(r.body).model, 'sql');
   const list = JSON.parse((await get(s.url, '/v1/models')).body).data as { id: string; parent?: string }[];
   t.ok(list.some((m) => m.id === 'sql' && m.parent === 'open-model'), 'listed with its parent');
+});
+
+t.test('the adapter label is capped at metrics.maxLabelValues: later adapters count under (overflow)', async (t) => {
+  const e = await startEngine({ timeScale: 0, loras: ['sql', 'chat-fr', 'legal'] });
+  t.teardown(() => e.close());
+  const router = await route(t, [e], { metrics: { maxLabelValues: 1 } });
+  for (const a of ['sql', 'chat-fr', 'legal', 'sql']) t.equal((await ask(router.url, a)).status, 200);
+  const ex = await scrape(router.url);
+  t.equal(metric(ex, 'switchyard_adapter_requests_total', { adapter: 'sql' }), 2, 'the first adapter keeps its series');
+  t.equal(metric(ex, 'switchyard_adapter_requests_total', { adapter: '(overflow)' }), 2, 'the others share (overflow)');
+  t.equal(ex.samples.filter((s) => s.name === 'switchyard_adapter_requests_total').length, 2, 'no series of their own');
 });
