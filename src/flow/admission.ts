@@ -89,9 +89,10 @@ export class WindowedRate {
     if (!(elapsedMs > 0) && events === 0) return;
     const dt = elapsedMs > 0 ? elapsedMs : 0;
     const e = Math.exp(-dt / this.windowMs);
-    // events of the interval count at its end; its time decays inside it: ∫ e^{-s/w} ds over [0, dt]
-    this.#events = this.#events * e + events;
-    this.#seconds = this.#seconds * e + ((1 - e) * this.windowMs) / 1000;
+    // the interval's events spread over it, weighed as its time is: ∫ e^{-s/w} ds over [0, dt] = (1 - e)·w
+    const weight = dt > 0 ? ((1 - e) * this.windowMs) / dt : 1;
+    this.#events = this.#events * e + events * weight;
+    this.#seconds = this.#seconds * e + (dt * weight) / 1000;
     this.total += events;
   }
 
