@@ -41,8 +41,9 @@
 // /metrics each second), and the shed fraction against the excess
 // 1 - capacity / offered (floor: within ±10 % of it, relative).
 //
-// --engine sim (src/sim, serial prefill) or model (testkit/reference/engine-model.ts,
-// an independent engine model) for --seed-script and --sustained; both then
+// --engine sim (src/sim, serial prefill), model (testkit/reference/engine-model.ts,
+// an independent engine model) or parallel (bench/lib/parallel-engine.ts, prefill
+// in parallel up to its slots) for --seed-script and --sustained; all then
 // send chat completions.
 //
 //   node dist/bench/fairness.js [--rounds 5] [--engines 2] [--slots 4] [--burst 60]
@@ -94,7 +95,13 @@ interface Shape {
   thinkMs: number;
 }
 
-export type EngineKind = 'sim' | 'model';
+export type EngineKind = 'sim' | 'model' | 'parallel';
+const ENGINE_NAMES: Record<EngineKind, string> = {
+  sim: 'simulated vLLM (src/sim, serial prefill)',
+  model: 'engine-model (testkit/reference/engine-model.ts)',
+  parallel: 'parallel-prefill (bench/lib/parallel-engine.ts)',
+};
+
 /** on: the config as given (admission mode probabilistic); utilisation: the rule before; off: enabled: false. */
 export type Arm = 'on' | 'utilisation' | 'off';
 
@@ -301,6 +308,13 @@ flowControl:
 
 /** The engine fleet in its own process: the simulator, or the independent engine model (chat only). */
 export function startEngines(name: string, engine: EngineKind, n: number, base: number, slots: number, itlMs: number, prefillMs: number): Proc {
+  if (engine === 'parallel') {
+    // prefill in parallel up to the slots (bench/lib/parallel-engine.ts); no decode slowdown, as the others
+    return start(name, process.execPath, [
+      `${ROOT}/dist/bench/lib/parallel-engine.js`, '--fleet', String(n), '--base-port', String(base),
+      '--slots', String(slots), '--itl-ms', String(itlMs), '--prefill-ms', String(prefillMs), '--us-per-token', '0', '--decode-slowdown', '0',
+    ]);
+  }
   if (engine === 'model') {
     return start(name, process.execPath, [
       `${ROOT}/dist/testkit/reference/engine-model.js`, '--fleet', String(n), '--base-port', String(base),
@@ -392,7 +406,7 @@ export async function measureFairness(argv: string[]): Promise<{ shape: Shape; r
     users: argv.includes('--seed-script') ? num('--users', 10, 1) : 0,
     thinkMs: num('--think-ms', 50, 0),
   };
-  if (s.engine === 'model' && !s.seedScript) throw new Error('fairness: --engine model needs --seed-script or --sustained (the engine model serves chat completions)');
+  if (s.engine !== 'sim' && !s.seedScript) throw new Error('fairness: --engine model|parallel needs --seed-script or --sustained');
   const verbose = argv.includes('--verbose');
   const dir = mkdtempSync(join(tmpdir(), 'swy-fairness-'));
   const targets: Target[] = [];
@@ -406,6 +420,14 @@ export async function measureFairness(argv: string[]): Promise<{ shape: Shape; r
     for (const t of targets) {
       await phase(t, { ...s, premium: 8, gapMs: 20, burstAtMs: 0, users: 0 }, s.documented || s.seedScript ? 2 * s.engines * s.slots : 0, 'warm');
       await sleep(200);
+      // the seed script: two loud phases more, so the batch limit is learnt (two scrapes in a row showing
+      // requests waiting behind the same running count) before round 0, as in every later round
+      if (s.seedScript) {
+        for (let w = 0; w < 2; w++) {
+          await phase(t, s, s.burst, `warm${w}`);
+          await sleep(300);
+        }
+      }
     }
     for (let round = 0; round < s.rounds; round++) {
       for (const t of targets) {
@@ -468,9 +490,9 @@ export function seedRoundMet(r: FairnessRow['rounds'][number], burst: number): b
 function seedMarkdown(s: Shape, rows: FairnessRow[]): string {
   let md = `## Fairness with the seed's script (issue 34), engine ${s.engine}\n\n`;
   md +=
-    `${s.engines} ${s.engine === 'model' ? 'engine-model (testkit/reference/engine-model.ts)' : 'simulated vLLM'} engines of ${s.slots} slots, ITL ${s.itlMs} ms, ` +
+    `${s.engines} ${ENGINE_NAMES[s.engine]} engines of ${s.slots} slots, ITL ${s.itlMs} ms, ` +
     `prefill ${s.prefillOverheadMs} ms; the seed's flowControl block (premium minShare 0.30, best-effort, batch; admission probabilistic, ` +
-    `maxUtilisation 0.85; no saturation settings, a warm-up burst of ${2 * s.engines * s.slots}); ${s.users} premium users, each a closed loop ` +
+    `maxUtilisation 0.85; no saturation settings; warm-up: a burst of ${2 * s.engines * s.slots}, then two unmeasured loud phases, so the batch limit is learnt before round 0); ${s.users} premium users, each a closed loop ` +
     `(a streamed chat completion of ${s.maxTokens} tokens, then ${s.thinkMs} ms of think time) for ${fmt((s.premium * s.gapMs) / 1000)} s a phase, ${s.burst} best-effort requests at once ${s.burstAtMs} ms into the loud phase; ${s.rounds} rounds, ` +
     `the three routers alternating. Floors per round: premium p95 with the burst ≤ 1.5× alone AND ≥ 90 % of the burst served, 0 errors.\n\n`;
   md += '| router | premium p95 ratio per round | burst served per round (429) | errors | rounds meeting both floors |\n|---|---|---|---|---|\n';
@@ -535,7 +557,7 @@ export function fairnessMarkdown(shape: Shape, rows: FairnessRow[]): string {
 
 function engineOption(argv: string[]): EngineKind {
   const e = option(argv, '--engine') ?? 'sim';
-  if (e !== 'sim' && e !== 'model') throw new Error(`fairness: --engine must be sim or model, got ${JSON.stringify(e)}`);
+  if (e !== 'sim' && e !== 'model' && e !== 'parallel') throw new Error(`fairness: --engine must be sim, model or parallel, got ${JSON.stringify(e)}`);
   return e;
 }
 
@@ -709,7 +731,7 @@ export async function measureSustained(argv: string[]): Promise<SustainedResult>
 export function sustainedMarkdown(r: SustainedResult): string {
   let md = `## Sustained overload (issue 34), engine ${r.engine}\n\n`;
   md +=
-    `${r.engines} ${r.engine === 'model' ? 'engine-model' : 'simulated vLLM'} engines of ${r.slots} slots (ITL 20 ms, ${r.maxTokens} tokens a request); ` +
+    `${r.engines} ${ENGINE_NAMES[r.engine]} engines of ${r.slots} slots (ITL 20 ms, ${r.maxTokens} tokens a request); ` +
     `the seed's flowControl block (admission probabilistic: target 1 s, interval 10 s by default). Lower-band capacity measured first in the same run ` +
     `(closed loop, flow control on): **${fmt(r.capacity)} req/s**. Then for ${r.seconds} s: premium at 0.1×, best-effort at 1.3×, batch at 0.7× of it ` +
     `(open loop; the lower bands at 2×). Premium alone: the same premium stream for 5 s before. "off" is the same block with \`enabled: false\`.\n\n`;
