@@ -23,14 +23,38 @@
 // per round: premium p95 with the burst <= 1.5x its p95 without it in each
 // round, not only pooled.
 //
+// With --seed-script the routers run the seed's flowControl block as issue 34
+// quotes it (premium minShare 0.30, best-effort, batch; admission
+// probabilistic, maxUtilisation 0.85; x-tenant-id names the tenant), 10
+// premium users trickling (--users 10, each a closed loop: send, read the
+// answer, think --think-ms 50, for the phase's 2.4 s, which keeps the pool of
+// 8 slots about full) and 60 best-effort requests at once; three routers: the default rule
+// (`on`), the rule before (`admission.mode: utilisation`) and flow control off.
+// Floors, in each round: premium p95 with the burst <= 1.5x its p95 alone AND
+// >= 90 % of the burst served with no errors (a 429 is a shed, anything else
+// not 200 an error).
+//
+// With --sustained: 2x the lower bands' capacity for --seconds (60), three
+// tenants (premium light, best-effort 1.3x, batch 0.7x of the capacity the
+// same run measures first with a closed loop), flow control on against off:
+// premium p95 against its p95 alone, the router's queue (sampled from
+// /metrics each second), and the shed fraction against the excess
+// 1 - capacity / offered (floor: within ±10 % of it, relative).
+//
+// --engine sim (src/sim, serial prefill), model (testkit/reference/engine-model.ts,
+// an independent engine model) or parallel (bench/lib/parallel-engine.ts, prefill
+// in parallel up to its slots) for --seed-script and --sustained; all then
+// send chat completions.
+//
 //   node dist/bench/fairness.js [--rounds 5] [--engines 2] [--slots 4] [--burst 60]
 //                               [--premium 30] [--gap-ms 80] [--max-tokens 5] [--documented]
+//                               [--seed-script] [--sustained [--seconds 60]] [--engine sim|model]
 //                               [--quick] [--json out.json]
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, freePort, freePortRange, simRouterYaml, start, waitReady, type Proc, option } from '../lib/proc.js';
+import { CLI, ROOT, freePort, freePortRange, simRouterYaml, start, waitReady, type Proc, option } from '../lib/proc.js';
 import { fmt, quantile } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
 
@@ -62,21 +86,41 @@ interface Shape {
   prefillOverheadMs: number;
   /** Routers run docs/flow-control.md's block as it stands (no saturation settings). */
   documented: boolean;
+  /** Routers run the seed's block (issue 34) and three arms: on, utilisation, off. */
+  seedScript: boolean;
+  /** The engines: the simulator or the independent engine model (seed script and sustained). */
+  engine: EngineKind;
+  /** Premium as closed-loop users (seed script): how many (0: the open-loop stream), and each one's think time. */
+  users: number;
+  thinkMs: number;
 }
 
+export type EngineKind = 'sim' | 'model' | 'parallel';
+const ENGINE_NAMES: Record<EngineKind, string> = {
+  sim: 'simulated vLLM (src/sim, serial prefill)',
+  model: 'engine-model (testkit/reference/engine-model.ts)',
+  parallel: 'parallel-prefill (bench/lib/parallel-engine.ts)',
+};
+
+/** on: the config as given (admission mode probabilistic); utilisation: the rule before; off: enabled: false. */
+export type Arm = 'on' | 'utilisation' | 'off';
+
 interface Target {
-  mode: 'on' | 'off';
+  mode: Arm;
   url: string;
   sim: Proc;
   router: Proc;
   premium: Pool;
   burst: Pool;
   burstHeaders: Record<string, string>;
+  premiumHeaders: Record<string, string>;
   quiet: Sample[];
   loudPremium: Sample[];
   loudBurst: Sample[];
-  rounds: Array<{ quietP95: number; loudP95: number }>;
+  rounds: Array<{ quietP95: number; loudP95: number; burstOk: number; burstShed: number; burstErrors: number }>;
   flow: FlowCounters;
+  /** Chat completions (seed script, sustained) or completions. */
+  chat: boolean;
 }
 
 /** From the router's own /metrics at the end of the run: did flow control act? */
@@ -88,12 +132,13 @@ interface FlowCounters {
 }
 
 export interface FairnessRow {
-  mode: 'on' | 'off';
+  mode: Arm;
   premiumQuiet: Stats;
   premiumLoud: Stats;
   burst: Stats & { completed: number; sent: number; rejected: number };
   ratio: number;
   roundRatios: number[];
+  rounds: Target['rounds'];
   flow: FlowCounters;
 }
 
@@ -109,11 +154,11 @@ interface Stats {
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** One streaming completion; TTFT is the arrival of the first SSE event carrying generated text. */
-async function call(pool: Pool, headers: Record<string, string>, body: string): Promise<Sample> {
+async function call(pool: Pool, headers: Record<string, string>, body: string, path = '/v1/completions'): Promise<Sample> {
   const t0 = performance.now();
   let ttft = NaN;
   try {
-    const r = await pool.request({ method: 'POST', path: '/v1/completions', headers, body });
+    const r = await pool.request({ method: 'POST', path, headers, body });
     if (r.statusCode !== 200) {
       await r.body.dump();
       return { status: r.statusCode, ttft: NaN, e2e: performance.now() - t0 };
@@ -127,8 +172,8 @@ async function call(pool: Pool, headers: Record<string, string>, body: string): 
         const ev = tail.slice(0, nl);
         tail = tail.slice(nl + 2);
         if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
-        const j = JSON.parse(ev.slice(6)) as { choices?: Array<{ text?: string }> };
-        if (j.choices?.[0]?.text) ttft = performance.now() - t0;
+        const j = JSON.parse(ev.slice(6)) as { choices?: Array<{ text?: string; delta?: { content?: string } }> };
+        if (j.choices?.[0]?.text || j.choices?.[0]?.delta?.content) ttft = performance.now() - t0;
       }
     }
     return { status: 200, ttft, e2e: performance.now() - t0 };
@@ -155,11 +200,36 @@ function documentedBlock(): string {
 /** Premium: `n` requests, one every `gapMs` (open loop); with `burst` > 0, that many best-effort requests at once at `burstAtMs`. */
 async function phase(t: Target, s: Shape, burst: number, tag: string): Promise<Phase> {
   const body = (who: string, i: number) =>
-    JSON.stringify({ model: 'open-model', prompt: `${who} ${tag} request ${i}: summarise the ledger`, max_tokens: s.maxTokens, stream: true });
+    t.chat
+      ? JSON.stringify({ model: 'open-model', messages: [{ role: 'user', content: `${who} ${tag} request ${i}: summarise the ledger` }], max_tokens: s.maxTokens, stream: true })
+      : JSON.stringify({ model: 'open-model', prompt: `${who} ${tag} request ${i}: summarise the ledger`, max_tokens: s.maxTokens, stream: true });
+  const path = t.chat ? '/v1/chat/completions' : '/v1/completions';
+  const premiumHeaders = t.premiumHeaders;
   const premium: Promise<Sample>[] = [];
   let burstDone: Promise<Sample[]> = Promise.resolve([]);
   let fired = burst === 0;
   const t0 = performance.now();
+  if (s.users > 0) {
+    // the seed script's premium users: each sends, reads the answer, thinks, and sends again, for the phase
+    const until = t0 + s.premium * s.gapMs;
+    let k = 0;
+    const user = async (u: number): Promise<Sample[]> => {
+      await sleep((u * s.thinkMs) / s.users); // staggered starts
+      const out: Sample[] = [];
+      while (performance.now() < until) {
+        out.push(await call(t.premium, premiumHeaders, body(`premium-u${u}`, k++), path));
+        await sleep(s.thinkMs);
+      }
+      return out;
+    };
+    const users = Array.from({ length: s.users }, (_, u) => user(u));
+    if (burst > 0) {
+      const wait = t0 + s.burstAtMs - performance.now();
+      if (wait > 0) await sleep(wait);
+      burstDone = Promise.all(Array.from({ length: burst }, (_, j) => call(t.burst, t.burstHeaders, body('best-effort', j), path)));
+    }
+    return { premium: (await Promise.all(users)).flat(), burst: await burstDone };
+  }
   for (let i = 0; i < s.premium; i++) {
     // sleep to the next slot of the schedule (not `gapMs` after the previous send), so timer lag does not thin the stream
     const due = i * s.gapMs;
@@ -167,11 +237,11 @@ async function phase(t: Target, s: Shape, burst: number, tag: string): Promise<P
       const wait = t0 + s.burstAtMs - performance.now();
       if (wait > 0) await sleep(wait);
       fired = true;
-      burstDone = Promise.all(Array.from({ length: burst }, (_, k) => call(t.burst, t.burstHeaders, body('best-effort', k))));
+      burstDone = Promise.all(Array.from({ length: burst }, (_, k) => call(t.burst, t.burstHeaders, body('best-effort', k), path)));
     }
     const wait = t0 + due - performance.now();
     if (wait > 0) await sleep(wait);
-    premium.push(call(t.premium, PREMIUM_HEADERS, body('premium', i)));
+    premium.push(call(t.premium, premiumHeaders, body('premium', i), path));
   }
   return { premium: await Promise.all(premium), burst: await burstDone };
 }
@@ -183,8 +253,37 @@ function stats(xs: Sample[]): Stats {
   return { n: xs.length, ok: ok.length, p50: quantile(e2e, 0.5), p95: quantile(e2e, 0.95), ttftP50: quantile(ttft, 0.5), ttftP95: quantile(ttft, 0.95) };
 }
 
-function routerYaml(port: number, base: number, s: Shape, enabled: boolean): string {
+/**
+ * The seed's flowControl block as issue 34 quotes it: premium (minShare 0.30),
+ * best-effort and batch tenants, probabilistic admission at 0.85; `arm`
+ * utilisation names the rule before, off disables the block.
+ */
+export function seedBlock(arm: Arm): string {
+  return `flowControl:
+  enabled: ${arm !== 'off'}
+  flows:
+    - id: tenant:premium
+      priority: premium
+      minShare: 0.30
+    - id: tenant:best-effort
+      priority: best-effort
+    - id: tenant:batch
+      priority: batch
+  admission:
+    mode: ${arm === 'utilisation' ? 'utilisation' : 'probabilistic'}
+    maxUtilisation: 0.85
+`;
+}
+
+const SEED_PREMIUM = { 'content-type': 'application/json', 'x-tenant-id': 'premium' };
+const SEED_BURST = { 'content-type': 'application/json', 'x-tenant-id': 'best-effort' };
+const SEED_BATCH = { 'content-type': 'application/json', 'x-tenant-id': 'batch' };
+
+function routerYaml(port: number, base: number, s: Shape, arm: Arm): string {
+  const enabled = arm !== 'off';
   const head = simRouterYaml(port, base, s.engines).trimEnd();
+  if (s.seedScript) return `${head}
+${seedBlock(arm)}`;
   if (s.documented) {
     const block = documentedBlock();
     if (!/^  enabled: true$/m.test(block)) throw new Error('fairness: the documented block no longer has `enabled: true`');
@@ -207,27 +306,48 @@ flowControl:
 `;
 }
 
-async function startTarget(mode: 'on' | 'off', s: Shape, dir: string): Promise<Target> {
-  const base = await freePortRange(s.engines);
-  const sim = start(`sim-${mode}`, process.execPath, [
-    CLI, 'sim', '--fleet', String(s.engines), '--base-port', String(base),
-    '--max-num-seqs', String(s.slots), '--itl-ms', String(s.itlMs), '--prefill-overhead-ms', String(s.prefillOverheadMs),
+/** The engine fleet in its own process: the simulator, or the independent engine model (chat only). */
+export function startEngines(name: string, engine: EngineKind, n: number, base: number, slots: number, itlMs: number, prefillMs: number): Proc {
+  if (engine === 'parallel') {
+    // prefill in parallel up to the slots (bench/lib/parallel-engine.ts); no decode slowdown, as the others
+    return start(name, process.execPath, [
+      `${ROOT}/dist/bench/lib/parallel-engine.js`, '--fleet', String(n), '--base-port', String(base),
+      '--slots', String(slots), '--itl-ms', String(itlMs), '--prefill-ms', String(prefillMs), '--us-per-token', '0', '--decode-slowdown', '0',
+    ]);
+  }
+  if (engine === 'model') {
+    return start(name, process.execPath, [
+      `${ROOT}/dist/testkit/reference/engine-model.js`, '--fleet', String(n), '--base-port', String(base),
+      '--max-running', String(slots), '--itl-ms', String(itlMs), '--prefill-ms', String(prefillMs), '--prefill-us-per-block', '0',
+    ]);
+  }
+  return start(name, process.execPath, [
+    CLI, 'sim', '--fleet', String(n), '--base-port', String(base),
+    '--max-num-seqs', String(slots), '--itl-ms', String(itlMs), '--prefill-overhead-ms', String(prefillMs),
     '--prefill-us-per-token', '0', '--seed', '11',
   ]);
+}
+
+async function startTarget(mode: Arm, s: Shape, dir: string): Promise<Target> {
+  const base = await freePortRange(s.engines);
+  const sim = startEngines(`${s.engine}-${mode}`, s.engine, s.engines, base, s.slots, s.itlMs, s.prefillOverheadMs);
   let router: Proc | undefined;
   try {
     for (let i = 0; i < s.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`);
     const port = await freePort();
     const cfg = join(dir, `router-${mode}.yaml`);
-    writeFileSync(cfg, routerYaml(port, base, s, mode === 'on'));
+    writeFileSync(cfg, routerYaml(port, base, s, mode));
     router = start(`router-${mode}`, process.execPath, [CLI, 'serve', '--config', cfg]);
     const url = `http://127.0.0.1:${port}`;
     await waitReady(`${url}/readyz`);
     return {
       mode, url, sim, router,
       premium: new Pool(url, { connections: 64 }),
-      burst: new Pool(url, { connections: Math.max(64, s.burst) }),
-      burstHeaders: s.documented ? BURST_HEADERS_DOCUMENTED : BURST_HEADERS,
+      // --sustained (burst 0) keeps up to a minute of overload open at once
+      burst: new Pool(url, { connections: s.burst === 0 ? 4096 : Math.max(64, s.burst) }),
+      burstHeaders: s.seedScript ? SEED_BURST : s.documented ? BURST_HEADERS_DOCUMENTED : BURST_HEADERS,
+      premiumHeaders: s.seedScript ? SEED_PREMIUM : PREMIUM_HEADERS,
+      chat: s.seedScript,
       quiet: [], loudPremium: [], loudBurst: [], rounds: [], flow: { dispatched: {}, meanWaitMs: {} },
     };
   } catch (e) {
@@ -281,19 +401,33 @@ export async function measureFairness(argv: string[]): Promise<{ shape: Shape; r
     itlMs: 20,
     prefillOverheadMs: 2,
     documented: argv.includes('--documented'),
+    seedScript: argv.includes('--seed-script'),
+    engine: engineOption(argv),
+    users: argv.includes('--seed-script') ? num('--users', 10, 1) : 0,
+    thinkMs: num('--think-ms', 50, 0),
   };
+  if (s.engine !== 'sim' && !s.seedScript) throw new Error('fairness: --engine model|parallel needs --seed-script or --sustained');
   const verbose = argv.includes('--verbose');
   const dir = mkdtempSync(join(tmpdir(), 'swy-fairness-'));
   const targets: Target[] = [];
   try {
     targets.push(await startTarget('on', s, dir));
+    if (s.seedScript) targets.push(await startTarget('utilisation', s, dir));
     targets.push(await startTarget('off', s, dir));
     // warm-up: connections, JIT, first scrapes; with --documented also a small
     // burst (twice the fleet's slots), so each engine queues once and the
     // router has learnt its batch limit before the measured rounds
     for (const t of targets) {
-      await phase(t, { ...s, premium: 8, gapMs: 20, burstAtMs: 0 }, s.documented ? 2 * s.engines * s.slots : 0, 'warm');
+      await phase(t, { ...s, premium: 8, gapMs: 20, burstAtMs: 0, users: 0 }, s.documented || s.seedScript ? 2 * s.engines * s.slots : 0, 'warm');
       await sleep(200);
+      // the seed script: two loud phases more, so the batch limit is learnt (two scrapes in a row showing
+      // requests waiting behind the same running count) before round 0, as in every later round
+      if (s.seedScript) {
+        for (let w = 0; w < 2; w++) {
+          await phase(t, s, s.burst, `warm${w}`);
+          await sleep(300);
+        }
+      }
     }
     for (let round = 0; round < s.rounds; round++) {
       for (const t of targets) {
@@ -304,10 +438,18 @@ export async function measureFairness(argv: string[]): Promise<{ shape: Shape; r
         t.quiet.push(...quiet.premium);
         t.loudPremium.push(...loud.premium);
         t.loudBurst.push(...loud.burst);
-        const r = { quietP95: stats(quiet.premium).p95, loudP95: stats(loud.premium).p95 };
+        const lb = stats(loud.burst);
+        const burstShed = loud.burst.filter((x) => x.status === 429).length;
+        const r = {
+          quietP95: stats(quiet.premium).p95,
+          loudP95: stats(loud.premium).p95,
+          burstOk: lb.ok,
+          burstShed,
+          burstErrors: loud.burst.length - lb.ok - burstShed + loud.premium.filter((x) => x.status !== 200).length,
+        };
         t.rounds.push(r);
         if (verbose) {
-          const b = stats(loud.burst);
+          const b = lb;
           console.error(
             `fairness round ${round} flow control ${t.mode}: premium p95 ${fmt(r.quietP95)} ms quiet, ${fmt(r.loudP95)} ms with burst ` +
               `(x${fmt(r.loudP95 / r.quietP95, 2)}); burst ${b.ok}/${b.n} ok, p95 ${fmt(b.p95)} ms`,
@@ -331,6 +473,7 @@ export async function measureFairness(argv: string[]): Promise<{ shape: Shape; r
       burst: { ...b, completed: b.ok, sent: b.n, rejected: t.loudBurst.filter((x) => x.status === 429).length },
       ratio: premiumLoud.p95 / premiumQuiet.p95,
       roundRatios: t.rounds.map((r) => r.loudP95 / r.quietP95),
+      rounds: t.rounds,
       flow: t.flow,
     };
   });
@@ -339,8 +482,32 @@ export async function measureFairness(argv: string[]): Promise<{ shape: Shape; r
   return { shape: s, rows };
 }
 
+/** Whether a round meets the seed script's floors: premium p95 <= 1.5x alone, >= 90 % of the burst served, no errors. */
+export function seedRoundMet(r: FairnessRow['rounds'][number], burst: number): boolean {
+  return r.loudP95 / r.quietP95 <= 1.5 && r.burstOk >= 0.9 * burst && r.burstErrors === 0;
+}
+
+function seedMarkdown(s: Shape, rows: FairnessRow[]): string {
+  let md = `## Fairness with the seed's script (issue 34), engine ${s.engine}\n\n`;
+  md +=
+    `${s.engines} ${ENGINE_NAMES[s.engine]} engines of ${s.slots} slots, ITL ${s.itlMs} ms, ` +
+    `prefill ${s.prefillOverheadMs} ms; the seed's flowControl block (premium minShare 0.30, best-effort, batch; admission probabilistic, ` +
+    `maxUtilisation 0.85; no saturation settings; warm-up: a burst of ${2 * s.engines * s.slots}, then two unmeasured loud phases, so the batch limit is learnt before round 0); ${s.users} premium users, each a closed loop ` +
+    `(a streamed chat completion of ${s.maxTokens} tokens, then ${s.thinkMs} ms of think time) for ${fmt((s.premium * s.gapMs) / 1000)} s a phase, ${s.burst} best-effort requests at once ${s.burstAtMs} ms into the loud phase; ${s.rounds} rounds, ` +
+    `the three routers alternating. Floors per round: premium p95 with the burst ≤ 1.5× alone AND ≥ 90 % of the burst served, 0 errors.\n\n`;
+  md += '| router | premium p95 ratio per round | burst served per round (429) | errors | rounds meeting both floors |\n|---|---|---|---|---|\n';
+  for (const r of rows) {
+    const label = r.mode === 'on' ? 'on (mode probabilistic, the default)' : r.mode === 'utilisation' ? 'on, `mode: utilisation` (the rule before)' : 'off (baseline)';
+    md +=
+      `| ${label} | ${r.roundRatios.map((x) => `${fmt(x, 2)}×`).join(', ')} | ${r.rounds.map((x) => `${x.burstOk}/${s.burst} (${x.burstShed})`).join(', ')} | ` +
+      `${r.rounds.reduce((a, x) => a + x.burstErrors, 0)} | **${r.rounds.filter((x) => seedRoundMet(x, s.burst)).length} / ${r.rounds.length}** |\n`;
+  }
+  return md + '\n';
+}
+
 export function fairnessMarkdown(shape: Shape, rows: FairnessRow[]): string {
   const s = shape;
+  if (s.seedScript) return seedMarkdown(s, rows);
   let md = s.documented ? '## Fairness with the documented flowControl block\n\n' : '## Fairness (flow control)\n\n';
   const routerCfg = s.documented
     ? `router \`serve --config\` with exactly docs/flow-control.md's flowControl block (probabilistic admission, maxUtilisation 0.85, ` +
@@ -387,8 +554,213 @@ export function fairnessMarkdown(shape: Shape, rows: FairnessRow[]): string {
   return md + '\n';
 }
 
+
+function engineOption(argv: string[]): EngineKind {
+  const e = option(argv, '--engine') ?? 'sim';
+  if (e !== 'sim' && e !== 'model' && e !== 'parallel') throw new Error(`fairness: --engine must be sim, model or parallel, got ${JSON.stringify(e)}`);
+  return e;
+}
+
+// ---- --sustained: 2x the lower bands' capacity for a minute -------------------------------------
+
+interface SustainedArm {
+  mode: 'on' | 'off';
+  /** Premium p95 (e2e, ms) alone and during the overload. */
+  premiumAloneP95: number;
+  premiumLoudP95: number;
+  premium: { sent: number; ok: number };
+  /** Lower bands (best-effort + batch) during the overload. */
+  lower: { sent: number; ok: number; shed: number; errors: number; p95: number };
+  perTenant: Record<string, { sent: number; ok: number; shed: number }>;
+  /** Largest router queue seen (switchyard_flow_band_queue_length summed, sampled each second), and at the end. */
+  maxQueue: number;
+  endQueue: number;
+  /** Distinct Retry-After values seen on 429s. */
+  retryAfter: string[];
+  /** Requests the lower bands were offered per second, and the excess 1 - capacity / offered. */
+  offeredRate: number;
+  excess: number;
+  shedFraction: number;
+}
+
+export interface SustainedResult {
+  engine: EngineKind;
+  engines: number;
+  slots: number;
+  seconds: number;
+  maxTokens: number;
+  /** Lower-band requests per second the pool completed in the closed-loop calibration (flow control on). */
+  capacity: number;
+  arms: SustainedArm[];
+}
+
+async function routerQueue(url: string): Promise<number> {
+  try {
+    const text = await (await fetch(`${url}/metrics`)).text();
+    let n = 0;
+    for (const m of text.matchAll(/^switchyard_flow_band_queue_length\{[^}]*\} (\S+)$/gm)) n += Number(m[1]);
+    return n;
+  } catch {
+    return NaN;
+  }
+}
+
+/** Open loop at `rate` requests/s (by elapsed time, so timer lag does not thin it) for `ms`; every result is pushed to `out`. */
+async function openLoop(send: () => Promise<Sample>, rate: number, ms: number, out: Sample[]): Promise<void> {
+  const all: Promise<void>[] = [];
+  const t0 = performance.now();
+  let due = 0;
+  let last = 0;
+  for (;;) {
+    const now = performance.now() - t0;
+    if (now >= ms) break;
+    due += (rate * (now - last)) / 1000;
+    last = now;
+    while (due >= 1) {
+      due--;
+      all.push(send().then((x) => void out.push(x)));
+    }
+    await sleep(10);
+  }
+  await Promise.all(all);
+}
+
+/** Closed loop of `clients` for `ms`: completions per second. */
+async function closedLoop(send: () => Promise<Sample>, clients: number, ms: number): Promise<number> {
+  const until = performance.now() + ms;
+  let ok = 0;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: clients }, async () => {
+      while (performance.now() < until) if ((await send()).status === 200) ok++;
+    }),
+  );
+  return ok / ((performance.now() - t0) / 1000);
+}
+
+export async function measureSustained(argv: string[]): Promise<SustainedResult> {
+  const num = (name: string, dflt: number, min: number): number => {
+    const v = option(argv, name);
+    if (v === undefined) return dflt;
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < min) throw new Error(`fairness: ${name} must be an integer >= ${min}, got ${JSON.stringify(v)}`);
+    return n;
+  };
+  const engine = engineOption(argv);
+  const seconds = num('--seconds', 60, 5);
+  const s: Shape = {
+    rounds: 1, engines: num('--engines', 2, 1), slots: num('--slots', 4, 1), burst: 0, premium: 0, gapMs: 0, burstAtMs: 0,
+    maxTokens: num('--max-tokens', 5, 1), itlMs: 20, prefillOverheadMs: 2, documented: false, seedScript: true, engine, users: 0, thinkMs: 0,
+  };
+  const verbose = argv.includes('--verbose');
+  const dir = mkdtempSync(join(tmpdir(), 'swy-sustained-'));
+  const arms: SustainedArm[] = [];
+  let capacity = NaN;
+  try {
+    for (const mode of ['on', 'off'] as const) {
+      const t = await startTarget(mode, s, dir);
+      try {
+        let n = 0;
+        const body = (who: string) =>
+          JSON.stringify({ model: 'open-model', messages: [{ role: 'user', content: `${who} ${n++}: summarise the ledger` }], max_tokens: s.maxTokens, stream: true });
+        const send = (headers: Record<string, string>, who: string) => () => call(t.burst, headers, body(who), '/v1/chat/completions');
+        // warm-up: the engines queue once, so the router learns their batch limit
+        await closedLoop(send(SEED_BURST, 'warm'), 3 * s.engines * s.slots, 3000);
+        if (mode === 'on') capacity = await closedLoop(send(SEED_BURST, 'calibrate'), 3 * s.engines * s.slots, 5000);
+        const premiumRate = Math.max(2, 0.1 * capacity);
+        const alone: Sample[] = [];
+        await openLoop(send(SEED_PREMIUM, 'premium-alone'), premiumRate, 5000, alone);
+        await sleep(500);
+        const loud: Record<string, Sample[]> = { premium: [], 'best-effort': [], batch: [] };
+        let maxQueue = 0;
+        let sampling = true;
+        const sampler = (async () => {
+          while (sampling) {
+            const q = await routerQueue(t.url);
+            if (q > maxQueue) maxQueue = q;
+            await sleep(1000);
+          }
+        })();
+        const ms = seconds * 1000;
+        await Promise.all([
+          openLoop(send(SEED_PREMIUM, 'premium'), premiumRate, ms, loud.premium!),
+          openLoop(send(SEED_BURST, 'best-effort'), 1.3 * capacity, ms, loud['best-effort']!),
+          openLoop(send(SEED_BATCH, 'batch'), 0.7 * capacity, ms, loud.batch!),
+        ]);
+        // the loops send by elapsed time over exactly `ms` (they resolve only when every answer is in)
+        const sendMs = ms;
+        sampling = false;
+        await sampler;
+        const endQueue = await routerQueue(t.url);
+        const lower = [...loud['best-effort']!, ...loud.batch!];
+        const ok = lower.filter((x) => x.status === 200);
+        const shed = lower.filter((x) => x.status === 429).length;
+        const offeredRate = lower.length / (sendMs / 1000);
+        const excess = 1 - capacity / offeredRate;
+        const perTenant: SustainedArm['perTenant'] = {};
+        for (const [k, xs] of Object.entries(loud)) perTenant[k] = { sent: xs.length, ok: xs.filter((x) => x.status === 200).length, shed: xs.filter((x) => x.status === 429).length };
+        const arm: SustainedArm = {
+          mode,
+          premiumAloneP95: stats(alone).p95,
+          premiumLoudP95: stats(loud.premium!).p95,
+          premium: { sent: loud.premium!.length, ok: loud.premium!.filter((x) => x.status === 200).length },
+          lower: { sent: lower.length, ok: ok.length, shed, errors: lower.length - ok.length - shed, p95: quantile(ok.map((x) => x.e2e), 0.95) },
+          perTenant,
+          maxQueue,
+          endQueue,
+          retryAfter: [],
+          offeredRate,
+          excess,
+          shedFraction: shed / lower.length,
+        };
+        arms.push(arm);
+        if (verbose) console.error(`sustained ${mode}: ${JSON.stringify(arm)}`);
+      } finally {
+        await stopTarget(t);
+      }
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+  const res: SustainedResult = { engine, engines: s.engines, slots: s.slots, seconds, maxTokens: s.maxTokens, capacity, arms };
+  const json = option(argv, '--json');
+  if (json) writeFileSync(json, JSON.stringify(res, null, 2));
+  return res;
+}
+
+export function sustainedMarkdown(r: SustainedResult): string {
+  let md = `## Sustained overload (issue 34), engine ${r.engine}\n\n`;
+  md +=
+    `${r.engines} ${ENGINE_NAMES[r.engine]} engines of ${r.slots} slots (ITL 20 ms, ${r.maxTokens} tokens a request); ` +
+    `the seed's flowControl block (admission probabilistic: target 1 s, interval 10 s by default). Lower-band capacity measured first in the same run ` +
+    `(closed loop, flow control on): **${fmt(r.capacity)} req/s**. Then for ${r.seconds} s: premium at 0.1×, best-effort at 1.3×, batch at 0.7× of it ` +
+    `(open loop; the lower bands at 2×). Premium alone: the same premium stream for 5 s before. "off" is the same block with \`enabled: false\`.\n\n`;
+  md += '| flow control | premium p95 alone / overload (ratio) | premium ok | lower bands offered | served | shed (429) | errors | shed fraction / excess (rel. error) | best-effort / batch shed | lower p95 | router queue max / end |\n';
+  md += '|---|---|---|---|---|---|---|---|---|---|---|\n';
+  for (const a of r.arms) {
+    const rel = (a.shedFraction - a.excess) / a.excess;
+    const be = a.perTenant['best-effort']!;
+    const ba = a.perTenant.batch!;
+    md +=
+      `| ${a.mode} | ${fmt(a.premiumAloneP95)} / ${fmt(a.premiumLoudP95)} ms (**${fmt(a.premiumLoudP95 / a.premiumAloneP95, 2)}×**) | ${a.premium.ok}/${a.premium.sent} | ` +
+      `${a.lower.sent} (${fmt(a.offeredRate)}/s) | ${a.lower.ok} | ${a.lower.shed} | ${a.lower.errors} | ${fmt(a.shedFraction, 3)} / ${fmt(a.excess, 3)} (${rel >= 0 ? '+' : ''}${fmt(100 * rel)} %) | ` +
+      `${be.shed}/${be.sent}, ${ba.shed}/${ba.sent} | ${fmt(a.lower.p95)} ms | ${a.maxQueue} / ${a.endQueue} |\n`;
+  }
+  const on = r.arms.find((a) => a.mode === 'on');
+  if (on) {
+    const rel = Math.abs(on.shedFraction - on.excess) / on.excess;
+    const ratio = on.premiumLoudP95 / on.premiumAloneP95;
+    md +=
+      `\nFloors (flow control on): premium p95 ≤ 1.5× alone: ${ratio <= 1.5 ? 'met' : 'not met'} (${fmt(ratio, 2)}×); ` +
+      `shed fraction within ±10 % of the excess: ${rel <= 0.1 ? 'met' : 'not met'} (${fmt(100 * rel)} %); queue bounded: max ${on.maxQueue} ` +
+      `(${fmt(on.maxQueue / r.capacity)} s of capacity), ${on.endQueue} at the end; errors ${on.lower.errors}.\n`;
+  }
+  return md + '\n';
+}
+
 /** Runs the scenario and returns its markdown section (used by bench/run.ts). */
 export async function runFairness(argv: string[]): Promise<string> {
+  if (argv.includes('--sustained')) return sustainedMarkdown(await measureSustained(argv));
   const { shape, rows } = await measureFairness(argv);
   return fairnessMarkdown(shape, rows);
 }

@@ -2,8 +2,8 @@
 // that loses requests, or whoever arrives next?
 //
 // Three simulated fleets (`switchyard sim --fleet 2 --max-num-seqs 4`), one
-// router in front of each, identical `flowControl` blocks (enabled, the
-// default probabilistic admission, saturation.maxConcurrency 4) except:
+// router in front of each, identical `flowControl` blocks (enabled,
+// admission.mode utilisation, saturation.maxConcurrency 4) except:
 //   fair     the defaults: flow-aware shedding (the flow furthest over its
 //            fair share is shed) and sparse flows first (newFlowQuantum 16);
 //   fair-q0  flow-aware shedding, fairness.newFlowQuantum 0 (no new-flow rule);
@@ -20,7 +20,10 @@
 // pushes the standard band past maxUtilisation: lower bands stop at it):
 //   --premium K   K closed-loop clients of a premium tenant run through both
 //                 phases, so the pool's utilisation crosses maxUtilisation and
-//                 probabilistic admission sheds the standard band;
+//                 utilisation admission sheds the standard band (the
+//                 mode is pinned to `utilisation`, the rule before issue 34:
+//                 the default `probabilistic` holds a burst this short
+//                 rather than shedding it, docs/flow-control.md "Admission");
 //   --limit N     limits.bands.standard.maxRequests N: the band's queue is full
 //                 and must shed to take a new request (rejected-capacity).
 //
@@ -87,7 +90,7 @@ const burst = (t: Target, tenant: string, n: number, s: Shape, tag: string) =>
 function routerYaml(port: number, base: number, mode: Mode, s: Shape): string {
   return `${simRouterYaml(port, base, 2)}flowControl:
   enabled: true
-  admission: { shedding: ${mode === 'arrival' ? 'arrival' : 'fair'} }
+  admission: { mode: utilisation, shedding: ${mode === 'arrival' ? 'arrival' : 'fair'} }
 ${mode === 'fair' ? '' : `  fairness: { newFlowQuantum: 0 }
 `}  saturation: { maxConcurrency: 4 }
   flows: [{ id: "tenant:p", priority: premium }]
@@ -221,7 +224,7 @@ export function noisyMarkdown(s: Shape, rows: NoisyRow[]): string {
   let md = `## Noisy neighbour: flow-aware shedding${variant}\n\n`;
   md +=
     `Simulated fleets (\`switchyard sim --fleet 2 --max-num-seqs 4\`, ITL 20 ms), a router in front of each with ` +
-    `\`flowControl: { enabled: true, saturation: { maxConcurrency: 4 } }\` (default probabilistic admission at 0.85): ` +
+    `\`flowControl: { enabled: true, admission: { mode: utilisation }, saturation: { maxConcurrency: 4 } }\` (admission mode utilisation at 0.85, the rule before issue 34): ` +
     `\`fair\` = the defaults (flow-aware shedding, sparse flows first with \`newFlowQuantum: 16\`), ` +
     `\`fair-q0\` = flow-aware shedding with \`fairness.newFlowQuantum: 0\`, ` +
     `\`arrival\` = \`admission.shedding: arrival\` and \`newFlowQuantum: 0\` (flow-blind, the behaviour before issue 19); each in its own process. ` +

@@ -6,7 +6,24 @@ import { ALWAYS, isMapping, rawSegment, removedField, toConfigIssues, z } from '
 
 export const DEFAULT_BANDS = ['premium', 'standard', 'best-effort', 'batch'] as const;
 
-export type AdmissionMode = 'probabilistic' | 'off';
+/**
+ * `probabilistic`: hold while the band's backlog can drain within the TTL at the
+ * measured drain rate, shed with a probability that rises only with sustained
+ * overload (queue sojourn above `target` for `interval`); `utilisation`: the
+ * rule before it (shed lower bands above maxUtilisation by instantaneous
+ * utilisation, every one at 1); `off`: never shed (queue limits and the TTL still apply).
+ */
+export type AdmissionMode = 'probabilistic' | 'utilisation' | 'off';
+
+export interface AdmissionConfig {
+  mode: AdmissionMode;
+  maxUtilisation: number;
+  shedding: SheddingMode;
+  /** Queue sojourn (the oldest waiting request's age in a band) above which a band may be overloaded (mode probabilistic). */
+  targetMs: number;
+  /** How long the sojourn must stay above `targetMs` before the band sheds (mode probabilistic). */
+  intervalMs: number;
+}
 
 /** Who is shed when a band must shed: the flow furthest over its fair share (`fair`), or the arriving request (`arrival`, flow-blind). */
 export type SheddingMode = 'fair' | 'arrival';
@@ -77,7 +94,7 @@ export interface FlowControlConfig {
   /** Band of flows not declared in `flows`. */
   defaultBand: string;
   flows: FlowSpec[];
-  admission: { mode: AdmissionMode; maxUtilisation: number; shedding: SheddingMode };
+  admission: AdmissionConfig;
   /** What fairness inside a band counts (docs/flow-control.md, "Cost fairness"). */
   fairness: FairnessConfig;
   /** Continuations of active conversations ahead of cold requests, with aging. */
@@ -109,6 +126,9 @@ export const FLOW_DEFAULTS = {
   sweepIntervalMs: 250,
   retryAfterSeconds: 1,
   maxUtilisation: 0.85,
+  /** CoDel-style sustained-overload detection (admission.target, admission.interval). */
+  admissionTargetMs: 1000,
+  admissionIntervalMs: 10_000,
   saturation: { queueDepthThreshold: 5, kvThreshold: 0.9, maxConcurrency: 64, prefillBacklogTokens: 2048 },
   maxFlows: 256,
   queueCapacity: 1024,
@@ -124,7 +144,13 @@ export function defaultFlowControl(enabled = false): FlowControlConfig {
     bands: [...DEFAULT_BANDS],
     defaultBand: 'standard',
     flows: [],
-    admission: { mode: 'probabilistic', maxUtilisation: FLOW_DEFAULTS.maxUtilisation, shedding: 'fair' },
+    admission: {
+      mode: 'probabilistic',
+      maxUtilisation: FLOW_DEFAULTS.maxUtilisation,
+      shedding: 'fair',
+      targetMs: FLOW_DEFAULTS.admissionTargetMs,
+      intervalMs: FLOW_DEFAULTS.admissionIntervalMs,
+    },
     fairness: { mode: 'tokens', bands: {}, defaultOutputTokens: FLOW_DEFAULTS.defaultOutputTokens, newFlowQuantum: FLOW_DEFAULTS.newFlowQuantum },
     turnPriority: { enabled: true, maxColdWaitMs: FLOW_DEFAULTS.maxColdWaitMs },
     limits: { maxRequests: Infinity, maxBytes: Infinity, bands: {} },
@@ -297,18 +323,23 @@ export const flowControlInput = z.strictObject(
     admission: z
       .strictObject(
         {
-          mode: z.enum(['probabilistic', 'off'], { error: (i) => `must be one of probabilistic, off, got ${describe(i.input)}` }).default('probabilistic'),
+          mode: z
+            .enum(['probabilistic', 'utilisation', 'off'], { error: (i) => `must be one of probabilistic, utilisation, off, got ${describe(i.input)}` })
+            .default('probabilistic')
+            .describe('probabilistic: hold what can drain within the ttl, shed only sustained overload; utilisation: shed by instantaneous utilisation (the rule before); off: never shed'),
           maxUtilisation: num(0, 1, { loOpen: true }).default(FLOW_DEFAULTS.maxUtilisation),
           shedding: z
             .enum(['fair', 'arrival'], { error: (i) => `must be one of fair, arrival, got ${describe(i.input)}` })
             .default('fair')
             .describe('fair: shed the flow furthest over its fair share; arrival: shed the arriving request (flow-blind)'),
+          target: duration(1).prefault('1s').describe('queue sojourn above which a band may be overloaded (mode probabilistic): seconds, or "500ms", "1s"'),
+          interval: duration(1).prefault('10s').describe('how long the sojourn must stay above target before the band sheds (mode probabilistic)'),
         },
         {
           error: (i) =>
             i.code === 'unrecognized_keys'
-              ? unknownField('mode, maxUtilisation, shedding')
-              : `must be an object with mode, maxUtilisation and shedding, got ${describe(i.input)}`,
+              ? unknownField('mode, maxUtilisation, shedding, target, interval')
+              : `must be an object with mode, maxUtilisation, shedding, target and interval, got ${describe(i.input)}`,
         },
       )
       .prefault({}),
@@ -442,7 +473,13 @@ function finish(v: FlowInput, ctx: z.core.$RefinementCtx<FlowInput>): FlowContro
     }
   }
 
-  if (isMapping(v.admission)) cfg.admission = { mode: v.admission.mode, maxUtilisation: v.admission.maxUtilisation, shedding: v.admission.shedding };
+  if (isMapping(v.admission)) {
+    const a = v.admission;
+    cfg.admission = { mode: a.mode, maxUtilisation: a.maxUtilisation, shedding: a.shedding, targetMs: a.target, intervalMs: a.interval };
+    if (typeof a.target === 'number' && typeof a.interval === 'number' && a.interval < a.target) {
+      add(['admission', 'interval'], `must be at least admission.target (${a.target} ms), got ${a.interval} ms`);
+    }
+  }
   if (isMapping(v.fairness)) {
     const f = v.fairness;
     cfg.fairness = { mode: f.mode, bands: {}, defaultOutputTokens: f.defaultOutputTokens, newFlowQuantum: f.newFlowQuantum };

@@ -129,6 +129,13 @@ export function printableConfig(cfg: RouterConfig): unknown {
       tp.maxColdWait = `${tp.maxColdWaitMs as number}ms`;
       delete tp.maxColdWaitMs;
     }
+    const ad = fc.admission as Record<string, unknown> | undefined;
+    for (const [resolved, written] of [['targetMs', 'target'], ['intervalMs', 'interval']] as const) {
+      if (ad !== undefined && resolved in ad) {
+        ad[written] = `${ad[resolved] as number}ms`;
+        delete ad[resolved];
+      }
+    }
   }
   // sessions.store is written {redis: URL, ...} and resolved to {url, ...}
   const ss = (out.sessions as Record<string, unknown> | undefined)?.store;

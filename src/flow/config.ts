@@ -13,6 +13,7 @@ export {
   isValidatedFlowControl,
   parseDurationMs,
   type AdmissionMode,
+  type AdmissionConfig,
   type FlowControlConfig,
   type FlowSpec,
   type QueueLimits,

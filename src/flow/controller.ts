@@ -30,7 +30,7 @@
 // reaches the head.
 import type { AbortLike } from '../admission.js';
 import { FlowQueues, FLOW_RECORD_WORDS, flowRecordId } from '../../bindings/flow-queues.js';
-import { ProbabilisticAdmission, type Rng } from './admission.js';
+import { BandOverload, excessProbability, MIN_DRAIN_EVENTS, ProbabilisticAdmission, WindowedRate, type Rng } from './admission.js';
 import type { FlowControlConfig } from './config.js';
 import { BandStats, FlowStats, REJECT_REASONS, type RejectReason } from './metrics.js';
 import { estimateCost, learnOutput, outputEstimate, realCost } from './cost.js';
@@ -243,6 +243,33 @@ export class FlowController {
   readonly #ceiling: number;
   readonly #now: () => number;
   readonly #admission: ProbabilisticAdmission | null;
+  /** admission.mode probabilistic: hold what can drain within the TTL, shed sustained overload (admission.ts). */
+  readonly #drainRule: boolean;
+  readonly #rng: Rng;
+  readonly #targetMs: number;
+  readonly #intervalMs: number;
+  /** The largest derived Retry-After, seconds (the TTL's, at most an hour). */
+  readonly #maxRetry: number;
+  /** Completions per second of busy time (something queued). */
+  readonly #drain = new WindowedRate();
+  /** Since when the queues are non-empty (-1: empty), and busy ms not yet fed to the meter. */
+  #busySince = -1;
+  #busyMs = 0;
+  /** Completions while busy since the last tick. */
+  #completedBusy = 0;
+  /** Busy ms since the last tick that saw a completion (a pool that completes nothing for a TTL drains at 0). */
+  #stalledMs = 0;
+  #lastTick = 0;
+  /** Per band: arrival and dispatch rates (wall time), the counters at the last tick, D_b (NaN: unknown), the oldest queued enqueue time, the overload state. */
+  readonly #arrivals: WindowedRate[];
+  readonly #dispatches: WindowedRate[];
+  readonly #lastArrived: Float64Array;
+  readonly #lastDispatched: Float64Array;
+  readonly #bandDrain: Float64Array;
+  readonly #oldestAt: Float64Array;
+  readonly #overload: BandOverload[];
+  /** Refusals with a derived Retry-After, by reason index × (maxRetry + 1) + seconds (made on first use). */
+  readonly #refusedAt: (Refused | undefined)[] = [];
   readonly #fairShedding: boolean;
   readonly #turnPriority: boolean;
   readonly #maxColdWaitMs: number;
@@ -285,7 +312,13 @@ export class FlowController {
     this.#ceiling = cfg.admission.maxUtilisation;
     this.#now = opts.now ?? (() => performance.now());
     this.#admission =
-      cfg.admission.mode === 'probabilistic' ? new ProbabilisticAdmission(cfg.admission.maxUtilisation, opts.rng) : null;
+      cfg.admission.mode === 'utilisation' ? new ProbabilisticAdmission(cfg.admission.maxUtilisation, opts.rng) : null;
+    this.#drainRule = cfg.admission.mode === 'probabilistic';
+    this.#rng = opts.rng ?? Math.random;
+    this.#targetMs = cfg.admission.targetMs;
+    this.#intervalMs = cfg.admission.intervalMs;
+    this.#maxRetry = Math.min(3600, Math.max(1, Math.ceil(cfg.ttlMs / 1000)));
+    this.#lastTick = this.#now();
     this.#fairShedding = cfg.admission.shedding !== 'arrival';
     this.#turnPriority = cfg.turnPriority.enabled;
     this.#maxColdWaitMs = cfg.turnPriority.maxColdWaitMs;
@@ -293,6 +326,13 @@ export class FlowController {
     this.#newFlowQuantum = cfg.fairness.newFlowQuantum;
     const nb = cfg.bands.length;
     this.bandStats = cfg.bands.map(() => new BandStats());
+    this.#arrivals = cfg.bands.map(() => new WindowedRate());
+    this.#dispatches = cfg.bands.map(() => new WindowedRate());
+    this.#lastArrived = new Float64Array(nb);
+    this.#lastDispatched = new Float64Array(nb);
+    this.#bandDrain = new Float64Array(nb).fill(NaN);
+    this.#oldestAt = new Float64Array(nb).fill(Infinity);
+    this.#overload = cfg.bands.map(() => new BandOverload());
     this.#bands = cfg.bands.map((b) => new Band((cfg.fairness.bands[b] ?? cfg.fairness.mode) === 'tokens'));
     this.#bySlotKey = cfg.bands.map(() => new Map());
     this.#flowStats = cfg.bands.map(() => new Map());
@@ -388,6 +428,7 @@ export class FlowController {
       return this.#disabledGrant;
     }
     if (this.#closed) return this.#reject(band, 'rejected-no-endpoints');
+    this.bandStats[band]!.arrived++;
     const u = this.#utilisation();
     if (u === Infinity) return this.#reject(band, 'rejected-no-endpoints');
     if (signal !== null && signal.aborted) return this.#refused.cancelled;
@@ -407,6 +448,22 @@ export class FlowController {
       slot.inFlight++;
       if (slot.presentAt < 0) this.#addPresent(slot);
       return slot.grantNow;
+    }
+
+    if (this.#drainRule && band > 0) {
+      // sustained overload: the band sheds arrivals with its probability (set by the sweep tick)
+      const p = this.#overload[band]!.p;
+      let shed = p > 0 && (p >= 1 || this.#rng() < p);
+      // can the request be served within its TTL at the rate the pool drains this band? (Little's law)
+      if (!shed) {
+        const d = this.#bandDrain[band]!;
+        shed = d === d && this.#ahead(band) + 1 > (d * this.config.ttlMs) / 1000;
+      }
+      if (shed) {
+        const victim = this.#fairShedding ? this.#victim(slot) : slot;
+        if (victim === slot) return this.#shedArrival(slot, 'rejected-saturated');
+        if (victim !== null) this.#shedQueued(victim, 'rejected-saturated');
+      }
     }
 
     // queue limits: make room by shedding the oldest queued request of the flow furthest over its share
@@ -442,6 +499,8 @@ export class FlowController {
    */
   release(ticket: number, usage: FlowUsage | null = null): void {
     if (this.#inFlight > 0) this.#inFlight--;
+    // a completion while requests wait: the pool's capacity at work (its drain rate)
+    if (this.#queued > 0) this.#completedBusy++;
     const slot = ticket >= 0 ? this.#slots[ticket >> 1] : undefined;
     if (slot !== undefined && slot.inFlight > 0) {
       slot.inFlight--;
@@ -465,19 +524,32 @@ export class FlowController {
   /** Rejects queued requests older than the TTL, drops tombstones at queue heads, and pumps. */
   sweep(now: number = this.#now()): number {
     let expired = 0;
-    if (this.#queued === 0) return 0;
-    for (const band of this.#bands) {
-      for (let i = 0; i < band.active.length; i++) {
-        const slot = band.active[i]!;
-        // heads are the oldest records of their queue
-        expired += this.#sweepRing(slot, false, now);
-        if (slot.active && this.#turnPriority) expired += this.#sweepRing(slot, true, now);
-        // it left band.active (swapped with the last entry): revisit index i
-        if (!slot.active) i--;
+    this.#oldestAt.fill(Infinity);
+    if (this.#queued > 0) {
+      for (const band of this.#bands) {
+        for (let i = 0; i < band.active.length; i++) {
+          const slot = band.active[i]!;
+          // heads are the oldest records of their queue
+          expired += this.#sweepRing(slot, false, now);
+          if (slot.active && this.#turnPriority) expired += this.#sweepRing(slot, true, now);
+          // it left band.active (swapped with the last entry): revisit index i
+          if (!slot.active) i--;
+        }
       }
     }
+    if (this.#drainRule) this.#tick(now);
     if (this.#queued > 0) this.#schedulePump();
     return expired;
+  }
+
+  /** The band's drain rate D_b in requests/s as of the last sweep tick (NaN: not measured yet). */
+  drainRate(band: number): number {
+    return this.#bandDrain[band] ?? NaN;
+  }
+
+  /** The band's shed probability for sustained overload as of the last sweep tick. */
+  shedProbability(band: number): number {
+    return this.#overload[band]?.p ?? 0;
   }
 
   /** Stops the sweep timer and rejects everything still queued (503). */
@@ -613,7 +685,7 @@ export class FlowController {
     if (w.signal !== null) w.signal.onabort = null;
     victim.stats.shed++;
     this.bandStats[victim.band]!.rejected[REJECT_REASONS.indexOf(reason)]!++;
-    w.resolve(this.#refused[reason]);
+    w.resolve(this.#refusal(victim.band, reason));
   }
 
   #shedArrival(slot: Slot, reason: RejectReason): Refused {
@@ -642,7 +714,83 @@ export class FlowController {
   #reject(band: number, reason: RejectReason): Refused {
     const bs = this.bandStats[band] ?? this.bandStats[0]!;
     bs.rejected[REJECT_REASONS.indexOf(reason)]!++;
-    return this.#refused[reason];
+    return this.#refusal(band, reason);
+  }
+
+  /**
+   * The refusal for `reason` in `band`. With admission mode probabilistic and
+   * the band's drain rate measured, its Retry-After is the time the backlog
+   * ahead of a request of the band takes to drain, ceil(ahead / D_b) seconds
+   * (1 at least, the TTL's at most; the TTL's when D_b is 0); otherwise the
+   * configured retryAfterSeconds. One frozen value per (reason, seconds).
+   */
+  #refusal(band: number, reason: RejectReason): Refused {
+    if (!this.#drainRule || reason === 'rejected-no-endpoints') return this.#refused[reason];
+    const d = this.#bandDrain[band] ?? NaN;
+    if (!(d === d)) return this.#refused[reason];
+    const max = this.#maxRetry;
+    let secs = d > 0 ? Math.ceil(this.#ahead(band) / d) : max;
+    if (!(secs >= 1)) secs = 1;
+    else if (secs > max) secs = max;
+    const k = REJECT_REASONS.indexOf(reason) * (max + 1) + secs;
+    let r = this.#refusedAt[k];
+    if (r === undefined) {
+      r = Object.freeze({ ...this.#refused[reason], retryAfterSeconds: secs });
+      this.#refusedAt[k] = r;
+    }
+    return r;
+  }
+
+  /** Requests queued in `band` and every band above it (all served before a new request of `band`). */
+  #ahead(band: number): number {
+    let n = 0;
+    for (let b = 0; b <= band; b++) n += this.bandStats[b]!.queued;
+    return n;
+  }
+
+  /**
+   * The admission tick (mode probabilistic, from sweep): feeds the meters
+   * with what happened since the last tick, then sets each band's drain rate
+   * D_b and, below the top band, its overload state and shed probability.
+   */
+  #tick(now: number): void {
+    const dt = now - this.#lastTick;
+    if (!(dt > 0)) return;
+    this.#lastTick = now;
+    let busy = this.#busyMs;
+    if (this.#busySince >= 0) {
+      busy += now - this.#busySince;
+      this.#busySince = now;
+    }
+    this.#busyMs = 0;
+    const done = this.#completedBusy;
+    this.#completedBusy = 0;
+    this.#drain.add(done, busy);
+    this.#stalledMs = done > 0 ? 0 : this.#stalledMs + busy;
+    // unknown (NaN) until a few completions were seen; 0 once a TTL of busy time passed without one
+    let avail = this.#stalledMs >= this.config.ttlMs ? 0 : this.#drain.total >= MIN_DRAIN_EVENTS ? this.#drain.rate : NaN;
+    const target = this.#targetMs;
+    const interval = this.#intervalMs;
+    for (let b = 0; b < this.bandStats.length; b++) {
+      const bs = this.bandStats[b]!;
+      this.#arrivals[b]!.add(bs.arrived - this.#lastArrived[b]!, dt);
+      this.#lastArrived[b] = bs.arrived;
+      this.#dispatches[b]!.add(bs.dispatched - this.#lastDispatched[b]!, dt);
+      this.#lastDispatched[b] = bs.dispatched;
+      this.#bandDrain[b] = avail;
+      bs.drainRate = avail;
+      if (b > 0) {
+        const oldest = this.#oldestAt[b]!;
+        const age = oldest < Infinity ? now - oldest : 0;
+        const pStar = avail === avail ? excessProbability(avail, this.#arrivals[b]!.rate, bs.queued, target, interval) : 0;
+        bs.shedProbability = this.#overload[b]!.observe(now, age, bs.queued === 0, pStar, target, interval);
+      }
+      // strict priority: what this band is served is not there for the bands below
+      if (avail === avail) {
+        avail -= this.#dispatches[b]!.rate;
+        if (avail < 0) avail = 0;
+      }
+    }
   }
 
   #statsFor(flowId: string, band: number): FlowStats {
@@ -721,7 +869,7 @@ export class FlowController {
     const bs = this.bandStats[slot.band]!;
     bs.queued++;
     bs.queuedBytes += bytes;
-    this.#queued++;
+    if (this.#queued++ === 0 && this.#busySince < 0) this.#busySince = this.#now();
     this.#queuedBytes += bytes;
     const band = this.#bands[slot.band]!;
     if (w.warm) {
@@ -757,7 +905,10 @@ export class FlowController {
     const bs = this.bandStats[slot.band]!;
     bs.queued--;
     bs.queuedBytes -= w.bytes;
-    this.#queued--;
+    if (--this.#queued === 0 && this.#busySince >= 0) {
+      this.#busyMs += this.#now() - this.#busySince;
+      this.#busySince = -1;
+    }
     this.#queuedBytes -= w.bytes;
     if (w.warm) {
       slot.warm--;
@@ -788,7 +939,10 @@ export class FlowController {
     let expired = 0;
     while (slot.active && this.#queues.peek(ring, buf)) {
       const w = this.#waiting.get(flowRecordId(buf, 0));
-      if (w !== undefined && now - w.enqueuedAt < ttl) break;
+      if (w !== undefined && now - w.enqueuedAt < ttl) {
+        if (w.enqueuedAt < this.#oldestAt[slot.band]!) this.#oldestAt[slot.band] = w.enqueuedAt;
+        break;
+      }
       this.#queues.dequeueBatch(ring, buf, 1);
       if (w !== undefined) {
         this.#waiting.delete(w.id);
@@ -804,7 +958,7 @@ export class FlowController {
   #expire(w: Waiting): void {
     if (w.signal !== null) w.signal.onabort = null;
     this.bandStats[w.slot.band]!.rejected[REJECT_REASONS.indexOf('rejected-ttl-expired')]!++;
-    w.resolve(this.#refused['rejected-ttl-expired']);
+    w.resolve(this.#refusal(w.slot.band, 'rejected-ttl-expired'));
   }
 
   #cancel(w: Waiting): void {

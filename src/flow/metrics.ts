@@ -24,6 +24,12 @@ export class FlowStats {
 }
 
 export class BandStats {
+  /** Requests that reached admission in this band (flow control on). */
+  arrived = 0;
+  /** The band's drain rate D_b, requests/s (mode probabilistic; NaN until measured). */
+  drainRate = NaN;
+  /** The band's shed probability for arrivals under sustained overload (mode probabilistic). */
+  shedProbability = 0;
   queued = 0;
   queuedBytes = 0;
   dispatched = 0;
@@ -87,6 +93,16 @@ export function registerFlowMetrics(registry: Registry, sources: () => Iterable<
   flowGauge('switchyard_flow_queue_bytes', 'Request body bytes waiting in the flow-control queues, by band and flow.', (f) => f.queuedBytes);
   bandGauge('switchyard_flow_band_queue_length', 'Requests waiting in the flow-control queues, by band.', (b) => b.queued);
   bandGauge('switchyard_flow_band_queue_bytes', 'Request body bytes waiting in the flow-control queues, by band.', (b) => b.queuedBytes);
+  bandGauge(
+    'switchyard_flow_drain_rate',
+    'Requests per second the pool drains for the band (admission mode probabilistic: completions per second of busy time less the higher bands\' dispatch rates); -1 until measured.',
+    (b) => (b.drainRate === b.drainRate ? b.drainRate : -1),
+  );
+  bandGauge(
+    'switchyard_flow_shed_probability',
+    'Probability an arrival of the band is shed for sustained overload (admission mode probabilistic; 0 unless its queue sojourn stayed above admission.target for admission.interval).',
+    (b) => b.shedProbability,
+  );
   new Counter<FlowLabels>({
     name: 'switchyard_flow_dispatched_total',
     help: 'Requests let through flow control, by band and flow.',

@@ -18,7 +18,7 @@ t.test("the issue's exact YAML block loads unchanged", (t) => {
     { id: 'tenant:internal-tools', priority: 'best-effort', minShare: 0 },
     { id: 'workload:nightly-batch', priority: 'batch', minShare: 0 },
   ]);
-  t.same(value!.admission, { mode: 'probabilistic', maxUtilisation: 0.85, shedding: 'fair' });
+  t.same(value!.admission, { mode: 'probabilistic', maxUtilisation: 0.85, shedding: 'fair', targetMs: 1000, intervalMs: 10_000 });
   t.equal(value!.defaultBand, 'standard');
   t.equal(value!.ttlMs, 60_000, 'TTL defaults to 60 s');
   t.equal(value!.trustHeaders, true);
@@ -103,7 +103,7 @@ t.test('errors name the field path and the reason, all at once', (t) => {
     'flowControl.flows[3]: must be an object',
     'flowControl.flows[4].extra: unknown field',
     'flowControl.flows[4].id: duplicate flow id "tenant:ok"',
-    'flowControl.admission.mode: must be one of probabilistic, off, got "random"',
+    'flowControl.admission.mode: must be one of probabilistic, utilisation, off, got "random"',
     'flowControl.admission.maxUtilisation: must be a number in (0, 1], got 0',
     'flowControl.limits.maxRequests: must be a positive integer',
     'flowControl.limits.bands.gold: unknown band',
@@ -112,6 +112,18 @@ t.test('errors name the field path and the reason, all at once', (t) => {
   ];
   for (const e of expected) t.ok(errors.some((x) => x.startsWith(e)), e);
   t.notOk(errors.some((x) => x.includes('sk-secret-key')), 'API keys are never echoed');
+  t.end();
+});
+
+t.test('admission.target and admission.interval: durations, the interval at least the target', (t) => {
+  const ok = validateFlowControl({ admission: { mode: 'utilisation', target: '250ms', interval: 2 } });
+  t.same(ok.errors, []);
+  t.same(ok.value!.admission, { mode: 'utilisation', maxUtilisation: 0.85, shedding: 'fair', targetMs: 250, intervalMs: 2000 });
+  const bad = validateFlowControl({ admission: { target: '5s', interval: '1s' } });
+  t.same(bad.errors, ['flowControl.admission.interval: must be at least admission.target (5000 ms), got 1000 ms']);
+  const worse = validateFlowControl({ admission: { target: 'soon', interval: -1 } });
+  t.ok(worse.errors.some((e) => e.startsWith('flowControl.admission.target: must be a duration')), worse.errors.join('; '));
+  t.ok(worse.errors.some((e) => e.startsWith('flowControl.admission.interval: must be a duration')), worse.errors.join('; '));
   t.end();
 });
 

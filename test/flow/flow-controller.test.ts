@@ -200,7 +200,7 @@ t.test('TTL: requests that wait too long are rejected with 429 rejected-ttl-expi
   ctl.close();
 });
 
-t.test('probabilistic admission: top band never shed, lower bands shed more as utilisation rises', async (t) => {
+t.test('utilisation admission (the rule before mode probabilistic held what can drain): top band never shed, lower bands shed more as utilisation rises', async (t) => {
   fc.assert(
     fc.property(fc.integer({ min: 0, max: 5 }), fc.double({ min: 0, max: 1.5, noNaN: true }), fc.double({ min: 0, max: 1.5, noNaN: true }), fc.double({ min: 0.05, max: 1, noNaN: true }), (band, u1, u2, m) => {
       const [lo, hi] = u1 <= u2 ? [u1, u2] : [u2, u1];
@@ -216,7 +216,7 @@ t.test('probabilistic admission: top band never shed, lower bands shed more as u
   // through the controller with a seeded RNG at a fixed utilisation of 0.95
   let util = 0.95;
   const ctl = new FlowController({
-    config: config({ admission: { mode: 'probabilistic', maxUtilisation: 0.85 }, queueCapacity: 65536 }),
+    config: config({ admission: { mode: 'utilisation', maxUtilisation: 0.85 }, queueCapacity: 65536 }),
     utilisation: () => util,
     rng: seededRng(42),
     sweepTimer: false,
@@ -340,7 +340,7 @@ t.test('enabled: false is first come, first served with no queueing', (t) => {
 t.test('the gate fits the server seam and answers with reason and Retry-After', async (t) => {
   const cfg = config({
     flows: [{ id: 'tenant:payments', priority: 'premium', minShare: 0.3 }, { id: 'tenant:internal-tools', priority: 'best-effort' }],
-    admission: { mode: 'probabilistic', maxUtilisation: 0.85 },
+    admission: { mode: 'utilisation', maxUtilisation: 0.85 },
     retryAfterSeconds: 5,
   });
   let util = 0.2;

@@ -170,8 +170,11 @@ t.test('a client that disconnects while queued leaves the queue; no upstream req
   t.equal(s.aborted, 0, 'and never saw the one that left');
 });
 
-t.test('probabilistic admission sheds low bands when saturated; the top band is held, not shed', async (t) => {
-  const { router, gate } = await setup(t, OPERATOR_FLOW_BLOCK.replace('  admission:', '  saturation: { maxConcurrency: 2 }\n  admission:'));
+t.test('admission mode utilisation (the rule before) sheds low bands when saturated; the top band is held, not shed', async (t) => {
+  const { router, gate } = await setup(
+    t,
+    OPERATOR_FLOW_BLOCK.replace('  admission:', '  saturation: { maxConcurrency: 2 }\n  admission:').replace('mode: probabilistic', 'mode: utilisation'),
+  );
   const blockers = [complete(router.url, 'b0', { 'x-tenant-id': 'internal-tools' }, 60), complete(router.url, 'b1', { 'x-tenant-id': 'internal-tools' }, 60)];
   t.ok(await waitFor(() => gate.controller('open-model').inFlight === 2), 'both slots taken');
   // utilisation is 2/2 = 1: everything below premium has admission probability 0
@@ -181,6 +184,19 @@ t.test('probabilistic admission sheds low bands when saturated; the top band is 
   t.equal(batch.retryAfter, '1');
   const premium = await complete(router.url, 'prem', { 'x-tenant-id': 'payments' }, 2);
   t.equal(premium.status, 200, 'premium waited for capacity instead');
+  await Promise.all(blockers);
+});
+
+t.test('admission mode probabilistic (the default) holds low bands on a full pool: the request waits and is served', async (t) => {
+  const { router, gate } = await setup(t, OPERATOR_FLOW_BLOCK.replace('  admission:', '  saturation: { maxConcurrency: 2 }\n  admission:'));
+  const blockers = [complete(router.url, 'b0', { 'x-tenant-id': 'internal-tools' }, 30), complete(router.url, 'b1', { 'x-tenant-id': 'internal-tools' }, 30)];
+  t.ok(await waitFor(() => gate.controller('open-model').inFlight === 2), 'both slots taken');
+  // utilisation 1, the rule before shed this at once; now it can drain within its TTL, so it waits
+  const batch = complete(router.url, 'batch', { 'x-workload-id': 'nightly-batch' }, 2);
+  t.ok(await waitFor(() => gate.controller('open-model').queued === 1), 'the batch request is held in the queue');
+  const premium = await complete(router.url, 'prem', { 'x-tenant-id': 'payments' }, 2);
+  t.equal(premium.status, 200, 'premium is served');
+  t.equal((await batch).status, 200, 'and the batch request too, once a slot frees');
   await Promise.all(blockers);
 });
 

@@ -36,7 +36,7 @@ function submit(ctl: FlowController, flowId: string, band = 1) {
   return out;
 }
 
-const STANDARD = (extra: Record<string, unknown> = {}) => ({ flows: [], admission: { mode: 'probabilistic', maxUtilisation: 0.85 }, ...extra });
+const STANDARD = (extra: Record<string, unknown> = {}) => ({ flows: [], admission: { mode: 'utilisation', maxUtilisation: 0.85 }, ...extra });
 
 t.test('a flow under its share is not shed while a flooding flow of its band has requests queued; the flood gives up its oldest', async (t) => {
   const { ctl, u } = harness(STANDARD());
@@ -66,7 +66,7 @@ t.test('a flow under its share is not shed while a flooding flow of its band has
 });
 
 t.test('admission.shedding: arrival keeps the flow-blind behaviour (the arriving request is shed)', async (t) => {
-  const { ctl, u } = harness(STANDARD({ admission: { mode: 'probabilistic', shedding: 'arrival' } }));
+  const { ctl, u } = harness(STANDARD({ admission: { mode: 'utilisation', shedding: 'arrival' } }));
   u.value = 0.86;
   const a = Array.from({ length: 8 }, () => submit(ctl, 'tenant:a'));
   await flush();
