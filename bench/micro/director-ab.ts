@@ -9,8 +9,13 @@
 // router, which on a shared machine is noisier than the few per cent a
 // refactor must resolve). CPU = process.cpuUsage over each round.
 //   node dist/bench/micro/director-ab.js --base /tmp/swy-base [--requests 100000] [--rounds 7]
+// --base takes a comma list of builds (a bisection in one run): all are loaded, each round runs every build
+// once (the order rotated and flipped round by round) and the ratios are to the first. Besides the medians
+// of all rounds it prints the quiet rounds' figures: the half of the rounds whose summed CPU (all builds)
+// was lowest, i.e. the rounds least hit by host pauses and other processes' load.
+//   node dist/bench/micro/director-ab.js --base /tmp/a,/tmp/b,/tmp/c [--names a,b,c]
 import { existsSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { pino } from 'pino';
 import { median } from '../lib/stats.js';
@@ -21,6 +26,7 @@ exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
 const base = option(argv, '--base') ?? '';
+const names = (option(argv, '--names') ?? '').split(',').filter((n) => n !== '');
 const requests = Number(option(argv, '--requests') ?? '100000');
 const rounds = Number(option(argv, '--rounds') ?? '7');
 
@@ -86,24 +92,41 @@ async function load(name: string, root: string): Promise<Build> {
 }
 
 async function main(): Promise<void> {
-  if (base === '') throw new Error('--base <dir of another Switchyard build> is required');
-  const builds = [await load('base', resolve(base)), await load('this', ROOT)];
+  if (base === '') throw new Error('--base <dir of another Switchyard build>[,<dir>...] is required');
+  const dirs = base.split(',').filter((d) => d !== '');
+  const builds: Build[] = [];
+  for (let i = 0; i < dirs.length; i++) builds.push(await load(names[i] ?? (dirs.length === 1 ? 'base' : basename(resolve(dirs[i]!))), resolve(dirs[i]!)));
+  builds.push(await load(names[dirs.length] ?? 'this', ROOT));
   for (const b of builds) b.run(20_000); // warm-up (JIT)
-  const us = new Map<string, number[]>(builds.map((b) => [b.name, []]));
+  // us[r][b]: round r, build b
+  const us: number[][] = [];
   for (let r = 0; r < rounds; r++) {
-    const order = r % 2 === 0 ? builds : [...builds].reverse();
-    for (const b of order) {
+    const row = new Array<number>(builds.length).fill(0);
+    const k = builds.length;
+    for (let j = 0; j < k; j++) {
+      const rot = (j + r) % k;
+      const bi = r % 2 === 0 ? rot : k - 1 - rot;
       const t0 = process.cpuUsage();
-      b.run(requests);
+      builds[bi]!.run(requests);
       const d = process.cpuUsage(t0);
-      us.get(b.name)!.push((d.user + d.system) / requests);
+      row[bi] = (d.user + d.system) / requests;
     }
+    us.push(row);
   }
-  const m = (name: string) => median(us.get(name)!);
-  console.log(`director A/B: base = ${base}, this = ${ROOT}; ${rounds} interleaved rounds of ${requests} requests (medians)`);
-  console.log('| build | director CPU µs/request | vs base |');
-  console.log('|---|---:|---:|');
-  for (const b of builds) console.log(`| ${b.name} | ${m(b.name).toFixed(2)} | ${((m(b.name) / m('base')) * 100).toFixed(1)} % |`);
+  const sum = (row: number[]) => row.reduce((a, x) => a + x, 0);
+  const quiet = [...us].sort((a, b) => sum(a) - sum(b)).slice(0, Math.max(1, Math.ceil(rounds / 2)));
+  const col = (rows: number[][], b: number) => rows.map((row) => row[b]!);
+  const ratio = (rows: number[][], b: number) => median(rows.map((row) => row[b]! / row[0]!)) * 100;
+  console.log(`director A/B: base = ${dirs[0]}, this = ${ROOT}; ${rounds} interleaved rounds of ${requests} requests (medians); quiet = the ${quiet.length} rounds of least summed CPU`);
+  console.log('| build | director CPU µs/request | vs base | per-round ratio vs base | quiet rounds µs/request | quiet vs base (per-round ratio) |');
+  console.log('|---|---:|---:|---:|---:|---:|');
+  for (let b = 0; b < builds.length; b++) {
+    const all = median(col(us, b));
+    const q = median(col(quiet, b));
+    console.log(
+      `| ${builds[b]!.name} | ${all.toFixed(2)} | ${((all / median(col(us, 0))) * 100).toFixed(1)} % | ${ratio(us, b).toFixed(1)} % | ${q.toFixed(2)} | ${((q / median(col(quiet, 0))) * 100).toFixed(1)} % (${ratio(quiet, b).toFixed(1)} %) |`,
+    );
+  }
 }
 
 runMain(main);

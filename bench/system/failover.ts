@@ -110,27 +110,7 @@ async function one(url: string, dispatcher: Agent, g: number, q: number): Promis
  * backup servers, no retry-on); else the one docs/operations.md recommends.
  */
 function haproxyConf(port: number, routers: number[], plain: boolean): string {
-  if (plain) {
-    return `global
-  maxconn 4096
-defaults
-  mode http
-  timeout connect 1s
-  timeout client 60s
-  timeout server 60s
-  retries 2
-  option redispatch
-frontend fe
-  bind 127.0.0.1:${port}
-  default_backend be
-backend be
-  option httpchk
-  http-check send meth GET uri /readyz ver HTTP/1.1 hdr host localhost
-  http-response set-header x-served-by %s
-  default-server inter 200ms fall 1 rise 1
-${routers.map((p, i) => `  server r${i} 127.0.0.1:${p} check`).join('\n')}
-`;
-  }
+  const servers = (suffix: string, flag: string) => routers.map((p, i) => `  server r${i}${suffix} 127.0.0.1:${p} ${flag}`).join('\n') + '\n';
   return `global
   maxconn 4096
 defaults
@@ -138,22 +118,17 @@ defaults
   timeout connect 1s
   timeout client 60s
   timeout server 60s
-  retries 3
+  retries ${plain ? 2 : 3}
   option redispatch
-  retry-on conn-failure empty-response
-frontend fe
+${plain ? '' : '  retry-on conn-failure empty-response\n'}frontend fe
   bind 127.0.0.1:${port}
   default_backend be
 backend be
-  # HTTP/1.1: the router's uWS front end does not answer HTTP/1.0 (docs/uws-framing.md)
-  option httpchk
+${plain ? '' : '  # HTTP/1.1: the router\'s uWS front end does not answer HTTP/1.0 (docs/uws-framing.md)\n'}  option httpchk
   http-check send meth GET uri /readyz ver HTTP/1.1 hdr host localhost
-  option allbackups
-  http-response set-header x-served-by %s
+${plain ? '' : '  option allbackups\n'}  http-response set-header x-served-by %s
   default-server inter 200ms fall 1 rise 1
-${routers.map((p, i) => `  server r${i} 127.0.0.1:${p} check`).join('\n')}
-${routers.map((p, i) => `  server r${i}b 127.0.0.1:${p} backup`).join('\n')}
-`;
+${servers('', 'check')}${plain ? '' : servers('b', 'backup')}`;
 }
 
 async function startRedis(): Promise<{ url: string; proc: Proc }> {

@@ -145,9 +145,6 @@ export abstract class PickingFlight extends AdmittingFlight implements PdFlight,
     this.reply(r.status, r.message, null, r);
   }
 
-  /** Why the last adapter load for this request failed ('' none): a pick that then finds no endpoint answers 503 with it. */
-  protected adapterLoadError = '';
-
   /**
    * Asks the picked engine to load the request's adapter, then sends there;
    * a refused or timed-out load tries another endpoint (one that has it, or

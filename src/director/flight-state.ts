@@ -169,6 +169,8 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   protected firstAt = 0;
   protected lastAt = 0;
   protected events = 0;
+  /** Why the last adapter load for this request failed ('' none): a pick that then finds no endpoint answers 503 with it (flight-pick.ts). */
+  protected adapterLoadError = '';
 
   constructor(director: FlightHost, port: ClientPort, kind: Kind, requestId: string, caller: Caller, headers: Readonly<Record<string, string>>) {
     this.director = director;

@@ -14,6 +14,7 @@
 // `errors`), and the gate fails open or closed (rateLimits.redis.failMode).
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import { RateLimitedWarn, redisReady } from '../redis-link.js';
 import type { RateLimitsRedisConfig } from '../config/rate-limits.js';
 import { Fail, type Bucket, type Verdict } from './bucket.js';
 import { Take, type Plan, type SharedCounters } from './limiter.js';
@@ -116,8 +117,7 @@ interface Pending {
 export class RedisCounters implements SharedCounters {
   readonly #redis: RlRedis;
   readonly #prefix: string;
-  readonly #log: Logger | undefined;
-  #lastLog = 0;
+  readonly #warns: RateLimitedWarn;
   /** Failed or timed-out commands (switchyard_rate_limit_store_errors_total). */
   errors = 0;
   readonly #pending = new Map<string, Pending>();
@@ -127,7 +127,7 @@ export class RedisCounters implements SharedCounters {
 
   constructor(cfg: RateLimitsRedisConfig, log?: Logger) {
     this.#prefix = cfg.keyPrefix;
-    this.#log = log;
+    this.#warns = new RateLimitedWarn(log);
     const r = new Redis(cfg.url, {
       // fail at once while disconnected (the fail mode decides) instead of queueing behind the request
       enableOfflineQueue: false,
@@ -138,31 +138,13 @@ export class RedisCounters implements SharedCounters {
     });
     r.defineCommand('swyRlTake', { lua: TAKE });
     r.defineCommand('swyRlCorrect', { numberOfKeys: 1, lua: CORRECT });
-    r.on('error', (err: Error) => this.#warn(err, 'rate-limit counters (Redis) connection error'));
+    r.on('error', (err: Error) => this.#warns.warn(err, 'rate-limit counters (Redis) connection error'));
     this.#redis = r as RlRedis;
-  }
-
-  #warn(err: Error, msg: string): void {
-    const now = Date.now();
-    if (now - this.#lastLog < 10_000) return;
-    this.#lastLog = now;
-    this.#log?.warn({ err: err.message }, msg);
   }
 
   /** Connected (or 2 s passed: requests then follow the fail mode until it is). */
   ready(): Promise<void> {
-    const r = this.#redis;
-    if (r.status === 'ready') return Promise.resolve();
-    return new Promise((resolve) => {
-      const done = () => {
-        clearTimeout(t);
-        r.off('ready', done);
-        resolve();
-      };
-      const t = setTimeout(done, 2000);
-      t.unref();
-      r.once('ready', done);
-    });
+    return redisReady(this.#redis);
   }
 
   take(plan: Plan, cost: number, v: Verdict): Promise<Take> {
@@ -196,7 +178,7 @@ export class RedisCounters implements SharedCounters {
       },
       (err: Error) => {
         this.errors++;
-        this.#warn(err, 'rate-limit counters (Redis) failed: following rateLimits.redis.failMode');
+        this.#warns.warn(err, 'rate-limit counters (Redis) failed: following rateLimits.redis.failMode');
         return Take.Down;
       },
     );
@@ -223,7 +205,7 @@ export class RedisCounters implements SharedCounters {
       },
       (err: Error) => {
         this.errors++;
-        this.#warn(err, 'rate-limit counters (Redis): a correction failed');
+        this.#warns.warn(err, 'rate-limit counters (Redis): a correction failed');
       },
     );
   }

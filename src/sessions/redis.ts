@@ -16,6 +16,7 @@
 // view and the failures are counted.
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import { RateLimitedWarn, redisReady } from '../redis-link.js';
 import type { SessionRedisConfig } from '../config/sessions.js';
 import type { SessionEntry, SharedSessions } from './table.js';
 
@@ -23,14 +24,13 @@ export class RedisSessions implements SharedSessions {
   readonly #redis: Redis;
   readonly #prefix: string;
   readonly #ttlMs: number;
-  readonly #log: Logger | undefined;
-  #lastLog = 0;
+  readonly #warns: RateLimitedWarn;
   errors = 0;
 
   constructor(cfg: SessionRedisConfig, ttlMs: number, log?: Logger) {
     this.#prefix = cfg.keyPrefix;
     this.#ttlMs = ttlMs;
-    this.#log = log;
+    this.#warns = new RateLimitedWarn(log);
     this.#redis = new Redis(cfg.url, {
       // fail at once while disconnected instead of queueing behind the request
       enableOfflineQueue: false,
@@ -39,29 +39,11 @@ export class RedisSessions implements SharedSessions {
       connectTimeout: Math.max(1000, cfg.timeoutMs),
       retryStrategy: (n) => Math.min(50 * n, 2000),
     });
-    this.#redis.on('error', (err: Error) => this.#warn(err, 'session store (Redis) connection error'));
-  }
-
-  #warn(err: Error, msg: string): void {
-    const now = Date.now();
-    if (now - this.#lastLog < 10_000) return;
-    this.#lastLog = now;
-    this.#log?.warn({ err: err.message }, msg);
+    this.#redis.on('error', (err: Error) => this.#warns.warn(err, 'session store (Redis) connection error'));
   }
 
   ready(): Promise<void> {
-    const r = this.#redis;
-    if (r.status === 'ready') return Promise.resolve();
-    return new Promise((resolve) => {
-      const done = () => {
-        clearTimeout(t);
-        r.off('ready', done);
-        resolve();
-      };
-      const t = setTimeout(done, 2000);
-      t.unref();
-      r.once('ready', done);
-    });
+    return redisReady(this.#redis);
   }
 
   load(e: SessionEntry, apply: (e: SessionEntry, lastEnd: number, endpoint: string) => void): Promise<void> {
@@ -76,7 +58,7 @@ export class RedisSessions implements SharedSessions {
       },
       (err: Error) => {
         this.errors++;
-        this.#warn(err, 'session store (Redis) read failed: going on with the local view');
+        this.#warns.warn(err, 'session store (Redis) read failed: going on with the local view');
       },
     );
   }
@@ -85,7 +67,7 @@ export class RedisSessions implements SharedSessions {
     const value = `${e.lastEnd}\t${e.ep === null ? '' : e.ep.name}`;
     this.#redis.set(this.#prefix + e.key, value, 'PX', this.#ttlMs).catch((err: Error) => {
       this.errors++;
-      this.#warn(err, 'session store (Redis) write failed');
+      this.#warns.warn(err, 'session store (Redis) write failed');
     });
   }
 

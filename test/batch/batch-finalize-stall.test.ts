@@ -10,25 +10,13 @@
 // baseline, in the same run: the output's lines built and joined into one
 // string on a loop, as the old finalisation did.
 import t from 'tap';
-import { API_VERSION } from '../../src/config/schema.js';
-import { startFleet } from '../../src/sim/index.js';
-import { startRedis } from '../support/redis-util.js';
-import { fmtStall, spawnProbedServe, stallBound } from '../support/loop-stall.js';
+import { fmtStall, spawnBatchRouter, stallBound } from '../support/loop-stall.js';
 import { buildResultLines } from '../../src/batch/jsonl.js';
 
 const LINES = 4000;
 
 t.test('a batch with an ~8 MB output: the router loop stays within the bound from create to completed', async (t) => {
-  const redis = await startRedis(t);
-  const engines = await startFleet(1, { timeScale: 0 });
-  t.teardown(() => engines.close());
-  const router = await spawnProbedServe(t, {
-    apiVersion: API_VERSION,
-    kind: 'Router',
-    pools: [{ name: 'p', models: ['open-model'], endpoints: engines.urls.map((url, i) => ({ name: `e${i}`, url })) }],
-    logging: { level: 'info' },
-    batch: { redis: redis.url, keyPrefix: 'swy', maxInFlight: 64 },
-  });
+  const router = await spawnBatchRouter(t, { maxInFlight: 64 });
   const url = router.url;
   const input = Array.from({ length: LINES }, (_, i) => JSON.stringify({ custom_id: `r-${i}`, method: 'POST', url: '/v1/chat/completions', body: { model: 'open-model', messages: [{ role: 'user', content: `hello ${i}` }], max_tokens: 400 } })).join('\n') + '\n';
   const form = new FormData();

@@ -14,10 +14,7 @@ import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { API_VERSION } from '../../src/config/schema.js';
-import { startFleet } from '../../src/sim/index.js';
-import { startRedis } from '../support/redis-util.js';
-import { fmtStall, spawnProbedServe, stallBound } from '../support/loop-stall.js';
+import { measureRounds, spawnBatchRouter, stallBound } from '../support/loop-stall.js';
 import { checkJsonl } from '../../src/batch/jsonl.js';
 
 const curlUpload = (url: string, path: string) =>
@@ -30,16 +27,7 @@ const curlUpload = (url: string, path: string) =>
   });
 
 t.test('a 64 MiB upload: the loop never stalls more than 50 ms', async (t) => {
-  const redis = await startRedis(t);
-  const engines = await startFleet(1, { timeScale: 0 });
-  t.teardown(() => engines.close());
-  const router = await spawnProbedServe(t, {
-    apiVersion: API_VERSION,
-    kind: 'Router',
-    pools: [{ name: 'p', models: ['open-model'], endpoints: engines.urls.map((url, i) => ({ name: `e${i}`, url })) }],
-    logging: { level: 'info' },
-    batch: { redis: redis.url, keyPrefix: 'swy', maxFileBytes: 80 * 1024 * 1024 },
-  });
+  const router = await spawnBatchRouter(t, { maxFileBytes: 80 * 1024 * 1024 });
 
   const line = (i: number) => JSON.stringify({ custom_id: `r-${i}`, method: 'POST', url: '/v1/chat/completions', body: { model: 'open-model', messages: [{ role: 'user', content: `hello ${i} ${'x'.repeat(100)}` }] } }) + '\n';
   const big = Buffer.allocUnsafe(64 * 1024 * 1024 + 4096);
@@ -56,15 +44,10 @@ t.test('a 64 MiB upload: the loop never stalls more than 50 ms', async (t) => {
   t.equal((await curlUpload(router.url, warm)).status, 200);
 
   // the best of three uploads counts (a round can lose its core to another process mid-GC)
-  const rounds = [];
-  for (let i = 0; i < 3; i++) {
-    const [res, st] = await router.measure(() => curlUpload(router.url, path));
+  const { best } = await measureRounds(t, router, 3, 'upload', () => curlUpload(router.url, path), (res) => {
     t.equal(res.status, 200, 'stored');
     t.ok(res.body.bytes !== undefined && res.body.bytes >= 64 * 1024 * 1024, `${res.body.bytes} bytes`);
-    t.comment(`upload ${i + 1}: ${fmtStall(st)}`);
-    rounds.push(st);
-  }
-  const best = rounds.reduce((a, b) => (b.own < a.own ? b : a));
+  });
   // the baseline: the JSONL check on a loop (this one), as the code before the worker ran it
   const t0 = performance.now();
   t.equal(checkJsonl(big.subarray(0, size)), null);

@@ -50,6 +50,31 @@ function config(redisUrl: string, urls: string[], ha: Record<string, unknown> = 
   };
 }
 
+/** A redis-server and `n` simulated engines (`opts` as startFleet takes them), all stopped at teardown. */
+async function redisAndFleet(t: Tap.Test, n: number, opts: Parameters<typeof startFleet>[1]) {
+  const redis = await startRedis(t);
+  const fleet = await startFleet(n, opts);
+  t.teardown(() => fleet.close());
+  return { redis, fleet };
+}
+
+/** A replica in this process (startRouter on a free loopback port), closed at teardown. */
+async function replica(t: Tap.Test, cfg: ReturnType<typeof validateConfig>) {
+  const r = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => r.close(100));
+  return r;
+}
+
+/** Replica A as `switchyard serve` in its own process (info logs; it can be killed), replica B in this one, both on `raw`. */
+async function spawnedAndLocal(t: Tap.Test, raw: Record<string, unknown>) {
+  const dir = mkdtempSync(join(tmpdir(), 'swy-aa-'));
+  const file = join(dir, 'router.yaml');
+  writeFileSync(file, JSON.stringify({ ...raw, logging: { level: 'info' } }));
+  const a = await spawnServe(t, ['--config', file, '--port', '0'], 60_000);
+  const b = await replica(t, validateConfig(raw, validatePlugin));
+  return { a, b };
+}
+
 t.test('config: ha.redis alone is active-active; mode standby keeps the pair; kubernetes implies standby', async (t) => {
   const base = { apiVersion: API_VERSION, kind: 'Router', pools: [{ name: 'p', models: ['m'], endpoints: [{ url: 'http://127.0.0.1:1' }] }] };
   t.match(validateConfig({ ...base, ha: { redis: 'redis://127.0.0.1:6379' } }).ha, { mode: 'active-active', peerTtlMs: 2000, deltaFlushMs: 100 });
@@ -62,14 +87,10 @@ t.test('config: ha.redis alone is active-active; mode standby keeps the pair; ku
 });
 
 t.test('two replicas: both Ready; a prefix placed through A is routed to the same engine from B', async (t) => {
-  const redis = await startRedis(t);
-  const fleet = await startFleet(4, { timeScale: 0 });
-  t.teardown(() => fleet.close());
+  const { redis, fleet } = await redisAndFleet(t, 4, { timeScale: 0 });
   const cfg = validateConfig(config(redis.url, fleet.urls), validatePlugin);
-  const a = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(() => a.close(100));
-  const b = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(() => b.close(100));
+  const a = await replica(t, cfg);
+  const b = await replica(t, cfg);
   t.equal(a.ha, null, 'no lease');
   t.ok(a.fleet!.shared && b.fleet!.shared, 'both share through Redis');
   t.not(a.fleet!.replica, b.fleet!.replica);
@@ -99,17 +120,10 @@ t.test('two replicas: both Ready; a prefix placed through A is routed to the sam
 });
 
 t.test('in flight across replicas: B counts what A has out; A SIGKILLed: its share expires; Redis killed: B keeps serving', async (t) => {
-  const redis = await startRedis(t);
   // slow engines: a 400-token stream lasts ~2 s
-  const fleet = await startFleet(2, { timeScale: 1, itlMs: 5 });
-  t.teardown(() => fleet.close());
+  const { redis, fleet } = await redisAndFleet(t, 2, { timeScale: 1, itlMs: 5 });
   const raw = config(redis.url, fleet.urls, { peerTtlMs: 500 });
-  const dir = mkdtempSync(join(tmpdir(), 'swy-aa-'));
-  const file = join(dir, 'router.yaml');
-  writeFileSync(file, JSON.stringify({ ...raw, logging: { level: 'info' } }));
-  const a = await spawnServe(t, ['--config', file, '--port', '0'], 60_000);
-  const b = await startRouter(validateConfig(raw, validatePlugin), { port: 0, host: '127.0.0.1' });
-  t.teardown(() => b.close(100));
+  const { a, b } = await spawnedAndLocal(t, raw);
   t.ok((await until(() => b.fleet!.peers === 1, 5000)) >= 0, 'B sees A');
   // 6 long streams through A, read slowly
   const N = 6;
@@ -151,14 +165,10 @@ t.test('in flight across replicas: B counts what A has out; A SIGKILLed: its sha
 });
 
 t.test('Redis killed under two replicas: both keep serving', async (t) => {
-  const redis = await startRedis(t);
-  const fleet = await startFleet(2, { timeScale: 0 });
-  t.teardown(() => fleet.close());
+  const { redis, fleet } = await redisAndFleet(t, 2, { timeScale: 0 });
   const cfg = validateConfig(config(redis.url, fleet.urls), validatePlugin);
-  const a = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(() => a.close(100));
-  const b = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
-  t.teardown(() => b.close(100));
+  const a = await replica(t, cfg);
+  const b = await replica(t, cfg);
   t.ok((await until(() => a.fleet!.peers === 1 && b.fleet!.peers === 1, 5000)) >= 0, 'they see each other');
   await redis.kill();
   t.ok((await until(() => !a.fleet!.shared && !b.fleet!.shared, 3000)) >= 0, 'both noticed');
@@ -175,8 +185,7 @@ t.test('a replica started while Redis is down serves, and shares once Redis is u
   await redis.kill();
   const fleet = await startFleet(1, { timeScale: 0 });
   t.teardown(() => fleet.close());
-  const a = await startRouter(validateConfig(config(redis.url, fleet.urls), validatePlugin), { port: 0, host: '127.0.0.1' });
-  t.teardown(() => a.close(100));
+  const a = await replica(t, validateConfig(config(redis.url, fleet.urls), validatePlugin));
   t.equal(a.fleet!.shared, false);
   t.ok(await ask(a.url, 1, 0), 'serves');
   await redis.restart();
@@ -184,16 +193,9 @@ t.test('a replica started while Redis is down serves, and shares once Redis is u
 });
 
 t.test('SIGTERM a replica mid-stream: /readyz 503 at once, its streams finish, the others count them until it says goodbye', async (t) => {
-  const redis = await startRedis(t);
-  const fleet = await startFleet(2, { timeScale: 1, itlMs: 5 });
-  t.teardown(() => fleet.close());
+  const { redis, fleet } = await redisAndFleet(t, 2, { timeScale: 1, itlMs: 5 });
   const raw = { ...config(redis.url, fleet.urls), shutdown: { drainDelayMs: 300, graceMs: 20_000 } };
-  const dir = mkdtempSync(join(tmpdir(), 'swy-aa-'));
-  const file = join(dir, 'router.yaml');
-  writeFileSync(file, JSON.stringify({ ...raw, logging: { level: 'info' } }));
-  const a = await spawnServe(t, ['--config', file, '--port', '0'], 60_000);
-  const b = await startRouter(validateConfig(raw, validatePlugin), { port: 0, host: '127.0.0.1' });
-  t.teardown(() => b.close(100));
+  const { a, b } = await spawnedAndLocal(t, raw);
   t.ok((await until(() => b.fleet!.peers === 1, 5000)) >= 0, 'B sees A');
   const N = 3;
   const streams = Array.from({ length: N }, (_, i) =>

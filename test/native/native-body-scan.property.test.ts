@@ -380,6 +380,28 @@ t.test('hostile inputs: truncations of every length, lone bytes, empty', async (
   tt.throws(() => scanRequestBody(Buffer.from('{}'), CHAT, 128, out, new Int32Array(4)), /meta must be/);
 });
 
+t.test('the string table of the scanner and integer reading: repeated, colliding and changing keys and values, every number form', async (tt) => {
+  // one scanner over many bodies: strings it has seen come from its table, so a value must never be an earlier one's
+  const r = rng(99);
+  const words = ['model', 'user', 'stream', 'max_tokens', 'a', 'b', 'é', 'x'.repeat(47), 'y'.repeat(48), 'z'.repeat(49), '\u20ac', ''];
+  const numbers = ['0', '-0', '7', '-7', '123456789012345', '-123456789012345', '1234567890123456', '9007199254740993', '1.5', '-2.25', '1e3', '1E-2', '0.1', '-0.0', '12e+2'];
+  for (let i = 0; i < 4000; i++) {
+    const fields: string[] = [`"model":"m${Math.floor(r() * 200)}"`];
+    const n = Math.floor(r() * 5);
+    for (let j = 0; j < n; j++) {
+      const key = r() < 0.5 ? words[Math.floor(r() * words.length)]! : `k${Math.floor(r() * 300)}`;
+      const v =
+        r() < 0.5
+          ? numbers[Math.floor(r() * numbers.length)]!
+          : JSON.stringify(r() < 0.5 ? words[Math.floor(r() * words.length)]! : `v${Math.floor(r() * 1000)}`);
+      fields.push(`${JSON.stringify(key)}:${v}`);
+    }
+    fields.push('"prompt":"p"');
+    agree(tt, Buffer.from(`{${fields.join(',')}}`), COMPLETION, `table #${i}`);
+  }
+  tt.pass('every body agreed (failures are reported one by one)');
+});
+
 t.test('summary', async (tt) => {
   tt.ok(compared > 10_000 || asan, `${compared} bodies compared, ${agreedValid} valid ones agreed`);
 });

@@ -9,6 +9,9 @@
 // Where schedstat cannot be read (not Linux), `own` is the wall-clock gap.
 import { readFileSync } from 'node:fs';
 import { PerformanceObserver } from 'node:perf_hooks';
+import { API_VERSION } from '../../src/config/schema.js';
+import { startFleet } from '../../src/sim/index.js';
+import { startRedis } from './redis-util.js';
 
 export interface LoopStall {
   /** The worst wall-clock gap between ticks, less the 5 ms interval (ms). */
@@ -173,3 +176,49 @@ export async function spawnProbedServe(t: Tap.Test, config: Record<string, unkno
  * `onLoopMs` or more, so the bound still fails it.
  */
 export const stallBound = (onLoopMs: number): number => Math.max(50, onLoopMs / 4);
+
+/**
+ * spawnProbedServe with the stall tests' router: one pool `p` serving `model` from `endpoints`, info logs,
+ * and `extra`'s top-level blocks.
+ */
+export function spawnProbedRouter(t: Tap.Test, model: string, endpoints: { name: string; url: string }[], extra: Record<string, unknown> = {}): Promise<ProbedServe> {
+  return spawnProbedServe(t, { apiVersion: API_VERSION, kind: 'Router', pools: [{ name: 'p', models: [model], endpoints }], logging: { level: 'info' }, ...extra });
+}
+
+/**
+ * The batch stall tests' set-up: a redis-server, one simulated engine (time scale 0) serving `open-model`
+ * and a probed router over it with `batch: { redis, keyPrefix: 'swy', ...batch }`; all stopped at teardown.
+ */
+export async function spawnBatchRouter(t: Tap.Test, batch: Record<string, unknown> = {}): Promise<ProbedServe> {
+  const redis = await startRedis(t);
+  const engines = await startFleet(1, { timeScale: 0 });
+  t.teardown(() => engines.close());
+  const endpoints = engines.urls.map((url, i) => ({ name: `e${i}`, url }));
+  return spawnProbedRouter(t, 'open-model', endpoints, { batch: { redis: redis.url, keyPrefix: 'swy', ...batch } });
+}
+
+/**
+ * Measures `fn` in the router `n` times, one round after another (a shared machine can preempt a round,
+ * so the stall tests bound the best one): each round's stall is commented as `<label> <i>: <stall>`
+ * after `after` (the round's own checks and clean-up) has seen its answer. Answers the rounds' answers,
+ * their stalls, and the stall of least own time.
+ */
+export async function measureRounds<T>(
+  t: Tap.Test,
+  router: ProbedServe,
+  n: number,
+  label: string,
+  fn: () => Promise<T>,
+  after: (r: T, i: number) => unknown = () => undefined,
+): Promise<{ results: T[]; stalls: LoopStall[]; best: LoopStall }> {
+  const results: T[] = [];
+  const stalls: LoopStall[] = [];
+  for (let i = 0; i < n; i++) {
+    const [r, st] = await router.measure(fn);
+    await after(r, i);
+    t.comment(`${label} ${i + 1}: ${fmtStall(st)}`);
+    results.push(r);
+    stalls.push(st);
+  }
+  return { results, stalls, best: stalls.reduce((a, b) => (b.own < a.own ? b : a)) };
+}
