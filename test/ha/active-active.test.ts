@@ -11,6 +11,7 @@ import { spawnServe, validatePlugin } from '../support/router-util.js';
 import { startFleet } from '../../src/sim/index.js';
 import { API_VERSION, validateConfig } from '../../src/config/schema.js';
 import { startRouter } from '../../src/server/router.js';
+import { Redis } from 'ioredis';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -213,4 +214,43 @@ t.test('SIGTERM a replica mid-stream: /readyz 503 at once, its streams finish, t
   t.same(await a.exited, [0, null], 'A exits cleanly');
   t.ok((await until(() => b.fleet!.left === 1 && peer() === 0, 2000)) >= 0, 'and its goodbye dropped its share at once');
   t.equal(b.fleet!.expired, 0, 'not by expiry');
+});
+
+t.test('sessions: with active-active and no sessions.store, pins and turn state go through ha.redis; a turn through A, the next through B, stays on the pinned engine', async (t) => {
+  const redis = await startRedis(t);
+  const fleet = await startFleet(3, { timeScale: 0 });
+  t.teardown(() => fleet.close());
+  const cfg = validateConfig(config(redis.url, fleet.urls), validatePlugin);
+  t.same(cfg.sessions.store, { url: redis.url, keyPrefix: 'switchyard:session:', timeoutMs: 250 }, 'the store follows ha.redis');
+  t.equal(validateConfig(config(redis.url, fleet.urls, {}), validatePlugin).ha!.mode, 'active-active');
+  const standby = validateConfig({ ...config(redis.url, fleet.urls, { mode: 'standby' }) }, validatePlugin);
+  t.equal(standby.sessions.store, 'memory', 'the standby pair keeps its pins in memory (one active router)');
+  const explicit = validateConfig({ ...config(redis.url, fleet.urls), sessions: { store: 'memory' } }, validatePlugin);
+  t.equal(explicit.sessions.store, 'memory', 'an explicit sessions.store wins');
+  const a = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => a.close(100));
+  const b = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => b.close(100));
+  const turn = async (url: string, content: string, session: string) => {
+    const res = await fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-session-id': session },
+      body: JSON.stringify({ model: 'open-model', max_tokens: 2, messages: [{ role: 'user', content }] }),
+    });
+    await res.arrayBuffer();
+    t.equal(res.status, 200);
+    return res.headers.get('x-switchyard-endpoint')!;
+  };
+  const N = 8;
+  // the first turns at once: the load-aware pick spreads them over the engines
+  const homes = await Promise.all(Array.from({ length: N }, (_, s) => turn(a.url, `first turn of conversation ${s}`, `conv${s}`)));
+  t.ok(new Set(homes).size > 1, `the conversations spread: ${homes.join(' ')}`);
+  const client = new Redis(redis.url);
+  t.teardown(() => client.disconnect());
+  t.ok((await until(async () => (await client.keys('switchyard:session:*')).length === N, 3000)) >= 0, 'A wrote every pin to the shared Redis');
+  // the next turn of each, through B, with a text that shares no prefix with the first: only the pin says where
+  for (let s = 0; s < N; s++) t.equal(await turn(b.url, `${'z'.repeat(60 + 13 * s)} second turn of ${s}`, `conv${s}`), homes[s], `conv${s}: B sent turn 2 to the engine A pinned it to`);
+  const m = await (await fetch(`${b.url}/metrics`)).text();
+  t.match(m, new RegExp(`switchyard_session_turns_followed_total ${N}\\b`), 'B counts them as followed pins');
+  t.match(m, /switchyard_session_pins_created_total 0\b/, 'and made none of its own');
 });
