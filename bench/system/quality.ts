@@ -34,13 +34,29 @@
 // (ha active-active, src/ha/fleet.ts). Scenario --restart-every S: every S
 // seconds one engine in turn restarts (POST /sim/restart: its cache is gone,
 // its KV-event publisher starts at seq 0); no router is told.
+// --routers takes a list (--routers 1,4: every policy with one router and with
+// four, in the same invocation, so the ratios come from one run);
+// --spread one sends every request to the first router while the others run
+// beside it (the same processes, scrapes and sharing: a control that separates
+// what four router processes cost a loaded machine from how the decisions are
+// split; --spread one,turn runs both); --warmup N sends N short requests
+// through every router first (a router just started runs its request path
+// unoptimised); --ha 'k: v' adds to switchyard-shared's ha block (e.g.
+// --ha 'pickFlushMs: 0'); --trace FILE writes every request (sent at,
+// router, endpoint, TTFT, prompt and cached tokens, group) as JSON lines.
+// Besides the measured TTFT each run reports the routed TTFT (replayTtft: every
+// request replayed on the simulator's serial-prefill model with the endpoint it
+// went to and the cached tokens the engine reported; no CPU time of the
+// machine enters it), the misses (requests served with less than half their
+// prompt cached), and the CPU seconds of the routers and the simulator.
 // Every policy of a run gets the same N and the same restarts. After each run every router's
 // predicted match (switchyard_prefix_matched_blocks_total / _blocks_total) and
 // every engine's vllm:prefix_cache_hits_total / _queries_total are read, so
 // predicted and engine-measured hit rates stand side by side.
 //
 //   node dist/bench/quality.js [--quick] [--kv-cache-blocks N] [--rates 5,10,20] [--workloads shared-prefix,multi-turn]
-//                              [--policies round-robin,least-request,switchyard] [--seconds 12] [--routers N] [--restart-every S]
+//                              [--policies round-robin,least-request,switchyard] [--seconds 12] [--routers N[,M]] [--restart-every S]
+//                              [--spread turn|one|one,turn] [--warmup N] [--ha 'pickFlushMs: 0'] [--trace out.jsonl]
 //                              [--long-seconds 20 --long-from 40] [--json out.json]
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
