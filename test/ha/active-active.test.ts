@@ -254,3 +254,45 @@ t.test('sessions: with active-active and no sessions.store, pins and turn state 
   t.match(m, new RegExp(`switchyard_session_turns_followed_total ${N}\\b`), 'B counts them as followed pins');
   t.match(m, /switchyard_session_pins_created_total 0\b/, 'and made none of its own');
 });
+
+t.test('after a pick: its record and load reach the other replica within pickFlushMs, not at the next deltaFlushMs; a peer\'s unseen requests stop counting at our next scrape', async (t) => {
+  const redis = await startRedis(t);
+  // slow engines: the streams stay in flight
+  const fleet = await startFleet(2, { timeScale: 1, itlMs: 5 });
+  t.teardown(() => fleet.close());
+  // a heartbeat every 5 s: within this test, only the pick flush can carry A's pick to B
+  const raw = config(redis.url, fleet.urls, { deltaFlushMs: 5000, peerTtlMs: 15_000, pickFlushMs: 5 });
+  // A scrapes once at its start, then not for 10 s: every request it sends is one its engines' figures cannot show yet
+  const a = await startRouter(validateConfig({ ...raw, dataLayer: { scrapeIntervalMs: 10_000 } }, validatePlugin), { port: 0, host: '127.0.0.1' });
+  t.teardown(() => a.close(100));
+  // B scrapes every 400 ms: A's report is seen (polled every 2 ms) before B's next scrape with near certainty
+  const b = await startRouter(validateConfig({ ...raw, dataLayer: { scrapeIntervalMs: 400 } }, validatePlugin), { port: 0, host: '127.0.0.1' });
+  t.teardown(() => b.close(100));
+  const ctl = new AbortController();
+  t.teardown(() => ctl.abort());
+  const t0 = performance.now();
+  const N = 3;
+  const streams = Array.from({ length: N }, (_, i) =>
+    fetch(`${a.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: body(300 + i, 0, 2000, true), signal: ctl.signal })
+      .then((r) => r.arrayBuffer())
+      .catch(() => null),
+  );
+  const peer = () => b.core.endpoints.all.reduce((s, ep) => s + ep.peerInFlight, 0);
+  const unseen = () => b.core.endpoints.all.reduce((s, ep) => s + ep.peerUnseen, 0);
+  let sawUnseen = 0;
+  t.ok(
+    (await until(() => {
+      sawUnseen = Math.max(sawUnseen, unseen());
+      return b.fleet!.ops >= N && peer() === N;
+    }, 3000, 2)) >= 0,
+    `B applied A's ${N} records and counts its ${N} requests`,
+  );
+  t.equal(Math.max(sawUnseen, unseen()), N, 'A reported them as sent since its scrape (unseen)');
+  const took = performance.now() - t0;
+  t.ok(took < 2500, `within ${Math.round(took)} ms of the requests, well before A's first heartbeat (5 s)`);
+  // A's report counted them as unseen (sent since A's scrape); B's next scrape shows them at the engines
+  t.ok((await until(() => unseen() === 0, 2000, 5)) >= 0, "B's own scrape took A's unseen requests out of its queue estimate");
+  t.equal(peer(), N, 'while they still count as in flight');
+  ctl.abort();
+  await Promise.all(streams);
+});
