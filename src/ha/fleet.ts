@@ -11,11 +11,14 @@
 //   flow control's saturation see the whole fleet's dispatches.
 //
 // Every `ha.deltaFlushMs` a replica appends one message (XADD MAXLEN ~), its
-// heartbeat too; a replica whose messages stopped for `peerTtlMs` is gone and
-// its share is dropped; a replica that stops gracefully says so in its last
-// message and its share goes at once. No request waits on Redis: the append
-// and the reader (a dedicated connection, XREAD BLOCK) run beside the
-// requests, and what arrives is folded in on the flush timer.
+// heartbeat too, and after a pick one within `ha.pickFlushMs` (at most one
+// such message per pickFlushMs: the others see a pick within a few ms, not
+// up to deltaFlushMs later); a replica whose messages stopped for
+// `peerTtlMs` is gone and its share is dropped; a replica that stops
+// gracefully says so in its last message and its share goes at once. No
+// request waits on Redis: the append and the reader (a dedicated connection,
+// XREAD BLOCK) run beside the requests; what arrives is applied and folded
+// into the endpoints as it arrives (the flush timer recomputes the sums).
 //
 // Why a stream and not pub/sub: a stream keeps a capped backlog, so a
 // replica that starts reads the recent working set to warm its index, and one
@@ -140,10 +143,10 @@ export class FleetShare {
     f.#flush = setInterval(() => void f.flush(), cfg.deltaFlushMs);
     f.#flush.unref();
     if (cfg.pickFlushMs > 0 && cfg.pickFlushMs < cfg.deltaFlushMs) {
-      // a pick's records (and the load it adds) go out within pickFlushMs, not at the next deltaFlushMs:
-      // the buffer wakes this once per message (its first op), never per request
-      // the first pick after a quiet spell goes out at once (on the next turn of the loop, not in the
-      // request's); while picks keep coming, one message per pickFlushMs
+      // a pick's records (and the load it adds) go out within pickFlushMs, not at the next deltaFlushMs.
+      // The buffer calls this on the first op after each message, never per request: the first pick after
+      // a quiet spell goes out at once (on the next turn of the loop, not in the request's); while picks
+      // keep coming, one message per pickFlushMs
       const fire = () => void f.flush(false, false);
       f.buffer.onFirstOp(() => {
         if (performance.now() - f.#sentAt >= cfg.pickFlushMs && f.#flushing === null) setImmediate(fire);
