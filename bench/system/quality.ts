@@ -34,19 +34,35 @@
 // (ha active-active, src/ha/fleet.ts). Scenario --restart-every S: every S
 // seconds one engine in turn restarts (POST /sim/restart: its cache is gone,
 // its KV-event publisher starts at seq 0); no router is told.
+// --routers takes a list (--routers 1,4: every policy with one router and with
+// four, in the same invocation, so the ratios come from one run);
+// --spread one sends every request to the first router while the others run
+// beside it (the same processes, scrapes and sharing: a control that separates
+// what four router processes cost a loaded machine from how the decisions are
+// split; --spread one,turn runs both); --warmup N sends N short requests
+// through every router first (a router just started runs its request path
+// unoptimised); --ha 'k: v' adds to switchyard-shared's ha block (e.g.
+// --ha 'pickFlushMs: 0'); --trace FILE writes every request (sent at,
+// router, endpoint, TTFT, prompt and cached tokens, group) as JSON lines.
+// Besides the measured TTFT each run reports the routed TTFT (replayTtft: every
+// request replayed on the simulator's serial-prefill model with the endpoint it
+// went to and the cached tokens the engine reported; no CPU time of the
+// machine enters it), the misses (requests served with less than half their
+// prompt cached), and the CPU seconds of the routers and the simulator.
 // Every policy of a run gets the same N and the same restarts. After each run every router's
 // predicted match (switchyard_prefix_matched_blocks_total / _blocks_total) and
 // every engine's vllm:prefix_cache_hits_total / _queries_total are read, so
 // predicted and engine-measured hit rates stand side by side.
 //
 //   node dist/bench/quality.js [--quick] [--kv-cache-blocks N] [--rates 5,10,20] [--workloads shared-prefix,multi-turn]
-//                              [--policies round-robin,least-request,switchyard] [--seconds 12] [--routers N] [--restart-every S]
+//                              [--policies round-robin,least-request,switchyard] [--seconds 12] [--routers N[,M]] [--restart-every S]
+//                              [--spread turn|one|one,turn] [--warmup N] [--ha 'pickFlushMs: 0'] [--trace out.jsonl]
 //                              [--long-seconds 20 --long-from 40] [--json out.json]
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, freePort, freePortRange, start, waitReady, option } from '../lib/proc.js';
+import { CLI, cpuSeconds, freePort, freePortRange, start, waitReady, option } from '../lib/proc.js';
 import { expGap, fmt, mean, quantile, rng } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
 import { which } from '../lib/proxies.js';
@@ -112,6 +128,20 @@ interface Result {
   t0: number;
   prompts: string[]; // rendered prompts in send order, for the bound
   errorSamples: string[];
+  /** --trace: one entry per finished request. */
+  trace: TraceEntry[] | null;
+}
+
+/** --trace FILE: per request, when it was sent (ms since the start), through which router, where it went, its TTFT, its prompt and cached tokens. */
+interface TraceEntry {
+  at: number;
+  router: number;
+  endpoint: string;
+  ttft: number;
+  prompt: number;
+  cached: number;
+  /** The request's shared prefix: its group (shared-prefix), its session (multi-turn). */
+  tag: string;
 }
 
 const TOKEN_BIN_MS = 100;
@@ -265,13 +295,17 @@ function render(messages: Array<{ role: string; content: string }>): string {
   return s + '<|assistant|>\n';
 }
 
-async function sendStream(pool: Pool, path: string, body: string, res: Result, keepText: boolean): Promise<{ text: string } | null> {
+async function sendStream(pool: Pool, path: string, body: string, res: Result, keepText: boolean, router = 0, tag = ''): Promise<{ text: string } | null> {
   const t0 = performance.now();
   let first = 0;
   let text = '';
   let tail = '';
+  let endpoint = '';
+  let prompt = 0;
+  let cached = 0;
   try {
     const r = await pool.request({ method: 'POST', path, headers: { 'content-type': 'application/json' }, body });
+    endpoint = String(r.headers['x-switchyard-endpoint'] ?? '');
     if (r.statusCode !== 200) {
       const b = await r.body.text();
       noteError(res, `HTTP ${r.statusCode}: ${b.slice(0, 200)}`);
@@ -305,6 +339,8 @@ async function sendStream(pool: Pool, path: string, body: string, res: Result, k
           res.promptTokens += j.usage.prompt_tokens;
           res.outputTokens += j.usage.completion_tokens;
           res.cachedTokens += j.usage.prompt_tokens_details?.cached_tokens ?? 0;
+          prompt = j.usage.prompt_tokens;
+          cached = j.usage.prompt_tokens_details?.cached_tokens ?? 0;
         }
       }
       if (tokens) countTokens(res, now, tokens);
@@ -316,6 +352,7 @@ async function sendStream(pool: Pool, path: string, body: string, res: Result, k
   const t1 = performance.now();
   res.ttft.push(first - t0);
   res.e2e.push(t1 - t0);
+  res.trace?.push({ at: t0 - res.t0, router, endpoint, ttft: first - t0, prompt, cached, tag });
   return { text };
 }
 
@@ -327,14 +364,19 @@ export async function runLoad(
   seed: number,
   engineUrls: string[] = [],
   restartEveryS = 0,
+  spread: 'turn' | 'one' = 'turn',
 ): Promise<Result & { samples: EngineSample[]; restarts: number }> {
-  // several routers: each request goes to the next one in turn (an L4 balancer in front of active-active replicas)
+  // several routers: each request goes to the next one in turn (an L4 balancer in front of active-active replicas);
+  // spread 'one': all to the first (the others run, scrape and share but route nothing: the same processes and
+  // background work as 'turn', so the two differ only in how the routing decisions are split)
   const pools = (Array.isArray(url) ? url : [url]).map((u) => new Pool(u, { connections: 4096, pipelining: 1 }));
   let nextPool = 0;
-  const pool = () => pools[nextPool++ % pools.length]!;
+  let lastPool = 0;
+  const pool = () => pools[(lastPool = spread === 'one' ? 0 : nextPool++ % pools.length)]!;
   const t0 = performance.now();
   const res: Result = {
     ttft: [], e2e: [], promptTokens: 0, cachedTokens: 0, outputTokens: 0, errors: 0, wallS: 0, arrivalS: 0, tokenBins: [], t0, prompts: [], errorSamples: [],
+    trace: [],
   };
   const sampler = sampleEngines(engineUrls, t0, 200);
   // --restart-every S: every S seconds of the arrival window the next engine in turn restarts (POST /sim/restart:
@@ -368,7 +410,8 @@ export async function runLoad(
       await sleepUntil(at);
       res.prompts.push(turn.prompt!);
       const body = JSON.stringify({ model: 'open-model', prompt: turn.prompt, max_tokens: turn.maxTokens, stream: true, stream_options: { include_usage: true } });
-      pending.push(sendStream(pool(), '/v1/completions', body, res, false));
+      const p = pool();
+      pending.push(sendStream(p, '/v1/completions', body, res, false, lastPool, turn.prompt!.slice(0, turn.prompt!.indexOf(']') + 1)));
     }
   } else {
     // Sessions arrive as a Poisson process of rate / turns, so requests arrive at about `rate`.
@@ -385,7 +428,8 @@ export async function runLoad(
             messages.push({ role: 'user', content: userTexts[t]! });
             res.prompts.push(render(messages));
             const body = JSON.stringify({ model: 'open-model', messages, max_tokens: MULTI.outputTokens, stream: true, stream_options: { include_usage: true } });
-            const r = await sendStream(pool(), '/v1/chat/completions', body, res, true);
+            const p = pool();
+            const r = await sendStream(p, '/v1/chat/completions', body, res, true, lastPool, `agent ${s}`);
             if (!r) return;
             messages.push({ role: 'assistant', content: r.text });
           }
@@ -425,6 +469,30 @@ export function hitBound(prompts: string[], blockTokens: number): { rate: number
   return { rate: total ? hit / total : 0, distinctBlocks: seen.size };
 }
 
+/**
+ * TTFT as the routing decisions alone make it: every request replayed, in
+ * the order it was sent, on the simulator's prefill model (src/sim/
+ * scheduler.ts, serial prefill: a prefill's per-token compute starts when the
+ * engine's previous one ends) with its endpoint and the cached tokens the
+ * engine reported, from the moment the client sent it. No router, engine or
+ * client CPU time enters it (on a loaded 2-core machine those dominate the
+ * measured TTFT of four router processes), nor the engine's slot limit (the
+ * runs here keep well under max-num-seqs). What it shows: the prefill waits
+ * and recomputes that where requests went costs.
+ */
+export function replayTtft(trace: readonly TraceEntry[], fleet: FleetShape): number[] {
+  const sorted = [...trace].sort((a, b) => a.at - b.at);
+  const freeAt = new Map<string, number>();
+  const out: number[] = [];
+  for (const r of sorted) {
+    const compute = ((r.prompt - r.cached) * fleet.prefillUsPerToken) / 1000;
+    const start = Math.max(r.at, freeAt.get(r.endpoint) ?? 0);
+    freeAt.set(r.endpoint, start + compute);
+    out.push(start - r.at + fleet.prefillOverheadMs + compute);
+  }
+  return out;
+}
+
 /** The steady-state window starts at this fraction of the arrival window (ramp-up excluded) and ends at the last arrival (drain excluded). */
 const STEADY_FROM = 0.25;
 
@@ -437,11 +505,18 @@ export interface Row {
   rate: number;
   /** Router replicas in front of the fleet. */
   routers: number;
+  /** How requests were spread over them: in turn, or all to the first (--spread one). */
+  spread: 'turn' | 'one';
   /** Engine restarts during the run (--restart-every). */
   restarts: number;
   requests: number;
   ttftP50: number;
   ttftP90: number;
+  /** replayTtft's p50 / p90: the TTFT the routing decisions make on the simulator's prefill model, without the machine's CPU. */
+  routedP50: number;
+  routedP90: number;
+  /** Requests the engines served with less than half their prompt cached (a new prefix, or a prefix recomputed elsewhere). */
+  misses: number;
   e2eP50: number;
   /** Output tokens / wall time of the whole run (arrivals + drain). */
   outTokS: number;
@@ -487,17 +562,20 @@ async function metricsOf(url: string): Promise<string> {
 }
 
 /** The routers' predicted match ratio (blocks the picked endpoint was believed to hold / prompt blocks), summed over routers. */
-async function predictedMatch(urls: string[]): Promise<{ ratio: number; speculative: number; fallback: number; noRoom: number }> {
-  let blocks = 0, matched = 0, speculative = 0, fallback = 0, noRoom = 0;
+async function predictedMatch(urls: string[]): Promise<{ ratio: number; speculative: number; fallback: number; noRoom: number; waitS: number; waited: number }> {
+  let blocks = 0, matched = 0, speculative = 0, fallback = 0, noRoom = 0, waitS = 0, waited = 0;
   for (const u of urls) {
     const t = await metricsOf(u);
+    // flow control's queue wait (Σ seconds, requests): held at a router before dispatch
+    waitS += counterSum(t, 'switchyard_flow_queue_wait_seconds_sum');
+    waited += counterSum(t, 'switchyard_flow_queue_wait_seconds_count');
     blocks += counterSum(t, 'switchyard_prefix_blocks_total');
     matched += counterSum(t, 'switchyard_prefix_matched_blocks_total');
     speculative += counterSum(t, 'switchyard_prefix_speculative_candidates_total');
     fallback += counterSum(t, 'switchyard_prefix_fallback_unhealthy_total') + counterSum(t, 'switchyard_prefix_fallback_no_tokens_total');
     noRoom += counterSum(t, 'switchyard_prefix_no_room_candidates_total');
   }
-  return { ratio: blocks ? matched / blocks : 0, speculative, fallback, noRoom };
+  return { ratio: blocks ? matched / blocks : 0, speculative, fallback, noRoom, waitS, waited };
 }
 
 /** The engines' prefix-cache counters, summed over the fleet. */
@@ -511,6 +589,50 @@ async function engineHits(urls: string[]): Promise<{ hits: number; queries: numb
   return { hits, queries };
 }
 
+function engineUrlsOf(base: number, n: number): string[] {
+  return Array.from({ length: n }, (_, i) => `http://127.0.0.1:${base + i}`);
+}
+
+/** a - b, key by key (b absent: a). */
+function minus<T extends Record<string, number>>(a: T, b: T | undefined): T {
+  if (b === undefined) return a;
+  const out = { ...a };
+  for (const k of Object.keys(a) as Array<keyof T>) out[k] = (a[k] - b[k]) as T[keyof T];
+  return out;
+}
+
+/**
+ * --warmup N: N short streamed requests through every router before the
+ * measured run, 8 at a time (a router just started runs its request path
+ * unoptimised for its first few hundred requests; with several routers
+ * started at once that warm-up is paid several times over at the start of
+ * the run). Prompts shorter than one block: nothing reaches a prefix index
+ * or an engine's cache; the counters read after the run are taken net of them.
+ */
+async function warmUp(urls: string[], n: number): Promise<void> {
+  await Promise.all(
+    urls.map(async (u, k) => {
+      const pool = new Pool(u, { connections: 8 });
+      let next = 0;
+      await Promise.all(
+        Array.from({ length: 8 }, async () => {
+          while (next < n) {
+            const i = next++;
+            const body = JSON.stringify({ model: 'open-model', prompt: `w${k}.${i}`, max_tokens: 2, stream: true });
+            try {
+              const r = await pool.request({ method: 'POST', path: '/v1/completions', headers: { 'content-type': 'application/json' }, body });
+              await r.body.text();
+            } catch {
+              // a failed warm-up request only warms less
+            }
+          }
+        }),
+      );
+      await pool.close();
+    }),
+  );
+}
+
 export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config: string }> {
   const arg = (name: string) => option(argv, name);
   const quick = argv.includes('--quick');
@@ -522,12 +644,25 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
   const workloads = (arg('--workloads') ?? 'shared-prefix,multi-turn').split(',');
   const policies = (arg('--policies') ?? 'round-robin,least-request,switchyard').split(',');
   const seconds = Number(arg('--seconds') ?? (quick ? 4 : 12));
-  // --routers N: N router replicas in front of the fleet, requests spread over them in turn
-  const routers = Number(arg('--routers') ?? 1);
+  // --routers N[,M...]: N router replicas in front of the fleet, requests spread over them in turn; a list runs
+  // every policy with each count in the same invocation (e.g. --routers 1,2,4: ratios against one router, same run)
+  const routerCounts = (arg('--routers') ?? '1').split(',').map(Number);
+  // --trace FILE: every request (sent at, router, endpoint, TTFT, prompt and cached tokens) as JSON lines, one run a line group
+  const traceFile = arg('--trace');
+  // --ha 'k: v, ...': more of the ha block for switchyard-shared (e.g. --ha 'deltaFlushMs: 20')
+  const haExtra = arg('--ha') ?? '';
+  // --warmup N: N short requests through every router before each measured run (0: none, the default)
+  const warmup = Number(arg('--warmup') ?? 0);
+  if (!(Number.isInteger(warmup) && warmup >= 0)) throw new Error(`--warmup must be a whole number of requests ≥ 0 (got ${arg('--warmup')})`);
+  // --spread turn|one: requests to the routers in turn (default), or all to the first one while the others run
+  // beside it (a control: the same processes, scrapes and sharing; only the routing is not split); a list runs both
+  const spreads = (arg('--spread') ?? 'turn').split(',') as Array<'turn' | 'one'>;
+  if (!spreads.every((x) => x === 'turn' || x === 'one')) throw new Error(`--spread must be turn or one, comma-separated (got ${arg('--spread')})`);
+  const traces: string[] = [];
   // --restart-every S: an engine restart every S seconds of arrivals, engines in turn (0: none)
   const restartEvery = Number(arg('--restart-every') ?? 0);
   if (!(restartEvery >= 0)) throw new Error(`--restart-every must be a number of seconds ≥ 0 (got ${arg('--restart-every')})`);
-  if (!Number.isInteger(routers) || routers < 1) throw new Error(`--routers must be a positive integer (got ${arg('--routers')})`);
+  if (!routerCounts.every((r) => Number.isInteger(r) && r >= 1)) throw new Error(`--routers must be positive integers, comma-separated (got ${arg('--routers')})`);
   // Shared-prefix past round-robin's saturation: a longer arrival window, so the steady state dominates
   // the run (the multi-turn runs keep `seconds`: no floor is read from them).
   const longSeconds = Number(arg('--long-seconds') ?? (quick ? seconds : 20));
@@ -544,7 +679,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
     for (const rate of rates) {
       const long = workload === 'shared-prefix' && rate >= longFrom;
       const n = Math.max(48, Math.round(rate * (long ? longSeconds : seconds)));
-      for (const policy of policies) {
+      for (const routers of routerCounts) for (const spread of routers > 1 ? spreads : (['turn'] as const)) for (const policy of policies) {
         if (!(policy in POLICIES)) throw new Error(`unknown policy ${policy}`);
         const base = await freePortRange(fleet.engines);
         const precise = policy === 'precise' || policy === 'precise-nospec' || policy === 'precise-gpu';
@@ -579,7 +714,7 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
           const rport = await freePort();
           redis = start('redis', bin, ['--port', String(rport), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
           await new Promise((r) => setTimeout(r, 300));
-          haBlock = `ha: { redis: "redis://127.0.0.1:${rport}" }\n`;
+          haBlock = `ha: { redis: "redis://127.0.0.1:${rport}"${haExtra ? ', ' + haExtra : ''} }\n`;
         }
         // N replicas with one config but their own port
         const procs = ports.map((port, k) => {
@@ -600,15 +735,25 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
         const routerUrls = ports.map((port) => `http://127.0.0.1:${port}`);
         try {
           for (const u of routerUrls) await waitReady(`${u}/readyz`, 60_000);
+          if (warmup > 0) await warmUp(routerUrls, warmup);
+          const before = warmup > 0 ? { p: await predictedMatch(routerUrls), e: await engineHits(engineUrlsOf(base, fleet.engines)) } : null;
           const engineUrls = Array.from({ length: fleet.engines }, (_, i) => `http://127.0.0.1:${base + i}`);
-          const r = await runLoad(routerUrls, workload, rate, n, 1234 + rate, engineUrls, restartEvery);
+          const cpu0 = procs.reduce((a, p) => a + cpuSeconds(p.child.pid), 0);
+          const simCpu0 = cpuSeconds(sim.child.pid);
+          const r = await runLoad(routerUrls, workload, rate, n, 1234 + rate, engineUrls, restartEvery, spread);
+          const routerCpuS = procs.reduce((a, p) => a + cpuSeconds(p.child.pid), 0) - cpu0;
+          const simCpuS = cpuSeconds(sim.child.pid) - simCpu0;
+          if (traceFile !== undefined) for (const e of r.trace ?? []) traces.push(JSON.stringify({ workload, rate, policy, routers, spread, ...e }));
           const bound = hitBound(r.prompts, fleet.blockSize);
+          const routed = replayTtft(r.trace ?? [], fleet);
           const from = STEADY_FROM * r.arrivalS;
-          const predicted = await predictedMatch(routerUrls);
-          const measured = await engineHits(engineUrls);
+          const predicted = minus(await predictedMatch(routerUrls), before?.p);
+          const measured = minus(await engineHits(engineUrls), before?.e);
           const row: Row = {
-            workload, policy, rate, routers, restarts: r.restarts, requests: r.prompts.length,
+            workload, policy, rate, routers, spread, restarts: r.restarts, requests: r.prompts.length,
             ttftP50: quantile(r.ttft, 0.5), ttftP90: quantile(r.ttft, 0.9), e2eP50: quantile(r.e2e, 0.5),
+            routedP50: quantile(routed, 0.5), routedP90: quantile(routed, 0.9),
+            misses: (r.trace ?? []).filter((e) => e.cached * 2 < e.prompt).length,
             outTokS: r.outputTokens / r.wallS, steadyTokS: windowRate(r.tokenBins, from, r.arrivalS),
             offeredTokS: workload === 'shared-prefix' ? rate * SHARED.outputTokens : NaN,
             arrivalS: r.arrivalS, wallS: r.wallS, load: engineLoad(r.samples, fleet.engines, from, r.arrivalS),
@@ -620,11 +765,14 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
           rows.push(row);
           if (r.errorSamples.length) console.error(`  errors: ${r.errorSamples.join(' | ')}`);
           console.error(
-            `${workload} rate=${rate}/s ${policy} routers=${routers} restarts=${r.restarts}: ttft p50 ${fmt(row.ttftP50)} ms p90 ${fmt(row.ttftP90)} ms, e2e p50 ${fmt(row.e2eP50)} ms, ` +
+            `${workload} rate=${rate}/s ${policy} routers=${routers}${spread === 'one' ? ' (all to the first)' : ''} restarts=${r.restarts}: ttft p50 ${fmt(row.ttftP50)} ms p90 ${fmt(row.ttftP90)} ms ` +
+              `(routed p50 ${fmt(row.routedP50)} ms p90 ${fmt(row.routedP90)} ms, misses ${row.misses}), e2e p50 ${fmt(row.e2eP50)} ms, ` +
               `out tok/s steady ${fmt(row.steadyTokS)} overall ${fmt(row.outTokS)} (arrivals ${fmt(row.arrivalS)} s, wall ${fmt(row.wallS)} s), ` +
               `running/engine ${fmt(row.load.running)} [${fmt(row.load.runningMin)}–${fmt(row.load.runningMax)}] waiting ${fmt(row.load.waiting)} kv ${fmt(row.load.kvUsage * 100)}%, ` +
               `hit ${fmt(row.hitRate * 100)}% (bound ${fmt(row.bound * 100)}%, ${bound.distinctBlocks} distinct blocks vs fleet ${fleet.engines * fleet.kvCacheBlocks}), ` +
-              `predicted ${fmt(row.predictedMatch * 100)}% vs engines ${fmt(row.engineHit * 100)}%, spec ${predicted.speculative} fallback ${predicted.fallback} no-room ${predicted.noRoom}, errors ${r.errors}`,
+              `predicted ${fmt(row.predictedMatch * 100)}% vs engines ${fmt(row.engineHit * 100)}%, spec ${predicted.speculative} fallback ${predicted.fallback} no-room ${predicted.noRoom}, ` +
+              `flow-control wait mean ${fmt((predicted.waitS / Math.max(1, predicted.waited)) * 1000)} ms, ` +
+              `CPU s routers ${fmt(routerCpuS)} sim ${fmt(simCpuS)}, errors ${r.errors}`,
           );
         } finally {
           await Promise.all(procs.map((p) => p.stop()));
@@ -640,10 +788,11 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
     `ITL ${fleet.itlMs} ms × (1 + 1% per other running request: the simulator's default decode slowdown); ` +
     `shared-prefix: ${SHARED.groups} groups, ${SHARED.systemTokens}-token system prompt, ${SHARED.questionTokens}-token question, ${SHARED.outputTokens} output tokens; ` +
     `multi-turn: ${MULTI.turns} turns, ${MULTI.systemTokens}-token system prompt, ${MULTI.userTokens}-token user turns, ${MULTI.outputTokens} output tokens; ` +
-    `${routers} router replica${routers > 1 ? 's' : ''} (requests spread over them in turn); ` +
+    `${routerCounts.join(', ')} router replica${routerCounts.some((r) => r > 1) ? 's' : ''} (requests spread over them in turn); ` +
     (restartEvery > 0 ? `an engine restart (cache and KV-event publisher, told to no router) every ${restartEvery} s of arrivals, engines in turn; ` : '') +
     `~${seconds} s of Poisson arrivals per rate${longFrom < Infinity ? ` (shared-prefix: ~${longSeconds} s from ${longFrom} req/s)` : ''} (at least 48 requests); ` +
     `steady-state output tokens/s counted from streamed tokens between ${STEADY_FROM * 100}% of the arrival window and the last arrival`;
+  if (traceFile !== undefined) writeFileSync(traceFile, traces.join('\n') + '\n');
   const json = arg('--json');
   if (json) writeFileSync(json, JSON.stringify({ config, rows }, null, 2));
   return { rows, config };
@@ -651,12 +800,12 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
 
 export function qualityTable(rows: Row[]): string {
   let md =
-    '| workload | rate (req/s) | policy | routers | requests | TTFT p50 (ms) | TTFT p90 (ms) | e2e p50 (ms) | output tok/s, steady state | output tok/s, overall | ' +
+    '| workload | rate (req/s) | policy | routers | requests | TTFT p50 (ms) | TTFT p90 (ms) | routed TTFT p50 / p90 (ms) | misses | e2e p50 (ms) | output tok/s, steady state | output tok/s, overall | ' +
     'running / engine (min–max) | waiting / engine | KV usage | hit rate | predicted match | engines\' prefix-cache hits | bound | errors |\n';
-  md += '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n';
+  md += '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n';
   for (const r of rows) {
     md +=
-      `| ${r.workload} | ${r.rate} | ${r.policy} | ${r.routers} | ${r.requests} | ${fmt(r.ttftP50)} | ${fmt(r.ttftP90)} | ${fmt(r.e2eP50)} | ${fmt(r.steadyTokS, 0)} | ` +
+      `| ${r.workload} | ${r.rate} | ${r.policy} | ${r.routers}${r.spread === 'one' ? ' (all to 1st)' : ''} | ${r.requests} | ${fmt(r.ttftP50)} | ${fmt(r.ttftP90)} | ${fmt(r.routedP50)} / ${fmt(r.routedP90)} | ${r.misses} | ${fmt(r.e2eP50)} | ${fmt(r.steadyTokS, 0)} | ` +
       `${fmt(r.outTokS, 0)} | ${fmt(r.load.running)} (${fmt(r.load.runningMin)}–${fmt(r.load.runningMax)}) | ${fmt(r.load.waiting)} | ${fmt(r.load.kvUsage * 100, 0)}% | ` +
       `${fmt(r.hitRate * 100)}% | ${fmt(r.predictedMatch * 100)}% | ${fmt(r.engineHit * 100)}% | ${fmt(r.bound * 100)}% | ${r.errors} |\n`;
   }

@@ -11,7 +11,7 @@
 // commandstats, Δ over the round; sharing's commands do not grow with the
 // request rate, so per request is per-rate).
 //
-//   flock /tmp/switchyard-bench.lock node dist/bench/system/sharing-cost.js [--requests 4000] [--concurrency 16] [--rounds 2]
+//   flock /tmp/switchyard-bench.lock node dist/bench/system/sharing-cost.js [--requests 4000] [--concurrency 16] [--rounds 2] [--pick-flush-ms 5]
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir, loadavg } from 'node:os';
@@ -55,6 +55,9 @@ interface Round {
   failed: number;
 }
 
+// --pick-flush-ms N: ha.pickFlushMs of the sharing replicas (default: the router's default)
+const PICK_FLUSH_MS = option(process.argv.slice(2), '--pick-flush-ms') !== undefined ? Number(option(process.argv.slice(2), '--pick-flush-ms')) : undefined;
+
 async function round(mode: 'off' | 'on', engines: string[], redisPort: number, cli: string, total: number, conc: number, dir: string): Promise<Round> {
   const ports = [await freePort(), await freePort()];
   const procs: Proc[] = ports.map((port, k) => {
@@ -67,7 +70,7 @@ async function round(mode: 'off' | 'on', engines: string[], redisPort: number, c
         listen: { host: '127.0.0.1', port },
         pools: [{ name: 'p', models: ['open-model'], endpoints: engines.map((url, i) => ({ name: `e${i}`, url })) }],
         logging: { level: 'warn' },
-        ...(mode === 'on' ? { ha: { redis: `redis://127.0.0.1:${redisPort}`, key: `cost-${Date.now()}` } } : {}),
+        ...(mode === 'on' ? { ha: { redis: `redis://127.0.0.1:${redisPort}`, key: `cost-${Date.now()}`, ...(PICK_FLUSH_MS !== undefined ? { pickFlushMs: PICK_FLUSH_MS } : {}) } } : {}),
       }),
     );
     return start(`router-${mode}-${k}`, process.execPath, [CLI, 'serve', '--config', file]);
@@ -138,6 +141,7 @@ async function main(): Promise<void> {
     await sim.stop();
     await redis.stop();
   }
+  if (PICK_FLUSH_MS !== undefined) console.log(`ha.pickFlushMs of the sharing replicas: ${PICK_FLUSH_MS}`);
   console.log(`sharing cost: 2 replicas → 4 sim engines (--time-scale 0), ${conc} closed-loop clients, ${total} requests per round after 500 of warm-up, ${rounds} rounds per mode (alternating); load average ${load0.toFixed(1)} → ${loadavg()[0].toFixed(1)}`);
   console.log('| round | sharing | req/s | router CPU µs / request (both replicas) | Redis commands / request | Redis commands / s | failed |');
   console.log('|---:|---|---:|---:|---:|---:|---:|');

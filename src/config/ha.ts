@@ -29,6 +29,12 @@ export interface HaConfig {
   onRedisDown: (typeof ON_REDIS_DOWN)[number];
   /** How often the active publishes its batched routing-state deltas. */
   deltaFlushMs: number;
+  /**
+   * Active-active: after a pick, this replica's message (its records and its
+   * load) goes out within this long instead of at the next deltaFlushMs; at
+   * most one such message per pickFlushMs. 0 (or ≥ deltaFlushMs): off.
+   */
+  pickFlushMs: number;
   /** Approximate cap on the delta stream's length (XADD MAXLEN ~). */
   streamMaxLen: number;
   /** The active publishes its routing-state deltas and the standby follows them (false: a cold standby). */
@@ -50,7 +56,7 @@ export interface HaKubernetesConfig {
   identity?: string;
 }
 
-export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, streamMaxLen: 1000, warmStandby: true, peerTtlMs: 2000 };
+export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, pickFlushMs: 5, streamMaxLen: 1000, warmStandby: true, peerTtlMs: 2000 };
 
 const redisUrl = nonEmpty().refine(
   (s) => {
@@ -95,6 +101,9 @@ export const haSchema = strict(
       .default(HA_DEFAULTS.onRedisDown)
       .describe('Redis unreachable at start: serve alone as active, or refuse to start'),
     deltaFlushMs: int(10, 60_000).default(HA_DEFAULTS.deltaFlushMs).describe('how often the active publishes routing-state deltas'),
+    pickFlushMs: int(0, 60_000)
+      .default(HA_DEFAULTS.pickFlushMs)
+      .describe('active-active: after a pick the replica shares its records and load within this long (at most one message per pickFlushMs); 0: only every deltaFlushMs'),
     streamMaxLen: int(10, 10_000_000).default(HA_DEFAULTS.streamMaxLen).describe('approximate cap on the delta stream (XADD MAXLEN ~)'),
     warmStandby: z
       .boolean({ error: (i) => `must be true or false (got ${got(i.input)})` })

@@ -17,7 +17,7 @@ import { disaggregationSchema } from './disaggregation.js';
 import { discoverySchema } from './discovery.js';
 import { extProcSchema } from './extproc.js';
 import { flowControlSchema } from './flow-control.js';
-import { haSchema } from './ha.js';
+import { haSchema, type HaConfig } from './ha.js';
 import { adapterLoadingSchema, adapterQueueSchema, modelRewritesSchema, poolAdaptersSchema } from './models.js';
 import { filterSpec, scorerSpec } from './plugin-spec.js';
 import { kvEventsEndpointSchema, poolPrefixSchema, tierWeightsSchema } from './prefix-mode.js';
@@ -280,15 +280,19 @@ function dropNulls(v: unknown, top = true): unknown {
  * parameters against the registry and returns problems as messages.
  */
 /**
- * Session pins live where the Responses store lives: with `responses.store`
+ * Session pins live where the replicas share state: with `responses.store`
  * on Redis and no `sessions.store` given, pins and turn ends go to the same
- * Redis (so a conversation continued through another router replica keeps
- * its pin). An explicit `sessions.store` (memory included) wins.
+ * Redis; failing that, with active-active replicas (`ha.mode:
+ * active-active`), to `ha.redis` (so a conversation continued through
+ * another router replica keeps its pin and its turn state). An explicit
+ * `sessions.store` (memory included) wins.
  */
-function sessionsFollowingResponses(doc: unknown, sessions: SessionsConfig, responses: ResponsesConfig): SessionsConfig {
+function sessionsFollowingShared(doc: unknown, sessions: SessionsConfig, responses: ResponsesConfig, ha: HaConfig | undefined): SessionsConfig {
   const given = isMapping(doc) && isMapping((doc as Record<string, unknown>).sessions) && ((doc as Record<string, Record<string, unknown>>).sessions).store !== undefined;
-  if (given || responses.store.type !== 'redis' || responses.store.url === undefined) return sessions;
-  return { ...sessions, store: { url: responses.store.url, keyPrefix: SESSION_DEFAULTS.keyPrefix, timeoutMs: SESSION_DEFAULTS.timeoutMs } };
+  if (given) return sessions;
+  const url = responses.store.type === 'redis' && responses.store.url !== undefined ? responses.store.url : ha?.mode === 'active-active' ? ha.redis : undefined;
+  if (url === undefined) return sessions;
+  return { ...sessions, store: { url, keyPrefix: SESSION_DEFAULTS.keyPrefix, timeoutMs: SESSION_DEFAULTS.timeoutMs } };
 }
 
 /**
@@ -324,7 +328,7 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
     limits: v.limits,
     logging: v.logging,
     shutdown: v.shutdown,
-    sessions: sessionsFollowingResponses(doc, v.sessions, v.responses),
+    sessions: sessionsFollowingShared(doc, v.sessions, v.responses, v.ha),
     responses: v.responses,
     tracing: v.tracing,
     metrics: v.metrics,

@@ -118,6 +118,7 @@ export class DataLayer {
     if (client === undefined) return;
     this.#scraping[ep.id] = true;
     const dispatchedBefore = ep.dispatched;
+    const sentAt = performance.now();
     // healthTimeoutMs bounds the whole scrape, not only the gaps between body chunks
     const signal = AbortSignal.timeout(this.#set.dataLayer.healthTimeoutMs);
     try {
@@ -138,6 +139,7 @@ export class DataLayer {
       const prevTokens = ep.metrics.cacheBlockTokens;
       if (readEngineMetrics(text, ep.metrics)) {
         ep.metricsAt = performance.now();
+        ep.scrapeSentAt = sentAt;
         // requests sent after this scrape left are not in its figures
         ep.sinceScrape = ep.dispatched - dispatchedBefore;
         ep.onScrape();

@@ -80,9 +80,11 @@ export class Endpoint {
   /**
    * Other router replicas' requests here (active-active, src/ha/fleet.ts):
    * the sum of their last reports that have not expired, set off the request
-   * path every `ha.flushMs`; 0 without replicas. `peerUnseen`: of those, the
-   * ones sent since their replica's last scrape; `peerPrefillPending` and
-   * `peerPrefillRequests`: their prefill backlog.
+   * path as the reports arrive; 0 without replicas. `peerUnseen`: of those,
+   * the ones sent since their replica's last scrape, from the reports that
+   * arrived after this router's last scrape left (the scrape shows the
+   * earlier ones); `peerPrefillPending` and `peerPrefillRequests`: their
+   * prefill backlog.
    */
   peerInFlight = 0;
   peerUnseen = 0;
@@ -107,6 +109,8 @@ export class Endpoint {
   readonly loadRefused = new Map<string, number>();
   /** performance.now() of the last successful scrape; 0 = never. */
   metricsAt = 0;
+  /** performance.now() when that scrape's request left (what was sent before it is in its figures). */
+  scrapeSentAt = 0;
   /**
    * Requests at the engine at the last successful scrape that were not the
    * router's (other routers' or clients'): running + waiting beyond the router's

@@ -43,6 +43,9 @@ export class DeltaBuffer implements PrefixObserver {
   #srcOff = -1;
   #src32: Uint32Array<ArrayBufferLike> = new Uint32Array(0);
   #lastInFlight = '';
+  /** Called on the first op after a take (an active-active replica's prompt flush, src/ha/fleet.ts); null: none. */
+  #wake: (() => void) | null = null;
+  #woken = false;
 
   constructor(endpoints: EndpointSet, maxHashes = 1 << 18, maxOps = 1 << 15) {
     if (!LITTLE_ENDIAN) throw new Error('the delta stream assumes a little-endian host');
@@ -78,6 +81,16 @@ export class DeltaBuffer implements PrefixObserver {
     this.#ops[o + 1] = endpointId;
     this.#ops[o + 2] = count;
     this.#opLen++;
+    if (!this.#woken && this.#wake !== null) {
+      this.#woken = true;
+      this.#wake();
+    }
+  }
+
+  /** Sets the callback run on the first op gathered after each take (null: none). */
+  onFirstOp(wake: (() => void) | null): void {
+    this.#wake = wake;
+    this.#woken = false;
   }
 
   recorded(endpointId: number, hashes: BigUint64Array, count: number): void {
@@ -95,6 +108,7 @@ export class DeltaBuffer implements PrefixObserver {
   /** Forgets what gathered (the router stepped down: it may no longer publish). */
   reset(): void {
     this.#opLen = this.#hLen = this.#dropped = 0;
+    this.#woken = false;
   }
 
   /** Encodes what gathered since the last call (null: nothing changed) and starts over. Off the request path (a timer). */

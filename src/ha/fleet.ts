@@ -11,11 +11,14 @@
 //   flow control's saturation see the whole fleet's dispatches.
 //
 // Every `ha.deltaFlushMs` a replica appends one message (XADD MAXLEN ~), its
-// heartbeat too; a replica whose messages stopped for `peerTtlMs` is gone and
-// its share is dropped; a replica that stops gracefully says so in its last
-// message and its share goes at once. No request waits on Redis: the append
-// and the reader (a dedicated connection, XREAD BLOCK) run beside the
-// requests, and what arrives is folded in on the flush timer.
+// heartbeat too, and after a pick one within `ha.pickFlushMs` (at most one
+// such message per pickFlushMs: the others see a pick within a few ms, not
+// up to deltaFlushMs later); a replica whose messages stopped for
+// `peerTtlMs` is gone and its share is dropped; a replica that stops
+// gracefully says so in its last message and its share goes at once. No
+// request waits on Redis: the append and the reader (a dedicated connection,
+// XREAD BLOCK) run beside the requests; what arrives is applied and folded
+// into the endpoints as it arrives (the flush timer recomputes the sums).
 //
 // Why a stream and not pub/sub: a stream keeps a capped backlog, so a
 // replica that starts reads the recent working set to warm its index, and one
@@ -33,12 +36,14 @@ import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { HaConfig } from '../config/ha.js';
-import type { EndpointSet } from '../endpoints/endpoint.js';
+import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import type { PrefixStore } from '../scheduler/prefix-store.js';
 import { DeltaBuffer, applyDeltaOps, decodeDelta, type DeltaMessage } from './deltas.js';
 
 export interface FleetParts {
   endpoints: EndpointSet;
+  /** The data layer's scrape hook (a peer's unseen requests stop counting once a scrape of ours shows them); absent: not used. */
+  scrapes?: { onScrape(fn: (ep: Endpoint) => void): void };
   /** The prefix store to publish from and apply to (null: no prefix scorer, only load travels). */
   store: PrefixStore | null;
   log: Logger;
@@ -75,8 +80,14 @@ export class FleetShare {
   readonly #reader: Redis;
   readonly #peers = new Map<string, Peer>();
   #flush: NodeJS.Timeout | null = null;
+  /** The prompt flush after a pick (ha.pickFlushMs; one Timeout, re-armed with refresh()); null: off. */
+  #pick: NodeJS.Timeout | null = null;
   /** The append in progress, if any (a goodbye waits for it). */
   #flushing: Promise<void> | null = null;
+  /** A flush was asked for while an append was in progress: another goes right after it. */
+  #again = false;
+  /** performance.now() when the last message was handed to Redis. */
+  #sentAt = 0;
   #reading = false;
   #loop: Promise<void> = Promise.resolve();
   #closed = false;
@@ -125,9 +136,26 @@ export class FleetShare {
         f.#down(err as Error);
       }
     }
+    parts.scrapes?.onScrape((ep) => {
+      if (!f.#closed) f.#scraped(ep);
+    });
     parts.store?.observe?.(f.buffer);
     f.#flush = setInterval(() => void f.flush(), cfg.deltaFlushMs);
     f.#flush.unref();
+    if (cfg.pickFlushMs > 0 && cfg.pickFlushMs < cfg.deltaFlushMs) {
+      // a pick's records (and the load it adds) go out within pickFlushMs, not at the next deltaFlushMs.
+      // The buffer calls this on the first op after each message, never per request: the first pick after
+      // a quiet spell goes out at once (on the next turn of the loop, not in the request's); while picks
+      // keep coming, one message per pickFlushMs
+      const fire = () => void f.flush(false, false);
+      f.buffer.onFirstOp(() => {
+        if (performance.now() - f.#sentAt >= cfg.pickFlushMs && f.#flushing === null) setImmediate(fire);
+        else if (f.#pick === null) {
+          f.#pick = setTimeout(fire, cfg.pickFlushMs);
+          f.#pick.unref();
+        } else f.#pick.refresh(); // re-arms the one Timeout (also after it fired)
+      });
+    }
     f.#reading = true;
     f.#loop = f.#run();
     parts.log.info({ replica: f.replica, key: f.streamKey, shared: f.#up, applied_ops: f.ops }, 'high availability: active-active replica started');
@@ -216,7 +244,12 @@ export class FleetShare {
   #report(m: DeltaMessage, now: number): void {
     const r = m.r!;
     if (m.x === 1) {
-      if (this.#peers.delete(r)) this.left++;
+      const gone = this.#peers.get(r);
+      if (gone !== undefined) {
+        this.#addShare(gone, -1);
+        this.#peers.delete(r);
+        this.left++;
+      }
       return;
     }
     let p = this.#peers.get(r);
@@ -225,8 +258,11 @@ export class FleetShare {
       this.#peers.set(r, p);
       this.#parts.log.info({ event: 'ha.replica_seen', replica: r }, `high availability: replica ${r} shares its routing state`);
     }
-    p.at = now;
     const num = (a: number[] | undefined, k: number) => (a !== undefined && Number.isFinite(a[k]) && a[k] > 0 ? a[k] : 0);
+    // its share goes into the endpoints as it arrives (its old report out, the new one in), not at the next
+    // flush: a peer's pick is counted here within pickFlushMs plus one read (the flush's full fold corrects drift)
+    this.#addShare(p, -1);
+    p.at = now;
     p.load.clear();
     for (let k = 0; k < m.n.length; k++) {
       const i = num(m.i, k);
@@ -234,7 +270,26 @@ export class FleetShare {
       if (i === 0 && pp === 0) continue;
       p.load.set(m.n[k], [i, Math.min(i, num(m.u, k)), pp, num(m.q, k)]);
     }
+    this.#addShare(p, 1);
     if (typeof m.t === 'number') this.lagMs = Math.max(0, Date.now() - m.t);
+  }
+
+  /**
+   * Adds (sign 1) or takes out (-1) one peer's report from the endpoints'
+   * peer counts. Its unseen requests count only while no scrape of ours left
+   * after the report arrived (that scrape shows them: the rule of #fold and
+   * #scraped too, so what is taken out is what was put in).
+   */
+  #addShare(p: Peer, sign: 1 | -1): void {
+    const eps = this.#parts.endpoints;
+    for (const [name, l] of p.load) {
+      const ep = eps.byName(name);
+      if (ep === undefined) continue;
+      ep.peerInFlight = Math.max(0, ep.peerInFlight + sign * l[0]);
+      if (p.at > ep.scrapeSentAt) ep.peerUnseen = Math.max(0, ep.peerUnseen + sign * l[1]);
+      ep.peerPrefillPending = Math.max(0, ep.peerPrefillPending + sign * l[2]);
+      ep.peerPrefillRequests = Math.max(0, ep.peerPrefillRequests + sign * l[3]);
+    }
   }
 
   /** Drops the shares of replicas silent for peerTtlMs and writes the sum of the rest into the endpoints. */
@@ -255,7 +310,7 @@ export class FleetShare {
         const l = p.load.get(ep.name);
         if (l === undefined) continue;
         i += l[0];
-        u += l[1];
+        if (p.at > ep.scrapeSentAt) u += l[1];
         pp += l[2];
         q += l[3];
       }
@@ -266,19 +321,42 @@ export class FleetShare {
     }
   }
 
-  /** Folds what arrived and appends this replica's message (its heartbeat). Runs on a timer; tests call it directly. */
-  async flush(leaving = false): Promise<void> {
-    this.#fold(performance.now());
+  /** After a scrape of `ep`: the peers' unseen requests reported before it left are in its figures now. */
+  #scraped(ep: Endpoint): void {
+    let u = 0;
+    for (const p of this.#peers.values()) {
+      if (p.at <= ep.scrapeSentAt) continue;
+      const l = p.load.get(ep.name);
+      if (l !== undefined) u += l[1];
+    }
+    ep.peerUnseen = u;
+  }
+
+  /**
+   * Appends this replica's message (its records, its load, its heartbeat);
+   * `fold` (the deltaFlushMs timer) first recomputes the peers' sums and drops
+   * the silent ones. Runs on the timers; tests call it directly.
+   */
+  async flush(leaving = false, fold = true): Promise<void> {
+    if (fold) this.#fold(performance.now());
     if (this.#flushing !== null) {
-      if (!leaving) return; // the next tick sends what gathers meanwhile
+      if (!leaving) {
+        this.#again = true; // what gathers meanwhile goes right after the append in progress
+        return;
+      }
       await this.#flushing; // the goodbye goes after the append in progress
     }
     const msg = this.buffer.takeShare(this.replica, leaving);
     if (!this.#up && this.#main.status !== 'ready') return; // Redis away: nothing to hand it to (the records are lost to the others)
+    this.#sentAt = performance.now();
     const p = this.#append(msg);
     this.#flushing = p;
     await p;
     if (this.#flushing === p) this.#flushing = null;
+    if (this.#again && !leaving && !this.#closed) {
+      this.#again = false;
+      if (this.buffer.pendingOps > 0) void this.flush(false, false);
+    }
   }
 
   async #append(msg: Buffer): Promise<void> {
@@ -341,6 +419,9 @@ export class FleetShare {
     if (this.#closed) return;
     if (this.#flush !== null) clearInterval(this.#flush);
     this.#flush = null;
+    if (this.#pick !== null) clearTimeout(this.#pick);
+    this.#pick = null;
+    this.buffer.onFirstOp(null);
     this.#parts.store?.observe?.(null);
     if (this.#up) await this.flush(true).catch(() => {});
     this.#closed = true;

@@ -153,7 +153,7 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
   if (config.ha?.mode === 'active-active') {
     // every replica serves (no lease: /readyz as without ha); prefix records and load shared through Redis
     const { FleetShare } = await import('../ha/fleet.js');
-    const started = await FleetShare.start(config.ha, { endpoints: parts.endpoints, store: parts.scheduler.prefix?.store ?? null, log });
+    const started = await FleetShare.start(config.ha, { endpoints: parts.endpoints, scrapes: parts.dataLayer, store: parts.scheduler.prefix?.store ?? null, log });
     lifecycle.add('share', CloseRank.share, () => started.close());
     started.registerMetrics(parts.metrics.registry);
     fleet = started;

@@ -11,6 +11,7 @@ import { spawnServe, validatePlugin } from '../support/router-util.js';
 import { startFleet } from '../../src/sim/index.js';
 import { API_VERSION, validateConfig } from '../../src/config/schema.js';
 import { startRouter } from '../../src/server/router.js';
+import { Redis } from 'ioredis';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -215,4 +216,85 @@ t.test('SIGTERM a replica mid-stream: /readyz 503 at once, its streams finish, t
   t.same(await a.exited, [0, null], 'A exits cleanly');
   t.ok((await until(() => b.fleet!.left === 1 && peer() === 0, 2000)) >= 0, 'and its goodbye dropped its share at once');
   t.equal(b.fleet!.expired, 0, 'not by expiry');
+});
+
+t.test('sessions: with active-active and no sessions.store, pins and turn state go through ha.redis; a turn through A, the next through B, stays on the pinned engine', async (t) => {
+  const redis = await startRedis(t);
+  const fleet = await startFleet(3, { timeScale: 0 });
+  t.teardown(() => fleet.close());
+  const cfg = validateConfig(config(redis.url, fleet.urls), validatePlugin);
+  t.same(cfg.sessions.store, { url: redis.url, keyPrefix: 'switchyard:session:', timeoutMs: 250 }, 'the store follows ha.redis');
+  t.equal(validateConfig(config(redis.url, fleet.urls, {}), validatePlugin).ha!.mode, 'active-active');
+  const standby = validateConfig({ ...config(redis.url, fleet.urls, { mode: 'standby' }) }, validatePlugin);
+  t.equal(standby.sessions.store, 'memory', 'the standby pair keeps its pins in memory (one active router)');
+  const explicit = validateConfig({ ...config(redis.url, fleet.urls), sessions: { store: 'memory' } }, validatePlugin);
+  t.equal(explicit.sessions.store, 'memory', 'an explicit sessions.store wins');
+  const a = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => a.close(100));
+  const b = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => b.close(100));
+  const turn = async (url: string, content: string, session: string) => {
+    const res = await fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-session-id': session },
+      body: JSON.stringify({ model: 'open-model', max_tokens: 2, messages: [{ role: 'user', content }] }),
+    });
+    await res.arrayBuffer();
+    t.equal(res.status, 200);
+    return res.headers.get('x-switchyard-endpoint')!;
+  };
+  const N = 8;
+  // the first turns at once: the load-aware pick spreads them over the engines
+  const homes = await Promise.all(Array.from({ length: N }, (_, s) => turn(a.url, `first turn of conversation ${s}`, `conv${s}`)));
+  t.ok(new Set(homes).size > 1, `the conversations spread: ${homes.join(' ')}`);
+  const client = new Redis(redis.url);
+  t.teardown(() => client.disconnect());
+  t.ok((await until(async () => (await client.keys('switchyard:session:*')).length === N, 3000)) >= 0, 'A wrote every pin to the shared Redis');
+  // the next turn of each, through B, with a text that shares no prefix with the first: only the pin says where
+  for (let s = 0; s < N; s++) t.equal(await turn(b.url, `${'z'.repeat(60 + 13 * s)} second turn of ${s}`, `conv${s}`), homes[s], `conv${s}: B sent turn 2 to the engine A pinned it to`);
+  const m = await (await fetch(`${b.url}/metrics`)).text();
+  t.match(m, new RegExp(`switchyard_session_turns_followed_total ${N}\\b`), 'B counts them as followed pins');
+  t.match(m, /switchyard_session_pins_created_total 0\b/, 'and made none of its own');
+});
+
+t.test('after a pick: its record and load reach the other replica within pickFlushMs, not at the next deltaFlushMs; a peer\'s unseen requests stop counting at our next scrape', async (t) => {
+  const redis = await startRedis(t);
+  // slow engines: the streams stay in flight
+  const fleet = await startFleet(2, { timeScale: 1, itlMs: 5 });
+  t.teardown(() => fleet.close());
+  // a heartbeat every 5 s: within this test, only the pick flush can carry A's pick to B
+  const raw = config(redis.url, fleet.urls, { deltaFlushMs: 5000, peerTtlMs: 15_000, pickFlushMs: 5 });
+  // A scrapes once at its start, then not for 10 s: every request it sends is one its engines' figures cannot show yet
+  const a = await startRouter(validateConfig({ ...raw, dataLayer: { scrapeIntervalMs: 10_000 } }, validatePlugin), { port: 0, host: '127.0.0.1' });
+  t.teardown(() => a.close(100));
+  // B scrapes every 400 ms: A's report is seen (polled every 2 ms) before B's next scrape with near certainty
+  const b = await startRouter(validateConfig({ ...raw, dataLayer: { scrapeIntervalMs: 400 } }, validatePlugin), { port: 0, host: '127.0.0.1' });
+  t.teardown(() => b.close(100));
+  const ctl = new AbortController();
+  t.teardown(() => ctl.abort());
+  const t0 = performance.now();
+  const N = 3;
+  const streams = Array.from({ length: N }, (_, i) =>
+    fetch(`${a.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: body(300 + i, 0, 2000, true), signal: ctl.signal })
+      .then((r) => r.arrayBuffer())
+      .catch(() => null),
+  );
+  const peer = () => b.core.endpoints.all.reduce((s, ep) => s + ep.peerInFlight, 0);
+  const unseen = () => b.core.endpoints.all.reduce((s, ep) => s + ep.peerUnseen, 0);
+  let sawUnseen = 0;
+  t.ok(
+    (await until(() => {
+      sawUnseen = Math.max(sawUnseen, unseen());
+      return b.fleet!.ops >= N && peer() === N;
+    }, 3000, 2)) >= 0,
+    `B applied A's ${N} records and counts its ${N} requests`,
+  );
+  t.equal(Math.max(sawUnseen, unseen()), N, 'A reported them as sent since its scrape (unseen)');
+  const took = performance.now() - t0;
+  t.ok(took < 2500, `within ${Math.round(took)} ms of the requests, well before A's first heartbeat (5 s)`);
+  // A's report counted them as unseen (sent since A's scrape); B's next scrape shows them at the engines
+  t.ok((await until(() => unseen() === 0, 2000, 5)) >= 0, "B's own scrape took A's unseen requests out of its queue estimate");
+  t.equal(peer(), N, 'while they still count as in flight');
+  ctl.abort();
+  await Promise.all(streams);
 });

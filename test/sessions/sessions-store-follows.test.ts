@@ -23,3 +23,11 @@ t.test('memory and SQLite Responses stores leave the pins in memory', async (t) 
   t.equal(base({}).sessions.store, 'memory');
   t.equal(base({ responses: { store: { type: 'sqlite', path: '/tmp/x.db' } } }).sessions.store, 'memory');
 });
+
+t.test('active-active replicas take the session pins to ha.redis; the standby pair and an explicit store do not', async (t) => {
+  t.same(base({ ha: { redis: 'redis://127.0.0.1:6392' } }).sessions.store, { url: 'redis://127.0.0.1:6392', keyPrefix: 'switchyard:session:', timeoutMs: 250 });
+  t.equal(base({ ha: { redis: 'redis://127.0.0.1:6392', mode: 'standby' } }).sessions.store, 'memory');
+  t.equal(base({ ha: { redis: 'redis://127.0.0.1:6392' }, sessions: { store: 'memory' } }).sessions.store, 'memory');
+  const both = base({ ha: { redis: 'redis://127.0.0.1:6392' }, responses: { store: { type: 'redis', url: 'redis://127.0.0.1:6390' } } });
+  t.equal((both.sessions.store as { url: string }).url, 'redis://127.0.0.1:6390', 'the Responses store\'s Redis first');
+});
