@@ -52,14 +52,15 @@ export class Rls2 {
   #scale: number;
   n = 0;
 
-  constructor(a: number, b: number, varA: number, varB: number, lambda: number) {
+  /** `scale`: the residual clip's starting scale (default half the intercept; a prior that may be far off wants its typical prediction). */
+  constructor(a: number, b: number, varA: number, varB: number, lambda: number, scale = 0.5 * Math.abs(a)) {
     this.a = a;
     this.b = b;
     this.#p00 = varA;
     this.#p11 = varB;
     this.#lambda = lambda;
     this.#pMax = 4 * (varA + varB);
-    this.#scale = Math.max(1e-3, 0.5 * Math.abs(a));
+    this.#scale = Math.max(1e-3, scale);
   }
 
   predict(x: number): number {
