@@ -72,6 +72,7 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   // Decision's LatencyNote (written by latency plugins; numbers, no allocation)
   latPending = 0;
   latWork = 0;
+  latOwn = 0;
   latRunning = 0;
   latPredTtftMs = 0;
   latPredTpotMs = 0;

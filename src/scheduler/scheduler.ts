@@ -345,6 +345,7 @@ export class Scheduler {
   #decide(ctx: CycleContext, ep: Endpoint, idx: number, note: LatencyNote): void {
     note.latPending = 0;
     note.latWork = 0;
+    note.latOwn = 0;
     note.latRunning = 0;
     note.latPredTtftMs = 0;
     note.latPredTpotMs = 0;
