@@ -19,8 +19,13 @@
 // one's share under load; with equal engines b is common and this is the
 // backlog in tokens. Shortest expected wait scores 1, longest 0 (min-max over
 // the candidates). No allocation once the scratch arrays have grown.
+//
+// params.unit: `expected-ms` (the default, above) or `requests` (the engine's
+// waiting count plus the router's requests since the last scrape, as before
+// issue 34: a baseline for benchmarks, or a fleet where speed must not count).
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { expectedMsPerKTok } from '../../endpoints/speed.js';
+import { z } from '../../config/schema-kit.js';
 import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Scorer } from '../types.js';
 import { ensure, inverseMinMax, requestTokens } from './score-util.js';
@@ -31,12 +36,22 @@ export class QueueScorer implements Scorer {
   #b = new Float64Array(16);
   #vals = new Float64Array(16);
   #out = new Float64Array(16);
+  readonly #requests: boolean;
+
+  constructor(unit: 'expected-ms' | 'requests' = 'expected-ms') {
+    this.#requests = unit === 'requests';
+  }
 
   score(ctx: CycleContext, eps: readonly Endpoint[]): Float64Array {
     const n = eps.length;
     const b = (this.#b = ensure(this.#b, n));
     const vals = (this.#vals = ensure(this.#vals, n));
     const out = (this.#out = ensure(this.#out, n));
+    if (this.#requests) {
+      for (let i = 0; i < n; i++) vals[i] = eps[i]!.queueEstimate(ctx.now);
+      inverseMinMax(vals, n, out);
+      return out;
+    }
     expectedMsPerKTok(eps, n, b);
     const u = requestTokens(ctx.request);
     for (let i = 0; i < n; i++) {
@@ -53,6 +68,8 @@ export class QueueScorer implements Scorer {
 export const queueScorer: PluginFactory<'scorer'> = {
   kind: 'scorer',
   type: 'queue',
-  params: pluginParams({}),
-  create: () => new QueueScorer(),
+  params: pluginParams({
+    unit: z.enum(['expected-ms', 'requests'], { error: 'must be expected-ms or requests' }).optional().describe('expected-ms (default): queued work × the learned speed; requests: the waiting count'),
+  }),
+  create: (p) => new QueueScorer((p.unit as 'expected-ms' | 'requests' | undefined) ?? 'expected-ms'),
 };
