@@ -27,8 +27,8 @@
 // The margin is not fixed: margin + the recent miss rate of requests that
 // were predicted to meet their objective (EWMA, ~50 requests), at most 0.6.
 // Past the capacity cliff (the recent miss rate of all requests with an
-// objective above 0.05) the default load score (the `queue` scorer: queued
-// work in expected ms) is blended in with weight β = (miss − 0.05) / 0.2,
+// objective above 0.15) the default load score (the `queue` scorer: queued
+// work in expected ms) is blended in with weight β = (miss − 0.15) / 0.25,
 // up to 1: where no prediction can help, the pick is the default's.
 // Composes with other scorers through the profile's weights like any scorer.
 import { performance } from 'node:perf_hooks';
@@ -69,8 +69,8 @@ const MISS_ALPHA = 0.02;
 const MARGIN_GAIN = 1;
 const MAX_MARGIN = 0.6;
 /** Above this recent miss rate the default load score is blended in, wholly at BLEND_FULL. */
-const BLEND_FROM = 0.05;
-const BLEND_FULL = 0.25;
+const BLEND_FROM = 0.15;
+const BLEND_FULL = 0.4;
 /** Most band labels kept apart; further band names count under "other". */
 const MAX_BANDS = 32;
 
@@ -362,7 +362,7 @@ export class PredictedLatencyScorer implements Scorer {
     });
     new Gauge({
       name: 'switchyard_slo_recent_miss_ratio',
-      help: 'Recent TTFT miss rate of requests with an objective (about the last 50); above 0.05 the default load score is blended into predicted-latency, wholly at 0.25.',
+      help: 'Recent TTFT miss rate of requests with an objective (about the last 50); above 0.15 the default load score is blended into predicted-latency, wholly at 0.4.',
       registers: r,
       collect() {
         this.set(self.missRate);
