@@ -87,3 +87,16 @@ export function startHaproxy(port: number, upstreamPort: number, cpus?: string):
   writeFileSync(join(dir, 'haproxy.cfg'), HAPROXY_CONF(port, upstreamPort));
   return start('haproxy', ...pinned(cpus, bin, ['-db', '-f', join(dir, 'haproxy.cfg')]));
 }
+
+/** nginx round-robin over several upstream ports (its default balancing), one worker, keepalive. */
+export function startNginxRoundRobin(port: number, upstreamPorts: readonly number[]): Proc | null {
+  const bin = which('nginx');
+  if (!bin) return null;
+  const dir = mkdtempSync(join(tmpdir(), 'swy-nginx-rr-'));
+  for (const d of ['body', 'proxy', 'fastcgi', 'uwsgi', 'scgi']) mkdirSync(join(dir, d));
+  const servers = upstreamPorts.map((p) => `server 127.0.0.1:${p};`).join(' ');
+  writeFileSync(join(dir, 'nginx.conf'), NGINX_CONF(port, upstreamPorts[0]!, dir).replace(/upstream engine \{[^}]*\}/, `upstream engine { ${servers} keepalive 256; }`)
+      // prompts of several KB: held in memory (a worker without write access to the temp folder would fail them)
+      .replace('client_max_body_size 16m;', 'client_max_body_size 16m;\n  client_body_buffer_size 16m;'));
+  return start('nginx', bin, ['-c', join(dir, 'nginx.conf'), '-p', dir]);
+}

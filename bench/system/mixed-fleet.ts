@@ -18,31 +18,49 @@
 // the router's own prediction error (median absolute percentage error of the
 // predicted TTFT, per endpoint, from /metrics: switchyard_latency_ttft_error_ratio).
 //
-//   node dist/bench/mixed-fleet.js [--rates 3,4.5,6,7.5] [--seconds 30] [--slo-ms 2000] [--margin 0.2] [--policies predicted-latency,default,round-robin]
+// Engines (`--engine`): `sim` (the simulator, serial prefill) or `parallel`
+// (bench/lib/parallel-engine.ts: an independent engine whose prefill runs in
+// parallel up to its slots), one process each, the slow ones at 3× the costs.
+// By default the router is told nothing of the engines' speeds (one pool, no
+// accelerator: it must learn them); `--declare` puts them in two pools with
+// accelerators sim-fast / sim-slow. `nginx` is nginx round-robin over the same
+// four engines (its default balancing; skipped when nginx is not installed).
+// `--one-token`: the hold-out shape: non-streamed answers of one token (TTFT
+// = the whole answer).
+//
+//   node dist/bench/system/mixed-fleet.js [--engine sim|parallel] [--rates 10,20,30,40] [--seconds 12] [--slo-ms 200] [--us-per-token 50]
+//        [--margin 0.2] [--policies predicted-latency,default,round-robin,nginx] [--declare] [--one-token]
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, freePort, freePortRange, start, waitReady, option, runMain, type Proc } from '../lib/proc.js';
+import { CLI, ROOT, freePort, freePortRange, start, waitReady, option, runMain, type Proc } from '../lib/proc.js';
+import { startNginxRoundRobin } from '../lib/proxies.js';
 import { expGap, fmt, quantile, rng } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
 
 exitOnHelp(import.meta.url);
 
 const argv = process.argv.slice(2);
-const rates = (option(argv, '--rates') ?? '3,4.5,6,7.5').split(',').map(Number);
-const seconds = Number(option(argv, '--seconds') ?? '30');
-const sloMs = Number(option(argv, '--slo-ms') ?? '2000');
+const rates = (option(argv, '--rates') ?? '10,20,30,40').split(',').map(Number);
+const seconds = Number(option(argv, '--seconds') ?? '12');
+const sloMs = Number(option(argv, '--slo-ms') ?? '200');
 const margin = Number(option(argv, '--margin') ?? '0.2');
-const policies = (option(argv, '--policies') ?? 'predicted-latency,default,round-robin').split(',');
+const usPerToken = Number(option(argv, '--us-per-token') ?? '50');
+const engine = option(argv, '--engine') ?? 'sim';
+const declare = argv.includes('--declare');
+const oneToken = argv.includes('--one-token');
+const policies = (option(argv, '--policies') ?? 'predicted-latency,default,round-robin,nginx').split(',');
+if (engine !== 'sim' && engine !== 'parallel') throw new Error(`--engine must be sim or parallel, not ${engine}`);
 
 /** Engine costs of the fast (reference) engines; the slow ones take 3× (profile sim-slow). */
-const ENGINE = ['--time-scale', '1', '--prefill-overhead-ms', '5', '--prefill-us-per-token', '250', '--itl-ms', '5', '--decode-slowdown', '0.01', '--max-num-seqs', '64', '--kv-cache-blocks', '65536'];
-const OUTPUT_TOKENS = 16;
+const ENGINE = ['--time-scale', '1', '--prefill-overhead-ms', '5', '--prefill-us-per-token', String(usPerToken), '--itl-ms', '5', '--decode-slowdown', '0.01', '--max-num-seqs', '64', '--kv-cache-blocks', '65536'];
+const PARALLEL = ['--prefill-ms', '5', '--us-per-token', String(usPerToken), '--itl-ms', '5', '--decode-slowdown', '0.01', '--slots', '64'];
+const OUTPUT_TOKENS = oneToken ? 1 : 16;
 
 const POLICY: Record<string, string> = {
   // reference costs of the sim-fast profile, as an operator would state them (250 µs per 4-byte token = 62.5 ms per KB)
-  'predicted-latency': `scheduling:\n  scorers:\n    - { type: predicted-latency, params: { ttftMs: ${sloMs}, margin: ${margin}, ttftBaseMs: 5, prefillMsPerKB: 62.5, itlMs: 5, itlPerRunningMs: 0.05 } }\n`,
+  'predicted-latency': `scheduling:\n  scorers:\n    - { type: predicted-latency, params: { ttftMs: ${sloMs}, margin: ${margin}, ttftBaseMs: 5, prefillMsPerKB: ${usPerToken / 4}, itlMs: 5, itlPerRunningMs: 0.05 } }\n`,
   default: '',
   'round-robin': 'scheduling:\n  scorers: []\n  picker: round-robin\n',
 };
@@ -79,8 +97,13 @@ async function one(pool: Pool, body: string, ttfts: number[], slow: Set<string>,
       return;
     }
     let first = 0;
-    for await (const _ of r.body) if (first === 0) first = performance.now();
-    ttfts.push(first === 0 ? Infinity : first - t0);
+    let last = 0;
+    for await (const _ of r.body) {
+      last = performance.now();
+      if (first === 0) first = last;
+    }
+    // one-token answers: the whole answer is the first token
+    ttfts.push(first === 0 ? Infinity : (oneToken ? last : first) - t0);
   } catch {
     counts.errors++;
     ttfts.push(Infinity);
@@ -94,21 +117,33 @@ async function run(policy: string, rate: number, dir: string): Promise<Row> {
   try {
     // one process per engine (a fleet process would share one event loop between two engines)
     const ports = [fastPort, fastPort + 1, slowPort, slowPort + 1];
-    ports.forEach((p, i) => procs.push(start(i < 2 ? `fast${i}` : `slow${i - 2}`, process.execPath, [CLI, 'sim', ...ENGINE, '--port', String(p), '--accelerator', i < 2 ? 'sim-fast' : 'sim-slow'])));
+    ports.forEach((p, i) =>
+      procs.push(
+        engine === 'sim'
+          ? start(i < 2 ? `fast${i}` : `slow${i - 2}`, process.execPath, [CLI, 'sim', ...ENGINE, '--port', String(p), '--accelerator', i < 2 ? 'sim-fast' : 'sim-slow'])
+          : start(i < 2 ? `fast${i}` : `slow${i - 2}`, process.execPath, [`${ROOT}/dist/bench/lib/parallel-engine.js`, ...PARALLEL, '--fleet', '1', '--base-port', String(p), '--cost-factors', i < 2 ? '1' : '3']),
+      ),
+    );
     const urls = ports.map((p) => `http://127.0.0.1:${p}`);
     for (const u of urls) await waitReady(`${u}/health`, 60000);
     const port = await freePort();
-    const file = join(dir, `${policy}-${rate}.yaml`);
-    writeFileSync(
-      file,
-      `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: ${port} }\nlogging: { level: warn }\npools:\n` +
-        `  - { name: fast, accelerator: sim-fast, models: [open-model], endpoints: [{ name: f0, url: "${urls[0]}" }, { name: f1, url: "${urls[1]}" }] }\n` +
-        `  - { name: slow, accelerator: sim-slow, models: [open-model], endpoints: [{ name: s0, url: "${urls[2]}" }, { name: s1, url: "${urls[3]}" }] }\n` +
-        POLICY[policy],
-    );
-    procs.push(start('router', process.execPath, [CLI, 'serve', '--config', file]));
-    const url = `http://127.0.0.1:${port}`;
-    await waitReady(`${url}/readyz`, 60000);
+    let url = `http://127.0.0.1:${port}`;
+    if (policy === 'nginx') {
+      const ng = startNginxRoundRobin(port, ports);
+      if (ng === null) throw new Error('nginx is not installed');
+      procs.push(ng);
+      await waitReady(`${url}/health`, 20000);
+    } else {
+      const file = join(dir, `${policy}-${rate}.yaml`);
+      const pools = declare
+        ? `  - { name: fast, accelerator: sim-fast, models: [open-model], endpoints: [{ name: f0, url: "${urls[0]}" }, { name: f1, url: "${urls[1]}" }] }\n` +
+          `  - { name: slow, accelerator: sim-slow, models: [open-model], endpoints: [{ name: s0, url: "${urls[2]}" }, { name: s1, url: "${urls[3]}" }] }\n`
+        : `  - { name: fleet, models: [open-model], endpoints: [{ name: f0, url: "${urls[0]}" }, { name: f1, url: "${urls[1]}" }, { name: s0, url: "${urls[2]}" }, { name: s1, url: "${urls[3]}" }] }\n`;
+      writeFileSync(file, `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: ${port} }\nlogging: { level: warn }\npools:\n` + pools + POLICY[policy]);
+      procs.push(start('router', process.execPath, [CLI, 'serve', '--config', file]));
+      url = `http://127.0.0.1:${port}`;
+      await waitReady(`${url}/readyz`, 60000);
+    }
     if (process.env.MIXED_DEBUG) console.error(`router ready`);
     const pool = new Pool(url, { connections: 512, pipelining: 1 });
     const rand = rng(rate * 7919 + 1);
@@ -121,14 +156,14 @@ async function run(policy: string, rate: number, dir: string): Promise<Row> {
     while (next < end) {
       const wait = next - performance.now();
       if (wait > 1) await new Promise((r) => setTimeout(r, wait));
-      pending.push(one(pool, JSON.stringify({ model: 'open-model', prompt: prompt(rand, i), max_tokens: OUTPUT_TOKENS, stream: true }), ttfts, new Set(['s0', 's1']), counts));
+      pending.push(one(pool, JSON.stringify({ model: 'open-model', prompt: prompt(rand, i), max_tokens: OUTPUT_TOKENS, stream: !oneToken }), ttfts, new Set(['s0', 's1']), counts));
       i++;
       next += expGap(rand, rate) * 1000;
     }
     if (process.env.MIXED_DEBUG) console.error(`sent ${i}, waiting`);
     await Promise.all(pending);
     if (process.env.MIXED_DEBUG) console.error(`done`);
-    const metrics = await (await fetch(`${url}/metrics`)).text();
+    const metrics = policy === 'nginx' ? '' : await (await fetch(`${url}/metrics`)).text();
     const apes = [...metrics.matchAll(/^switchyard_latency_ttft_error_ratio\{endpoint="([^"]+)"\} ([0-9.e+-]+)$/gm)].map((m) => Number(m[2]));
     await pool.close();
     const finite = ttfts.filter(Number.isFinite).sort((a, b) => a - b);
@@ -152,7 +187,7 @@ async function run(policy: string, rate: number, dir: string): Promise<Row> {
 
 async function main(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), 'swy-mixed-'));
-  console.log(`mixed-fleet: 2 fast + 2 slow (3×) engines, TTFT objective ${sloMs} ms (predicted-latency margin ${margin}), ${seconds} s per run, rates ${rates.join(', ')} req/s, ${OUTPUT_TOKENS} output tokens, prompts 70 % 100–700 / 30 % 2500–4000 tokens`);
+  console.log(`mixed-fleet (${engine === 'sim' ? 'simulator, serial prefill' : 'parallel-prefill engine'}; speeds ${declare ? 'declared' : 'not declared: learned'}${oneToken ? '; non-streamed one-token answers' : ''}): 2 fast + 2 slow (3×) engines, ${usPerToken} µs per prompt token on a fast one, TTFT objective ${sloMs} ms (predicted-latency margin ${margin}), ${seconds} s per run, rates ${rates.join(', ')} req/s, ${OUTPUT_TOKENS} output tokens, prompts 70 % 100–700 / 30 % 2500–4000 tokens`);
   console.log('| policy | rate (req/s) | sent | errors | SLO attainment | TTFT p50 (ms) | TTFT p90 (ms) | share on slow engines | prediction MdAPE per endpoint |');
   console.log('|---|---:|---:|---:|---:|---:|---:|---:|---|');
   const rows: Row[] = [];
@@ -168,9 +203,19 @@ async function main(): Promise<void> {
       }
       rows.push(r);
       console.log(
-        `| ${r.policy} | ${r.rate} | ${r.sent} | ${r.errors} | ${fmt(r.attainment * 100)} % | ${fmt(r.p50, 0)} | ${fmt(r.p90, 0)} | ${fmt(r.slowShare * 100, 0)} % | ${r.apes.length ? r.apes.map((a) => fmt(a * 100) + ' %').join(', ') : '–'} |`,
+        `| ${r.policy} | ${r.rate} | ${r.sent} | ${r.errors} | ${fmt(r.attainment * 100)} % | ${fmt(r.p50, 0)} | ${fmt(r.p90, 0)} | ${r.policy === 'nginx' ? '50 % (round-robin)' : fmt(r.slowShare * 100, 0) + ' %'} | ${r.apes.length ? r.apes.map((a) => fmt(a * 100) + ' %').join(', ') : '–'} |`,
       );
     }
+  }
+  // per rate: default against nginx round-robin (floor ≥ 1 everywhere, ≥ 1.3 at the saturating rate), predicted-latency against default (floor ≥ 1)
+  console.log('\n| rate (req/s) | default / nginx round-robin | predicted-latency / default |\n|---:|---:|---:|');
+  for (const rate of rates) {
+    const a = (p: string) => rows.find((r) => r.policy === p && r.rate === rate)?.attainment;
+    const d = a('default');
+    const n = a('nginx') ?? a('round-robin');
+    const pl = a('predicted-latency');
+    const ratio = (x?: number, y?: number) => (x === undefined || y === undefined ? '–' : y === 0 ? (x > 0 ? '∞' : '–') : `${fmt(x / y, 2)}×`);
+    console.log(`| ${rate} | ${ratio(d, n)} | ${ratio(pl, d)} |`);
   }
   // the issue's floors: at the highest rate where the default scorers reach 80 % attainment
   const def = rows.filter((r) => r.policy === 'default' && r.attainment >= 0.8).sort((a, b) => b.rate - a.rate)[0];

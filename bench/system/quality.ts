@@ -73,6 +73,8 @@ export const POLICIES: Record<string, string> = {
   'round-robin': 'scheduling:\n  scorers: []\n  picker: round-robin\n',
   'least-request': 'scheduling:\n  scorers: []\n  picker: least-request\n',
   switchyard: '', // the router's defaults: prefix-cache 3, queue 2, kv-cache-utilization 2, max-score
+  // the defaults with the queue counted in requests (before issue 34: no learned speed): the baseline of the equal-pool check
+  'switchyard-requests': 'scheduling:\n  scorers:\n    - { type: prefix-cache, weight: 3 }\n    - { type: queue, weight: 2, params: { unit: requests } }\n    - { type: kv-cache-utilization, weight: 2 }\n',
   // the same defaults with prefix.mode precise: engines publish KV events, the router routes on them
   precise: '',
   // precise without its speculative entries (prefix.speculativeMs: 0): the gap between a pick and its events left open

@@ -339,6 +339,9 @@ export function validateConfig(doc: unknown, validatePlugin?: PluginCheck, sourc
   if (v.auth !== undefined) cfg.auth = v.auth;
   if (v.rateLimits !== undefined) cfg.rateLimits = v.rateLimits;
   if (v.disaggregation !== undefined) cfg.disaggregation = v.disaggregation;
+  // prefill endpoints without the block: the block's defaults apply (a prefill endpoint never takes a
+  // request outside a disaggregated pair, so without them it would sit idle: docs/disaggregation.md)
+  else if (v.pools.some((p) => p.endpoints.some((e) => e.role === 'prefill'))) cfg.disaggregation = disaggregationSchema.parse({});
   if (v.ha !== undefined) cfg.ha = v.ha;
   if (v.extProc !== undefined) cfg.extProc = v.extProc;
   if (v.modelRewrites.length > 0) cfg.modelRewrites = v.modelRewrites as RouterConfig['modelRewrites'];

@@ -260,7 +260,8 @@ export class Flight extends RetryingFlight implements UpstreamSink, PdFlight {
 
   override onUpstreamData(chunk: Buffer): void {
     if (this.aborted || this.clientEnded) return;
-    if (this.prefillTokens !== 0) this.prefilled();
+    // the first byte of an answer still counted in the backlog ends its prefill (streamed, or one token): the endpoint's speed learns from a 200's
+    if (this.prefillTokens !== 0) this.prefilled(this.status === 200 ? performance.now() - this.dispatchedAt : -1);
     this.responseBytes += chunk.length;
     this.responseChunks++;
     if (this.scanUsage) {
@@ -318,9 +319,9 @@ export class Flight extends RetryingFlight implements UpstreamSink, PdFlight {
    * took it): its endpoint's prefill backlog drops, and flow control may
    * dispatch a request it held for it.
    */
-  protected override prefilled(): void {
+  protected override prefilled(ttftMs = -1): void {
     const d = this.director;
-    if (d.scheduler.prefilled(this) > 0) d.gate.onCapacity?.(this.model);
+    if (d.scheduler.prefilled(this, ttftMs) > 0) d.gate.onCapacity?.(this.model);
   }
 
   /** Times a streamed chunk: the first one is the first token; later ones count their SSE events (tokens). */

@@ -102,6 +102,7 @@ export abstract class RetryingFlight extends PickingFlight {
       matchedBlocks: this.matchedBlocks,
       latPending: this.latPending,
       latWork: this.latWork,
+      latOwn: this.latOwn,
       latRunning: this.latRunning,
       latPredTtftMs: this.latPredTtftMs,
       latPredTpotMs: this.latPredTpotMs,

@@ -73,10 +73,13 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   matchedBlocks = 0;
   /** Uncached prompt tokens this attempt holds in its endpoint's prefill backlog (0: released). */
   prefillTokens = 0;
+  /** Prefill tokens ahead of it at its endpoint at the pick, its own included (Decision). */
+  aheadTokens = 0;
   adapter = '';
   // Decision's LatencyNote (written by latency plugins; numbers, no allocation)
   latPending = 0;
   latWork = 0;
+  latOwn = 0;
   latRunning = 0;
   latPredTtftMs = 0;
   latPredTpotMs = 0;
@@ -191,7 +194,7 @@ export abstract class FlightState implements Decision, FinishedRequest, AbortLik
   /** Picks an endpoint and sends the request (flight-pick.ts). */
   protected abstract dispatch(): void;
   /** The attempt's prefill is over: its endpoint's prefill backlog drops (director.ts). */
-  protected abstract prefilled(): void;
+  protected abstract prefilled(ttftMs?: number): void;
   /** True when the answer's first body byte does not mark the end of the prefill (director.ts). */
   protected abstract answersAfterDecode(): boolean;
 }

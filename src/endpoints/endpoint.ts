@@ -10,6 +10,7 @@ import { EndpointError } from '../errors.js';
 import { acceleratorProfile } from '../accelerators.js';
 import { AdapterStats } from './adapter-stats.js';
 import type { LatencyModel } from './latency-model.js';
+import { SpeedModel } from './speed.js';
 
 export type Health = 'unknown' | 'up' | 'down';
 
@@ -121,6 +122,8 @@ export class Endpoint {
   readonly batch: BatchLimit;
   health: Health = 'unknown';
   healthAt = 0;
+  /** Prefill speed learned from every request's first token (always on: the default load scorers read it; speed.ts). */
+  readonly speed: SpeedModel;
   /** The learned latency model, when a latency plugin (predicted-latency) uses one; null otherwise. */
   latency: LatencyModel | null = null;
 
@@ -165,6 +168,7 @@ export class Endpoint {
     this.prefillCostFactor = pool.speed?.prefillCostFactor ?? profile?.prefillCostFactor ?? 1;
     this.decodeCostFactor = pool.speed?.decodeCostFactor ?? profile?.decodeCostFactor ?? 1;
     this.cost = pool.cost ?? profile?.cost ?? 1;
+    this.speed = new SpeedModel(this.prefillCostFactor);
     this.models = pool.models;
     this.role = ep.role;
     this.revision = ep.revision;

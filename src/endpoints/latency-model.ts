@@ -1,16 +1,19 @@
 // Each endpoint's latency model, learned online from what the router observes:
 //
-//   TTFT ≈ a + b × W      W = uncached prompt kilobytes ahead of the request
-//                             at the endpoint plus its own (the prefill work
-//                             the engine must do before this first token)
+//   TTFT ≈ a + b × U + c × Q   U = the request's own uncached prompt KB,
+//                               Q = uncached KB of requests ahead of it at the
+//                               endpoint (the router's without a first token,
+//                               other clients' waiting ones at the mean size)
 //   TPOT ≈ c + d × R      R = requests decoding at the endpoint
 //
 // Why this shape: an engine that prefills one request after another (vLLM,
 // SGLang, the simulator) makes a new request wait for the prefill compute of
 // every request dispatched before it that has not produced its first token
 // yet; the router knows exactly those (it sent them, with their uncached
-// bytes from the prefix producer's match), so the queue wait and the
-// request's own prefill are one linear term in prefill work. The per-token
+// bytes from the prefix producer's match). A serial engine has b = c; an
+// engine that prefills several requests at once has c < b (a request ahead
+// costs this one only its share of the batch): two coefficients, so the model
+// holds on both without being told which it serves. The per-token
 // decode cost grows with the running batch (memory-bound decode steps get
 // longer as the batch grows).
 //
@@ -52,14 +55,15 @@ export class Rls2 {
   #scale: number;
   n = 0;
 
-  constructor(a: number, b: number, varA: number, varB: number, lambda: number) {
+  /** `scale`: the residual clip's starting scale (default half the intercept; a prior that may be far off wants its typical prediction). */
+  constructor(a: number, b: number, varA: number, varB: number, lambda: number, scale = 0.5 * Math.abs(a)) {
     this.a = a;
     this.b = b;
     this.#p00 = varA;
     this.#p11 = varB;
     this.#lambda = lambda;
     this.#pMax = 4 * (varA + varB);
-    this.#scale = Math.max(1e-3, 0.5 * Math.abs(a));
+    this.#scale = Math.max(1e-3, scale);
   }
 
   predict(x: number): number {
@@ -96,6 +100,86 @@ export class Rls2 {
     }
     if (this.a < 0) this.a = 0;
     if (this.b < 0) this.b = 0;
+    this.n++;
+  }
+}
+
+/**
+ * Three-coefficient recursive least squares: y ≈ a + b·x + c·z, with the same
+ * forgetting, residual clip, covariance bound and non-negative coefficients
+ * as Rls2. The TTFT model's form: x = the request's own prefill work, z = the
+ * work queued ahead of it. An engine that prefills one request after another
+ * has b ≈ c; one that prefills several at once has c well below b (a request
+ * ahead slows this one only by its share of the batch), which one work total
+ * cannot express. Storage: a 3×3 covariance in a Float64Array made once.
+ */
+export class Rls3 {
+  a: number;
+  b: number;
+  c: number;
+  readonly #p = new Float64Array(9);
+  readonly #lambda: number;
+  readonly #pMax: number;
+  #scale: number;
+  n = 0;
+
+  constructor(a: number, b: number, c: number, varA: number, varB: number, varC: number, lambda: number, scale = 0.5 * Math.abs(a)) {
+    this.a = a;
+    this.b = b;
+    this.c = c;
+    this.#p[0] = varA;
+    this.#p[4] = varB;
+    this.#p[8] = varC;
+    this.#lambda = lambda;
+    this.#pMax = 4 * (varA + varB + varC);
+    this.#scale = Math.max(1e-3, scale);
+  }
+
+  /** a + b·x + c·z (z defaults to 0: the prediction for a request with nothing ahead). */
+  predict(x: number, z = 0): number {
+    return this.a + this.b * x + this.c * z;
+  }
+
+  update(x: number, z: number, y: number): void {
+    if (!(y >= 0) || !Number.isFinite(y) || !Number.isFinite(x) || !Number.isFinite(z)) return;
+    const P = this.#p;
+    const l = this.#lambda;
+    // Px with the feature vector (1, x, z)
+    const q0 = P[0] + P[1] * x + P[2] * z;
+    const q1 = P[3] + P[4] * x + P[5] * z;
+    const q2 = P[6] + P[7] * x + P[8] * z;
+    const denom = l + q0 + x * q1 + z * q2;
+    const k0 = q0 / denom;
+    const k1 = q1 / denom;
+    const k2 = q2 / denom;
+    let e = y - (this.a + this.b * x + this.c * z);
+    const abs = e < 0 ? -e : e;
+    const clip = 3 * this.#scale;
+    if (e > clip) e = clip;
+    else if (e < -clip) e = -clip;
+    this.#scale = 0.9 * this.#scale + 0.1 * (abs < clip ? abs : clip);
+    if (this.#scale < 1e-3) this.#scale = 1e-3;
+    this.a += k0 * e;
+    this.b += k1 * e;
+    this.c += k2 * e;
+    // P ← (P − k qᵀ) / λ (P symmetric, so qᵀ = xᵀP)
+    P[0] = (P[0] - k0 * q0) / l;
+    P[1] = (P[1] - k0 * q1) / l;
+    P[2] = (P[2] - k0 * q2) / l;
+    P[3] = (P[3] - k1 * q0) / l;
+    P[4] = (P[4] - k1 * q1) / l;
+    P[5] = (P[5] - k1 * q2) / l;
+    P[6] = (P[6] - k2 * q0) / l;
+    P[7] = (P[7] - k2 * q1) / l;
+    P[8] = (P[8] - k2 * q2) / l;
+    const tr = P[0] + P[4] + P[8];
+    if (tr > this.#pMax) {
+      const s = this.#pMax / tr;
+      for (let i = 0; i < 9; i++) P[i] *= s;
+    }
+    if (this.a < 0) this.a = 0;
+    if (this.b < 0) this.b = 0;
+    if (this.c < 0) this.c = 0;
     this.n++;
   }
 }
@@ -152,7 +236,8 @@ export const DEFAULT_LATENCY_PRIORS: LatencyPriors = Object.freeze({
 });
 
 export class LatencyModel {
-  readonly ttft: Rls2;
+  /** TTFT ≈ a + b × own KB + c × KB queued ahead. */
+  readonly ttft: Rls3;
   readonly tpot: Rls2;
   readonly ttftErr = new ErrorStats();
   readonly tpotErr = new ErrorStats();
@@ -166,15 +251,17 @@ export class LatencyModel {
   constructor(priors: LatencyPriors, prefillCostFactor: number, decodeCostFactor: number) {
     const a = priors.ttftBaseMs * prefillCostFactor;
     const b = priors.prefillMsPerKB * prefillCostFactor;
-    this.ttft = new Rls2(a, b, Math.max(1, a * a), Math.max(0.01, b * b), priors.forgetting);
+    // the queue coefficient starts as a serial engine's (c = b), wide enough that a parallel engine's is learnt in tens of requests;
+    // the clip starts at the prior's TTFT of a kilobyte-sized prompt, so a prior several times off is corrected within a few samples
+    this.ttft = new Rls3(a, b, b, Math.max(1, a * a), Math.max(0.01, b * b), Math.max(0.01, b * b), priors.forgetting, a + b);
     const c = priors.itlMs * decodeCostFactor;
     const d = priors.itlPerRunningMs * decodeCostFactor;
     this.tpot = new Rls2(c, d, Math.max(1, c * c), Math.max(0.01, (c / 10) ** 2), priors.forgetting);
   }
 
-  /** Prefill work (KB) a new request with `uncachedBytes` would wait for and do here; `foreignWaiting` requests of other clients queue too. */
-  work(uncachedBytes: number, foreignWaiting: number): number {
-    return (this.pendingBytes + uncachedBytes + foreignWaiting * this.meanBytes) / 1000;
+  /** Prefill work (KB) queued ahead of a new request here: the router's pending bytes and `foreignWaiting` requests of other clients at the mean size. */
+  ahead(foreignWaiting: number): number {
+    return (this.pendingBytes + foreignWaiting * this.meanBytes) / 1000;
   }
 
   dispatched(uncachedBytes: number): void {

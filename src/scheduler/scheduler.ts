@@ -34,6 +34,8 @@ export interface Decision extends Partial<LatencyNote> {
    * (Scheduler.prefilled, or complete()). Set by pick().
    */
   prefillTokens?: number;
+  /** Prefill tokens ahead of this request at its endpoint at the pick, its own included (the speed model's feature). */
+  aheadTokens?: number;
   /** The LoRA adapter the request names, counted in its endpoint's adapterInFlight until complete() ('' or absent: none). */
   adapter?: string;
 }
@@ -294,6 +296,8 @@ export class Scheduler {
       ep.prefillPending += t;
       ep.prefillRequests++;
     }
+    d.aheadTokens = ep.prefillPending + ep.peerPrefillPending;
+    if (t > 0) ep.speed.sent(t);
     ctx.request = EMPTY_REQUEST;
     ctx.prefixMatched = EMPTY_MATCH;
     d.endpoint = ep;
@@ -322,12 +326,16 @@ export class Scheduler {
    * arrived, or its prefill ran elsewhere: a P/D prefill leg): releases what
    * it added to its endpoint's prefill backlog. Returns the tokens released
    * (0 when nothing was left). complete() releases it too, on every path.
+   * `ttftMs` ≥ 0: the release is the first byte of a 200 answer that marks the
+   * end of the prefill, that long after dispatch: the endpoint's speed model
+   * learns from it (Endpoint.speed).
    */
-  prefilled(d: Decision): number {
+  prefilled(d: Decision, ttftMs = -1): number {
     const t = d.prefillTokens;
     if (t === undefined || t === 0 || d.seq === 0) return 0;
     d.prefillTokens = 0;
     const ep = d.endpoint;
+    if (ttftMs >= 0) ep.speed.observe(d.aheadTokens ?? t, ttftMs);
     ep.prefillPending -= t;
     if (ep.prefillRequests > 0) ep.prefillRequests--;
     if (ep.prefillPending < 0.5 || ep.prefillRequests === 0) ep.prefillPending = 0;
@@ -337,6 +345,7 @@ export class Scheduler {
   #decide(ctx: CycleContext, ep: Endpoint, idx: number, note: LatencyNote): void {
     note.latPending = 0;
     note.latWork = 0;
+    note.latOwn = 0;
     note.latRunning = 0;
     note.latPredTtftMs = 0;
     note.latPredTpotMs = 0;

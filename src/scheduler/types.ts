@@ -44,8 +44,10 @@ export interface SchedRequest {
 export interface LatencyNote {
   /** Uncached prompt bytes this request added to the endpoint's pending prefill work (0 once prefilled). */
   latPending: number;
-  /** Prefill work (KB) ahead of and including this request at dispatch. */
+  /** Prefill work (KB) queued ahead of this request at dispatch. */
   latWork: number;
+  /** This request's own uncached prefill work (KB) at dispatch. */
+  latOwn: number;
   /** Requests decoding at the endpoint at the first token (the TPOT feature). */
   latRunning: number;
   latPredTtftMs: number;

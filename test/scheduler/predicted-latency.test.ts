@@ -86,10 +86,29 @@ t.test('the model is seeded from the cost factors and counts pending prefill wor
   t.equal(slow.tpot.predict(1) / fast.tpot.predict(1), 3);
   fast.dispatched(4000);
   fast.dispatched(2000);
-  t.equal(fast.work(1000, 0), 7, 'KB ahead plus its own');
+  t.equal(fast.ahead(0), 6, 'KB queued ahead');
+  t.equal(fast.ahead(2), 6 + (2 * fast.meanBytes) / 1000, 'and other clients\' waiting requests at the mean size');
   fast.prefilled(4000);
   t.equal(fast.pendingReqs, 1);
-  t.equal(fast.work(0, 0), 2);
+  t.equal(fast.ahead(0), 2);
+});
+
+t.test('Rls3 tells a serial engine (queue costs as much as the own prompt) from a parallel one (it costs a share)', async (t) => {
+  let seed = 7;
+  const rand = () => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32);
+  // serial: 5 + 50·own + 50·ahead; parallel: 5 + 50·own + 10·ahead (a request ahead costs a fifth)
+  for (const [name, c] of [['serial', 50], ['parallel', 10]] as const) {
+    const m = new LatencyModel(DEFAULT_LATENCY_PRIORS, 1, 1); // prior b = c = 12.5: both wrong
+    for (let i = 0; i < 150; i++) {
+      const own = 0.2 + rand() * 4;
+      const ahead = rand() < 0.3 ? 0 : rand() * 8;
+      m.ttft.update(own, ahead, (5 + 50 * own + c * ahead) * (0.95 + 0.1 * rand()));
+    }
+    t.ok(Math.abs(m.ttft.b - 50) < 10, `${name}: own ${m.ttft.b.toFixed(1)} ms/KB ≈ 50`);
+    t.ok(Math.abs(m.ttft.c - c) < 0.3 * c + 3, `${name}: queue ${m.ttft.c.toFixed(1)} ms/KB ≈ ${c}`);
+    const err = Math.abs(m.ttft.predict(2, 4) - (5 + 100 + 4 * c)) / (5 + 100 + 4 * c);
+    t.ok(err < 0.12, `${name}: prediction at 2 KB own, 4 KB ahead within 12 % (${(err * 100).toFixed(1)} %)`);
+  }
 });
 
 async function mixedRouter(t: Tap.Test, params: Record<string, unknown>, flowControl?: unknown) {
@@ -180,6 +199,10 @@ t.test('non-streamed short answers train the TTFT model (total time less the pre
   const n0 = fast.ttft.n;
   for (let i = 0; i < 8; i++) t.equal((await post(url, '/v1/completions', body(i, 1 + (i % 4), 1))).status, 200);
   t.ok(fast.ttft.n - n0 >= 6, `${fast.ttft.n - n0} updates from 8 one-token answers`);
+  t.ok(fast.ttftErr.count >= 6, 'and their prediction errors are counted (a one-token answer\'s whole time is its TTFT)');
+  const metrics = await (await fetch(`${url}/metrics`)).text();
+  t.match(metrics, /switchyard_latency_ttft_error_ratio\{endpoint="fast"\} [0-9.]+/, 'per-endpoint prediction error in /metrics without a streamed request');
+  t.match(metrics, /switchyard_latency_margin_ratio [0-9.]+/);
   t.equal(fast.tpot.n, 0, 'the TPOT model learns nothing from them');
   t.equal(fast.pendingBytes, 0, 'no pending work left behind');
   const n1 = fast.ttft.n;
@@ -202,4 +225,17 @@ t.test('band defaults: a flow-control band carries its objective; headers overri
   t.equal(over.headers['x-switchyard-endpoint'], 'slow', 'the header overrides the band default');
   t.equal(scorer.sloCounts('premium').ttftMet + scorer.sloCounts('premium').ttftMissed, 2);
   t.equal(scorer.sloCounts('standard').ttftMet, 1);
+});
+
+t.test('the margin grows with the measured miss rate; past the cliff the default load score is blended in', async (t) => {
+  // priors far too optimistic (a thousandth of the real cost): its first predictions meet 60 ms, the engines take ~100–600 ms
+  const { url, scorer } = await mixedRouter(t, { prefillMsPerKB: 0.05, ttftBaseMs: 0.01 });
+  t.equal(scorer.margin, 0.2, 'the configured margin to start with');
+  const body = (i: number) => ({ model: 'open-model', prompt: `${i} `.repeat(1000), max_tokens: 2, stream: true });
+  for (let i = 0; i < 10; i++) t.equal((await post(url, '/v1/completions', body(i), { 'x-slo-ttft-ms': '60' })).status, 200);
+  t.ok(scorer.margin > 0.25, `margin ${scorer.margin.toFixed(3)} grew with the misses of requests predicted to meet`);
+  t.ok(scorer.margin <= 0.6, 'bounded');
+  t.ok(scorer.missRate > 0.15, `recent miss rate ${scorer.missRate.toFixed(3)}: the default load score is blended in`);
+  const metrics = await (await fetch(`${url}/metrics`)).text();
+  t.match(metrics, /switchyard_slo_recent_miss_ratio 0\.\d+/);
 });

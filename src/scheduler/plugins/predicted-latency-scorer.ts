@@ -1,13 +1,14 @@
 // Scorer `predicted-latency`: scores each candidate by its predicted time to
 // first token and time per output token against the request's objectives.
 //
-//   predicted TTFT = a + b × W   W = the prefill work ahead at the endpoint
-//                                    (uncached bytes of the router's requests
-//                                    there without a first token, plus other
-//                                    clients' waiting requests at the mean
-//                                    size) + this request's uncached bytes
-//                                    (prompt bytes − the prefix producer's
-//                                    matched blocks × block size)
+//   predicted TTFT = a + b × U + c × Q
+//                       U = this request's uncached KB (prompt bytes − the
+//                           prefix producer's matched blocks × block size)
+//                       Q = the prefill work queued ahead at the endpoint
+//                           (uncached KB of the router's requests there
+//                           without a first token, plus other clients'
+//                           waiting requests at the mean size)
+//                       (serial prefill: b = c; parallel prefill: c < b)
 //   predicted TPOT = c + d × R   R = requests decoding there, plus this one
 //
 // with (a, b, c, d) each endpoint's LatencyModel (src/endpoints/
@@ -23,6 +24,12 @@
 //   - the others: 0.45 × (fastest predicted / this predicted): when none can
 //     meet it the fastest wins (and the pick counts a predicted SLO miss);
 //   - with no objective at all: fastest predicted / this predicted.
+// The margin is not fixed: margin + the recent miss rate of requests that
+// were predicted to meet their objective (EWMA, ~50 requests), at most 0.6.
+// Past the capacity cliff (the recent miss rate of all requests with an
+// objective above 0.15) the default load score (the `queue` scorer: queued
+// work in expected ms) is blended in with weight β = (miss − 0.15) / 0.25,
+// up to 1: where no prediction can help, the pick is the default's.
 // Composes with other scorers through the profile's weights like any scorer.
 import { performance } from 'node:perf_hooks';
 import { Counter, Gauge, type Registry } from 'prom-client';
@@ -32,6 +39,7 @@ import { z } from '../../config/schema-kit.js';
 import { numberParam, pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, LatencyNote, PluginEnv, Scorer } from '../types.js';
 import { ensure } from './score-util.js';
+import { QueueScorer } from './queue-scorer.js';
 
 export interface BandSlo {
   ttftMs?: number;
@@ -55,6 +63,14 @@ const C_TPOT_MET = 2;
 const C_TPOT_MISSED = 3;
 const C_PREDICTED_MISS = 4;
 const C_N = 5;
+/** Weight of one observation in the recent miss rates (~50 requests of memory). */
+const MISS_ALPHA = 0.02;
+/** The margin grows by this times the miss rate of requests predicted to meet their objective, up to MAX_MARGIN. */
+const MARGIN_GAIN = 1;
+const MAX_MARGIN = 0.6;
+/** Above this recent miss rate the default load score is blended in, wholly at BLEND_FULL. */
+const BLEND_FROM = 0.15;
+const BLEND_FULL = 0.4;
 /** Most band labels kept apart; further band names count under "other". */
 const MAX_BANDS = 32;
 
@@ -67,8 +83,15 @@ export class PredictedLatencyScorer implements Scorer {
   readonly #blockSize: number;
   readonly #defTtft: number;
   readonly #defTpot: number;
-  /** 1 − margin: the share of an objective a prediction may use. */
-  readonly #within: number;
+  /** 1 − margin: the share of an objective a prediction may use (the margin grows with the measured miss rate). */
+  #within: number;
+  readonly #baseMargin: number;
+  #marginNow: number;
+  /** EWMA of TTFT misses among requests with an objective, and among those predicted to meet it. */
+  #missRate = 0;
+  #predMissRate = 0;
+  /** The default load scorer (expected ms of queued work): blended in when the miss rate says the model is past the cliff. */
+  readonly #fallback = new QueueScorer();
   /** band name → index into #bandSlo / #counts ('' = no band: index 0). */
   readonly #bandIndex = new Map<string, number>([['', 0]]);
   readonly #bandNames: string[] = ['default'];
@@ -85,7 +108,8 @@ export class PredictedLatencyScorer implements Scorer {
     for (const k of Object.keys(DEFAULT_LATENCY_PRIORS) as (keyof LatencyPriors)[]) if (p[k] !== undefined) priors[k] = p[k]!;
     // one model per endpoint, shared by every scheduler over the same set (the first one seeds it)
     for (const ep of env.endpoints.all) ep.latency ??= new LatencyModel(priors, ep.prefillCostFactor, ep.decodeCostFactor);
-    this.#within = 1 - (p.margin ?? 0.2);
+    this.#baseMargin = this.#marginNow = p.margin ?? 0.2;
+    this.#within = 1 - this.#baseMargin;
     this.#defTtft = p.ttftMs ?? 0;
     this.#defTpot = p.tpotMs ?? 0;
     this.#bandSlo[0] = this.#defTtft;
@@ -130,7 +154,7 @@ export class PredictedLatencyScorer implements Scorer {
       const m = ep.latency!;
       const fresh = ep.fresh(now);
       const foreignWaiting = fresh && ep.metrics.waiting > m.pendingReqs ? ep.metrics.waiting - m.pendingReqs : 0;
-      ttft[i] = m.ttft.predict(m.work(this.#uncached(ctx, i), foreignWaiting));
+      ttft[i] = m.ttft.predict(this.#uncached(ctx, i) / 1000, m.ahead(foreignWaiting));
       tpot[i] = m.tpot.predict(running(ep, now) + 1);
     }
   }
@@ -178,6 +202,13 @@ export class PredictedLatencyScorer implements Scorer {
         out[i] = 0.5 + 0.3 * cheap + 0.2 * head;
       } else out[i] = 0.45 * (fastest / slow);
     }
+    // past the capacity cliff (most recent requests missed): never below the default scorers' choice
+    const miss = this.#missRate;
+    if (miss > BLEND_FROM && (sloT > 0 || sloP > 0)) {
+      const beta = miss >= BLEND_FULL ? 1 : (miss - BLEND_FROM) / (BLEND_FULL - BLEND_FROM);
+      const q = this.#fallback.score(ctx, eps);
+      for (let i = 0; i < n; i++) out[i] = (1 - beta) * out[i] + beta * q[i];
+    }
     return out;
   }
 
@@ -190,9 +221,10 @@ export class PredictedLatencyScorer implements Scorer {
     const uncached = this.#uncached(ctx, index);
     const fresh = ep.fresh(ctx.now);
     const foreignWaiting = fresh && ep.metrics.waiting > m.pendingReqs ? ep.metrics.waiting - m.pendingReqs : 0;
-    const work = m.work(uncached, foreignWaiting);
-    note.latWork = work;
-    note.latPredTtftMs = m.ttft.predict(work);
+    const ahead = m.ahead(foreignWaiting);
+    note.latWork = ahead;
+    note.latOwn = uncached / 1000;
+    note.latPredTtftMs = m.ttft.predict(note.latOwn, ahead);
     note.latPredTpotMs = m.tpot.predict(running(ep, ctx.now) + 1);
     note.latSloTtftMs = sloT;
     note.latSloTpotMs = sloP;
@@ -209,9 +241,9 @@ export class PredictedLatencyScorer implements Scorer {
       note.latPending = -1; // prefilled: onEnd has nothing to release
     }
     m.ttftErr.add(note.latPredTtftMs, ms);
-    m.ttft.update(note.latWork, ms);
+    m.ttft.update(note.latOwn, note.latWork, ms);
     note.latRunning = running(ep, performance.now());
-    if (note.latSloTtftMs > 0 && note.latBand >= 0) this.#counts[note.latBand * C_N + (ms <= note.latSloTtftMs ? C_TTFT_MET : C_TTFT_MISSED)]++;
+    if (note.latSloTtftMs > 0) this.#observed(note, ms);
   }
 
   onStreamEnd(ep: Endpoint, note: LatencyNote, tokens: number, decodeMs: number): void {
@@ -234,8 +266,37 @@ export class PredictedLatencyScorer implements Scorer {
     if (note.latPending < 0 || tokens < 1) return;
     const decode = (tokens - 1) * note.latPredTpotMs;
     if (decode > 0.25 * totalMs) return;
-    // an estimate, not an observation: the model learns from it; the error statistics and SLO counts do not count it
-    ep.latency!.ttft.update(note.latWork, totalMs - decode);
+    const m = ep.latency!;
+    m.ttft.update(note.latOwn, note.latWork, totalMs - decode);
+    // a one-token answer's whole time is its TTFT: an observation like a streamed first token (error statistics, SLO counts, miss rate)
+    if (tokens === 1) {
+      m.ttftErr.add(note.latPredTtftMs, totalMs);
+      if (note.latSloTtftMs > 0) this.#observed(note, totalMs);
+    }
+  }
+
+  /** An observed TTFT of a request with an objective: SLO counters and the recent miss rates. */
+  #observed(note: LatencyNote, ms: number): void {
+    const missed = ms > note.latSloTtftMs ? 1 : 0;
+    if (note.latBand >= 0) this.#counts[note.latBand * C_N + (missed ? C_TTFT_MISSED : C_TTFT_MET)]++;
+    this.#missRate += MISS_ALPHA * (missed - this.#missRate);
+    // of the requests predicted to meet it (with the margin then in force): the model's own misses, which widen the margin
+    if (note.latPredTtftMs <= note.latSloTtftMs * (1 - this.#margin)) this.#predMissRate += MISS_ALPHA * (missed - this.#predMissRate);
+    this.#marginNow = Math.min(MAX_MARGIN, this.#baseMargin + MARGIN_GAIN * this.#predMissRate);
+    this.#within = 1 - this.#marginNow;
+  }
+
+  /** The recent TTFT miss rate (all requests with an objective) and the margin in force (tests, metrics). */
+  get missRate(): number {
+    return this.#missRate;
+  }
+
+  get margin(): number {
+    return this.#marginNow;
+  }
+
+  get #margin(): number {
+    return this.#marginNow;
   }
 
   onEnd(ep: Endpoint, note: LatencyNote): void {
@@ -284,9 +345,27 @@ export class PredictedLatencyScorer implements Scorer {
           if (!m) continue;
           this.set({ endpoint: ep.name, coefficient: 'ttft_base_ms' }, m.ttft.a);
           this.set({ endpoint: ep.name, coefficient: 'prefill_ms_per_kb' }, m.ttft.b);
+          this.set({ endpoint: ep.name, coefficient: 'queue_ms_per_kb' }, m.ttft.c);
           this.set({ endpoint: ep.name, coefficient: 'tpot_base_ms' }, m.tpot.a);
           this.set({ endpoint: ep.name, coefficient: 'tpot_ms_per_running' }, m.tpot.b);
         }
+      },
+    });
+    const self = this;
+    new Gauge({
+      name: 'switchyard_latency_margin_ratio',
+      help: 'The safety margin in force: the configured margin plus the recent TTFT miss rate of requests predicted to meet their objective (capped at 0.6).',
+      registers: r,
+      collect() {
+        this.set(self.margin);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_slo_recent_miss_ratio',
+      help: 'Recent TTFT miss rate of requests with an objective (about the last 50); above 0.15 the default load score is blended into predicted-latency, wholly at 0.4.',
+      registers: r,
+      collect() {
+        this.set(self.missRate);
       },
     });
     const counts = this.#counts;

@@ -1,6 +1,6 @@
 // Shared scoring helpers.
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import type { CycleContext, Scorer } from '../types.js';
+import type { CycleContext, SchedRequest, Scorer } from '../types.js';
 
 /** Writes (max - v) / (max - min) for v in vals[0..n) into out; all 1 when equal. Lower is better. */
 export function inverseMinMax(vals: Float64Array, n: number, out: Float64Array): void {
@@ -41,4 +41,12 @@ export abstract class FewestScorer implements Scorer {
     inverseMinMax(this.#vals, n, this.#out);
     return this.#out;
   }
+}
+
+/** A request's prompt tokens: its token ids in precise mode, else its bytes / 4 (the prefix index's conversion); 0 without a prompt. */
+export function requestTokens(req: SchedRequest): number {
+  const t = req.tokens;
+  if (t !== undefined) return t.length >>> 2;
+  const p = req.prompt;
+  return p !== undefined ? p.length / 4 : 0;
 }
