@@ -527,8 +527,17 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     }
   }
 
+  // An answer's bytes: written at once where the socket takes them (uv_try_write: no write request,
+  // no completion callback, no epoll change per answer), the rest (or a close after them) through uv_write.
   void Send(Conn* c, std::string data, bool close_after) {
     if (c->shut) return;
+    if (!close_after && c->writes == 0 && !data.empty()) {
+      uv_buf_t t = uv_buf_init(data.data(), static_cast<unsigned>(data.size()));
+      const int n = uv_try_write(reinterpret_cast<uv_stream_t*>(&c->tcp), &t, 1);
+      if (n == static_cast<int>(data.size())) return;
+      if (n > 0) data.erase(0, static_cast<size_t>(n));
+      // n < 0 (EAGAIN, or an error that uv_write reports through OnWritten): all of it goes below
+    }
     WriteReq* w = new WriteReq;
     w->data = std::move(data);
     w->conn = c;

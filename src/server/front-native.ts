@@ -153,11 +153,12 @@ export class NativeFrontEnd implements FrontEnd {
     const at = this.#wantedAt.get(lower);
     if (at !== undefined) return r.wanted[at] ?? '';
     const o = r.offsets;
+    const hb = r.head;
     let out = '';
     for (let k = 0; k < o.length; k += 4) {
       if (o[k + 1] !== lower.length) continue;
-      if (r.head.toString('latin1', o[k]!, o[k]! + o[k + 1]!).toLowerCase() !== lower) continue;
-      const v = r.head.toString('latin1', o[k + 2]!, o[k + 2]! + o[k + 3]!);
+      if (hb.toString('latin1', o[k]!, o[k]! + o[k + 1]!).toLowerCase() !== lower) continue;
+      const v = hb.toString('latin1', o[k + 2]!, o[k + 2]! + o[k + 3]!);
       out = out === '' ? v : `${out},${v}`;
     }
     return out;
