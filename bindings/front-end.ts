@@ -54,8 +54,8 @@ export interface FrontRequest {
   head: Buffer;
   offsets: Uint32Array;
   body: Buffer;
-  /** The values of the options' `wanted` fields, in that order: '' when absent, repeated lines joined with ','; one char per byte. */
-  wanted: string[];
+  /** The values of the options' `wanted` fields, in that order: undefined (a hole) when absent, repeated lines joined with ','; one char per byte. */
+  wanted: (string | undefined)[];
 }
 
 export interface FrontServerOptions {
@@ -98,7 +98,7 @@ class XferRequest implements FrontRequest {
     readonly target: string,
     readonly minor: number,
     readonly body: Buffer,
-    readonly wanted: string[],
+    readonly wanted: (string | undefined)[],
     readonly heads: Uint8Array,
     readonly headLen: number,
     readonly fields: Uint32Array,
@@ -146,7 +146,7 @@ export class FrontServer {
     const heads = new Uint8Array(xfer, XFER_OFFSETS, maxHead);
     const fields = new Uint32Array(xfer, 0, XFER_OFFSETS / 4);
     this.#n = new native.FrontServer(
-      (id: number, method: string, target: string, minor: number, head: Buffer | number, offsets: Uint32Array | number, body: Buffer | number, wanted: string[]) => {
+      (id: number, method: string, target: string, minor: number, head: Buffer | number, offsets: Uint32Array | number, body: Buffer | number, wanted: (string | undefined)[]) => {
         if (typeof body === 'number') {
           const n = body;
           body = takeBody(n);

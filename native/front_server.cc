@@ -388,9 +388,10 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
           }
           seen++;
         }
+        if (seen == 0) continue;  // absent: a hole (undefined in JavaScript), no string and no store
         napi_value v;
         if (seen > 1) napi_create_string_latin1(env, joined.data(), joined.size(), &v);
-        else napi_create_string_latin1(env, one == nullptr ? "" : one, one_len, &v);
+        else napi_create_string_latin1(env, one, one_len, &v);
         napi_set_element(env, wanted, w, v);
       }
       napi_value argv[8] = {Napi::Number::New(env, id), method, target, Napi::Number::New(env, h.minor), head, offsets, body, wanted};
@@ -703,12 +704,13 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     } else if (text) {
       napi_get_value_string_utf8(env, info[3], nullptr, 0, &blen);
     }
+    size_t hl = 0;
+    napi_get_value_string_latin1(env, info[2], nullptr, 0, &hl);
     std::string& out = p->out;
+    out.reserve(out.size() + 96 + hl + blen);  // status line, head, framing lines, body: one allocation
     out += p->http10 ? "HTTP/1.0 " : "HTTP/1.1 ";
     out += std::to_string(status);
     out += " \r\n";
-    size_t hl = 0;
-    napi_get_value_string_latin1(env, info[2], nullptr, 0, &hl);
     const size_t at = out.size();
     out.resize(at + hl + 1);
     napi_get_value_string_latin1(env, info[2], out.data() + at, hl + 1, &hl);
