@@ -76,6 +76,7 @@ struct Conn {
   std::deque<Pending> queue;
   uint32_t writes = 0;  // writes in flight
   int handles = 2;       // the tcp and the timer, counted down by their close callbacks
+  uint64_t due = 0;      // when the armed timeout is due (uv_now ms; see Arm)
   size_t body_at = 0;    // where the body starts in `in`
   double limit = 0;      // the body limit of the current request
   bool head_armed = false;
@@ -237,6 +238,11 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
   static void OnTimer(uv_timer_t* t) {
     Conn* c = static_cast<Conn*>(t->data);
     FrontServerWrap* self = c->server;
+    const uint64_t now = uv_now(self->loop_);
+    if (now < c->due) {  // the deadline moved on since the timer was armed (Arm)
+      uv_timer_start(t, OnTimer, c->due - now, 0);
+      return;
+    }
     if (c->st == Conn::St::Drain || !c->queue.empty()) {
       if (c->st == Conn::St::Drain) self->CloseConn(c);
       return;  // waiting on our own answer: not the client's fault
@@ -245,7 +251,18 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     else self->CloseConn(c);
   }
 
-  void Arm(Conn* c, uint64_t ms) { uv_timer_start(&c->timer, OnTimer, ms, 0); }
+  // A timeout from now. Lazily: a later deadline than the armed one (the idle timeout after each answer,
+  // the body timeout at each read) is only recorded, and the timer, when it fires early, re-arms for the
+  // rest; so a keep-alive request costs no timer-heap change.
+  void Arm(Conn* c, uint64_t ms) {
+    const uint64_t due = uv_now(loop_) + ms;
+    if (uv_is_active(reinterpret_cast<uv_handle_t*>(&c->timer)) && due >= c->due) {
+      c->due = due;
+      return;
+    }
+    c->due = due;
+    uv_timer_start(&c->timer, OnTimer, ms, 0);
+  }
 
   // Parse what has been read: heads, bodies, as many requests as the queue bound allows.
   void Advance(Conn* c) {
