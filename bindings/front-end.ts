@@ -54,8 +54,8 @@ export interface FrontRequest {
   head: Buffer;
   offsets: Uint32Array;
   body: Buffer;
-  /** The values of the options' `wanted` fields, in that order: '' when absent, repeated lines joined with ','; one char per byte. */
-  wanted: string[];
+  /** The values of the options' `wanted` fields, in that order: undefined (a hole) when absent, repeated lines joined with ','; one char per byte. */
+  wanted: (string | undefined)[];
 }
 
 export interface FrontServerOptions {
@@ -90,6 +90,30 @@ export interface FrontServerOptions {
   takeBody?: (n: number) => Buffer;
 }
 
+/** A request whose head and field offsets are in the transfer buffer: viewed on first read. */
+class XferRequest implements FrontRequest {
+  constructor(
+    readonly id: number,
+    readonly method: string,
+    readonly target: string,
+    readonly minor: number,
+    readonly body: Buffer,
+    readonly wanted: (string | undefined)[],
+    readonly heads: Uint8Array,
+    readonly headLen: number,
+    readonly fields: Uint32Array,
+    readonly fieldCount: number,
+  ) {}
+
+  get head(): Buffer {
+    return Buffer.from(this.heads.buffer, this.heads.byteOffset, this.headLen);
+  }
+
+  get offsets(): Uint32Array {
+    return this.fields.subarray(0, this.fieldCount * 4);
+  }
+}
+
 /** Where the head starts in the transfer buffer (after the field offsets: native/front_server.cc kXferOffsets). */
 const XFER_OFFSETS = 16 * 1024;
 
@@ -117,18 +141,20 @@ export class FrontServer {
     const takeBody = o.takeBody ?? ((n: number) => Buffer.allocUnsafe(n));
     const bytes = Buffer.from(xfer);
     const bodyAt = XFER_OFFSETS + maxHead;
+    // the head and its offsets are viewed (a Buffer and a Uint32Array over the transfer buffer) only when a
+    // handler reads them (header(): rare), not per request
+    const heads = new Uint8Array(xfer, XFER_OFFSETS, maxHead);
+    const fields = new Uint32Array(xfer, 0, XFER_OFFSETS / 4);
     this.#n = new native.FrontServer(
-      (id: number, method: string, target: string, minor: number, head: Buffer | number, offsets: Uint32Array | number, body: Buffer | number, wanted: string[]) => {
-        if (typeof head === 'number') {
-          head = Buffer.from(xfer, XFER_OFFSETS, head);
-          offsets = new Uint32Array(xfer, 0, (offsets as number) * 4);
-        }
+      (id: number, method: string, target: string, minor: number, head: Buffer | number, offsets: Uint32Array | number, body: Buffer | number, wanted: (string | undefined)[]) => {
         if (typeof body === 'number') {
           const n = body;
           body = takeBody(n);
           bytes.copy(body, 0, bodyAt, bodyAt + n);
         }
-        onRequest({ id, method, target, minor, head, offsets: offsets as Uint32Array, body, wanted });
+        onRequest(
+          typeof head === 'number' ? new XferRequest(id, method, target, minor, body, wanted, heads, head, fields, offsets as number) : { id, method, target, minor, head, offsets: offsets as Uint32Array, body, wanted },
+        );
       },
       onAbort,
       maxHead,
@@ -189,8 +215,10 @@ export class FrontServer {
 /** The field lines of a request: [name, value] with one char per byte. */
 export function frontFields(r: FrontRequest): [string, string][] {
   const out: [string, string][] = [];
-  for (let k = 0; k < r.offsets.length; k += 4) {
-    out.push([r.head.toString('latin1', r.offsets[k]!, r.offsets[k]! + r.offsets[k + 1]!), r.head.toString('latin1', r.offsets[k + 2]!, r.offsets[k + 2]! + r.offsets[k + 3]!)]);
+  const o = r.offsets;
+  const hb = r.head;
+  for (let k = 0; k < o.length; k += 4) {
+    out.push([hb.toString('latin1', o[k]!, o[k]! + o[k + 1]!), hb.toString('latin1', o[k + 2]!, o[k + 2]! + o[k + 3]!)]);
   }
   return out;
 }

@@ -76,6 +76,7 @@ struct Conn {
   std::deque<Pending> queue;
   uint32_t writes = 0;  // writes in flight
   int handles = 2;       // the tcp and the timer, counted down by their close callbacks
+  uint64_t due = 0;      // when the armed timeout is due (uv_now ms; see Arm)
   size_t body_at = 0;    // where the body starts in `in`
   double limit = 0;      // the body limit of the current request
   bool head_armed = false;
@@ -237,6 +238,11 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
   static void OnTimer(uv_timer_t* t) {
     Conn* c = static_cast<Conn*>(t->data);
     FrontServerWrap* self = c->server;
+    const uint64_t now = uv_now(self->loop_);
+    if (now < c->due) {  // the deadline moved on since the timer was armed (Arm)
+      uv_timer_start(t, OnTimer, c->due - now, 0);
+      return;
+    }
     if (c->st == Conn::St::Drain || !c->queue.empty()) {
       if (c->st == Conn::St::Drain) self->CloseConn(c);
       return;  // waiting on our own answer: not the client's fault
@@ -245,7 +251,18 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     else self->CloseConn(c);
   }
 
-  void Arm(Conn* c, uint64_t ms) { uv_timer_start(&c->timer, OnTimer, ms, 0); }
+  // A timeout from now. Lazily: a later deadline than the armed one (the idle timeout after each answer,
+  // the body timeout at each read) is only recorded, and the timer, when it fires early, re-arms for the
+  // rest; so a keep-alive request costs no timer-heap change.
+  void Arm(Conn* c, uint64_t ms) {
+    const uint64_t due = uv_now(loop_) + ms;
+    if (uv_is_active(reinterpret_cast<uv_handle_t*>(&c->timer)) && due >= c->due) {
+      c->due = due;
+      return;
+    }
+    c->due = due;
+    uv_timer_start(&c->timer, OnTimer, ms, 0);
+  }
 
   // Parse what has been read: heads, bodies, as many requests as the queue bound allows.
   void Advance(Conn* c) {
@@ -388,9 +405,10 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
           }
           seen++;
         }
+        if (seen == 0) continue;  // absent: a hole (undefined in JavaScript), no string and no store
         napi_value v;
         if (seen > 1) napi_create_string_latin1(env, joined.data(), joined.size(), &v);
-        else napi_create_string_latin1(env, one == nullptr ? "" : one, one_len, &v);
+        else napi_create_string_latin1(env, one, one_len, &v);
         napi_set_element(env, wanted, w, v);
       }
       napi_value argv[8] = {Napi::Number::New(env, id), method, target, Napi::Number::New(env, h.minor), head, offsets, body, wanted};
@@ -527,8 +545,17 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     }
   }
 
+  // An answer's bytes: written at once where the socket takes them (uv_try_write: no write request,
+  // no completion callback, no epoll change per answer), the rest (or a close after them) through uv_write.
   void Send(Conn* c, std::string data, bool close_after) {
     if (c->shut) return;
+    if (!close_after && c->writes == 0 && !data.empty()) {
+      uv_buf_t t = uv_buf_init(data.data(), static_cast<unsigned>(data.size()));
+      const int n = uv_try_write(reinterpret_cast<uv_stream_t*>(&c->tcp), &t, 1);
+      if (n == static_cast<int>(data.size())) return;
+      if (n > 0) data.erase(0, static_cast<size_t>(n));
+      // n < 0 (EAGAIN, or an error that uv_write reports through OnWritten): all of it goes below
+    }
     WriteReq* w = new WriteReq;
     w->data = std::move(data);
     w->conn = c;
@@ -694,12 +721,13 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     } else if (text) {
       napi_get_value_string_utf8(env, info[3], nullptr, 0, &blen);
     }
+    size_t hl = 0;
+    napi_get_value_string_latin1(env, info[2], nullptr, 0, &hl);
     std::string& out = p->out;
+    out.reserve(out.size() + 96 + hl + blen);  // status line, head, framing lines, body: one allocation
     out += p->http10 ? "HTTP/1.0 " : "HTTP/1.1 ";
     out += std::to_string(status);
     out += " \r\n";
-    size_t hl = 0;
-    napi_get_value_string_latin1(env, info[2], nullptr, 0, &hl);
     const size_t at = out.size();
     out.resize(at + hl + 1);
     napi_get_value_string_latin1(env, info[2], out.data() + at, hl + 1, &hl);

@@ -153,11 +153,12 @@ export class NativeFrontEnd implements FrontEnd {
     const at = this.#wantedAt.get(lower);
     if (at !== undefined) return r.wanted[at] ?? '';
     const o = r.offsets;
+    const hb = r.head;
     let out = '';
     for (let k = 0; k < o.length; k += 4) {
       if (o[k + 1] !== lower.length) continue;
-      if (r.head.toString('latin1', o[k]!, o[k]! + o[k + 1]!).toLowerCase() !== lower) continue;
-      const v = r.head.toString('latin1', o[k + 2]!, o[k + 2]! + o[k + 3]!);
+      if (hb.toString('latin1', o[k]!, o[k]! + o[k + 1]!).toLowerCase() !== lower) continue;
+      const v = hb.toString('latin1', o[k + 2]!, o[k + 2]! + o[k + 3]!);
       out = out === '' ? v : `${out},${v}`;
     }
     return out;
@@ -314,21 +315,21 @@ export class NativeFrontEnd implements FrontEnd {
   #inference(r: FrontRequest, kind: number): void {
     const h = this.#h;
     const w = r.wanted;
-    let requestId = w[W_REQUEST_ID]!;
+    let requestId = w[W_REQUEST_ID] ?? '';
     if (requestId === '' || requestId.length > 256) requestId = h.newRequestId();
-    const caller = h.callerOf((n) => (n === 'authorization' ? w[W_AUTHORIZATION]! : this.header(r, n)));
+    const caller = h.callerOf((n) => (n === 'authorization' ? (w[W_AUTHORIZATION] ?? '') : this.header(r, n)));
     if (isRefusal(caller)) return this.#unauthorized(r, caller);
     const x = new NativeExchange(this, h, this.#server, r.id, kind, requestId, caller);
     const names = h.headerNames;
     let hd: Record<string, string> | null = null;
     if (names.length > 0) {
       hd = {};
-      for (let i = 0; i < names.length; i++) hd[names[i]!] = w[W_FIRST_GATE + i]!;
+      for (let i = 0; i < names.length; i++) hd[names[i]!] = w[W_FIRST_GATE + i] ?? '';
     }
-    if (h.sessionHeaderName !== '' && kind < KIND_EMBEDDINGS) x.sessionHeader = w[W_SESSION]!;
-    const tp = w[W_TRACEPARENT]!;
-    const ts = w[W_TRACESTATE]!;
-    const bg = w[W_BAGGAGE]!;
+    if (h.sessionHeaderName !== '' && kind < KIND_EMBEDDINGS) x.sessionHeader = w[W_SESSION] ?? '';
+    const tp = w[W_TRACEPARENT] ?? '';
+    const ts = w[W_TRACESTATE] ?? '';
+    const bg = w[W_BAGGAGE] ?? '';
     if (tp !== '' || ts !== '' || bg !== '') {
       hd ??= {};
       if (tp !== '') hd.traceparent = tp;
