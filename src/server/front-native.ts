@@ -83,7 +83,12 @@ export class NativeFrontEnd implements FrontEnd {
         maxConnections: server.maxConnections,
         wanted,
         onDrain: (id) => this.#live.get(id)?.onDrained(),
-        onReject: (status) => host.metrics.countRequest('', -1, status),
+        // an answer the front end gave itself (400, 408, 413, …): counted as the uWS front end counts its own
+        // (status and outcome; its duration is not known here, so it is left out of the histogram)
+        onReject: (status) => {
+          host.metrics.countRequest('', -1, status);
+          host.metrics.countOutcome('', statusOutcome(status), '', -1, -1);
+        },
         // bodies the director scans on the loop come through the transfer buffer into its reused buffers
         transferBody: Math.min(limits.maxBodyBytes, BodyPool.maxBytes),
         takeBody: (n) => bodies.take(n),

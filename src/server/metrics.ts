@@ -94,7 +94,7 @@ export class RouterMetrics {
   /**
    * One finished request: its outcome (outcomes.ts), the gate's reason when
    * rejected, its duration and, when its answer's first bytes went out, the
-   * time to them (seconds; < 0: none). Per model; unknown models under ''.
+   * time to them (seconds; < 0: none; a duration < 0: not measured). Per model; unknown models under ''.
    */
   countOutcome(model: string, outcome: number, reason: string, seconds: number, ttftSeconds: number): void {
     let o = this.#outcomes.get(model);
@@ -105,7 +105,7 @@ export class RouterMetrics {
     }
     o.counts[outcome]++;
     if (outcome === OUTCOME_REJECTED) o.rejected.set(reason, (o.rejected.get(reason) ?? 0) + 1);
-    o.duration.observe(seconds);
+    if (seconds >= 0) o.duration.observe(seconds); // < 0: not measured (an answer the native front end gave itself)
     if (ttftSeconds >= 0) o.ttft.observe(ttftSeconds);
   }
 
