@@ -1087,7 +1087,10 @@ t.test('hostile clients over failing engines: every answer well-formed, every sl
   t.ok(await until(() => busy().every((n) => n === 0), 3000), `failing engines idle (${busy().join(',')})`);
   for (const e of failing.engines) e.setFailures(0);
   for (const r of fr) {
-    const ok = await request(r.port, 'POST', COMP, GOOD);
-    t.equal(ok.status, 200, `router (${r.core.config.proxy.client}) serves once the engines recover`);
+    // an engine that answered 429/503 may still be backed off for a moment after its failures stop: the
+    // router serves again once that passes (within seconds), not necessarily on the very next request
+    let ok: Reply = { status: 0, headers: {}, body: '' };
+    await until(async () => (ok = await request(r.port, 'POST', COMP, GOOD)).status === 200, 5000);
+    t.equal(ok.status, 200, `router (${r.core.config.proxy.client}) serves once the engines recover (${ok.body.slice(0, 160)})`);
   }
 });
