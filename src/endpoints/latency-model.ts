@@ -42,6 +42,20 @@
 // (for the metrics) keep the last 256 absolute percentage errors in a ring,
 // read at scrape time.
 
+/** A residual clipped to three times the fits' running scale (one outlier moves a fit by a bounded step). */
+function clipResidual(e: number, scale: number): number {
+  const clip = 3 * scale;
+  return e > clip ? clip : e < -clip ? -clip : e;
+}
+
+/** The running scale after residual `e`: it follows the (clipped) residuals' size, so a level shift is adopted within a few observations. */
+function nextScale(scale: number, e: number): number {
+  const abs = e < 0 ? -e : e;
+  const clip = 3 * scale;
+  const next = 0.9 * scale + 0.1 * (abs < clip ? abs : clip);
+  return next < 1e-3 ? 1e-3 : next;
+}
+
 /** Two-coefficient recursive least squares: y ≈ a + b·x. */
 export class Rls2 {
   a: number;
@@ -78,14 +92,9 @@ export class Rls2 {
     const denom = l + px0 + x * px1;
     const k0 = px0 / denom;
     const k1 = px1 / denom;
-    let e = y - (this.a + this.b * x);
-    const abs = e < 0 ? -e : e;
-    const clip = 3 * this.#scale;
-    if (e > clip) e = clip;
-    else if (e < -clip) e = -clip;
-    // the scale follows the (clipped) residuals' size, so a level shift is adopted within a few observations
-    this.#scale = 0.9 * this.#scale + 0.1 * (abs < clip ? abs : clip);
-    if (this.#scale < 1e-3) this.#scale = 1e-3;
+    const r = y - (this.a + this.b * x);
+    const e = clipResidual(r, this.#scale);
+    this.#scale = nextScale(this.#scale, r);
     this.a += k0 * e;
     this.b += k1 * e;
     this.#p00 = (this.#p00 - k0 * px0) / l;
@@ -152,13 +161,9 @@ export class Rls3 {
     const k0 = q0 / denom;
     const k1 = q1 / denom;
     const k2 = q2 / denom;
-    let e = y - (this.a + this.b * x + this.c * z);
-    const abs = e < 0 ? -e : e;
-    const clip = 3 * this.#scale;
-    if (e > clip) e = clip;
-    else if (e < -clip) e = -clip;
-    this.#scale = 0.9 * this.#scale + 0.1 * (abs < clip ? abs : clip);
-    if (this.#scale < 1e-3) this.#scale = 1e-3;
+    const r = y - (this.a + this.b * x + this.c * z);
+    const e = clipResidual(r, this.#scale);
+    this.#scale = nextScale(this.#scale, r);
     this.a += k0 * e;
     this.b += k1 * e;
     this.c += k2 * e;
