@@ -45,6 +45,59 @@ constexpr int kGone = 0, kSent = 1, kFull = 2;
 // The transfer buffer's layout: field offsets (4 uint32 per field), then the head (max_head bytes), then a body.
 constexpr size_t kXferOffsets = 16 * 1024;
 
+// The reason phrase of an answer's status line (RFC 9110 section 15's names). RFC 9112 allows an empty
+// one, but clients and scripts read `200 OK` (monitoring checks match it, as does curl's output), so the
+// front end writes the names the router's answers use; a status not listed gets an empty phrase.
+const char* ReasonPhrase(int status) {
+  switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 206: return "Partial Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 304: return "Not Modified";
+    case 307: return "Temporary Redirect";
+    case 308: return "Permanent Redirect";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 402: return "Payment Required";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 406: return "Not Acceptable";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 410: return "Gone";
+    case 411: return "Length Required";
+    case 412: return "Precondition Failed";
+    case 413: return "Payload Too Large";
+    case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
+    case 416: return "Range Not Satisfiable";
+    case 417: return "Expectation Failed";
+    case 421: return "Misdirected Request";
+    case 422: return "Unprocessable Entity";
+    case 424: return "Failed Dependency";
+    case 425: return "Too Early";
+    case 426: return "Upgrade Required";
+    case 428: return "Precondition Required";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 451: return "Unavailable For Legal Reasons";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    case 507: return "Insufficient Storage";
+    default: return "";
+  }
+}
+
 class FrontServerWrap;
 
 struct Pending {
@@ -243,9 +296,14 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       uv_timer_start(t, OnTimer, c->due - now, 0);
       return;
     }
-    if (c->st == Conn::St::Drain || !c->queue.empty()) {
-      if (c->st == Conn::St::Drain) self->CloseConn(c);
-      return;  // waiting on our own answer: not the client's fault
+    if (c->st == Conn::St::Drain) {
+      self->CloseConn(c);
+      return;
+    }
+    if (!c->queue.empty()) {  // waiting on our own answer: not the client's fault; looked at again later
+      if (c->st == Conn::St::Body) self->Arm(c, self->body_ms_);
+      else if (c->st == Conn::St::Head && c->parser.begun()) self->Arm(c, self->head_ms_);
+      return;
     }
     if (c->st == Conn::St::Body || (c->st == Conn::St::Head && c->parser.begun())) self->Reject(c, 408);
     else self->CloseConn(c);
@@ -301,6 +359,9 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
         }
         c->st = Conn::St::Body;
         c->body_at = h.head_len;
+        // the body timeout (limits.requestBodyTimeoutMs) runs from the end of the head, not from each read:
+        // a body trickled in a byte at a time gets its 408 as a stalled one does
+        if (c->chunked || c->remaining > 0) Arm(c, body_ms_);
       }
       // Body
       const size_t at = c->body_at;
@@ -319,16 +380,12 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
         }
         if (r == h1req::Result::More) {
           c->in.resize(at);  // all of it consumed: framing dropped, data kept in body
-          Arm(c, body_ms_);  // the body timeout runs from the last progress
           return;
         }
         Deliver(c, at + c->chunks.consumed(), c->body.data(), c->body.size());
       } else {
         const size_t have = c->in.size() - at;
-        if (static_cast<double>(have) < c->remaining) {
-          Arm(c, body_ms_);
-          return;
-        }
+        if (static_cast<double>(have) < c->remaining) return;
         // the body is handed over from where it was read (no copy into c->body first)
         Deliver(c, at + static_cast<size_t>(c->remaining), c->in.data() + at, static_cast<size_t>(c->remaining));
       }
@@ -467,9 +524,7 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
   // A framing error (or 408, 413): answer it after the answers before it, then close (413: drain first).
   // declared: the Content-Length of a 413'd body (-1: unknown, chunked).
   void Reject(Conn* c, int status, double declared = -1) {
-    const char* reason = status == 400 ? "Bad Request" : status == 408 ? "Request Timeout" : status == 413 ? "Payload Too Large"
-                         : status == 417 ? "Expectation Failed" : status == 431 ? "Request Header Fields Too Large"
-                         : status == 501 ? "Not Implemented" : status == 505 ? "HTTP Version Not Supported" : "Error";
+    const char* reason = ReasonPhrase(status);
     std::string text;
     if (status == 413) {
       char lim[32], dec[32];
@@ -486,7 +541,7 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
              : status == 505 ? "HTTP version not supported (HTTP/1.0 and HTTP/1.1 are)"
                              : reason;
     }
-    std::string msg = "{\"error\":{\"message\":\"" + text + "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":" +
+    std::string msg = "{\"error\":{\"message\":\"" + text + "\",\"type\":\"" + (status >= 500 ? "server_error" : "invalid_request_error") + "\",\"param\":null,\"code\":" +
                       (status == 413 ? "\"request_too_large\"" : "null") + "}}";
     if (!on_reject_.IsEmpty()) {
       Napi::HandleScope scope(Env());
@@ -727,7 +782,9 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     out.reserve(out.size() + 96 + hl + blen);  // status line, head, framing lines, body: one allocation
     out += p->http10 ? "HTTP/1.0 " : "HTTP/1.1 ";
     out += std::to_string(status);
-    out += " \r\n";
+    out += ' ';
+    out += ReasonPhrase(status);
+    out += "\r\n";
     const size_t at = out.size();
     out.resize(at + hl + 1);
     napi_get_value_string_latin1(env, info[2], out.data() + at, hl + 1, &hl);

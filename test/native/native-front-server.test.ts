@@ -73,7 +73,7 @@ const statuses = (data: string) => [...data.matchAll(/HTTP\/1\.[01] (\d{3})/g)].
 t.test('a GET, its fields byte for byte', async (t) => {
   const f = start(t);
   const r = await exchange(f.port, ['GET /a HTTP/1.1\r\nHost: x\r\nX-Id: \xffid\xff\r\n\r\n'], 300);
-  t.match(r.data, /^HTTP\/1\.1 200 \r\n/);
+  t.match(r.data, /^HTTP\/1\.1 200 OK\r\n/, "the status line carries its reason phrase");
   t.match(r.data, /content-length: 8\r\n/);
   t.match(r.data, /\r\n\r\nGET \/a 0$/);
   t.same(frontFields(f.requests[0]!), [['Host', 'x'], ['X-Id', '\xffid\xff']]);
@@ -89,6 +89,7 @@ t.test('two pipelined POSTs are answered in order, the second answered first by 
   f.server.respond(f.held.get('/slow1')!, 201, '', Buffer.from('first'), true);
   const r = await pending;
   t.same(statuses(r.data), [201, 200], 'in order');
+  t.match(r.data, /^HTTP\/1\.1 201 Created\r\n/, 'each with its reason phrase');
   t.ok(r.data.indexOf('first') < r.data.indexOf('POST /b 5'));
 });
 

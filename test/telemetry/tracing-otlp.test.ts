@@ -117,26 +117,56 @@ t.test('a malformed traceparent starts a new trace when sampled', async (t) => {
   t.equal(sent.tracestate, '', 'not the broken trace state');
 });
 
-t.test('a collector that is down: requests are unaffected, memory is bounded, drops are counted', async (t) => {
-  // a port that refuses connections
+/** 40 concurrent traced requests to a router whose collector is at `endpoint`; the router, to look at after. */
+async function burst(t: Tap.Test, endpoint: string) {
+  const { url, router } = await startTestRouter(t, {
+    n: 1,
+    extra: tracing(endpoint, { maxQueueSize: 8, maxExportBatchSize: 4, exportIntervalMs: 20, exportTimeoutMs: 200 }),
+  });
+  const statuses = await Promise.all(Array.from({ length: 40 }, (_, i) => post(url, {}, `d${i}`)));
+  t.same([...new Set(statuses)], [200], 'every request answered');
+  const metrics = async () => await (await fetch(`${url}/metrics`)).text();
+  const counted = (text: string, name: string) => Number(new RegExp(`^${name} (\\d+)`, 'm').exec(text)?.[1] ?? -1);
+  return { router, metrics, counted };
+}
+
+t.test('a collector that is down: requests are unaffected, every span is lost and counted', async (t) => {
+  // a port that refuses connections: each export fails at once (its spans counted as failed), or the queue
+  // fills while one is under way (dropped); which of the two depends on how the requests fall in loop turns
   const dead = createServer();
   await new Promise<void>((r) => dead.listen(0, '127.0.0.1', r));
   const port = (dead.address() as { port: number }).port;
   await new Promise<void>((r) => dead.close(() => r()));
-  const { url, router } = await startTestRouter(t, {
-    n: 1,
-    extra: tracing(`http://127.0.0.1:${port}/v1/traces`, { maxQueueSize: 8, maxExportBatchSize: 4, exportIntervalMs: 20, exportTimeoutMs: 200 }),
+  const { router, metrics, counted } = await burst(t, `http://127.0.0.1:${port}/v1/traces`);
+  const stats = router.core.director.tracer!.stats;
+  t.ok(stats.queued <= 8, `the queue stays within its bound (${stats.queued})`);
+  await router.core.director.tracer!.flush();
+  t.equal(stats.exported, 0, 'nothing exported');
+  t.ok(stats.dropped + stats.failed >= 40, `at least one span per request lost and counted (dropped ${stats.dropped}, failed ${stats.failed})`);
+  const m = await metrics();
+  t.equal(counted(m, 'switchyard_tracing_spans_dropped_total') + counted(m, 'switchyard_tracing_spans_failed_total'), stats.dropped + stats.failed, 'the same counts on /metrics');
+  t.match(m, /^switchyard_tracing_spans_queued \d+/m);
+  // closing the router does not hang on the dead collector
+  const t0 = Date.now();
+  await router.close(100);
+  t.ok(Date.now() - t0 < 15_000, 'close is bounded');
+});
+
+t.test('a collector that hangs: requests are unaffected, memory is bounded, drops are counted', async (t) => {
+  // accepts and never answers: each export waits its exportTimeoutMs (200 ms) while 40 requests end their
+  // spans, so the queue of 8 fills and the rest are dropped
+  const held: import('node:net').Socket[] = [];
+  const hung = createServer((s) => held.push(s));
+  await new Promise<void>((r) => hung.listen(0, '127.0.0.1', r));
+  t.teardown(() => {
+    for (const s of held) s.destroy();
+    hung.close();
   });
-  const statuses = await Promise.all(Array.from({ length: 40 }, (_, i) => post(url, {}, `d${i}`)));
-  t.same([...new Set(statuses)], [200], 'every request answered');
+  const { router, metrics, counted } = await burst(t, `http://127.0.0.1:${(hung.address() as { port: number }).port}/v1/traces`);
   const stats = router.core.director.tracer!.stats;
   t.ok(stats.queued <= 8, `the queue stays within its bound (${stats.queued})`);
   t.ok(stats.dropped > 0, `spans dropped and counted (${stats.dropped})`);
-  const metrics = await (await fetch(`${url}/metrics`)).text();
-  const m = /^switchyard_tracing_spans_dropped_total (\d+)/m.exec(metrics);
-  t.ok(m && Number(m[1]) > 0, 'the drop counter is on /metrics');
-  t.match(metrics, /^switchyard_tracing_spans_queued \d+/m);
-  // closing the router does not hang on the dead collector
+  t.ok(counted(await metrics(), 'switchyard_tracing_spans_dropped_total') > 0, 'the drop counter is on /metrics');
   const t0 = Date.now();
   await router.close(100);
   t.ok(Date.now() - t0 < 15_000, 'close is bounded');
