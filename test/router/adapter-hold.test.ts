@@ -71,11 +71,11 @@ function seen(e: SimEngine): number {
 }
 
 /** Both engines run one long request each (a0 on one, a1 on the other): every adapter slot is taken. */
-async function fillSlots(t: Tap.Test, router: RunningRouter, engines: SimEngine[], tokens: number): Promise<Promise<{ status: number; at: number; endpoint: string }>[]> {
-  const timed = (model: string) => gen(router.url, model, tokens).then((r) => ({ status: r.status, at: performance.now(), endpoint: String(r.headers['x-switchyard-endpoint']) }));
+async function fillSlots(t: Tap.Test, router: RunningRouter, engines: SimEngine[], tokens: number, tokens1 = tokens): Promise<Promise<{ status: number; at: number; endpoint: string }>[]> {
+  const timed = (model: string, n = tokens) => gen(router.url, model, n).then((r) => ({ status: r.status, at: performance.now(), endpoint: String(r.headers['x-switchyard-endpoint']) }));
   const first = timed('a0');
   t.ok(await until(() => engines.some((e) => e.stats().running === 1), 5000), 'a0 runs');
-  const second = timed('a1');
+  const second = timed('a1', tokens1);
   t.ok(await until(() => engines.every((e) => e.stats().running === 1), 5000), 'a1 runs on the other engine (its free slot)');
   // the router has seen both engines' lora_requests_info with the slot taken
   await new Promise((r) => setTimeout(r, 60));
@@ -85,7 +85,8 @@ async function fillSlots(t: Tap.Test, router: RunningRouter, engines: SimEngine[
 t.test('no engine has a slot: the request waits in the router, not in an engine queue, and is served once a slot frees', async (t) => {
   const engines = await fleet(t, 2);
   const router = await route(t, engines);
-  const [first, second] = await fillSlots(t, router, engines, 400); // ~800 ms each
+  // a1 runs twice as long as a0: which slot frees first is not a race between two equal requests
+  const [first, second] = await fillSlots(t, router, engines, 400, 800); // ~800 ms and ~1.6 s
   const t0 = performance.now();
   const third = gen(router.url, 'a2', 2).then((r) => ({ r, at: performance.now() }));
   t.ok(await until(async () => (await holdState(router.url)).held === 1, 3000), 'a2 is held in the router');

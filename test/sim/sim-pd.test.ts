@@ -129,7 +129,10 @@ t.test('SGLang bootstrap: a decode leg pairs with the prefill of its room on the
   t.equal(sseData(d.body).filter((x) => x !== '[DONE]' && JSON.parse(x).choices[0]?.text).length, 8, 'decode answers the whole completion');
   t.ok(d.totalMs >= 45, `decode waited for the prefill (${d.totalMs.toFixed(0)} ms)`);
   const ttft = metric(await scrape(decode.url), 'sglang:time_to_first_token_seconds_sum');
-  t.ok(ttft < 0.01, `decode skipped the prefill (${(ttft * 1000).toFixed(1)} model ms; the prefill is 250)`);
+  // a decode leg that prefilled would report >= 250 model ms; one that skipped it reports the first
+  // decode step plus scheduling delay, which a loaded machine stretches (x5 in model time at this
+  // timeScale: a CI run saw 33 model ms), so the bound is half the prefill, not a few ms
+  t.ok(ttft < 0.125, `decode skipped the prefill (${(ttft * 1000).toFixed(1)} model ms; the prefill is 250)`);
 
   // the decode leg first, its prefill a moment later: it still pairs
   const late = post(decode.url, '/v1/completions', { prompt, max_tokens: 2, ...boot(prefill, 7) });
