@@ -33,7 +33,7 @@ export const SERVER_DEFAULTS: ServerConfig = {
 
 export const serverSchema = strict(
   {
-    frontEnd: oneOf(FRONT_ENDS).optional().describe('the HTTP front end: uws or native; absent = uws where its binary loads, else native'),
+    frontEnd: oneOf(FRONT_ENDS).optional().describe('the HTTP front end: native (the default) or uws (uWebSockets.js, where its binary loads; else native with a warning)'),
     maxConnections: int(0, 10_000_000).default(SERVER_DEFAULTS.maxConnections).describe('open client connections at most (0: no limit); native front end'),
     headerTimeoutMs: int(1, 3_600_000).default(SERVER_DEFAULTS.headerTimeoutMs).describe('a request head must arrive within this (408); native front end'),
     idleTimeoutMs: int(1, 86_400_000).default(SERVER_DEFAULTS.idleTimeoutMs).describe('an idle keep-alive connection closes after this; native front end'),
