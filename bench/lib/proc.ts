@@ -28,8 +28,9 @@ for (const sig of ['SIGINT', 'SIGTERM'] as const) {
 }
 
 /** Starts a command; its output goes to the parent's stderr when `verbose`. */
-export function start(name: string, cmd: string, args: string[], opts: { verbose?: boolean } = {}): Proc {
-  const child = spawn(cmd, args, { stdio: ['ignore', opts.verbose ? 'inherit' : 'ignore', 'pipe'] });
+export function start(name: string, cmd: string, args: string[], opts: { verbose?: boolean; env?: Record<string, string> } = {}): Proc {
+  const env = opts.env === undefined ? process.env : { ...process.env, ...opts.env };
+  const child = spawn(cmd, args, { stdio: ['ignore', opts.verbose ? 'inherit' : 'ignore', 'pipe'], env });
   let err = '';
   child.stderr!.on('data', (b: Buffer) => {
     err += b.toString();

@@ -3,7 +3,9 @@
 // engine at --time-scale 0 answers at once; wrk sends the same small
 // non-streaming request at several fixed concurrency levels, directly and
 // through Switchyard, nginx (proxy_pass, upstream keepalive) and HAProxy, in
-// one run. Every proxy runs as one process with one worker thread.
+// one run. Every proxy runs as one process with one worker thread. Switchyard
+// runs twice, on each front end: `switchyard-native` (the default) and
+// `switchyard-uws` (uWebSockets.js, where its binary loads on this Node).
 //
 // Beside them runs `uws-floor` (bench/lib/relay-floor.ts): a bare relay built
 // from Switchyard's own HTTP parts (uWebSockets.js + the native upstream
@@ -13,12 +15,13 @@
 // and its children) is reported too: on a shared machine whose three busy
 // processes (wrk, engine, proxy) contend for the cores, req/s follows from it.
 //
-//   node dist/bench/overhead-proxies.js [--seconds 4] [--rounds 3] [--concurrency 16,64,256] [--no-floor] [--pin]
+//   node dist/bench/system/overhead-proxies.js [--seconds 4] [--rounds 3] [--concurrency 8,32,256] [--no-floor] [--no-uws] [--pin]
 import { CLI, ROOT, freePort, start, treeCpuSeconds, waitReady, type Proc, option } from '../lib/proc.js';
 import { pinned, startHaproxy, startNginx } from '../lib/proxies.js';
 import { hasWrk, runWrk, type WrkResult } from '../lib/wrk.js';
 import { fmt, quantile } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
+import { uwsProblem } from '../../src/uws.js';
 
 exitOnHelp(import.meta.url);
 
@@ -46,7 +49,7 @@ export const REQUEST_BODY = JSON.stringify({ model: 'open-model', prompt: 'Say h
 export async function runProxyOverhead(argv: string[]): Promise<{ rows: OverheadRow[]; notes: string[] }> {
   const arg = (name: string) => option(argv, name);
   const seconds = Number(arg('--seconds') ?? 4);
-  const levels = (arg('--concurrency') ?? '16,64,256').split(',').map(Number);
+  const levels = (arg('--concurrency') ?? '8,32,256').split(',').map(Number);
   const rounds = Number(arg('--rounds') ?? 3);
   const notes: string[] = [];
   // --pin: every proxy on CPU 1, the engine and wrk on CPU 0 (taskset), so a proxy's
@@ -61,10 +64,19 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
   try {
     procs.push(start('sim', ...pinned(loadCpu, process.execPath, [CLI, 'sim', '--port', String(enginePort), '--time-scale', '0'])));
     await waitReady(`http://127.0.0.1:${enginePort}/health`);
-    const swyPort = await freePort();
-    procs.push(start('switchyard', ...pinned(proxyCpu, process.execPath, [CLI, 'serve', '--port', String(swyPort), '--upstream', `http://127.0.0.1:${enginePort}`, '--model', 'open-model'])));
-    await waitReady(`http://127.0.0.1:${swyPort}/readyz`);
-    targets.push({ name: 'switchyard', port: swyPort, proc: procs.at(-1) });
+    // the router on each front end (SWITCHYARD_FRONT_END chooses where the config does not)
+    const fronts = uwsProblem() === null && !argv.includes('--no-uws') ? ['native', 'uws'] : ['native'];
+    if (fronts.length === 1) notes.push(`switchyard-uws skipped (${argv.includes('--no-uws') ? '--no-uws' : uwsProblem()})`);
+    for (const fe of fronts) {
+      const swyPort = await freePort();
+      const args = [CLI, 'serve', '--port', String(swyPort), '--upstream', `http://127.0.0.1:${enginePort}`, '--model', 'open-model'];
+      procs.push(start(`switchyard-${fe}`, ...pinned(proxyCpu, process.execPath, args), { env: { SWITCHYARD_FRONT_END: fe } }));
+      await waitReady(`http://127.0.0.1:${swyPort}/readyz`);
+      // uWS names itself on every answer; the native front end does not: check the one asked for serves
+      const served = (await fetch(`http://127.0.0.1:${swyPort}/healthz`)).headers.has('uwebsockets') ? 'uws' : 'native';
+      if (served !== fe) throw new Error(`switchyard-${fe}: the router serves on ${served}`);
+      targets.push({ name: `switchyard-${fe}`, port: swyPort, proc: procs.at(-1) });
+    }
     if (!argv.includes('--no-floor')) {
       const floorPort = await freePort();
       procs.push(start('uws-floor', ...pinned(proxyCpu, process.execPath, [`${ROOT}/dist/bench/lib/relay-floor.js`, String(floorPort), String(enginePort)])));
