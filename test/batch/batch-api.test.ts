@@ -235,6 +235,11 @@ t.test('a router SIGKILLed mid-batch: another router resumes the batch; every cu
   const f = await clientA.files.create({ file: await jsonl(Array.from({ length: N }, (_, i) => chatLine(`k${i}`))), purpose: 'batch' });
   const b = await clientA.batches.create({ input_file_id: f.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
   const mid = await until(() => clientA.batches.retrieve(b.id), (x) => x.request_counts!.completed >= 10, 30000, 'some done');
+  // killed while it holds entries: the processor may pause between lines (the fleet's spare capacity, read
+  // from engines a loaded machine slows), and a kill in such a gap would leave nothing to reclaim
+  const probe = new Redis(redis.url);
+  await until(async () => Number(((await probe.xpending('jobs', 'g')) as [number])[0]), (n) => n > 0, 30000, 'router a holds entries');
+  probe.disconnect();
   serve.child.kill('SIGKILL');
   await serve.exited;
   const held = new Redis(redis.url);
