@@ -101,6 +101,11 @@ local k, d, u = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0
 if tpm > 0 then
   if delta > 0 then k = math.max(k, now) + delta * M / tpm else k = k + delta * M / tpm end
   redis.call('HSET', KEYS[1], 'k', tostring(k))
+  -- a debt outlives the expiry the take set (what the estimate charged)
+  if delta > 0 then
+    local keep = math.ceil(k - now + M)
+    if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
+  end
 end
 if tpd > 0 and d == day then redis.call('HSET', KEYS[1], 'u', tostring(math.max(0, u + delta))) end
 return 1
