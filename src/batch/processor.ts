@@ -382,7 +382,7 @@ export class BatchProcessor {
       if (port.rateLimited) {
         // its tenant's rate limits (the counters interactive requests use) are spent: it stays pending
         this.stats.deferredByRateLimit++;
-        if (charge !== null) this.quotas!.refund(charge);
+        if (charge !== null) this.quotas!.giveBack(charge); // its quota charge too: it runs later
         return;
       }
       const body = Buffer.concat(port.chunks).toString('utf8');

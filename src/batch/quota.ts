@@ -5,7 +5,9 @@
 // refilled evenly. A line is checked and charged when it is dispatched (on
 // shared counters one Lua script, one round trip: a refused line charges
 // nothing); its tokens are the entry's estimate (prompt bytes ÷ 4 +
-// max_tokens), corrected to the engine's usage once its answer is in.
+// max_tokens), corrected to the engine's usage once its answer is in; a line
+// the interactive rate limits defer after its quota admitted it gets both
+// back (the processor, not a client, sends it again).
 //
 // Which counters (src/server/assemble.ts decides): the router's
 // `rateLimits.redis` when it has one (one store for every limit, and its
@@ -82,9 +84,9 @@ export class BatchQuotas {
     if (used !== undefined && c.plan.tokens) this.limiter.correct(c.plan, used - c.cost, c.day);
   }
 
-  /** The line was not answered (it waits again): its tokens go back, its request stays counted (as a refused interactive request's). */
-  refund(c: QuotaCharge): void {
-    if (c.plan.tokens) this.limiter.refund(c.plan, c.cost, c.day);
+  /** The line was not run (the interactive limits deferred it; the processor dispatches it again later): its request and its tokens go back. */
+  giveBack(c: QuotaCharge): void {
+    this.limiter.giveBack(c.plan, c.cost, c.day);
   }
 }
 

@@ -152,6 +152,11 @@ export function correct(b: Bucket, now: number, delta: number, day: number): voi
   if (b.tpd > 0 && b.day === day) b.dayUsed = Math.max(0, b.dayUsed + delta);
 }
 
+/** Gives one request back (it was charged, then never served: a batch line that will be dispatched again). */
+export function unchargeRequest(b: Bucket): void {
+  if (b.rpm > 0) b.reqTat -= b.period / b.rpm;
+}
+
 export function remainingRequests(b: Bucket, now: number): number {
   const T = b.period / b.rpm;
   return Math.max(0, Math.min(b.rpm, Math.floor((b.period - (Math.max(b.reqTat, now) - now)) / T + EPS)));

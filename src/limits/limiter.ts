@@ -16,7 +16,7 @@
 // and shared counters.
 import { RATE_LIMIT_DEFAULTS, type RateLimitsConfig, type LimitSpec } from '../config/rate-limits.js';
 import type { Caller, KeyLimits } from '../identity.js';
-import { Bucket, charge, check, correct, DAY_MS, duration, Fail, MINUTE_MS, remainingRequests, remainingTokensDay, remainingTokensMinute, type Verdict } from './bucket.js';
+import { Bucket, charge, check, correct, DAY_MS, duration, Fail, MINUTE_MS, remainingRequests, remainingTokensDay, remainingTokensMinute, unchargeRequest, type Verdict } from './bucket.js';
 
 /** The buckets one caller is charged to, and its answers' header lines. */
 export interface Plan {
@@ -45,8 +45,8 @@ export const enum Take {
  */
 export interface SharedCounters {
   take(plan: Plan, cost: number, v: Verdict): Promise<Take>;
-  /** A token correction (batched: sent with the next flush, off the request path). */
-  correct(b: Bucket, delta: number, day: number): void;
+  /** A token correction, and `requests` given back (negative; batched: sent with the next flush, off the request path). */
+  correct(b: Bucket, delta: number, day: number, requests?: number): void;
   /** Failed or timed-out commands. */
   readonly errors: number;
   close(): Promise<void>;
@@ -238,6 +238,27 @@ export class RateLimiter {
   /** One request given back (admitted here, then refused downstream): its request count stays, its tokens return. */
   refund(plan: Plan, cost: number, day: number): void {
     this.correct(plan, -cost, day);
+  }
+
+  /**
+   * A charge undone: the request was never served and will be sent again by
+   * the router itself (a batch line the interactive limits deferred), so its
+   * request and its tokens both go back.
+   */
+  giveBack(plan: Plan, cost: number, day: number): void {
+    const now = Math.max(plan.at, this.#lastNow);
+    plan.stale = true;
+    if (plan.key !== null) this.#giveBack(plan.key, now, cost, day);
+    if (plan.tenant !== null) this.#giveBack(plan.tenant, now, cost, day);
+  }
+
+  #giveBack(b: Bucket, now: number, cost: number, day: number): void {
+    const tokens = b.tpm > 0 || b.tpd > 0 ? -cost : 0;
+    const requests = b.rpm > 0 ? -1 : 0;
+    if (tokens === 0 && requests === 0) return;
+    correct(b, now, tokens, day);
+    unchargeRequest(b);
+    this.shared?.correct(b, tokens, day, requests);
   }
 
   /**

@@ -90,15 +90,21 @@ end
 return out
 `;
 
-/** KEYS: one subject hash. ARGV: delta tokens, tpm, tpd, the UTC day the request was charged on, the period of tpm (ms). */
+/**
+ * KEYS: one subject hash. ARGV: delta tokens, tpm, tpd, the UTC day the
+ * request was charged on, the period of tpm and rpm (ms), requests given
+ * back (0 or negative), rpm.
+ */
 const CORRECT = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local delta, tpm, tpd, day, M = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local v = redis.call('HMGET', KEYS[1], 'k', 'd', 'u')
-local k, d, u = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0
-if tpm > 0 then
+local rd, rpm = tonumber(ARGV[6]), tonumber(ARGV[7])
+local v = redis.call('HMGET', KEYS[1], 'k', 'd', 'u', 'r')
+local k, d, u, r = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0
+if rpm > 0 and rd ~= 0 then redis.call('HSET', KEYS[1], 'r', tostring(r + rd * M / rpm)) end
+if tpm > 0 and delta ~= 0 then
   if delta > 0 then k = math.max(k, now) + delta * M / tpm else k = k + delta * M / tpm end
   redis.call('HSET', KEYS[1], 'k', tostring(k))
   -- a debt outlives the expiry the take set (what the estimate charged)
@@ -107,19 +113,21 @@ if tpm > 0 then
     if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
   end
 end
-if tpd > 0 and d == day then redis.call('HSET', KEYS[1], 'u', tostring(math.max(0, u + delta))) end
+if tpd > 0 and d == day and delta ~= 0 then redis.call('HSET', KEYS[1], 'u', tostring(math.max(0, u + delta))) end
 return 1
 `;
 
 interface RlRedis extends Redis {
   swyRlTake(numKeys: number, ...args: (string | number)[]): Promise<string[]>;
-  swyRlCorrect(key: string, delta: number, tpm: number, tpd: number, day: number, period: number): Promise<number>;
+  swyRlCorrect(key: string, delta: number, tpm: number, tpd: number, day: number, period: number, requests: number, rpm: number): Promise<number>;
 }
 
 interface Pending {
   bucket: Bucket;
   delta: number;
   day: number;
+  /** Requests given back (0 or negative). */
+  requests: number;
 }
 
 export class RedisCounters implements SharedCounters {
@@ -192,10 +200,12 @@ export class RedisCounters implements SharedCounters {
     );
   }
 
-  correct(b: Bucket, delta: number, day: number): void {
+  correct(b: Bucket, delta: number, day: number, requests = 0): void {
     const p = this.#pending.get(b.id);
-    if (p !== undefined && p.day === day) p.delta += delta;
-    else this.#pending.set(b.id, { bucket: b, delta, day });
+    if (p !== undefined && p.day === day) {
+      p.delta += delta;
+      p.requests += requests;
+    } else this.#pending.set(b.id, { bucket: b, delta, day, requests });
     this.#flush ??= setTimeout(() => this.#send(), FLUSH_MS);
   }
 
@@ -204,7 +214,7 @@ export class RedisCounters implements SharedCounters {
     if (this.#pending.size === 0) return Promise.resolve();
     const pipe = this.#redis.pipeline() as unknown as { swyRlCorrect(...a: (string | number)[]): void; exec(): Promise<[Error | null, unknown][] | null> };
     for (const p of this.#pending.values()) {
-      if (p.delta !== 0) pipe.swyRlCorrect(this.#prefix + p.bucket.id, p.delta, p.bucket.tpm, p.bucket.tpd, p.day, p.bucket.period);
+      if (p.delta !== 0 || p.requests !== 0) pipe.swyRlCorrect(this.#prefix + p.bucket.id, p.delta, p.bucket.tpm, p.bucket.tpd, p.day, p.bucket.period, p.requests, p.bucket.rpm);
     }
     this.#pending.clear();
     return pipe.exec().then(

@@ -165,6 +165,22 @@ t.test('token quota: an answer larger than its estimate leaves a debt that holds
   t.ok(router.batch!.stats.deferredByQuota >= 1, 'it was deferred by the quota');
 });
 
+t.test('a line the interactive rate limits defer gets its quota request back: the quota is not spent by lines that did not run', async (t) => {
+  const { client, engines, redis } = await setup(t);
+  // the tenant may run one request a minute (rateLimits) and three lines an hour (its batch quota)
+  const cfg = config(engines.urls, redis.url, { quotas: { windowMs: 3_600_000, tenants: { both: { requests: 3 } } } }, { rateLimits: { tenants: { both: { requestsPerMinute: 1 } } } });
+  const router = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => router.close(200));
+  await enqueue(client, [0, 1, 2].map((i) => line(`g${i}`, 'both')));
+  // the two the minute refuses come back every reclaimIdleMs; each time the quota admits them again
+  await until(() => router.batch!.stats.completed === 1 && router.batch!.stats.deferredByRateLimit >= 6, 30000, 'three rounds of rate-limit deferrals');
+  t.equal(router.batch!.stats.deferredByQuota, 0, 'never refused by the quota: the deferred lines gave their requests back');
+  // one request charged an hour (20 minutes of TAT for a limit of 3); the flush of the last give-back within 20 ms
+  const held = async () => ((Number(await client.hget('swy:rl:b:both', 'r')) - (await redisNow(client))) * 3) / 3_600_000;
+  await until(async () => Math.abs((await held()) - 1) < 0.1, 5000, 'one request held by the quota');
+  t.equal((await results(client)).length, 1);
+});
+
 for (const store of ['batch.redis', 'rateLimits.redis'] as const) {
   t.test(`two routers share each tenant's quota (counters on ${store})`, async (t) => {
     const { client, engines, redis } = await setup(t);

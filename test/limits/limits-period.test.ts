@@ -77,4 +77,9 @@ t.test('RateLimiter.subject: a plan of one subject with its own period, charged 
   t.equal(l.refusedTokens, 1);
   t.equal(l.takeLocal(p, 40, t0 + 3000), true, 'a window later both have refilled');
   t.equal(p.tenant!.tokTat, t0 + 3000 + 40 * 60, 'the token TAT: 40 tokens of 3000 / 50 ms each ahead');
+  // a charge undone (a batch line deferred downstream, dispatched again later): its request and its tokens back
+  l.giveBack(p, 40, 0);
+  t.equal(remainingRequests(p.tenant!, t0 + 3000), 1, 'the request back');
+  t.equal(remainingTokensMinute(p.tenant!, t0 + 3000), 50, 'the tokens back');
+  t.equal(l.takeLocal(p, 50, t0 + 3000), true, 'the whole window again at once');
 });
