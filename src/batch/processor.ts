@@ -20,17 +20,24 @@
 // id status body; "key:<name>" → HSET <name> id status body), optional path
 // (/v1/chat/completions or /v1/completions; default by the body), optional
 // tenant (quotas).
+//
+// Quotas (batch.quotas) are the tenant's batch subject on the rate-limit
+// counters (src/batch/quota.ts): charged before dispatch, corrected by the
+// answer's usage; a line over its quota stays pending and is claimed again
+// after reclaimIdleMs.
 import { hostname } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { BatchConfig, BatchQuota } from '../config/batch.js';
+import type { BatchConfig } from '../config/batch.js';
 import type { Rejected } from '../admission.js';
 import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import { KIND_CHAT, KIND_COMPLETION, KIND_EMBEDDINGS, type ClientPort, type Director } from '../director/director.js';
 import { KIND_RESPONSES } from '../director/kinds.js';
 import { errorBody } from '../proxy/error-shape.js';
 import { ANONYMOUS, type Caller } from '../identity.js';
+import { RateLimiter } from '../limits/limiter.js';
+import { BatchQuotas, usageOf } from './quota.js';
 
 const ID_RE = /^[A-Za-z0-9._:-]{1,256}$/;
 
@@ -181,6 +188,12 @@ export interface BatchProcessorOptions {
   band?: string;
   /** The Responses API, for /v1/responses requests (absent: they answer 404). */
   responses?: BatchResponses | null;
+  /**
+   * The tenants' quotas on their counters (src/batch/quota.ts; assemble.ts
+   * builds them on shared counters); null: none. Absent: `config.quotas` on
+   * counters in this process, when some tenant has a quota.
+   */
+  quotas?: BatchQuotas | null;
 }
 
 export class BatchProcessor {
@@ -192,6 +205,8 @@ export class BatchProcessor {
   readonly #log: Logger;
   readonly #band: string;
   readonly #responses: BatchResponses | null;
+  /** The tenants' quotas (null: no tenant has one). */
+  readonly quotas: BatchQuotas | null;
   /** Commands (results, acks, markers). */
   readonly #redis: Redis;
   /** Blocking reads. */
@@ -218,6 +233,7 @@ export class BatchProcessor {
     this.#log = o.log;
     this.#band = o.band ?? o.config.band ?? '';
     this.#responses = o.responses ?? null;
+    this.quotas = o.quotas !== undefined ? o.quotas : BatchQuotas.configured(o.config.quotas) ? new BatchQuotas(o.config.quotas, new RateLimiter({ tenants: {} })) : null;
     const opts = { lazyConnect: true, maxRetriesPerRequest: 1, enableOfflineQueue: true, retryStrategy: (n: number) => Math.min(50 * n, 1000) };
     this.#redis = new Redis(o.config.redis, opts);
     this.#reader = new Redis(o.config.redis, opts);
@@ -332,24 +348,6 @@ export class BatchProcessor {
     return `${this.config.keyPrefix}:done:${e.requestId}`;
   }
 
-  /** True when the tenant's quota has room for `e` (and counts it). */
-  async #quota(e: BatchEntry): Promise<boolean> {
-    const q = this.config.quotas;
-    const lim: BatchQuota = q.tenants[e.tenant] ?? q.default;
-    if (lim.requests === 0 && lim.tokens === 0) return true;
-    const w = Math.floor(Date.now() / q.windowMs);
-    const base = `${this.config.keyPrefix}:quota:${e.tenant}:${w}`;
-    const res = (await this.#redis.multi().incr(`${base}:req`).incrby(`${base}:tok`, e.tokens).pexpire(`${base}:req`, q.windowMs * 2).pexpire(`${base}:tok`, q.windowMs * 2).exec()) ?? [];
-    const reqs = Number(res[0]?.[1] ?? 0);
-    const toks = Number(res[1]?.[1] ?? 0);
-    if ((lim.requests > 0 && reqs > lim.requests) || (lim.tokens > 0 && toks > lim.tokens)) {
-      // not counted: give the units back; the entry stays pending and is claimed again after reclaimIdleMs
-      await this.#redis.multi().decr(`${base}:req`).decrby(`${base}:tok`, e.tokens).exec();
-      return false;
-    }
-    return true;
-  }
-
   async #handle(e: BatchEntry): Promise<void> {
     this.stats.inFlight++;
     let starting = true;
@@ -372,9 +370,11 @@ export class BatchProcessor {
         await this.#store(e.entryId);
         return;
       }
-      if (!(await this.#quota(e))) {
+      // the tenant's batch quota: checked and charged at once (a refused line is charged nothing)
+      const charge = this.quotas === null ? null : await this.quotas.take(e.tenant, e.tokens);
+      if (charge === false) {
         this.stats.deferredByQuota++;
-        return; // stays pending
+        return; // stays pending; claimed again after reclaimIdleMs
       }
       starting = false;
       this.#starting--;
@@ -382,9 +382,12 @@ export class BatchProcessor {
       if (port.rateLimited) {
         // its tenant's rate limits (the counters interactive requests use) are spent: it stays pending
         this.stats.deferredByRateLimit++;
+        if (charge !== null) this.quotas!.giveBack(charge); // its quota charge too: it runs later
         return;
       }
       const body = Buffer.concat(port.chunks).toString('utf8');
+      // the estimate charged at dispatch becomes the engine's usage
+      if (charge !== null && charge.plan.tokens) this.quotas!.settle(charge, usageOf(port.status, body));
       this.#unstored.set(e.entryId, { e, status: port.status, body });
       await this.#store(e.entryId);
     } catch (err) {

@@ -6,7 +6,7 @@ import { strict, z } from './schema-kit.js';
 export interface BatchQuota {
   /** Requests per window (0 = unlimited). */
   requests: number;
-  /** Tokens per window: prompt bytes / 4 + max_tokens (0 = unlimited). */
+  /** Tokens per window: prompt bytes / 4 + max_tokens at dispatch, corrected to the answer's usage (0 = unlimited). */
   tokens: number;
 }
 
@@ -19,7 +19,7 @@ export interface BatchConfig {
   consumer: string;
   /** Where malformed entries go, with the reason. */
   deadLetterStream: string;
-  /** Key prefix of the per-request done markers (idempotency) and quota counters. */
+  /** Key prefix of the per-request done markers (idempotency) and the quotas' counters (`<keyPrefix>:rl:`, without rateLimits.redis). */
   keyPrefix: string;
   /** How long a done marker is kept, seconds. */
   doneTtlSeconds: number;
@@ -86,7 +86,7 @@ export const batchSchema = strict(
       'must be a mapping {windowMs, default, tenants}',
     )
       .prefault({})
-      .describe('per-tenant requests and tokens per window (0 = unlimited)'),
+      .describe('per-tenant requests and tokens a window (0 = unlimited), on the rate-limit counters: a burst of the budget refilled evenly over windowMs'),
     minExpiresAfterSeconds: int(1, 2_592_000)
       .default(3600)
       .describe("the shortest expires_after.seconds of an upload, or output_expires_after.seconds of a batch, accepted (OpenAI's 3600; the longest is 30 days)"),

@@ -1,16 +1,18 @@
 // One subject's counters (an API key's or a tenant's) and the pure arithmetic
 // over them, shared by the local counters and the Redis script's mirror.
 //
-// Requests and tokens per minute are GCRA (the generic cell rate algorithm,
+// Requests and tokens per period are GCRA (the generic cell rate algorithm,
 // ITU-T I.371; as in Brandur Leach's and redis-cell's rate limiters): one
 // number per limit, the theoretical arrival time `tat` (ms since the epoch).
-// A limit of L a minute has an emission interval T = 60,000 / L ms; a cost of
-// c is admitted when max(tat, now) + c·T − now ≤ 60,000 (a burst of L from a
-// full bucket, refilled evenly), and moves tat there. What is left is
-// (60,000 − (max(tat, now) − now)) / T; the bucket is full again at tat. A
-// token count corrected after the answer (the engine's usage) moves tat by
-// the difference; a debt (tat beyond now + 60 s) holds every request until
-// it is paid. O(1), no allocation.
+// The period P is a minute for the interactive limits and the window of a
+// batch quota (`batch.quotas.windowMs`) for a tenant's batch subject. A limit
+// of L a period has an emission interval T = P / L ms; a cost of c is
+// admitted when max(tat, now) + c·T − now ≤ P (a burst of L from a full
+// bucket, refilled evenly), and moves tat there. What is left is
+// (P − (max(tat, now) − now)) / T; the bucket is full again at tat. A token
+// count corrected after the answer (the engine's usage) moves tat by the
+// difference; a debt (tat beyond now + P) holds every request until it is
+// paid. O(1), no allocation.
 //
 // Tokens per UTC day are a fixed-window counter: the day's number and what
 // it used.
@@ -29,14 +31,16 @@ export const enum Fail {
 }
 
 export class Bucket {
-  /** The subject's id: `k:<key id>` or `t:<tenant>` (the Redis key's suffix). */
+  /** The subject's id: `k:<key id>`, `t:<tenant>` or `b:<tenant>` (a batch quota; the Redis key's suffix). */
   readonly id: string;
   /** Who, for a 429's message: `key 1a2b…` or `tenant acme`. */
   readonly who: string;
-  /** Limits (0 = none): requests a minute, tokens a minute, tokens a UTC day. */
+  /** Limits (0 = none): requests a period, tokens a period (named for the minute of the interactive limits), tokens a UTC day. */
   rpm = 0;
   tpm = 0;
   tpd = 0;
+  /** The GCRA period of `rpm` and `tpm`, ms: a minute, or a batch quota's window. */
+  period = MINUTE_MS;
   reqTat = 0;
   tokTat = 0;
   /** The UTC day `dayUsed` belongs to (floor(ms / DAY_MS)). */
@@ -55,11 +59,12 @@ export class Bucket {
   tpmPrefix = '';
   tpdPrefix = '';
 
-  setLimits(rpm: number, tpm: number, tpd: number): void {
-    if (rpm === this.rpm && tpm === this.tpm && tpd === this.tpd && (this.reqPrefix !== '' || rpm === 0)) return;
+  setLimits(rpm: number, tpm: number, tpd: number, period = MINUTE_MS): void {
+    if (rpm === this.rpm && tpm === this.tpm && tpd === this.tpd && period === this.period && (this.reqPrefix !== '' || rpm === 0)) return;
     this.rpm = rpm;
     this.tpm = tpm;
     this.tpd = tpd;
+    this.period = period;
     this.reqPrefix = `x-ratelimit-limit-requests: ${rpm}\r\nx-ratelimit-remaining-requests: `;
     this.tpmPrefix = `x-ratelimit-limit-tokens: ${tpm}\r\nx-ratelimit-remaining-tokens: `;
     this.tpdPrefix = `x-ratelimit-limit-tokens: ${tpd}\r\nx-ratelimit-remaining-tokens: `;
@@ -69,7 +74,7 @@ export class Bucket {
     return this.rpm > 0 || this.tpm > 0 || this.tpd > 0;
   }
 
-  /** Nothing to remember: both minute buckets full and no token used today. */
+  /** Nothing to remember: both period buckets full and no token used today. */
   idle(now: number): boolean {
     return this.reqTat <= now && this.tokTat <= now && (this.dayUsed === 0 || this.day !== Math.floor(now / DAY_MS));
   }
@@ -89,18 +94,19 @@ export interface Verdict {
 /**
  * Checks `cost` tokens and one request against `b` at `now` without changing
  * it; fills `v` (v.fail stays None when it fits). A cost larger than a whole
- * minute or day budget can never fit (retryMs Infinity).
+ * period's or day's budget can never fit (retryMs Infinity).
  */
 export function check(b: Bucket, now: number, cost: number, v: Verdict): void {
+  const P = b.period;
   if (b.rpm > 0) {
-    const t = Math.max(b.reqTat, now) + MINUTE_MS / b.rpm;
-    if (t - now > MINUTE_MS + EPS) return refuse(v, Fail.Requests, t - now - MINUTE_MS, b, b.rpm, b.rpm - remainingRequests(b, now), 1);
+    const t = Math.max(b.reqTat, now) + P / b.rpm;
+    if (t - now > P + EPS) return refuse(v, Fail.Requests, t - now - P, b, b.rpm, b.rpm - remainingRequests(b, now), 1);
   }
   if (b.tpm > 0) {
-    const step = (cost * MINUTE_MS) / b.tpm;
+    const step = (cost * P) / b.tpm;
     if (cost > b.tpm) return refuse(v, Fail.TokensMinute, Infinity, b, b.tpm, b.tpm - remainingTokensMinute(b, now), cost);
     const t = Math.max(b.tokTat, now) + step;
-    if (t - now > MINUTE_MS + EPS) return refuse(v, Fail.TokensMinute, t - now - MINUTE_MS, b, b.tpm, b.tpm - remainingTokensMinute(b, now), cost);
+    if (t - now > P + EPS) return refuse(v, Fail.TokensMinute, t - now - P, b, b.tpm, b.tpm - remainingTokensMinute(b, now), cost);
   }
   if (b.tpd > 0) {
     const day = Math.floor(now / DAY_MS);
@@ -124,8 +130,8 @@ function refuse(v: Verdict, fail: Fail, retryMs: number, b: Bucket, limit: numbe
 /** Charges one request and `cost` tokens (after every subject's check passed). */
 export function charge(b: Bucket, now: number, cost: number): void {
   b.lastUsed = now;
-  if (b.rpm > 0) b.reqTat = Math.max(b.reqTat, now) + MINUTE_MS / b.rpm;
-  if (b.tpm > 0 && cost !== 0) b.tokTat = Math.max(b.tokTat, now) + (cost * MINUTE_MS) / b.tpm;
+  if (b.rpm > 0) b.reqTat = Math.max(b.reqTat, now) + b.period / b.rpm;
+  if (b.tpm > 0 && cost !== 0) b.tokTat = Math.max(b.tokTat, now) + (cost * b.period) / b.tpm;
   if (b.tpd > 0) {
     const day = Math.floor(now / DAY_MS);
     if (b.day !== day) {
@@ -142,18 +148,23 @@ export function charge(b: Bucket, now: number, cost: number): void {
  */
 export function correct(b: Bucket, now: number, delta: number, day: number): void {
   if (delta === 0) return;
-  if (b.tpm > 0) b.tokTat = delta > 0 ? Math.max(b.tokTat, now) + (delta * MINUTE_MS) / b.tpm : b.tokTat + (delta * MINUTE_MS) / b.tpm;
+  if (b.tpm > 0) b.tokTat = delta > 0 ? Math.max(b.tokTat, now) + (delta * b.period) / b.tpm : b.tokTat + (delta * b.period) / b.tpm;
   if (b.tpd > 0 && b.day === day) b.dayUsed = Math.max(0, b.dayUsed + delta);
 }
 
+/** Gives one request back (it was charged, then never served: a batch line that will be dispatched again). */
+export function unchargeRequest(b: Bucket): void {
+  if (b.rpm > 0) b.reqTat -= b.period / b.rpm;
+}
+
 export function remainingRequests(b: Bucket, now: number): number {
-  const T = MINUTE_MS / b.rpm;
-  return Math.max(0, Math.min(b.rpm, Math.floor((MINUTE_MS - (Math.max(b.reqTat, now) - now)) / T + EPS)));
+  const T = b.period / b.rpm;
+  return Math.max(0, Math.min(b.rpm, Math.floor((b.period - (Math.max(b.reqTat, now) - now)) / T + EPS)));
 }
 
 export function remainingTokensMinute(b: Bucket, now: number): number {
-  const T = MINUTE_MS / b.tpm;
-  return Math.max(0, Math.min(b.tpm, Math.floor((MINUTE_MS - (Math.max(b.tokTat, now) - now)) / T + EPS)));
+  const T = b.period / b.tpm;
+  return Math.max(0, Math.min(b.tpm, Math.floor((b.period - (Math.max(b.tokTat, now) - now)) / T + EPS)));
 }
 
 export function remainingTokensDay(b: Bucket, now: number): number {

@@ -127,18 +127,13 @@ export class RateLimitGate implements AdmissionGate {
     this.inner.registerMetrics?.(registry);
     const l = this.limiter;
     const r = [registry];
-    new Counter({
-      name: 'switchyard_rate_limited_total',
-      help: 'Requests answered 429 rate_limit_exceeded, by the limit that refused them (requests or tokens: a minute or a day).',
-      labelNames: ['limit'],
-      registers: r,
-      collect() {
-        this.reset();
-        this.inc({ limit: 'requests' }, l.refusedRequests);
-        this.inc({ limit: 'tokens' }, l.refusedTokens);
+    countLimits(registry, {
+      refusals(inc) {
+        inc('requests', l.refusedRequests);
+        inc('tokens', l.refusedTokens);
       },
+      storeErrors: () => l.shared?.errors ?? 0,
     });
-    scrapeCounter(r, 'switchyard_rate_limit_store_errors_total', 'Failed or timed-out commands to the shared rate-limit counters (rateLimits.redis).', () => l.shared?.errors ?? 0);
     new Counter({
       name: 'switchyard_rate_limit_store_fallbacks_total',
       help: 'Requests decided without the shared counters (Redis down or slow), by the fail mode: open (admitted) or closed (503).',
@@ -164,6 +159,48 @@ export class RateLimitGate implements AdmissionGate {
   close(): void | Promise<void> {
     return this.inner.close?.();
   }
+}
+
+/** What one limiter adds to the refusal and store-error metrics (the interactive gate's, the batch quotas'). */
+export interface LimitCounts {
+  /** Its refusals, by the `limit` label value. */
+  refusals(inc: (limit: string, n: number) => void): void;
+  /** Failed commands of shared counters it alone uses (0 when it shares another's). */
+  storeErrors(): number;
+}
+
+const limitCounts = new WeakMap<Registry, LimitCounts[]>();
+
+/**
+ * Adds `c` to switchyard_rate_limited_total{limit} and
+ * switchyard_rate_limit_store_errors_total of `registry` (made with the
+ * first limiter that counts in it).
+ */
+export function countLimits(registry: Registry, c: LimitCounts): void {
+  const known = limitCounts.get(registry);
+  if (known !== undefined) {
+    known.push(c);
+    return;
+  }
+  const list: LimitCounts[] = [c];
+  limitCounts.set(registry, list);
+  const r = [registry];
+  new Counter({
+    name: 'switchyard_rate_limited_total',
+    help: 'Requests answered 429 rate_limit_exceeded, by the limit that refused them (requests or tokens: a minute or a day), and batch lines a batch quota deferred (batch-quota).',
+    labelNames: ['limit'],
+    registers: r,
+    collect() {
+      this.reset();
+      const inc = (limit: string, n: number) => this.inc({ limit }, n);
+      for (const x of list) x.refusals(inc);
+    },
+  });
+  scrapeCounter(r, 'switchyard_rate_limit_store_errors_total', 'Failed or timed-out commands to the shared rate-limit counters (rateLimits.redis, and the batch quotas\' on batch.redis).', () => {
+    let n = 0;
+    for (const x of list) n += x.storeErrors();
+    return n;
+  });
 }
 
 /**

@@ -9,9 +9,14 @@
 // subject id, bounded by `maxSubjects` (idle ones are dropped first, then new
 // subjects share an `(overflow)` bucket); they outlive a reload, so a reload
 // never resets what a key or tenant used.
+//
+// A subject that is not a caller's (a tenant's batch quota, `b:<tenant>`,
+// src/batch/quota.ts) has a plan of its own through `subject()`: its limits a
+// period of its own (the quota's window), the same check, charge, correction
+// and shared counters.
 import { RATE_LIMIT_DEFAULTS, type RateLimitsConfig, type LimitSpec } from '../config/rate-limits.js';
 import type { Caller, KeyLimits } from '../identity.js';
-import { Bucket, charge, check, correct, DAY_MS, duration, Fail, remainingRequests, remainingTokensDay, remainingTokensMinute, type Verdict } from './bucket.js';
+import { Bucket, charge, check, correct, DAY_MS, duration, Fail, MINUTE_MS, remainingRequests, remainingTokensDay, remainingTokensMinute, unchargeRequest, type Verdict } from './bucket.js';
 
 /** The buckets one caller is charged to, and its answers' header lines. */
 export interface Plan {
@@ -40,8 +45,8 @@ export const enum Take {
  */
 export interface SharedCounters {
   take(plan: Plan, cost: number, v: Verdict): Promise<Take>;
-  /** A token correction (batched: sent with the next flush, off the request path). */
-  correct(b: Bucket, delta: number, day: number): void;
+  /** A token correction, and `requests` given back (negative; batched: sent with the next flush, off the request path). */
+  correct(b: Bucket, delta: number, day: number, requests?: number): void;
   /** Failed or timed-out commands. */
   readonly errors: number;
   close(): Promise<void>;
@@ -53,6 +58,8 @@ export class RateLimiter {
   #cfg: RateLimitsConfig;
   readonly #buckets = new Map<string, Bucket>();
   #plans = new WeakMap<Caller, Plan | null>();
+  /** Plans of subjects that are not callers' (subject()), by id. */
+  #subjectPlans = new Map<string, Plan>();
   /** The latest clock an admission read. */
   #lastNow = 0;
   #maxSubjects: number;
@@ -71,12 +78,15 @@ export class RateLimiter {
   /** New subjects counted under `(overflow)` because `maxSubjects` were busy. */
   overflowed = 0;
 
-  /** `opts.maxSubjects` overrides `cfg.maxSubjects` (rateLimits.maxSubjects; default 100,000). */
-  constructor(cfg: RateLimitsConfig, opts: { maxSubjects?: number; shared?: SharedCounters | null } = {}) {
+  /**
+   * `opts.maxSubjects` overrides `cfg.maxSubjects` (rateLimits.maxSubjects; default 100,000);
+   * `opts.failClosed` overrides `cfg.redis.failMode` (for shared counters that are not `cfg.redis`'s).
+   */
+  constructor(cfg: RateLimitsConfig, opts: { maxSubjects?: number; shared?: SharedCounters | null; failClosed?: boolean } = {}) {
     this.#cfg = cfg;
     this.#maxSubjects = opts.maxSubjects ?? cfg.maxSubjects ?? RATE_LIMIT_DEFAULTS.maxSubjects;
     this.shared = opts.shared ?? null;
-    this.failClosed = cfg.redis?.failMode === 'closed';
+    this.failClosed = opts.failClosed ?? cfg.redis?.failMode === 'closed';
   }
 
   /** A reload's new block: limits apply from the next request; what was used stays counted. */
@@ -85,6 +95,7 @@ export class RateLimiter {
     // a lower cap applies to the next new subject (idle ones are dropped then); none is cut off
     this.#maxSubjects = cfg.maxSubjects ?? RATE_LIMIT_DEFAULTS.maxSubjects;
     this.#plans = new WeakMap();
+    this.#subjectPlans.clear();
   }
 
   get maxSubjects(): number {
@@ -119,7 +130,27 @@ export class RateLimiter {
     return { key, tenant, tokens: (key !== null && (key.tpm > 0 || key.tpd > 0)) || (tenant !== null && (tenant.tpm > 0 || tenant.tpd > 0)), lines: '', stale: true, at: Date.now() };
   }
 
-  #bucket(id: string, who: string, spec: LimitSpec | KeyLimits): Bucket {
+  /**
+   * The plan of a subject that is not a caller's (a tenant's batch quota:
+   * `b:<tenant>`): `requests` and `tokens` every `periodMs` (0 = none of
+   * that kind), charged as a caller's tenant is; cached by id (at most
+   * `maxSubjects` plans). Null when it limits nothing.
+   */
+  subject(id: string, who: string, requests: number, tokens: number, periodMs: number): Plan | null {
+    if (requests === 0 && tokens === 0) return null;
+    let p = this.#subjectPlans.get(id);
+    if (p === undefined) {
+      if (this.#subjectPlans.size >= this.#maxSubjects) this.#subjectPlans.clear();
+      const spec: LimitSpec = {};
+      if (requests > 0) spec.requestsPerMinute = requests;
+      if (tokens > 0) spec.tokensPerMinute = tokens;
+      p = { key: null, tenant: this.#bucket(id, who, spec, periodMs), tokens: tokens > 0, lines: '', stale: true, at: Date.now() };
+      this.#subjectPlans.set(id, p);
+    }
+    return p;
+  }
+
+  #bucket(id: string, who: string, spec: LimitSpec | KeyLimits, period = MINUTE_MS): Bucket {
     let b = this.#buckets.get(id);
     if (b === undefined) {
       if (this.#buckets.size >= this.#maxSubjects) this.#sweep();
@@ -135,7 +166,7 @@ export class RateLimiter {
         this.#buckets.set(id, b);
       }
     }
-    b.setLimits(spec.requestsPerMinute ?? 0, spec.tokensPerMinute ?? 0, spec.tokensPerDay ?? 0);
+    b.setLimits(spec.requestsPerMinute ?? 0, spec.tokensPerMinute ?? 0, spec.tokensPerDay ?? 0, period);
     return b;
   }
 
@@ -144,6 +175,7 @@ export class RateLimiter {
     const now = Date.now();
     for (const [id, b] of this.#buckets) if (b.idle(now)) this.#buckets.delete(id);
     this.#plans = new WeakMap();
+    this.#subjectPlans.clear();
   }
 
   /**
@@ -206,6 +238,27 @@ export class RateLimiter {
   /** One request given back (admitted here, then refused downstream): its request count stays, its tokens return. */
   refund(plan: Plan, cost: number, day: number): void {
     this.correct(plan, -cost, day);
+  }
+
+  /**
+   * A charge undone: the request was never served and will be sent again by
+   * the router itself (a batch line the interactive limits deferred), so its
+   * request and its tokens both go back.
+   */
+  giveBack(plan: Plan, cost: number, day: number): void {
+    const now = Math.max(plan.at, this.#lastNow);
+    plan.stale = true;
+    if (plan.key !== null) this.#giveBack(plan.key, now, cost, day);
+    if (plan.tenant !== null) this.#giveBack(plan.tenant, now, cost, day);
+  }
+
+  #giveBack(b: Bucket, now: number, cost: number, day: number): void {
+    const tokens = b.tpm > 0 || b.tpd > 0 ? -cost : 0;
+    const requests = b.rpm > 0 ? -1 : 0;
+    if (tokens === 0 && requests === 0) return;
+    correct(b, now, tokens, day);
+    unchargeRequest(b);
+    this.shared?.correct(b, tokens, day, requests);
   }
 
   /**

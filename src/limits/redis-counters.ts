@@ -1,6 +1,8 @@
 // Rate-limit counters shared by several routers in Redis: one hash per
-// subject (`<keyPrefix>k:<key id>`, `<keyPrefix>t:<tenant>`: fields r =
-// requests' TAT, k = tokens' TAT, d = UTC day, u = tokens used that day),
+// subject (`<keyPrefix>k:<key id>`, `<keyPrefix>t:<tenant>`, a tenant's batch
+// quota `<keyPrefix>b:<tenant>`: fields r = requests' TAT, k = tokens' TAT,
+// d = UTC day, u = tokens used that day; each subject's GCRA period, a minute
+// or a batch quota's window, is sent with its limits),
 // checked and charged by one Lua script in one round trip per request (the
 // key's and the tenant's hash together, atomically; the clock is Redis's
 // TIME, so routers need not agree on theirs). ioredis's defineCommand sends
@@ -22,8 +24,9 @@ import { Take, type Plan, type SharedCounters } from './limiter.js';
 const FLUSH_MS = 20;
 
 /**
- * KEYS: 1 or 2 subject hashes. ARGV: cost, then per key rpm, tpm, tpd (0 = none).
- * Returns strings: fail (0 none, 1 requests, 2 tokens a minute, 3 tokens a day),
+ * KEYS: 1 or 2 subject hashes. ARGV: cost, then per key rpm, tpm, tpd (0 = none)
+ * and the period of rpm and tpm (ms).
+ * Returns strings: fail (0 none, 1 requests, 2 tokens a period, 3 tokens a day),
  * retry ms (-1: can never fit), the refusing key's index (1-based), limit, used,
  * then per key: requests TAT − now, tokens TAT − now, tokens used today.
  */
@@ -31,7 +34,7 @@ const TAKE = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local cost = tonumber(ARGV[1])
-local M, D, EPS = 60000, 86400000, 1e-6
+local D, EPS = 86400000, 1e-6
 local day = math.floor(now / D)
 local st = {}
 local fail, retry, who, limit, used = 0, 0, 0, 0, 0
@@ -40,11 +43,11 @@ local function refuse(f, rt, i, l, u)
   fail, retry, who, limit, used = f, rt, i, l, u
 end
 for i = 1, #KEYS do
-  local rpm, tpm, tpd = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
+  local rpm, tpm, tpd, M = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i]), tonumber(ARGV[4 * i + 1])
   local v = redis.call('HMGET', KEYS[i], 'r', 'k', 'd', 'u')
   local r, k, d, u = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0
   if d ~= day then u = 0 end
-  st[i] = { r, k, u, rpm, tpm, tpd }
+  st[i] = { r, k, u, rpm, tpm, tpd, M }
   if rpm > 0 then
     local T = M / rpm
     local tt = math.max(r, now) + T
@@ -70,7 +73,7 @@ end
 local out = { tostring(fail), tostring(retry), tostring(who), tostring(limit), tostring(used) }
 for i = 1, #KEYS do
   local s = st[i]
-  local r, k, u, rpm, tpm, tpd = s[1], s[2], s[3], s[4], s[5], s[6]
+  local r, k, u, rpm, tpm, tpd, M = s[1], s[2], s[3], s[4], s[5], s[6], s[7]
   if fail == 0 then
     if rpm > 0 then r = math.max(r, now) + M / rpm end
     if tpm > 0 and cost ~= 0 then k = math.max(k, now) + cost * M / tpm end
@@ -87,31 +90,44 @@ end
 return out
 `;
 
-/** KEYS: one subject hash. ARGV: delta tokens, tpm, tpd, the UTC day the request was charged on. */
+/**
+ * KEYS: one subject hash. ARGV: delta tokens, tpm, tpd, the UTC day the
+ * request was charged on, the period of tpm and rpm (ms), requests given
+ * back (0 or negative), rpm.
+ */
 const CORRECT = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local delta, tpm, tpd, day = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local v = redis.call('HMGET', KEYS[1], 'k', 'd', 'u')
-local k, d, u = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0
-if tpm > 0 then
-  if delta > 0 then k = math.max(k, now) + delta * 60000 / tpm else k = k + delta * 60000 / tpm end
+local delta, tpm, tpd, day, M = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local rd, rpm = tonumber(ARGV[6]), tonumber(ARGV[7])
+local v = redis.call('HMGET', KEYS[1], 'k', 'd', 'u', 'r')
+local k, d, u, r = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0
+if rpm > 0 and rd ~= 0 then redis.call('HSET', KEYS[1], 'r', tostring(r + rd * M / rpm)) end
+if tpm > 0 and delta ~= 0 then
+  if delta > 0 then k = math.max(k, now) + delta * M / tpm else k = k + delta * M / tpm end
   redis.call('HSET', KEYS[1], 'k', tostring(k))
+  -- a debt outlives the expiry the take set (what the estimate charged)
+  if delta > 0 then
+    local keep = math.ceil(k - now + M)
+    if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
+  end
 end
-if tpd > 0 and d == day then redis.call('HSET', KEYS[1], 'u', tostring(math.max(0, u + delta))) end
+if tpd > 0 and d == day and delta ~= 0 then redis.call('HSET', KEYS[1], 'u', tostring(math.max(0, u + delta))) end
 return 1
 `;
 
 interface RlRedis extends Redis {
   swyRlTake(numKeys: number, ...args: (string | number)[]): Promise<string[]>;
-  swyRlCorrect(key: string, delta: number, tpm: number, tpd: number, day: number): Promise<number>;
+  swyRlCorrect(key: string, delta: number, tpm: number, tpd: number, day: number, period: number, requests: number, rpm: number): Promise<number>;
 }
 
 interface Pending {
   bucket: Bucket;
   delta: number;
   day: number;
+  /** Requests given back (0 or negative). */
+  requests: number;
 }
 
 export class RedisCounters implements SharedCounters {
@@ -156,8 +172,8 @@ export class RedisCounters implements SharedCounters {
     if (k !== null) a.push(this.#prefix + k.id);
     if (t !== null) a.push(this.#prefix + t.id);
     a.push(cost);
-    if (k !== null) a.push(k.rpm, k.tpm, k.tpd);
-    if (t !== null) a.push(t.rpm, t.tpm, t.tpd);
+    if (k !== null) a.push(k.rpm, k.tpm, k.tpd, k.period);
+    if (t !== null) a.push(t.rpm, t.tpm, t.tpd, t.period);
     return this.#redis.swyRlTake(n, ...a).then(
       (out) => {
         const now = Date.now();
@@ -184,10 +200,12 @@ export class RedisCounters implements SharedCounters {
     );
   }
 
-  correct(b: Bucket, delta: number, day: number): void {
+  correct(b: Bucket, delta: number, day: number, requests = 0): void {
     const p = this.#pending.get(b.id);
-    if (p !== undefined && p.day === day) p.delta += delta;
-    else this.#pending.set(b.id, { bucket: b, delta, day });
+    if (p !== undefined && p.day === day) {
+      p.delta += delta;
+      p.requests += requests;
+    } else this.#pending.set(b.id, { bucket: b, delta, day, requests });
     this.#flush ??= setTimeout(() => this.#send(), FLUSH_MS);
   }
 
@@ -196,7 +214,7 @@ export class RedisCounters implements SharedCounters {
     if (this.#pending.size === 0) return Promise.resolve();
     const pipe = this.#redis.pipeline() as unknown as { swyRlCorrect(...a: (string | number)[]): void; exec(): Promise<[Error | null, unknown][] | null> };
     for (const p of this.#pending.values()) {
-      if (p.delta !== 0) pipe.swyRlCorrect(this.#prefix + p.bucket.id, p.delta, p.bucket.tpm, p.bucket.tpd, p.day);
+      if (p.delta !== 0 || p.requests !== 0) pipe.swyRlCorrect(this.#prefix + p.bucket.id, p.delta, p.bucket.tpm, p.bucket.tpd, p.day, p.bucket.period, p.requests, p.bucket.rpm);
     }
     this.#pending.clear();
     return pipe.exec().then(

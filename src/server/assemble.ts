@@ -40,6 +40,8 @@ import type { FleetShare } from '../ha/fleet.js';
 import type { KubernetesDiscovery } from '../k8s/discovery.js';
 import type { BatchApi } from '../batch/api.js';
 import type { BatchProcessor } from '../batch/processor.js';
+import type { BatchQuotas } from '../batch/quota.js';
+import type { Registry } from 'prom-client';
 
 export interface AssembleOptions {
   config: RouterConfig;
@@ -170,7 +172,8 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
   let batchApi: BatchApi | null = null;
   if (config.batch !== undefined) {
     const { BatchProcessor } = await import('../batch/processor.js');
-    const processor = new BatchProcessor({ config: config.batch, director: parts.director, endpoints: parts.endpoints, log, band: config.batch.band ?? config.flowControl?.bands.at(-1), responses: parts.responses });
+    const quotas = await buildBatchQuotas(config, limits?.limiter ?? null, parts.metrics.registry, log, lifecycle);
+    const processor = new BatchProcessor({ config: config.batch, director: parts.director, endpoints: parts.endpoints, log, band: config.batch.band ?? config.flowControl?.bands.at(-1), responses: parts.responses, quotas });
     batch = processor;
     const { BatchApi } = await import('../batch/api.js');
     const api = new BatchApi({ config: config.batch, log });
@@ -210,6 +213,40 @@ async function buildLimits(config: RouterConfig, log: Logger, lifecycle: Lifecyc
   }
   const limiter = new RateLimiter(rl, { shared });
   return { limiter, wrap: (g) => new RateLimitGate(g, limiter) };
+}
+
+/**
+ * The tenants' batch quotas (batch.quotas) on shared rate-limit counters:
+ * those of `rateLimits.redis` when the router has them (one store and one
+ * fail mode for every limit), else counters on the batch Redis itself
+ * (`<batch.keyPrefix>:rl:`; fail closed: the line waits, as it would for any
+ * batch Redis failure), so the routers of one consumer group share each
+ * tenant's quota. Null when no tenant has a quota.
+ */
+async function buildBatchQuotas(config: RouterConfig, interactive: RateLimiter | null, registry: Registry, log: Logger, lifecycle: Lifecycle): Promise<BatchQuotas | null> {
+  const b = config.batch!;
+  const { BatchQuotas } = await import('../batch/quota.js');
+  if (!BatchQuotas.configured(b.quotas)) return null;
+  const { RateLimiter } = await import('../limits/limiter.js');
+  const { countLimits } = await import('../limits/gate.js');
+  const rl = config.rateLimits;
+  let shared = interactive?.shared ?? null;
+  let failClosed = rl?.redis?.failMode === 'closed';
+  let own = false;
+  if (shared === null) {
+    const { RedisCounters } = await import('../limits/redis-counters.js');
+    const counters = new RedisCounters({ url: b.redis, keyPrefix: `${b.keyPrefix}:rl:`, timeoutMs: b.commandTimeoutMs, failMode: 'closed' }, log);
+    lifecycle.add('batchQuotas', CloseRank.parts, () => counters.close());
+    await counters.ready();
+    shared = counters;
+    failClosed = true;
+    own = true;
+  }
+  const limiter = new RateLimiter({ tenants: {}, maxSubjects: rl?.maxSubjects }, { shared, failClosed });
+  const quotas = new BatchQuotas(b.quotas, limiter);
+  const counters = shared;
+  countLimits(registry, { refusals: (inc) => inc('batch-quota', quotas.refused), storeErrors: () => (own ? counters.errors : 0) });
+  return quotas;
 }
 
 /** The components themselves (no I/O beyond the session table's sweep timer): what the RouterCore constructor built before. */
