@@ -92,7 +92,8 @@ export class BatchQuotas {
 
 /**
  * The tokens a line's answer used: its `usage` (total_tokens, else prompt +
- * completion, else a Responses answer's input + output); an error answer
+ * completion, else a Responses answer's input + output; only non-negative
+ * integers count: an engine's figure is not trusted); an error answer
  * without usage used none; undefined when there is no usage to read (a
  * streamed answer's SSE text): the estimate stays.
  */
@@ -105,9 +106,12 @@ export function usageOf(status: number, body: string): number | undefined {
   }
   if (u !== null && typeof u === 'object') {
     const x = u as Record<string, unknown>;
-    if (typeof x.total_tokens === 'number') return x.total_tokens;
-    const a = typeof x.prompt_tokens === 'number' ? x.prompt_tokens : typeof x.input_tokens === 'number' ? x.input_tokens : undefined;
-    const b = typeof x.completion_tokens === 'number' ? x.completion_tokens : typeof x.output_tokens === 'number' ? x.output_tokens : 0;
+    // an engine's count, not trusted: a negative, fractional or absurd number would refund a tenant's quota
+    const count = (v: unknown): number | undefined => (typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 ? v : undefined);
+    const total = count(x.total_tokens);
+    if (total !== undefined) return total;
+    const a = count(x.prompt_tokens) ?? count(x.input_tokens);
+    const b = count(x.completion_tokens) ?? count(x.output_tokens) ?? 0;
     if (a !== undefined) return a + b;
   }
   return status >= 400 ? 0 : undefined;
