@@ -143,9 +143,14 @@ t.test('a sustained overload sheds about the excess, with Retry-After; headers d
   // the excess: what was sent beyond what the band was served
   const served = be.ok + liar.ok;
   t.comment(`best-effort ${served}/${sent} served, ${shed} shed; drain ${drain.toFixed(1)}/s; premium ${prem.ok}/${prem.sent}`);
-  t.ok(drain > 20, `the drain rate was measured (${drain.toFixed(1)}/s)`);
+  // the engines' capacity is what the machine gives them (about 50/s quiet, 13/s beside four busy loops), so
+  // the checks are against the drain rate the router measured, not a fixed figure: it serves about that
+  // capacity over the 8 s and sheds the rest
+  t.ok(drain > 0, `the drain rate was measured (${drain.toFixed(1)}/s)`);
   const frac = shed / sent;
-  t.ok(frac > 0.2 && frac < 0.75, `shed ${(100 * frac).toFixed(0)} % of 100/s against ~${drain.toFixed(0)}/s of capacity`);
+  t.ok(frac > 0.2 && frac < 0.95, `shed ${(100 * frac).toFixed(0)} % of 100/s against ~${drain.toFixed(0)}/s of capacity`);
+  const capacity = drain * 8;
+  t.ok(served > 0.5 * capacity && served < 2 * capacity, `served about the capacity: ${served} against ${capacity.toFixed(0)} (8 s at the drain rate)`);
   t.equal(be.other + liar.other, 0, 'no errors: shed or served');
   t.equal(shed + served, sent);
   t.ok(be.retryAfter.length > 0 && be.retryAfter.every((s) => /^[1-9]\d*$/.test(s) && Number(s) <= 60), `every 429 has Retry-After in [1, ttl]: ${[...new Set(be.retryAfter)].join(',')}`);
