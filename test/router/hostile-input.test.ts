@@ -596,9 +596,9 @@ t.test('a declared Content-Length reserves no memory before the bytes arrive', a
   if (native) {
     // the native front end reads bodies below JavaScript: its open-connection gauge says when all 100 are in
     const open = async () => Number(/^switchyard_client_connections (\d+)/m.exec((await request(router.port, 'GET', '/metrics')).body)?.[1] ?? 0);
-    t.ok(await until(async () => (await open()) >= 100, 2000), `100 connections reading their bodies (${await open()})`);
+    t.ok(await until(async () => (await open()) >= 100, 10_000), `100 connections reading their bodies (${await open()})`);
     await sleep(100); // their bytes read
-  } else t.ok(await until(() => router.core.reading.size >= 100, 2000), `100 bodies being read (${router.core.reading.size})`);
+  } else t.ok(await until(() => router.core.reading.size >= 100, 10_000), `100 bodies being read (${router.core.reading.size})`);
   const grown = (memory() - before) / 2 ** 20;
   for (const s of socks) s.destroy();
   t.ok(grown < 16, `buffers grew by ${grown.toFixed(1)} MiB for 2 KB received (declared: ${(100 * MAX_BODY) / 2 ** 20} MiB)`);

@@ -97,8 +97,9 @@ t.test('LRU eviction once the KV cache is full', async (t) => {
 });
 
 t.test('a full KV cache makes the head of the queue wait even with free slots', async (t) => {
-  // 10 blocks of 4 tokens; each request needs 6 blocks (20 tokens of prompt + 4 generated).
-  const e = await startEngine({ timeScale: 0.05, kvCacheBlocks: 10, blockSize: 4, maxNumSeqs: 8, prefillOverheadMs: 0, prefillUsPerToken: 0, itlMs: 100 });
+  // 10 blocks of 4 tokens; each request needs 6 blocks (20 tokens of prompt + 4 generated). a decodes for
+  // 400 ms wall, so b arrives while it runs even on a loaded machine (at 20 ms, a could end before b came)
+  const e = await startEngine({ timeScale: 1, kvCacheBlocks: 10, blockSize: 4, maxNumSeqs: 8, prefillOverheadMs: 0, prefillUsPerToken: 0, itlMs: 100 });
   t.teardown(() => e.close());
   const a = send(e.url, 'POST', '/v1/completions', { prompt: 'x'.repeat(80), max_tokens: 4 });
   const b = send(e.url, 'POST', '/v1/completions', { prompt: 'y'.repeat(80), max_tokens: 4 });

@@ -82,7 +82,8 @@ export interface ServeProcess {
 }
 
 /** Spawns `switchyard serve` (needs dist/) and waits for its listening line; killed at teardown. */
-export async function spawnServe(t: Tap.Test, args: string[], startTimeoutMs = 15000): Promise<ServeProcess> {
+// 60 s: a loaded machine (CI beside other work) starts a router process in tens of seconds; a quiet one in under one
+export async function spawnServe(t: Tap.Test, args: string[], startTimeoutMs = 60_000): Promise<ServeProcess> {
   const { spawn } = await import('node:child_process');
   const { fileURLToPath } = await import('node:url');
   const bin = fileURLToPath(new URL('../../bin/switchyard.js', import.meta.url));
