@@ -2,14 +2,34 @@
 // is believed to hold, read from the prefix producer's match (the scheduler
 // hashes and matches once per request, see prefix-producer.ts; this scorer
 // has no side effects). Score = matched blocks / prompt blocks, except on a
-// saturated endpoint (a queue `saturatedQueue` or more requests longer than
-// the shortest candidate's, by the endpoint's own queue estimate), which
-// scores 0 so a hot prefix spills over to replicas with room instead of
-// piling up. When the producer weighs matched blocks by KV tier
-// (ctx.prefixWeighted: a block in host memory or on disk is worth less than one
-// on the GPU), the weighted count is used.
+// saturated endpoint, which scores 0 so a hot prefix spills over to replicas
+// with room instead of piling up. Saturated is either of:
+//
+// - a queue `saturatedQueue` or more requests longer than the shortest
+//   candidate's, by the endpoint's own queue estimate;
+// - a full batch (`spillAtBatchLimit`, on by default): the fleet's requests
+//   at the engine (Endpoint.occupancy: the router's and its active-active
+//   replicas' in flight, plus foreign load from the last scrape) at or above
+//   its batch limit (learned from its running/waiting counts, or
+//   pools[].batchLimit), while another candidate's batch has a free slot.
+//   A request sent to a full batch waits for a slot (on a long-output
+//   workload, the rest of a running request's decode) before its prefill; the
+//   cached prefix saves only that prefill, and the spill places a second copy
+//   of the prefix that its later requests follow while the first engine is
+//   full. The limit must be known: the engine's own (learned or configured),
+//   else the largest its pool's other candidates learned (a pool is one
+//   deployment; an engine that never queued yet has its peers' max-num-seqs);
+//   the probe used before any engine of the pool queued is a guess that may be
+//   low, and a spill costs a miss. The queue estimate alone cannot see a full
+//   batch: it counts waiting requests, so the prefix held until
+//   `saturatedQueue` requests waited behind the running ones
+//   (bench/RESULTS.md, 2026-12-04).
+//
+// When the producer weighs matched blocks by KV tier (ctx.prefixWeighted: a
+// block in host memory or on disk is worth less than one on the GPU), the
+// weighted count is used.
 import type { Endpoint } from '../../endpoints/endpoint.js';
-import { intParam, numberParam, pluginParams, type PluginFactory } from '../registry.js';
+import { boolParam, intParam, numberParam, pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Scorer } from '../types.js';
 import { ensure } from './score-util.js';
 
@@ -23,10 +43,16 @@ export class PrefixCacheScorer implements Scorer {
   #out = new Float64Array(16);
   #queues = new Float64Array(16);
   readonly #saturatedQueue: number;
+  readonly #spillAtBatchLimit: boolean;
+  /** Per candidate: its batch limit as far as it is known (0: not known); per pool seen this cycle, the largest learned one. */
+  #limits = new Float64Array(16);
+  readonly #pools: string[] = [];
+  readonly #poolLimits: number[] = [];
 
-  constructor(saturatedQueue = 16, blockSize?: number) {
+  constructor(saturatedQueue = 16, blockSize?: number, spillAtBatchLimit = true) {
     this.#saturatedQueue = saturatedQueue;
     this.blockSize = blockSize;
+    this.#spillAtBatchLimit = spillAtBatchLimit;
   }
 
   score(ctx: CycleContext, eps: readonly Endpoint[]): Float64Array {
@@ -39,20 +65,70 @@ export class PrefixCacheScorer implements Scorer {
     }
     const matched = ctx.prefixWeighted ?? ctx.prefixMatched;
     const sat = this.#saturatedQueue;
+    const now = ctx.now;
     const queues = (this.#queues = ensure(this.#queues, n));
     let shortest = Infinity;
+    // some candidate has a free batch slot (or an unknown limit): a full one's prefix may spill there
+    let room = false;
     for (let i = 0; i < n; i++) {
-      const q = eps[i].queueEstimate(ctx.now);
+      const q = eps[i].queueEstimate(now);
       queues[i] = q;
       if (q < shortest) shortest = q;
     }
-    // Saturation is relative to the shortest candidate queue: when every
+    if (this.#spillAtBatchLimit && n > 1) room = this.#batchLimits(eps, n, now);
+    // Queue saturation is relative to the shortest candidate queue: when every
     // replica is backed up, spilling a prefix elsewhere only adds prefill work
     // and KV pressure, so affinity holds until another replica is clearly freer.
+    // Likewise a full batch keeps its prefix when every candidate's is full.
     for (let i = 0; i < n; i++) {
-      out[i] = sat === 0 || queues[i] - shortest < sat ? Math.min(1, matched[i] / total) : 0;
+      const m = matched[i];
+      out[i] = m > 0 && (sat === 0 || queues[i] - shortest < sat) && !(room && this.#full(eps[i], i, now)) ? Math.min(1, m / total) : 0;
     }
     return out;
+  }
+
+  #full(ep: Endpoint, i: number, now: number): boolean {
+    const limit = this.#limits[i];
+    return limit > 0 && ep.occupancy(now) >= limit;
+  }
+
+  /**
+   * Fills #limits for the candidates: an endpoint's own learned (or
+   * configured) limit, else the largest one learned by a candidate of the same
+   * pool (a pool's replicas are one deployment: an engine that never queued
+   * yet has its peers' max-num-seqs), else 0 (unknown: never full). Returns
+   * whether some candidate has a free slot. No allocation once grown (a fleet
+   * has few pools).
+   */
+  #batchLimits(eps: readonly Endpoint[], n: number, now: number): boolean {
+    const limits = (this.#limits = ensure(this.#limits, n));
+    const pools = this.#pools;
+    const pl = this.#poolLimits;
+    pools.length = 0;
+    pl.length = 0;
+    let unknown = false;
+    for (let i = 0; i < n; i++) {
+      const ep = eps[i];
+      const l = ep.batch.learned;
+      limits[i] = l;
+      if (l > 0) {
+        const k = pools.indexOf(ep.pool);
+        if (k < 0) {
+          pools.push(ep.pool);
+          pl.push(l);
+        } else if (l > pl[k]!) pl[k] = l;
+      } else unknown = true;
+    }
+    if (unknown && pools.length > 0) {
+      for (let i = 0; i < n; i++) {
+        if (limits[i] > 0) continue;
+        const k = pools.indexOf(eps[i].pool);
+        if (k >= 0) limits[i] = pl[k]!;
+      }
+    }
+    let room = false;
+    for (let i = 0; i < n && !room; i++) room = !this.#full(eps[i], i, now);
+    return room;
   }
 }
 
@@ -62,6 +138,7 @@ export const prefixCacheScorer: PluginFactory<'scorer'> = {
   params: pluginParams({
     blockSize: intParam(1, 1 << 20).optional().describe('bytes per index block; default scheduling.prefixBlockSize'),
     saturatedQueue: numberParam(0, 1e9).optional().describe('queue length over the shortest candidate at which an endpoint scores 0 (default 16; 0 = off)'),
+    spillAtBatchLimit: boolParam().optional().describe('an endpoint whose batch is full (occupancy at its learned or configured batch limit) scores 0 while another candidate has a free slot (default true)'),
   }),
-  create: (p) => new PrefixCacheScorer((p.saturatedQueue as number | undefined) ?? 16, p.blockSize as number | undefined),
+  create: (p) => new PrefixCacheScorer((p.saturatedQueue as number | undefined) ?? 16, p.blockSize as number | undefined, (p.spillAtBatchLimit as boolean | undefined) ?? true),
 };
