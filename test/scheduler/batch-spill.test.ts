@@ -19,10 +19,10 @@ import { send, until, type Pending } from '../support/sim-util.js';
 const SLOTS = 4;
 const PREFIX = 'system: you are a careful assistant. ' + 'context words repeated for a long shared prefix. '.repeat(160); // ~8 KB, ~2,000 tokens
 
-async function setup(t: Tap.Test, prefixParams: Record<string, unknown> = {}) {
+async function setup(t: Tap.Test, prefixParams: Record<string, unknown> = {}, count = 2) {
   const engines: SimEngine[] = [];
   // 20 ms a token: a request of 300 tokens holds its slot for ~6 s, far longer than the test's steps
-  for (let i = 0; i < 2; i++) engines.push(await startEngine({ maxNumSeqs: SLOTS, itlMs: 20, kvCacheBlocks: 65536 }));
+  for (let i = 0; i < count; i++) engines.push(await startEngine({ maxNumSeqs: SLOTS, itlMs: 20, kvCacheBlocks: 65536 }));
   t.teardown(() => Promise.all(engines.map((e) => e.close())));
   const cfg = validateConfig(
     {
@@ -51,12 +51,12 @@ async function setup(t: Tap.Test, prefixParams: Record<string, unknown> = {}) {
     await router.close(200);
   });
   let n = 0;
-  const ask = (maxTokens = 300): Pending => {
-    const p = send(router.url, 'POST', '/v1/completions', { model: 'open-model', prompt: `${PREFIX}\nQ${n++}: what now?`, max_tokens: maxTokens, stream: true, stream_options: { include_usage: true } });
+  const ask = (maxTokens = 300, prefix = PREFIX): Pending => {
+    const p = send(router.url, 'POST', '/v1/completions', { model: 'open-model', prompt: `${prefix}\nQ${n++}: what now?`, max_tokens: maxTokens, stream: true, stream_options: { include_usage: true } });
     out.push(p);
     return p;
   };
-  const eps = ['e0', 'e1'].map((name) => router.core.endpoints.byName(name)!);
+  const eps = engines.map((_, i) => router.core.endpoints.byName(`e${i}`)!);
   return { router, ask, eps };
 }
 
@@ -97,4 +97,21 @@ t.test('spillAtBatchLimit: false keeps the prefix on its full engine (the rule b
   ask();
   t.ok(await until(() => holder.inFlight === SLOTS + 3, 10_000), `the next request of the prefix waits at ${holder.name} behind its full batch (in flight ${holder.inFlight})`);
   t.equal(other.inFlight, 0, 'nothing went to the other engine');
+});
+
+t.test('an engine that never queued spills at the batch limit its pool\'s other engine learned', async (t) => {
+  const { ask, eps } = await setup(t, {}, 3);
+  const full = await fillHolder(t, ask, eps);
+  // a second hot prefix: its first request goes to an idle engine, which has never queued (its limit not learned)
+  const other = 'system: a different deployment of tools and rules. ' + 'another long shared context, unlike the first one. '.repeat(160);
+  await ask(300, other).first;
+  const holder = eps.find((e) => e !== full && e.inFlight === 1)!;
+  t.ok(holder, `the second prefix went to ${holder?.name}`);
+  for (let i = 0; i < SLOTS - 1; i++) ask(300, other);
+  t.ok(await until(() => holder.inFlight === SLOTS, 10_000), `its next ${SLOTS - 1} requests followed it there, up to the batch (in flight ${holder.inFlight})`);
+  t.equal(holder.batch.learned, 0, `${holder.name} has not queued: its own limit is not learned`);
+  const third = eps.find((e) => e !== full && e !== holder)!;
+  ask(300, other);
+  t.ok(await until(() => third.inFlight === 1, 10_000), `the next request of the second prefix went to ${third.name}, with free slots (in flight: ${eps.map((e) => `${e.name} ${e.inFlight}`).join(', ')})`);
+  t.equal(holder.inFlight, SLOTS, `not past ${holder.name}'s batch, at the limit ${full.name} taught`);
 });
