@@ -16,6 +16,11 @@
 // and gives the second router `auth: { keysFile }` (docs/security.md): every
 // request to both routers carries `Authorization: Bearer <one of the keys>`,
 // so the second authenticates it (a non-2xx would be counted as an error).
+// The GC column: the router's own nodejs_gc_duration_seconds (all kinds,
+// read from its /metrics before and after each wrk run, outside the CPU
+// window) per request: a router process can run in a mode where most of
+// each scavenge survives (bench/RESULTS.md, 2026-12-04), and this column
+// says which runs that was.
 // `--otlp-sink` starts an OTLP/HTTP trace sink in this process (answers 200,
 // counts the bytes) and replaces {OTLP} in --extra with its URL, so a tracing
 // config exports to a live collector.
@@ -55,6 +60,15 @@ interface Run {
   p50us: number;
   p99us: number;
   errors: number;
+  gcUs: number;
+}
+
+/** Seconds the router has spent in GC (nodejs_gc_duration_seconds_sum over its kinds). */
+async function gcSeconds(url: string): Promise<number> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  let s = 0;
+  for (const m of text.matchAll(/^nodejs_gc_duration_seconds_sum\{[^}]*\} ([0-9.e+-]+)$/gm)) s += Number(m[1]);
+  return s;
 }
 
 async function main(): Promise<void> {
@@ -113,19 +127,24 @@ async function main(): Promise<void> {
         for (const r of round % 2 === 0 ? routers : [...routers].reverse()) {
           bar.tick(`round ${round + 1}, ${c} connections, ${r.name}`);
           const pid = r.proc.child.pid;
+          const g0 = await gcSeconds(r.url);
           const c0 = cpuSeconds(pid);
           const u0 = cpuSeconds(pid, true);
           const w = await runWrk(`${r.url}/v1/completions`, BODY, { connections: c, threads: 1, seconds, headers });
           const n = w.rps * seconds;
+          const cpu1 = cpuSeconds(pid);
+          const user1 = cpuSeconds(pid, true);
+          const g1 = await gcSeconds(r.url);
           const key = `${r.name}@${c}`;
           if (!runs.has(key)) runs.set(key, []);
           runs.get(key)!.push({
             rps: w.rps,
-            cpuUs: ((cpuSeconds(pid) - c0) / n) * 1e6,
-            userUs: ((cpuSeconds(pid, true) - u0) / n) * 1e6,
+            cpuUs: ((cpu1 - c0) / n) * 1e6,
+            userUs: ((user1 - u0) / n) * 1e6,
             p50us: w.p50Us,
             p99us: w.p99Us,
             errors: w.errors + w.non2xx,
+            gcUs: ((g1 - g0) / n) * 1e6,
           });
         }
       }
@@ -133,8 +152,8 @@ async function main(): Promise<void> {
     bar.done();
     const f = (n: number) => Math.round(n).toLocaleString('en-US');
     console.log(`router A/B: base = ${base}, this = ${ROOT}${extra ? ` with ${JSON.stringify(extra)}` : ''}${authKeys > 0 ? ` (${authKeys} keys; every request to both carries one)` : ''}${extraAll ? `; both with ${JSON.stringify(extraAll)}` : ''}${extraBase ? `; base with ${JSON.stringify(extraBase)}` : ''}; proxy.client ${client}; ${rounds} interleaved round(s) of ${seconds} s (medians); wrk -t1; engine = switchyard sim --time-scale 0`);
-    console.log('| connections | build | req/s | router CPU µs/req | of which user µs/req | p50 µs | p99 µs | errors | CPU/req vs base | user/req vs base | req/s vs base |');
-    console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
+    console.log('| connections | build | req/s | router CPU µs/req | of which user µs/req | GC µs/req | p50 µs | p99 µs | errors | CPU/req vs base | user/req vs base | req/s vs base |');
+    console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
     for (const c of connections) {
       const med = (name: string) => {
         const xs = runs.get(`${name}@${c}`)!;
@@ -142,6 +161,7 @@ async function main(): Promise<void> {
           rps: median(xs.map((x) => x.rps)),
           cpuUs: median(xs.map((x) => x.cpuUs)),
           userUs: median(xs.map((x) => x.userUs)),
+          gcUs: median(xs.map((x) => x.gcUs)),
           p50us: median(xs.map((x) => x.p50us)),
           p99us: median(xs.map((x) => x.p99us)),
           errors: xs.reduce((a, x) => a + x.errors, 0),
@@ -152,7 +172,7 @@ async function main(): Promise<void> {
         const x = med(name);
         const pct = (a: number, z: number) => `${((a / z) * 100).toFixed(0)} %`;
         console.log(
-          `| ${c} | ${name} | ${f(x.rps)} | ${x.cpuUs.toFixed(1)} | ${x.userUs.toFixed(1)} | ${f(x.p50us)} | ${f(x.p99us)} | ${x.errors} | ${pct(x.cpuUs, b.cpuUs)} | ${pct(x.userUs, b.userUs)} | ${pct(x.rps, b.rps)} |`,
+          `| ${c} | ${name} | ${f(x.rps)} | ${x.cpuUs.toFixed(1)} | ${x.userUs.toFixed(1)} | ${x.gcUs.toFixed(2)} | ${f(x.p50us)} | ${f(x.p99us)} | ${x.errors} | ${pct(x.cpuUs, b.cpuUs)} | ${pct(x.userUs, b.userUs)} | ${pct(x.rps, b.rps)} |`,
         );
       }
     }

@@ -24,6 +24,8 @@ const sha256: (token: string) => Buffer =
     ? (token) => (crypto as unknown as { hash(alg: string, data: string, enc: 'buffer'): Buffer }).hash('sha256', token, 'buffer')
     : (token) => crypto.createHash('sha256').update(token, 'latin1').digest();
 
+/** The cache's spelling of an Authorization value: `Bearer <token>`. */
+const BEARER_PREFIX = 'Bearer ';
 /** "bearer" as char codes, lower case. */
 const BEARER = [0x62, 0x65, 0x61, 0x72, 0x65, 0x72];
 
@@ -74,14 +76,20 @@ export class ApiKeyAuthenticator implements Authenticator, Identity {
   readonly #anonymous: Caller;
   /**
    * Known tokens → their caller, so a key's SHA-256 is computed once, not per
-   * request. Only tokens that matched a key go in (an unknown token is hashed
-   * every time and never stored: random tokens from a hostile client cannot
-   * grow it or push a real key out), so it holds at most one entry per key
-   * and needs no eviction; `maxCached` bounds it anyway. Replaced whole with
-   * the authenticator on a reload: a removed key's token is gone with it.
-   * Cost: the plaintext of keys in use stays in this process's memory (it
-   * passes through it on every request anyway); a lookup is a Map hash of
-   * the token string (V8's hash is seeded per process).
+   * request. Keyed by the header value as clients send it, `Bearer <token>`
+   * (one space, "Bearer" capitalised: what the OpenAI SDKs send), so a
+   * request in that form is one Map lookup of the header string, with no
+   * parse and no token string sliced out of it; another spelling of the
+   * header is parsed and looked up under that form (one entry per key
+   * whatever the spelling). Only tokens that matched a key go in (an unknown
+   * token is hashed every time and never stored: random tokens from a
+   * hostile client cannot grow it or push a real key out), so it holds at
+   * most one entry per key and needs no eviction; `maxCached` bounds it
+   * anyway. Replaced whole with the authenticator on a reload: a removed
+   * key's token is gone with it. Cost: the plaintext of keys in use stays in
+   * this process's memory (it passes through it on every request anyway); a
+   * lookup is a Map hash of the header string (V8's hash is seeded per
+   * process).
    */
   readonly #cache = new Map<string, Caller>();
   readonly #maxCached: number;
@@ -124,15 +132,19 @@ export class ApiKeyAuthenticator implements Authenticator, Identity {
   }
 
   authenticate(get: HeaderGetter): Caller | Refusal {
-    const token = bearerToken(get('authorization'));
-    let caller: Caller | null = null;
-    if (token === null) {
-      if (this.required) return MALFORMED;
-    } else if (token === '') {
-      if (this.required) return MISSING;
-    } else {
-      caller = this.#lookup(token);
-      if (caller === null && this.required) return UNKNOWN;
+    const auth = get('authorization');
+    // the common case: `Bearer <a known key>`, exactly as it was the first time (the cache's key)
+    let caller = this.#cache.get(auth) ?? null;
+    if (caller === null) {
+      const token = bearerToken(auth);
+      if (token === null) {
+        if (this.required) return MALFORMED;
+      } else if (token === '') {
+        if (this.required) return MISSING;
+      } else {
+        caller = this.#lookup(auth, token);
+        if (caller === null && this.required) return UNKNOWN;
+      }
     }
     if (this.trustHeaders) {
       // a gateway in front vouches for the tenant it names; the key's models and band ceiling still apply
@@ -147,11 +159,15 @@ export class ApiKeyAuthenticator implements Authenticator, Identity {
     return (r as Caller).tenant ?? '';
   }
 
-  #lookup(token: string): Caller | null {
-    const known = this.#cache.get(token);
-    if (known !== undefined) return known;
+  /** The caller of `token` (of the header value `auth`, not found in the cache as it is). */
+  #lookup(auth: string, token: string): Caller | null {
+    const key = BEARER_PREFIX + token;
+    if (key !== auth) {
+      const known = this.#cache.get(key);
+      if (known !== undefined) return known;
+    }
     const c = this.#match(token);
-    if (c !== null && this.#cache.size < this.#maxCached) this.#cache.set(token, c);
+    if (c !== null && this.#cache.size < this.#maxCached) this.#cache.set(key, c);
     return c;
   }
 

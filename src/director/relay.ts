@@ -8,17 +8,17 @@ import { errorBody, normalizeErrorBody } from '../proxy/error-shape.js';
 /** Largest upstream error body the router buffers to rewrite into the current shape. */
 export const MAX_ERROR_BODY = 65536;
 /** The answer's output token count, as engines write it in `usage` (the last occurrence in a chunk is the one that counts). */
-const COMPLETION_TOKENS = Buffer.from('"completion_tokens":');
+const COMPLETION_TOKENS = needle('"completion_tokens":');
 /** The prompt's token count, beside it in the same `usage` object. */
-const PROMPT_TOKENS = Buffer.from('"prompt_tokens":');
+const PROMPT_TOKENS = needle('"prompt_tokens":');
 /** An SSE event's start: counted in streamed chunks to time output tokens. */
 const SSE_EVENT = Buffer.from('data:');
 const SSE_DATA = 'data: ';
 const SSE_DONE = '\n\ndata: [DONE]\n\n';
 
 /** The integer after `"completion_tokens":` at `at` in `chunk`, or -1 (the number is cut by the chunk's end, or absent). */
-function readCount(chunk: Buffer, at: number, name: Buffer = COMPLETION_TOKENS): number {
-  let i = at + name.length;
+function readCount(chunk: Buffer, at: number, name: Needle = COMPLETION_TOKENS): number {
+  let i = at + name.bytes.length;
   while (i < chunk.length && chunk[i] === 32) i++;
   let n = 0;
   const start = i;
@@ -30,15 +30,62 @@ function readCount(chunk: Buffer, at: number, name: Buffer = COMPLETION_TOKENS):
   return i > start && i < chunk.length && n <= 0x7fffffff ? n : -1;
 }
 
+/** Bytes at a chunk's end that lastIndexOfTail() reads itself. */
+const TAIL = 512;
+
+/** A needle for lastIndexOfTail(): its bytes and its backward Horspool shifts. */
+export interface Needle {
+  readonly bytes: Buffer;
+  /** By byte value: how far the needle's start may move back when the byte under it is that one. */
+  readonly shift: Uint8Array;
+}
+
+export function needle(text: string): Needle {
+  const bytes = Buffer.from(text, 'latin1');
+  const n = bytes.length;
+  const shift = new Uint8Array(256).fill(n);
+  // the nearest later occurrence of each byte wins (backward search: the needle's start is compared first)
+  for (let k = n - 1; k >= 1; k--) shift[bytes[k]!] = k;
+  return { bytes, shift };
+}
+
+/**
+ * Where the last occurrence of `nd` in `chunk` starts, or -1: what
+ * Buffer.lastIndexOf answers, the chunk's last TAIL bytes searched here
+ * (Horspool, backwards: an answer's usage is a few dozen bytes from its end,
+ * found in a few skips, with no native call), the rest of a larger chunk by
+ * Buffer.lastIndexOf only when the tail holds none.
+ */
+export function lastIndexOfTail(chunk: Buffer, nd: Needle): number {
+  const b = nd.bytes;
+  const sh = nd.shift;
+  const n = b.length;
+  const len = chunk.length;
+  const lo = len > TAIL ? len - TAIL : 0;
+  const c0 = b[0];
+  let i = len - n;
+  while (i >= lo) {
+    const c = chunk[i]!;
+    if (c === c0) {
+      let j = 1;
+      while (j < n && chunk[i + j] === b[j]) j++;
+      if (j === n) return i;
+    }
+    i -= sh[c]!;
+  }
+  // an occurrence that starts before the tail (it may end inside it)
+  return lo > 0 ? chunk.lastIndexOf(b, lo - 1) : -1;
+}
+
 /** The last complete `"completion_tokens":N` count in `chunk`, or -1 (none, or cut by the chunk's end). */
 export function scanCompletionTokens(chunk: Buffer): number {
-  const k = chunk.lastIndexOf(COMPLETION_TOKENS);
+  const k = lastIndexOfTail(chunk, COMPLETION_TOKENS);
   return k >= 0 ? readCount(chunk, k) : -1;
 }
 
 /** The last complete `"prompt_tokens":N` count in `chunk`, or -1 (read in the chunk that carried completion_tokens). */
 export function scanPromptTokens(chunk: Buffer): number {
-  const k = chunk.lastIndexOf(PROMPT_TOKENS);
+  const k = lastIndexOfTail(chunk, PROMPT_TOKENS);
   return k >= 0 ? readCount(chunk, k, PROMPT_TOKENS) : -1;
 }
 

@@ -9,7 +9,7 @@
 // (the engine's usage, else an estimate from what was relayed). Built by
 // src/server/assemble.ts when the config has a `rateLimits` block; the
 // director never knows it is there.
-import type { AbortLike, Admission, AdmissionGate, FinishedRequest, Rejected, ReleaseOutcome, RequestInfo } from '../admission.js';
+import type { AbortLike, Admission, AdmissionGate, Admitted, FinishedRequest, Rejected, ReleaseOutcome, RequestInfo } from '../admission.js';
 import type { Identity } from '../identity.js';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { scrapeCounter } from '../metrics/prom.js';
@@ -17,14 +17,22 @@ import { BYTES_PER_TOKEN, promptTokensOf } from '../flow/cost.js';
 import { DAY_MS, Fail } from './bucket.js';
 import { refusalMessage, Take, type Plan, type RateLimiter } from './limiter.js';
 
-/** The ticket of a request the limits charged: what release() corrects, and the inner gate's ticket. */
-class LimitTicket {
+/**
+ * The ticket of a request the limits charged: what release() corrects, and
+ * the inner gate's ticket. It is its own admission (`admitted`, `ticket`:
+ * itself), so an admitted request costs one object here, not two.
+ */
+class LimitTicket implements Admitted {
+  readonly admitted = true as const;
+  readonly ticket: LimitTicket;
   constructor(
     readonly inner: unknown,
     readonly plan: Plan,
     readonly cost: number,
     readonly day: number,
-  ) {}
+  ) {
+    this.ticket = this;
+  }
 }
 
 const STORE_DOWN: Rejected = Object.freeze({
@@ -88,7 +96,7 @@ export class RateLimitGate implements AdmissionGate {
       this.limiter.refund(plan, cost, day);
       return a;
     }
-    return { admitted: true, ticket: new LimitTicket(a.ticket, plan, cost, day) };
+    return new LimitTicket(a.ticket, plan, cost, day);
   }
 
   #refused(): Rejected {

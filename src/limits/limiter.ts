@@ -296,6 +296,45 @@ const CRLF = '\r\n';
 const RESET_REQUESTS = '\r\nx-ratelimit-reset-requests: ';
 const RESET_TOKENS = '\r\nx-ratelimit-reset-tokens: ';
 
+/**
+ * The reset lines' ends (`\r\nx-ratelimit-reset-…: <duration>\r\n`), by
+ * whole ms (0 for none): those under a second made once each on first use,
+ * a longer one (the day's reset: hours) kept while its ms stays the same
+ * (every answer within that ms), so most answers' headers cost no duration
+ * string and two concatenations fewer.
+ */
+const SHORT_RESETS = 1000;
+
+class ResetLines {
+  readonly #head: string;
+  readonly #short: (string | undefined)[] = new Array<string | undefined>(SHORT_RESETS).fill(undefined);
+  #longMs = -1;
+  #long = '';
+
+  constructor(head: string) {
+    this.#head = head;
+  }
+
+  /** `head + duration(ms) + CRLF`. */
+  line(ms: number): string {
+    // duration() writes a positive ms as Math.ceil(ms), anything else as 0s
+    const whole = ms > 0 ? Math.ceil(ms) : 0;
+    if (whole < SHORT_RESETS) {
+      let s = this.#short[whole];
+      if (s === undefined) this.#short[whole] = s = this.#head + duration(whole) + CRLF;
+      return s;
+    }
+    if (whole !== this.#longMs) {
+      this.#longMs = whole;
+      this.#long = this.#head + duration(whole) + CRLF;
+    }
+    return this.#long;
+  }
+}
+
+const reqResets = new ResetLines(RESET_REQUESTS);
+const tokResets = new ResetLines(RESET_TOKENS);
+
 /** The header lines of a plan at `now` (see RateLimiter.headers). */
 export function headerLines(p: Plan, now: number): string {
   let s = '';
@@ -335,8 +374,8 @@ export function headerLines(p: Plan, now: number): string {
       }
     }
   }
-  if (rl !== '') s = rl + rr + RESET_REQUESTS + duration(rt) + CRLF;
-  if (tl !== '') s += tl + tr + RESET_TOKENS + duration(tt) + CRLF;
+  if (rl !== '') s = rl + rr + reqResets.line(rt);
+  if (tl !== '') s += tl + tr + tokResets.line(tt);
   return s;
 }
 

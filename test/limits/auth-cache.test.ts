@@ -31,3 +31,28 @@ t.test('only known keys are remembered; random tokens do not grow it or evict', 
   t.equal(b.cached, 0, 'a new key table starts empty');
   t.ok(isRefusal(b.authenticate(get(`Bearer ${keys[0]}`))), 'a removed key is refused by the new table');
 });
+
+t.test('the header as sent is the cache key: every spelling, one entry, the same answers', async (t) => {
+  const a = table(keys.slice(0, 3));
+  const k = keys[1]!;
+  t.equal(a.cached, 0);
+  const other = a.authenticate(get(`bearer\t${k} `)) as Caller;
+  t.equal(other.tenant, 't1', 'another spelling first');
+  t.equal(a.cached, 1);
+  t.equal(a.authenticate(get(`Bearer ${k}`)), other, 'then "Bearer <key>": found under that spelling, no new entry');
+  t.equal(a.cached, 1);
+  t.ok(isRefusal(a.authenticate(get(`Bearer ${k.slice(0, -1)}x`))), 'a key one character off: refused');
+  t.ok(isRefusal(a.authenticate(get(`Bearer ${k}x`))), 'a key with a character more: refused');
+  t.ok(isRefusal(a.authenticate(get(`Bearer  ${k}\u00e9`))), 'not visible ASCII: refused');
+  t.ok(isRefusal(a.authenticate(get(`Basic ${k}`))), 'another scheme: refused');
+  t.ok(isRefusal(a.authenticate(get(''))), 'no header: refused');
+  t.equal(a.cached, 1, 'refusals remember nothing');
+  // a trusted gateway's tenant still applies to a caller found in the cache
+  const gw = new ApiKeyAuthenticator({ required: true, trustHeaders: true }, [{ digest: sha(k), tenant: 'own' }]);
+  const hdr = (auth: string, tenant: string) => (name: string) => (name === 'authorization' ? auth : name === 'x-tenant-id' ? tenant : '');
+  t.equal((gw.authenticate(hdr(`Bearer ${k}`, '')) as Caller).tenant, 'own');
+  const named = gw.authenticate(hdr(`Bearer ${k}`, 'acme')) as Caller;
+  t.equal(named.tenant, 'acme', 'the cached key, the header names the tenant');
+  t.equal(named.keyId, sha(k).slice(0, 16), 'still that key');
+  t.equal((gw.authenticate(hdr(`Bearer ${k}`, '')) as Caller).tenant, 'own', 'the key alone again: its own tenant');
+});
