@@ -50,6 +50,8 @@ const usPerToken = Number(option(argv, '--us-per-token') ?? '50');
 const engine = option(argv, '--engine') ?? 'sim';
 const declare = argv.includes('--declare');
 const oneToken = argv.includes('--one-token');
+/** `--trace`: per engine, the share of requests and the mean / max running and waiting counts its /metrics reported (sampled every 100 ms), and the router's learned speeds each second (stderr). */
+const trace = argv.includes('--trace');
 const policies = (option(argv, '--policies') ?? 'predicted-latency,default,round-robin,nginx').split(',');
 if (engine !== 'sim' && engine !== 'parallel') throw new Error(`--engine must be sim or parallel, not ${engine}`);
 
@@ -85,11 +87,13 @@ function prompt(rand: () => number, i: number): string {
   return head + 'lorem ipsum '.repeat(Math.ceil((tokens * 4 - head.length) / 12)).slice(0, Math.max(0, tokens * 4 - head.length));
 }
 
-async function one(pool: Pool, body: string, ttfts: number[], slow: Set<string>, counts: { slow: number; errors: number }): Promise<void> {
+async function one(pool: Pool, body: string, ttfts: number[], slow: Set<string>, counts: { slow: number; errors: number; by: Map<string, number> }): Promise<void> {
   const t0 = performance.now();
   try {
     const r = await pool.request({ method: 'POST', path: '/v1/completions', headers: { 'content-type': 'application/json', 'x-slo-ttft-ms': String(sloMs) }, body });
-    if (slow.has(String(r.headers['x-switchyard-endpoint']))) counts.slow++;
+    const picked = String(r.headers['x-switchyard-endpoint']);
+    if (slow.has(picked)) counts.slow++;
+    if (trace) counts.by.set(picked, (counts.by.get(picked) ?? 0) + 1);
     if (r.statusCode !== 200) {
       await r.body.dump();
       counts.errors++;
@@ -148,7 +152,42 @@ async function run(policy: string, rate: number, dir: string): Promise<Row> {
     const pool = new Pool(url, { connections: 512, pipelining: 1 });
     const rand = rng(rate * 7919 + 1);
     const ttfts: number[] = [];
-    const counts = { slow: 0, errors: 0 };
+    const counts = { slow: 0, errors: 0, by: new Map<string, number>() };
+    const gauges = urls.map(() => ({ n: 0, running: 0, waiting: 0, maxRunning: 0, maxWaiting: 0 }));
+    let sampling = trace;
+    const sampler = (async () => {
+      let tick = 0;
+      while (sampling) {
+        await Promise.all(
+          urls.map(async (u, k) => {
+            try {
+              const text = await (await fetch(`${u}/metrics`)).text();
+              const g = gauges[k]!;
+              const run = Number(/^vllm:num_requests_running\S* ([0-9.]+)$/m.exec(text)?.[1] ?? NaN);
+              const wait = Number(/^vllm:num_requests_waiting\S* ([0-9.]+)$/m.exec(text)?.[1] ?? NaN);
+              if (!Number.isFinite(run) || !Number.isFinite(wait)) return;
+              g.n++;
+              g.running += run;
+              g.waiting += wait;
+              g.maxRunning = Math.max(g.maxRunning, run);
+              g.maxWaiting = Math.max(g.maxWaiting, wait);
+            } catch {
+              /* an engine busy past the sample: skipped */
+            }
+          }),
+        );
+        if (policy !== 'nginx' && ++tick % 10 === 0) {
+          try {
+            const m = await (await fetch(`${url}/metrics`)).text();
+            const sp = [...m.matchAll(/^switchyard_endpoint_speed_ms_per_ktok\{endpoint="([^"]+)"\} ([0-9.e+-]+)$/gm)].map((x) => `${x[1]} ${fmt(Number(x[2]), 0)}`);
+            console.error(`  ${policy} ${rate} t=${tick / 10}s speed ms/ktok: ${sp.join(', ')}`);
+          } catch {
+            /* skipped */
+          }
+        }
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    })();
     const pending: Promise<void>[] = [];
     const end = performance.now() + seconds * 1000;
     let next = performance.now();
@@ -162,6 +201,21 @@ async function run(policy: string, rate: number, dir: string): Promise<Row> {
     }
     if (process.env.MIXED_DEBUG) console.error(`sent ${i}, waiting`);
     await Promise.all(pending);
+    sampling = false;
+    await sampler;
+    if (trace) {
+      const names = ['f0', 'f1', 's0', 's1'];
+      console.error(
+        `  ${policy} ${rate}: ` +
+          names
+            .map((nm, k) => {
+              const g = gauges[k]!;
+              const share = policy === 'nginx' ? '25' : fmt(((counts.by.get(nm) ?? 0) / Math.max(1, i)) * 100, 0);
+              return `${nm} ${share} % running ${fmt(g.running / Math.max(1, g.n), 1)} (max ${g.maxRunning}) waiting ${fmt(g.waiting / Math.max(1, g.n), 1)} (max ${g.maxWaiting})`;
+            })
+            .join('; '),
+      );
+    }
     if (process.env.MIXED_DEBUG) console.error(`done`);
     const metrics = policy === 'nginx' ? '' : await (await fetch(`${url}/metrics`)).text();
     const apes = [...metrics.matchAll(/^switchyard_latency_ttft_error_ratio\{endpoint="([^"]+)"\} ([0-9.e+-]+)$/gm)].map((m) => Number(m[2]));

@@ -357,6 +357,16 @@ export class RouterMetrics {
       },
     });
     new Gauge({
+      name: 'switchyard_endpoint_speed_ms_per_ktok',
+      help: "The endpoint's learned prefill cost at its typical prompt, ms per thousand uncached tokens (src/endpoints/speed.ts; before shrinkage and bounds).",
+      labelNames: ['endpoint'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const ep of set.all) this.set(epLabels(ep.id), ep.speed.msPerKTok());
+      },
+    });
+    new Gauge({
       name: 'switchyard_endpoint_ready',
       help: '1 when the endpoint is healthy and its circuit breaker closed.',
       labelNames: ['endpoint'],
