@@ -34,7 +34,7 @@ export interface Decision extends Partial<LatencyNote> {
    * (Scheduler.prefilled, or complete()). Set by pick().
    */
   prefillTokens?: number;
-  /** Prefill tokens ahead of this request at its endpoint at the pick, its own included (the speed model's features: its own, and the rest queued ahead). */
+  /** Prefill tokens ahead of this request at its endpoint at the pick, its own included (the speed model's feature). */
   aheadTokens?: number;
   /** The LoRA adapter the request names, counted in its endpoint's adapterInFlight until complete() ('' or absent: none). */
   adapter?: string;
@@ -335,7 +335,7 @@ export class Scheduler {
     if (t === undefined || t === 0 || d.seq === 0) return 0;
     d.prefillTokens = 0;
     const ep = d.endpoint;
-    if (ttftMs >= 0) ep.speed.observe(t, d.aheadTokens !== undefined && d.aheadTokens > t ? d.aheadTokens - t : 0, ttftMs);
+    if (ttftMs >= 0) ep.speed.observe(d.aheadTokens ?? t, ttftMs);
     ep.prefillPending -= t;
     if (ep.prefillRequests > 0) ep.prefillRequests--;
     if (ep.prefillPending < 0.5 || ep.prefillRequests === 0) ep.prefillPending = 0;

@@ -4,15 +4,11 @@
 // its share of the batch, not by its whole prefill), next to the simulator's
 // serial prefill. With the router told nothing of their speeds, what it learns
 // must order engines by their real cost on both models: a 3× slower engine's
-// per-token cost about 3× a fast one's, and a token queued ahead counted at
-// well under an own token's cost on the parallel engine, about one on the
-// serial one. The model before 2026-12-04 had one feature (own + queued
-// tokens), so a queued token weighed exactly an own one on every engine: the
-// parallel case's last check fails there (its cost ratio passed at this load;
-// at 60 req/s in the mixed-fleet bench, --trace, it read 2.2× to 6.7× between
-// runs, equal engines up to 2.5× apart). Real engines over loopback, the
-// router in-process; the bounds are wide (run to run the parallel engines'
-// weights came out 0.14–0.65, the simulator's 0.69–1).
+// per-token cost about 3× a fast one's, equal engines close. A guard, not a
+// fix's proof: the one-feature model (own + queued tokens) passes it at this
+// load (bench/RESULTS.md, "2026-12-04 (#34 mixed fleet)": a two-feature model
+// that learned the queued tokens' weight separately was tried and not kept).
+// Real engines over loopback, the router in-process; the bounds are wide.
 import t from 'tap';
 import { ParallelEngine } from '../../bench/lib/parallel-engine.js';
 import { startEngine } from '../../src/sim/index.js';
@@ -59,12 +55,11 @@ async function learn(t: Tap.Test, urls: string[], requests: number, rate: number
   return router;
 }
 
-function learned(router: Router): { cost: number[]; queue: number[] } {
-  const eps = ['e0', 'e1', 'e2', 'e3'].map((n) => router.core.endpoints.byName(n)!);
-  return { cost: eps.map((e) => e.speed.msPerKTok()), queue: eps.map((e) => e.speed.queueWeight()) };
+function learned(router: Router): number[] {
+  return ['e0', 'e1', 'e2', 'e3'].map((n) => router.core.endpoints.byName(n)!.speed.msPerKTok());
 }
 
-t.test('parallel-prefill engines: a 3× slower engine is learned about 3× slower, queued tokens count below own ones', async (t) => {
+t.test('parallel-prefill engines: a 3× slower engine is learned about 3× slower, equal engines close', async (t) => {
   // two fast, two 3× slower; 100 µs a prompt token on a fast one: 55 / 305 ms alone for 500 / 3000 tokens
   const engines = [1, 1, 3, 3].map((f) => new ParallelEngine({ port: 0, costFactor: f, slots: 64, usPerToken: 100, prefillMs: 5, itlMs: 5 }));
   const urls = await Promise.all(engines.map((e) => e.listen()));
@@ -72,24 +67,22 @@ t.test('parallel-prefill engines: a 3× slower engine is learned about 3× slowe
   // about 40 % of the fleet's serial capacity: several prefills share each engine's batch
   const placed: Placed = new Map();
   const router = await learn(t, urls, 150, 7, placed);
-  const { cost, queue } = learned(router);
+  const cost = learned(router);
   const onFast = (tokens: number) => {
     const by = placed.get(tokens)!;
     const all = [...by.values()].reduce((a, b) => a + b, 0);
     return ((by.get('e0') ?? 0) + (by.get('e1') ?? 0)) / all;
   };
   t.comment(`share on the fast engines: 500-token prompts ${onFast(500).toFixed(2)}, 3000-token ${onFast(3000).toFixed(2)}`);
-  t.comment(`learned ms per 1000 own tokens: ${cost.map((x) => x.toFixed(0)).join(', ')}; queued-token weight: ${queue.map((x) => x.toFixed(2)).join(', ')}`);
+  t.comment(`learned ms per 1000 prompt tokens: ${cost.map((x) => x.toFixed(0)).join(', ')}`);
   const fast = Math.sqrt(cost[0]! * cost[1]!);
   const slow = Math.sqrt(cost[2]! * cost[3]!);
   t.ok(slow / fast > 2 && slow / fast < 4.5, `slow / fast ${(slow / fast).toFixed(2)} within [2, 4.5] (true 3)`);
   t.ok(Math.max(cost[0]!, cost[1]!) / Math.min(cost[0]!, cost[1]!) < 1.6, 'the two fast engines within 1.6× of each other');
   t.ok(Math.max(cost[2]!, cost[3]!) / Math.min(cost[2]!, cost[3]!) < 1.6, 'the two slow engines within 1.6× of each other');
-  const q = queue.reduce((a, b) => a + b, 0) / queue.length;
-  t.ok(q < 0.75, `queued tokens weigh ${q.toFixed(2)} of an own token on average, below 0.75 (serial prefill: 1)`);
 });
 
-t.test('serial-prefill engines (the simulator): the same ratio, queued tokens weigh about as much as own ones', async (t) => {
+t.test('serial-prefill engines (the simulator): the same', async (t) => {
   const engines = await Promise.all([1, 1, 3, 3].map((f) => startEngine({ prefillCostFactor: f, decodeCostFactor: f, prefillUsPerToken: 100, prefillOverheadMs: 5, maxNumSeqs: 64, kvCacheBlocks: 65536 })));
   t.teardown(() => Promise.all(engines.map((e) => e.close())));
   // the same costs and load as above
@@ -99,11 +92,9 @@ t.test('serial-prefill engines (the simulator): the same ratio, queued tokens we
     150,
     7,
   );
-  const { cost, queue } = learned(router);
-  t.comment(`learned ms per 1000 own tokens: ${cost.map((x) => x.toFixed(0)).join(', ')}; queued-token weight: ${queue.map((x) => x.toFixed(2)).join(', ')}`);
+  const cost = learned(router);
+  t.comment(`learned ms per 1000 prompt tokens: ${cost.map((x) => x.toFixed(0)).join(', ')}`);
   const fast = Math.sqrt(cost[0]! * cost[1]!);
   const slow = Math.sqrt(cost[2]! * cost[3]!);
   t.ok(slow / fast > 2 && slow / fast < 4.5, `slow / fast ${(slow / fast).toFixed(2)} within [2, 4.5] (true 3)`);
-  const q = queue.reduce((a, b) => a + b, 0) / queue.length;
-  t.ok(q > 0.6, `queued tokens weigh ${q.toFixed(2)} of an own token on average, above 0.6 (true 1)`);
 });

@@ -1,7 +1,7 @@
 // Scorer `queue`: the work waiting at each endpoint in expected milliseconds,
 // not in requests (docs/scheduling.md, "Load in expected seconds"):
 //
-//   value = b × ((P + X × T) × q + u) / 1000
+//   value = b × (P + X × T + u) / 1000
 //
 //   P  prefill tokens the router (and its active-active replicas) sent there
 //      that have not had a first token (Endpoint.prefillPending, exact);
@@ -13,10 +13,7 @@
 //      changes nothing, on a mixed one it is what a slower engine costs more);
 //   b  the endpoint's learned prefill cost, ms per thousand tokens
 //      (Endpoint.speed, shrunk towards its peers while it has few samples and
-//      bounded within 8× of them: src/endpoints/speed.ts);
-//   q  what a queued token costs this request against one of its own, learned
-//      (SpeedModel.queueWeight: c / b, about 1 on a serial-prefill engine,
-//      well below on one that prefills a batch at once; within [0.1, 1]).
+//      bounded within 8× of them: src/endpoints/speed.ts).
 //
 // So a 3× slower engine's queue counts 3× and it takes about a third of a fast
 // one's share under load; with equal engines b is common and this is the
@@ -60,8 +57,8 @@ export class QueueScorer implements Scorer {
     for (let i = 0; i < n; i++) {
       const ep = eps[i]!;
       const extra = ep.queueEstimate(ctx.now) - ep.prefillRequests - ep.peerPrefillRequests;
-      const queued = ep.prefillPending + ep.peerPrefillPending + (extra > 0 ? extra * ep.speed.meanTokens : 0);
-      vals[i] = (b[i]! * (queued * ep.speed.queueWeight() + u)) / 1000;
+      const w = ep.prefillPending + ep.peerPrefillPending + (extra > 0 ? extra * ep.speed.meanTokens : 0) + u;
+      vals[i] = (b[i]! * w) / 1000;
     }
     inverseMinMax(vals, n, out);
     return out;
