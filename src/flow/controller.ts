@@ -35,6 +35,7 @@ import type { FlowControlConfig } from './config.js';
 import { BandStats, FlowStats, REJECT_REASONS, type RejectReason } from './metrics.js';
 import { estimateCost, learnOutput, outputEstimate, realCost } from './cost.js';
 import { LabelCap } from '../metrics/label-cap.js';
+import { IdTable } from '../id-table.js';
 
 export type { RejectReason } from './metrics.js';
 
@@ -284,7 +285,8 @@ export class FlowController {
   readonly #free: number[] = [];
   readonly #bands: Band[];
   readonly #minShare = new Map<string, number>();
-  readonly #waiting = new Map<number, Waiting>();
+  /** Queued requests by record id (not a Map: src/id-table.ts says why). */
+  readonly #waiting = new IdTable<Waiting>(256);
   readonly #flowStats: Map<string, FlowStats>[];
   readonly #labels: LabelCap;
   readonly #disabledGrant: Granted = Object.freeze({ ok: true as const, ticket: -1 });
@@ -484,7 +486,7 @@ export class FlowController {
     if (this.#turnPriority && !warm) b.cold.push(id);
     return new Promise<AdmitResult>((resolve) => {
       const w: Waiting = { id, slot, bytes, cost, warm, enqueuedAt: now, resolve, signal };
-      this.#waiting.set(id, w);
+      this.#waiting.set(w);
       this.#addQueued(w);
       if (signal !== null) signal.onabort = () => this.#cancel(w);
       this.#schedulePump();
@@ -558,7 +560,7 @@ export class FlowController {
     this.#closed = true;
     if (this.#timer !== null) clearInterval(this.#timer);
     this.#timer = null;
-    for (const w of [...this.#waiting.values()]) {
+    for (const w of this.#waiting.values()) {
       this.#waiting.delete(w.id);
       this.#removeQueued(w);
       w.resolve(this.#refused['rejected-no-endpoints']);

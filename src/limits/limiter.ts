@@ -374,9 +374,22 @@ export function headerLines(p: Plan, now: number): string {
       }
     }
   }
-  if (rl !== '') s = rl + rr + reqResets.line(rt);
-  if (tl !== '') s += tl + tr + tokResets.line(tt);
+  if (rl !== '') s = rl + digits(rr) + reqResets.line(rt);
+  if (tl !== '') s += tl + digits(tr) + tokResets.line(tt);
   return s;
+}
+
+/**
+ * The decimal digits of a whole number, not through V8's number-to-string
+ * cache (`${n}`, String(n) and `+` go through it). A remaining count moves with
+ * every answer, so each one would be a new cache entry: the cache lives in the
+ * old generation and keeps its strings through scavenges until they are
+ * promoted, ~26 bytes a request promoted and collected only by full GCs
+ * (measured: bench/RESULTS.md, 2026-12-04 "GC"). toFixed builds a string of
+ * its own.
+ */
+function digits(n: number): string {
+  return n.toFixed(0);
 }
 
 /** OpenAI's 429 message for a refusal (its words: "Rate limit reached for … on requests per min (RPM): Limit 3, Used 3, Requested 1. Please try again in 20s."). */

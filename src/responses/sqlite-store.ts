@@ -14,6 +14,7 @@ import { Worker } from 'node:worker_threads';
 import type { ResponsesConfig } from '../config/responses.js';
 import { StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
 import { OP_DEL, OP_GET, OP_PUT, type FromWorker, type SqliteOp, type SqliteWorkerData, type ToWorker } from './sqlite-protocol.js';
+import { IdTable } from '../id-table.js';
 
 /** Operations sent to the worker and not answered yet, beyond which a new one fails at once (503). */
 export const SQLITE_MAX_QUEUE = 8192;
@@ -22,6 +23,7 @@ export const SQLITE_BUSY_TIMEOUT_MS = 1000;
 const RESTART_MS = 1000;
 
 interface Waiter {
+  readonly id: number;
   resolve(v: StoredResponse | boolean | null): void;
   reject(e: StoreUnavailableError): void;
 }
@@ -33,7 +35,8 @@ export class SqliteStore implements ResponseStore {
   #ready = false;
   #closing = false;
   #rid = 0;
-  readonly #waiting = new Map<number, Waiter>();
+  /** Calls waiting on the worker by request id (not a Map: src/id-table.ts says why). */
+  readonly #waiting = new IdTable<Waiter>(256);
   #batch: SqliteOp[] = [];
   #scheduled = false;
   #count = 0;
@@ -160,7 +163,7 @@ export class SqliteStore implements ResponseStore {
     }
     const rid = ++this.#rid;
     return new Promise<T>((resolve, reject) => {
-      this.#waiting.set(rid, { resolve: resolve as Waiter['resolve'], reject });
+      this.#waiting.set({ id: rid, resolve: resolve as Waiter['resolve'], reject });
       this.#batch.push(make(rid));
       if (!this.#scheduled) {
         this.#scheduled = true;

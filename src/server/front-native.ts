@@ -22,6 +22,7 @@ import { BATCH_NOT_CONFIGURED, batchRoute, isBatchPath, runBatchOp } from './bat
 import { knownPaths, type FrontEnd, type FrontHost } from './front-end.js';
 import { isRefusal, type Caller, type Refusal } from '../identity.js';
 import { SHUTDOWN_CODE, type InFlightRequest } from './drain.js';
+import { IdTable } from '../id-table.js';
 import { errorOutcome, OUTCOME_CANCELLED, OUTCOME_MID_STREAM, OUTCOME_SHUTDOWN, statusOutcome } from '../metrics/outcomes.js';
 
 const KNOWN_PATHS = knownPaths(KIND_PATHS);
@@ -50,7 +51,8 @@ export class NativeFrontEnd implements FrontEnd {
   readonly #h: FrontHost;
   readonly #server: FrontServer;
   /** Inference requests by the server's id, until they end (abort and drain notices). */
-  readonly #live = new Map<number, NativeExchange>();
+  /** Requests in flight by id (not a Map: src/id-table.ts says why). */
+  readonly #live = new IdTable<NativeExchange>(256);
   /** Field name (lower-case) -> index into wanted. */
   readonly #wantedAt = new Map<string, number>();
   /** headerBlock() Buffer -> the same bytes as a latin1 head string with ': ' appended. */
@@ -343,7 +345,7 @@ export class NativeFrontEnd implements FrontEnd {
     }
     if (hd !== null) x.headers = hd;
     h.requestBegan(x);
-    this.#live.set(r.id, x);
+    this.#live.set(x);
     // an answer given inside begin() (a bad body, no endpoint) is reported once begin() returns: the metrics see the flight's model
     x.beginning = true;
     try {

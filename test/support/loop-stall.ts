@@ -102,6 +102,8 @@ export interface ProbedServe {
   measure<T>(fn: () => Promise<T>): Promise<[T, LoopStall]>;
   /** Everything it printed so far (stdout and stderr). */
   out(): string;
+  /** The router's process (its IPC channel carries the probes' messages). */
+  child: import('node:child_process').ChildProcess;
 }
 
 /**
@@ -157,6 +159,7 @@ export async function spawnProbedServe(t: Tap.Test, config: Record<string, unkno
   return {
     url,
     out: () => out,
+    child,
     async measure<T>(fn: () => Promise<T>): Promise<[T, LoopStall]> {
       let s: Record<string, number> = {};
       await ask('start');
