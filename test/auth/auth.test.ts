@@ -15,6 +15,7 @@ import { startRouter } from '../../src/server/router.js';
 import { ConfigError } from '../../src/errors.js';
 import { validatePlugin } from '../support/router-util.js';
 import { send } from '../support/sim-util.js';
+import { Client } from 'undici';
 
 const sha = (k: string) => createHash('sha256').update(k).digest('hex');
 const KEY_A = 'sk-alpha-0123456789';
@@ -103,6 +104,31 @@ t.test('required: false serves a request without a known key as the anonymous ca
   t.equal((await call(r.url, 'POST', '/v1/chat/completions', chat)).status, 200, 'no key');
   t.equal((await call(r.url, 'POST', '/v1/chat/completions', chat, 'Bearer EMPTY')).status, 200, 'an SDK placeholder key');
   t.equal((await call(r.url, 'POST', '/v1/chat/completions', chat, `Bearer ${KEY_A}`)).status, 200, 'a known key');
+});
+
+// One keep-alive connection carrying two tenants' keys (a proxy's shared upstream connection): the
+// native front end hands a request the previous one's strings when its bytes are the same, so keys
+// a byte apart and keys alternating on one socket must each reach the router as themselves.
+t.test('two tenants on one keep-alive connection: each request is its own caller', async (t) => {
+  const fleet = await startFleet(1, { timeScale: 0 });
+  t.teardown(() => fleet.close());
+  const r = await router(t, config(fleet.urls, { keys: [{ digest: sha(KEY_A), tenant: 'a' }, { digest: sha(KEY_B), tenant: 'b' }] }, { responses: { enabled: true } }));
+  const one = new Client(r.url, { pipelining: 1 });
+  t.teardown(() => one.close());
+  const req = async (method: 'GET' | 'POST', path: string, key: string, body?: unknown) => {
+    const res = await one.request({ method, path, headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) });
+    const text = await res.body.text();
+    return { status: res.statusCode, text };
+  };
+  const made = await req('POST', '/v1/responses', KEY_A, { model: 'open-model', input: 'hi', max_output_tokens: 4 });
+  t.equal(made.status, 200);
+  const id = JSON.parse(made.text).id as string;
+  const nearA = KEY_A.slice(0, -1) + (KEY_A.endsWith('9') ? '8' : '9');
+  const seq: [string, number][] = [];
+  for (let i = 0; i < 6; i++) seq.push([KEY_A, 200], [KEY_A, 200], [nearA, 401], [KEY_A, 200], [KEY_B, 404], [nearA, 401], [KEY_B, 404], [KEY_A, 200]);
+  const got: [string, number][] = [];
+  for (const [key] of seq) got.push([key, (await req('GET', `/v1/responses/${id}`, key)).status]);
+  t.same(got, seq, "the owner reads it, the other tenant gets 404, a key a byte off 401, in any order on one connection");
 });
 
 t.test('keys from a file and an environment variable, beside inline ones', async (t) => {

@@ -305,3 +305,66 @@ t.test('maxConnections and setAccepting(false): new connections closed at once, 
   t.same(statuses(again.data), [200], 'accepting again');
   t.equal(server.stats().refused, 2);
 });
+
+// Each connection hands a request the previous request's JavaScript strings for a method, target or
+// wanted field whose bytes are the same (native/front_server.cc Remember). Whatever a connection
+// sends, every request must carry its own bytes: keys one byte apart (a shared proxy connection
+// carries several clients' keys), values over the remembered size, repeated lines joined, a field
+// that changes on every request (no longer remembered) and then stops changing, absent fields.
+t.test('remembered field strings: every request on a connection carries its own values', async (t) => {
+  const fc = (await import('fast-check')).default;
+  const requests: FrontRequest[] = [];
+  const server = new FrontServer(
+    (r) => {
+      requests.push(r);
+      server.respond(r.id, 200, '', Buffer.from('ok'), true);
+    },
+    () => {},
+    { wanted: ['authorization', 'x-request-id', 'content-type'] },
+  );
+  const port = server.listen('127.0.0.1', 0);
+  t.teardown(() => server.close());
+  const keyA = 'Bearer sk-tenant-a-000000000000000001';
+  const auth = fc.constantFrom(undefined, keyA, keyA.slice(0, -1) + '2', '2' + keyA.slice(1), 'Bearer sk-b', `Bearer ${'k'.repeat(200)}`, `Bearer ${'k'.repeat(199)}j`, 'Bearer \xffx', '');
+  const rid = fc.oneof(fc.constantFrom(undefined, 'r-1', 'r-2'), fc.integer({ min: 0, max: 1e6 }).map((n) => `u-${n}`));
+  const one = fc.record({
+    method: fc.constantFrom('GET', 'POST', 'DELETE'),
+    target: fc.constantFrom('/v1/chat/completions', '/v1/chat/completionz', '/healthz', `/${'p'.repeat(170)}`),
+    auth,
+    twice: fc.boolean(),
+    rid,
+    type: fc.constantFrom(undefined, 'application/json', 'application/jsoN'),
+  });
+  let runs = 0;
+  await fc.assert(
+    fc.asyncProperty(fc.array(one, { minLength: 1, maxLength: 24 }), async (seq) => {
+      runs++;
+      requests.length = 0;
+      let wire = '';
+      for (const [i, q] of seq.entries()) {
+        wire += `${q.method} ${q.target} HTTP/1.1\r\nHost: x\r\n`;
+        if (q.auth !== undefined) wire += `Authorization: ${q.auth}\r\n` + (q.twice ? `authorization: ${q.auth}\r\n` : '');
+        if (q.rid !== undefined) wire += `X-Request-Id: ${q.rid}\r\n`;
+        if (q.type !== undefined) wire += `Content-Type: ${q.type}\r\n`;
+        wire += i === seq.length - 1 ? 'Connection: close\r\n\r\n' : '\r\n';
+      }
+      const r = await exchange(port, [wire], 3000);
+      if (!r.closed || requests.length !== seq.length) return false;
+      return seq.every((q, i) => {
+        const got = requests[i]!;
+        const a = q.auth === undefined ? undefined : q.twice ? `${q.auth},${q.auth}` : q.auth;
+        return got.method === q.method && got.target === q.target && got.wanted[0] === a && got.wanted[1] === q.rid && got.wanted[2] === q.type;
+      });
+    }),
+    { numRuns: 150 },
+  );
+  t.equal(runs, 150);
+  // one connection, the same key 40 times, then one a byte apart, then the key again
+  requests.length = 0;
+  const wire = [...Array(40).fill(keyA), keyA.slice(0, -1) + '9', keyA].map((k, i, all) => `GET / HTTP/1.1\r\nHost: x\r\nAuthorization: ${k}\r\n${i === all.length - 1 ? 'Connection: close\r\n' : ''}\r\n`).join('');
+  await exchange(port, [wire], 3000);
+  t.same(
+    requests.slice(-3).map((q) => q.wanted[0]),
+    [keyA, keyA.slice(0, -1) + '9', keyA],
+  );
+});
