@@ -44,10 +44,6 @@ constexpr int kGone = 0, kSent = 1, kFull = 2;
 
 // The transfer buffer's layout: field offsets (4 uint32 per field), then the head (max_head bytes), then a body.
 constexpr size_t kXferOffsets = 16 * 1024;
-// per connection: a field value up to this many bytes is remembered for the next request (Remember);
-// one that changed this many times in a row is not
-constexpr size_t kRememberMax = 160;
-constexpr uint8_t kVolatile = 4;
 
 // The reason phrase of an answer's status line (RFC 9110 section 15's names). RFC 9112 allows an empty
 // one, but clients and scripts read `200 OK` (monitoring checks match it, as does curl's output), so the
@@ -116,13 +112,6 @@ struct Pending {
   std::string out;  // bytes waiting until this request is the first of its connection
 };
 
-// One field's value as the connection's previous request sent it, and the JavaScript string made of it.
-struct Remembered {
-  std::string bytes;
-  bool held = false;   // its string is in the connection's memo array
-  uint8_t misses = 0;  // changes in a row; at kVolatile the field is not remembered on this connection
-};
-
 struct Conn {
   uv_tcp_t tcp;
   uv_timer_t timer;
@@ -145,10 +134,6 @@ struct Conn {
   double limit = 0;      // the body limit of the current request
   bool head_armed = false;
   bool closing = false;
-  // the strings of the last request's method, target and wanted fields, to hand the next request on
-  // this connection the same JavaScript strings when its bytes are the same (see Remembered)
-  std::vector<Remembered> seen;
-  napi_ref memo = nullptr;  // a JavaScript array holding those strings, by slot (Node-API 9 refers to objects only)
   explicit Conn(h1req::Limits l) : parser(l) {}
 };
 
@@ -451,9 +436,9 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       } else {
         body = Napi::Buffer<char>::Copy(env, bp, bn);
       }
-      napi_value memo = Memo(c);
-      napi_value method = Remember(c, memo, wanted_.size(), base + h.method.at, h.method.len);
-      napi_value target = Remember(c, memo, wanted_.size() + 1, base + h.target.at, h.target.len);
+      napi_value method, target;
+      napi_create_string_latin1(env, base + h.method.at, h.method.len, &method);
+      napi_create_string_latin1(env, base + h.target.at, h.target.len, &target);
       // the values of the fields the router reads (one string each, '' when absent, repeated lines joined
       // with ','): no JavaScript walk of the head per request
       napi_value wanted;
@@ -480,7 +465,7 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
         if (seen == 0) continue;  // absent: a hole (undefined in JavaScript), no string and no store
         napi_value v;
         if (seen > 1) napi_create_string_latin1(env, joined.data(), joined.size(), &v);
-        else v = Remember(c, memo, w, one, one_len);
+        else napi_create_string_latin1(env, one, one_len, &v);
         napi_set_element(env, wanted, w, v);
       }
       napi_value argv[8] = {Napi::Number::New(env, id), method, target, Napi::Number::New(env, h.minor), head, offsets, body, wanted};
@@ -493,63 +478,6 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       CallBatched(on_request_, 8, argv);
     }
     if (c->st == Conn::St::Closing) uv_timer_stop(&c->timer);
-  }
-
-  // A JavaScript string of bytes [p, p + n) for slot `slot` of this connection's fields (a wanted field,
-  // then the method and the target). A keep-alive client sends most of them the same on every request
-  // (its authorization, content type and target): then the previous request's string is handed back,
-  // with no new string and its hash already computed for the router's lookups (the API key's cache).
-  // The bytes are compared in constant time: a connection a proxy shares carries several clients' keys.
-  // Values over kRememberMax bytes are not kept, and a field that changed kVolatile times in a row
-  // (a request id) is no longer kept on that connection, so nothing is stored per request for it.
-  napi_value Remember(Conn* c, napi_value memo, size_t slot, const char* p, size_t n) {
-    napi_env env = Env();
-    napi_value v = nullptr;
-    Remembered& r = c->seen[slot];
-    if (r.held && r.bytes.size() == n) {
-      unsigned char d = 0;
-      const char* q = r.bytes.data();
-      for (size_t i = 0; i < n; i++) d |= static_cast<unsigned char>(p[i] ^ q[i]);
-      if (d == 0 && napi_get_element(env, memo, static_cast<uint32_t>(slot), &v) == napi_ok) {
-        r.misses = 0;
-        return v;
-      }
-    }
-    napi_create_string_latin1(env, p, n, &v);
-    if (r.misses >= kVolatile) return v;
-    if (r.held && ++r.misses >= kVolatile) {
-      r.held = false;
-      std::string().swap(r.bytes);
-      napi_value undef;
-      napi_get_undefined(env, &undef);
-      napi_set_element(env, memo, static_cast<uint32_t>(slot), undef);
-      return v;
-    }
-    if (n > kRememberMax) {
-      r.held = false;
-      return v;  // the memo keeps the previous (short) string until one replaces it; held = false ignores it
-    }
-    r.held = napi_set_element(env, memo, static_cast<uint32_t>(slot), v) == napi_ok;
-    if (r.held) r.bytes.assign(p, n);
-    return v;
-  }
-
-  // The connection's memo array (made on its first request).
-  napi_value Memo(Conn* c) {
-    napi_env env = Env();
-    napi_value a;
-    if (c->memo != nullptr && napi_get_reference_value(env, c->memo, &a) == napi_ok && a != nullptr) return a;
-    c->seen.assign(wanted_.size() + 2, Remembered{});
-    napi_create_array_with_length(env, wanted_.size() + 2, &a);
-    if (c->memo != nullptr) napi_delete_reference(env, c->memo);
-    if (napi_create_reference(env, a, 1, &c->memo) != napi_ok) c->memo = nullptr;
-    return a;
-  }
-
-  void Forget(Conn* c) {
-    if (c->memo != nullptr) napi_delete_reference(Env(), c->memo);
-    c->memo = nullptr;
-    c->seen.clear();
   }
 
   // A request's callback: a plain call (no callback scope per request); the microtasks and nextTicks it
@@ -762,7 +690,6 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       Call(on_abort_, 1, argv);
     }
     conns_.erase(c);
-    Forget(c);
     uv_timer_stop(&c->timer);
     auto done = [](uv_handle_t* h) {
       Conn* k = static_cast<Conn*>(h->data);

@@ -15,7 +15,8 @@
 // `--auth-keys N` writes N random API keys (SHA-256 digests in a keys file)
 // and gives the second router `auth: { keysFile }` (docs/security.md): every
 // request to both routers carries `Authorization: Bearer <one of the keys>`,
-// so the second authenticates it (a non-2xx would be counted as an error).
+// so the second authenticates it (a non-2xx would be counted as an error);
+// with `--auth-both` both do (two builds compared on the auth path).
 // The GC column: the router's own nodejs_gc_duration_seconds (all kinds,
 // read from its /metrics before and after each wrk run, outside the CPU
 // window) per request: a router process can run in a mode where most of
@@ -24,7 +25,7 @@
 // `--otlp-sink` starts an OTLP/HTTP trace sink in this process (answers 200,
 // counts the bytes) and replaces {OTLP} in --extra with its URL, so a tracing
 // config exports to a live collector.
-//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml'] [--extra-all 'yaml'] [--extra-base 'yaml'] [--auth-keys 1000] [--otlp-sink]
+//   node dist/bench/router-ab.js --base /tmp/swy-base [--seconds 3] [--rounds 5] [--connections 16,64,256] [--client native] [--extra 'yaml'] [--extra-all 'yaml'] [--extra-base 'yaml'] [--auth-keys 1000 [--auth-both]] [--otlp-sink]
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { createHash, randomBytes } from 'node:crypto';
 import { createServer, type Server } from 'node:http';
@@ -46,10 +47,11 @@ const rounds = Number(arg('--rounds', '5'));
 const connections = arg('--connections', '16,64,256').split(',').map(Number);
 const client = arg('--client', 'native');
 let extra = arg('--extra', '');
-const extraAll = arg('--extra-all', '');
+let extraAll = arg('--extra-all', '');
 const extraBase = arg('--extra-base', '');
 const otlpSink = argv.includes('--otlp-sink');
 const authKeys = Number(arg('--auth-keys', '0'));
+const authBoth = argv.includes('--auth-both');
 const BODY = JSON.stringify({ model: 'open-model', prompt: 'Say hello to the benchmark.', max_tokens: 1 });
 
 
@@ -97,7 +99,9 @@ async function main(): Promise<void> {
     const keys = Array.from({ length: authKeys }, () => `sk-${randomBytes(24).toString('hex')}`);
     const file = join(dir, 'keys.txt');
     writeFileSync(file, keys.map((k, i) => `${createHash('sha256').update(k).digest('hex')} tenant-${i}\n`).join(''));
-    extra = [extra, `auth: { keysFile: "${file}" }`].filter((x) => x !== '').join('\n');
+    // --auth-both: both routers authenticate (an A/B of two builds on the auth path)
+    if (authBoth) extraAll = [extraAll, `auth: { keysFile: "${file}" }`].filter((x) => x !== '').join('\n');
+    else extra = [extra, `auth: { keysFile: "${file}" }`].filter((x) => x !== '').join('\n');
     headers = { authorization: `Bearer ${keys[keys.length >> 1]}` };
   }
   const builds = [

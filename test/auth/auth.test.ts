@@ -106,9 +106,9 @@ t.test('required: false serves a request without a known key as the anonymous ca
   t.equal((await call(r.url, 'POST', '/v1/chat/completions', chat, `Bearer ${KEY_A}`)).status, 200, 'a known key');
 });
 
-// One keep-alive connection carrying two tenants' keys (a proxy's shared upstream connection): the
-// native front end hands a request the previous one's strings when its bytes are the same, so keys
-// a byte apart and keys alternating on one socket must each reach the router as themselves.
+// One keep-alive connection carrying two tenants' keys (a proxy's shared upstream connection): keys a
+// byte apart and keys alternating on one socket must each reach the router as themselves (nothing a
+// connection or its previous request carried decides the next request's caller).
 t.test('two tenants on one keep-alive connection: each request is its own caller', async (t) => {
   const fleet = await startFleet(1, { timeScale: 0 });
   t.teardown(() => fleet.close());
