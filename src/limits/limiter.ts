@@ -385,11 +385,39 @@ export function headerLines(p: Plan, now: number): string {
  * every answer, so each one would be a new cache entry: the cache lives in the
  * old generation and keeps its strings through scavenges until they are
  * promoted, ~26 bytes a request promoted and collected only by full GCs
- * (measured: bench/RESULTS.md, 2026-12-04 "GC"). toFixed builds a string of
- * its own.
+ * (measured: bench/RESULTS.md, 2026-12-04 "GC"). Counts are cut into groups of
+ * four digits whose strings are made once each (at most 20,000 strings, made
+ * on first use), so a count costs one or two short concatenations instead of
+ * toFixed's runtime call (bench/RESULTS.md, 2026-12-05); toFixed is left for
+ * counts of 10^12 and over.
  */
-function digits(n: number): string {
-  return n.toFixed(0);
+const GROUPS = 10_000;
+const PLAIN: (string | undefined)[] = new Array<string | undefined>(GROUPS).fill(undefined);
+const PADDED: (string | undefined)[] = new Array<string | undefined>(GROUPS).fill(undefined);
+
+function plain(k: number): string {
+  let s = PLAIN[k];
+  if (s === undefined) PLAIN[k] = s = k.toFixed(0);
+  return s;
+}
+
+function padded(k: number): string {
+  let s = PADDED[k];
+  if (s === undefined) PADDED[k] = s = k.toFixed(0).padStart(4, '0');
+  return s;
+}
+
+export function digits(n: number): string {
+  if (!(n >= 0 && n < 1e12 && Number.isInteger(n))) return n.toFixed(0);
+  if (n < GROUPS) return plain(n);
+  if (n < GROUPS * GROUPS) {
+    const hi = Math.floor(n / GROUPS);
+    return plain(hi) + padded(n - hi * GROUPS);
+  }
+  const hi = Math.floor(n / (GROUPS * GROUPS));
+  const rest = n - hi * GROUPS * GROUPS;
+  const mid = Math.floor(rest / GROUPS);
+  return plain(hi) + padded(mid) + padded(rest - mid * GROUPS);
 }
 
 /** OpenAI's 429 message for a refusal (its words: "Rate limit reached for … on requests per min (RPM): Limit 3, Used 3, Requested 1. Please try again in 20s."). */

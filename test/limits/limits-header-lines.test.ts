@@ -7,7 +7,7 @@
 import t from 'tap';
 import fc from 'fast-check';
 import { Bucket, DAY_MS, duration, remainingRequests, remainingTokensDay, remainingTokensMinute } from '../../src/limits/bucket.js';
-import { headerLines, type Plan } from '../../src/limits/limiter.js';
+import { digits, headerLines, type Plan } from '../../src/limits/limiter.js';
 
 function reference(p: Plan, now: number): string {
   let s = '';
@@ -102,4 +102,14 @@ t.test('a day reset: the same ms reuses the line, the next ms writes a new one',
   t.equal(headerLines(p, T0 + 1), reference(p, T0 + 1));
   b.dayUsed = 11;
   t.equal(headerLines(p, T0 + 1), reference(p, T0 + 1), 'remaining moved, reset the same');
+});
+
+// The counts' digits come from four-digit groups made once each: every whole number writes as String(n)
+// does, across each group edge and past the groups' range (toFixed), and a count that is not a whole
+// number (none is today) as toFixed(0) would.
+t.test('digits: the same text as String(n) for every whole count', async (t) => {
+  const edges = [0, 1, 9, 10, 999, 1000, 9999, 10_000, 10_001, 99_999_999, 100_000_000, 100_000_001, 100_010_000, 999_999_999_999, 1e12, 1e15, 2 ** 53];
+  for (const n of edges) t.equal(digits(n), String(n), `${n}`);
+  fc.assert(fc.property(fc.oneof(fc.integer({ min: 0, max: 20_000 }), fc.integer({ min: 0, max: 2_000_000_000 }), fc.maxSafeInteger().filter((n) => n >= 0)), (n) => digits(n) === String(n)), { numRuns: 5000 });
+  for (const x of [0.5, 1.5, 12_345.678, -3, -0.4]) t.equal(digits(x), x.toFixed(0), `${x}`);
 });
