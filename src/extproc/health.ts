@@ -27,7 +27,7 @@ export class ExtProcHealth {
     const name = call.request?.service ?? '';
     const st = this.#status(name);
     if (st !== 3) cb(null, { status: st });
-    else cb({ code: grpc.status.NOT_FOUND, details: `unknown health service "${name}" (liveness, readiness, envoy.service.ext_proc.v3.ExternalProcessor)` });
+    else cb({ code: grpc.status.NOT_FOUND, details: `unknown health service ${quoted(name)} (liveness, readiness, envoy.service.ext_proc.v3.ExternalProcessor)` });
   }
 
   /**
@@ -75,4 +75,14 @@ export class ExtProcHealth {
     }
     this.#watches.clear();
   }
+}
+
+/**
+ * A caller's service name as the error's details show it: JSON-quoted (no
+ * control characters) and cut at 128 characters. The details travel in the
+ * grpc-message trailer, and a name as long as the message limit allows (4 MB)
+ * would make trailers no client accepts, so the Check would never be answered.
+ */
+function quoted(name: string): string {
+  return name.length > 128 ? `${JSON.stringify(name.slice(0, 128))}… (${name.length} characters)` : JSON.stringify(name);
 }

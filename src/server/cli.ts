@@ -20,6 +20,9 @@ const USAGE = `usage: switchyard serve [options]
   --port PORT          listen port (overrides the config; default 8000)
   --log-level LEVEL    fatal|error|warn|info|debug|trace|silent (default info)
   --watch-config       also reload the config file when it changes (as SIGHUP)
+  --watch-settle-ms MS with --watch-config: how long a changed file must stay
+                       unchanged before it is applied (default 1000; a writer
+                       pausing longer mid-file could be caught half-written)
   --print-config       print the resolved config (every default filled in,
                        the options above applied) and exit without starting
   -h, --help           show this message
@@ -74,6 +77,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
         'log-level': { type: 'string' },
         'print-config': { type: 'boolean' },
         'watch-config': { type: 'boolean' },
+        'watch-settle-ms': { type: 'string' },
         help: { type: 'boolean', short: 'h' },
       },
       strict: true,
@@ -96,6 +100,12 @@ export async function runServeCli(argv: string[]): Promise<number> {
   if (args.host !== undefined && args.host.length === 0) problems.push('--host: must not be empty');
   if (args.config !== undefined && args.upstream !== undefined) problems.push('--config: cannot be combined with --upstream');
   if (args['watch-config'] === true && args.config === undefined) problems.push('--watch-config: needs --config');
+  let settleMs: number | undefined;
+  if (args['watch-settle-ms'] !== undefined) {
+    settleMs = Number(args['watch-settle-ms']);
+    if (!/^\d+$/.test(args['watch-settle-ms']) || settleMs > 600_000) problems.push(`--watch-settle-ms: must be an integer in [0, 600000] (got ${args['watch-settle-ms']})`);
+    else if (args['watch-config'] !== true) problems.push('--watch-settle-ms: applies with --watch-config only');
+  }
   if (args.engine !== undefined && !ENGINES.includes(args.engine as Engine)) problems.push(`--engine: must be one of: ${ENGINES.join(', ')} (got ${args.engine})`);
   if ((args.model !== undefined || args.engine !== undefined) && args.upstream === undefined && args.config !== undefined) {
     problems.push(`${args.model !== undefined ? '--model' : '--engine'}: applies to quick mode (--upstream) only, not with --config`);
@@ -162,7 +172,7 @@ export async function runServeCli(argv: string[]): Promise<number> {
 
   let router;
   try {
-    router = await startRouter(config, { logger: log, host: args.host, port, configFile: args.config, validatePlugin, watchConfig: args['watch-config'] === true });
+    router = await startRouter(config, { logger: log, host: args.host, port, configFile: args.config, validatePlugin, watchConfig: args['watch-config'] !== true ? false : settleMs === undefined ? true : { settleMs } });
   } catch (err) {
     if (err instanceof ConfigError) {
       for (const line of issueLines(err)) console.error(line);

@@ -100,11 +100,20 @@ export class ConfigReloader {
  * file rather than write it in place), a debounce so that one save is one
  * reload, and the same path as SIGHUP (validated first; a bad file is refused
  * and the running config keeps serving). Only a stable file is reloaded: after
- * the debounce it is read, read again `settleMs` later, and applied only when
+ * the debounce it is read, read again `settleMs` (default 1 s) later, and applied only when
  * both reads are identical and no change came in between (a file caught
  * half-written in place, even one whose prefix parses, is never applied; the
  * next change or a re-check reloads it once whole). Off unless started.
  */
+/**
+ * How long a changed config file must stay the same before it is applied
+ * (ms): a writer that rewrites the file in place and pauses mid-file for
+ * less than the debounce plus this is never caught half-written. Config
+ * writers finish in well under a second; a reload a second late costs
+ * nothing.
+ */
+export const WATCH_SETTLE_MS = 1000;
+
 export class ConfigWatcher {
   readonly #reloader: ConfigReloader;
   readonly #debounceMs: number;
@@ -120,7 +129,7 @@ export class ConfigWatcher {
   constructor(reloader: ConfigReloader, opts: { debounceMs?: number; settleMs?: number; onResult?: (r: ReloadResult) => void } = {}) {
     this.#reloader = reloader;
     this.#debounceMs = opts.debounceMs ?? 300;
-    this.#settleMs = opts.settleMs ?? 100;
+    this.#settleMs = opts.settleMs ?? WATCH_SETTLE_MS;
     this.#onResult = opts.onResult ?? (() => {});
   }
 

@@ -46,7 +46,7 @@ export interface StartRouterOptions extends Partial<Omit<AssembleOptions, 'confi
   validatePlugin?: PluginValidator;
   /** Overrides config.admin.port (tests: 0). */
   adminPort?: number;
-  /** Also reload when the config file changes (debounce in ms; true: 300; or {debounceMs, settleMs}: settle 100). Needs configFile. */
+  /** Also reload when the config file changes (debounce in ms; true: 300; or {debounceMs, settleMs}: settle 1000). Needs configFile. */
   watchConfig?: boolean | number | { debounceMs?: number; settleMs?: number };
 }
 

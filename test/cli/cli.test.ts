@@ -149,6 +149,15 @@ t.test('serve: bad options, one line each, exit 2', async (t) => {
     '--engine: must be one of: vllm, sglang (got tgi)',
     '--log-level: must be one of fatal, error, warn, info, debug, trace, silent (got loud)',
   ]);
+  const w = run(['serve', '--watch-settle-ms', '-5']);
+  t.equal(w.code, 2);
+  t.match(w.err, /^switchyard serve: /, 'a negative value is not an option value');
+  const s = run(['serve', '--watch-settle-ms', '1.5', '--config', join(FIX, 'router-invalid.yaml'), '--watch-config']);
+  t.equal(s.code, 2);
+  t.same(s.err.trim().split('\n'), ['--watch-settle-ms: must be an integer in [0, 600000] (got 1.5)']);
+  const alone = run(['serve', '--watch-settle-ms', '2000']);
+  t.equal(alone.code, 2);
+  t.same(alone.err.trim().split('\n'), ['--watch-settle-ms: applies with --watch-config only']);
 });
 
 t.test('sim: bad options, exit 2', async (t) => {

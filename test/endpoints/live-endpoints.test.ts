@@ -392,6 +392,50 @@ t.test('--watch-config: a changed file is reloaded without a signal; a bad one i
   t.equal((await reloads('ok')) + (await reloads('invalid')), 2);
 });
 
+t.test('--watch-config at its default settle time: a writer pausing 600 ms mid-file (the adversarial kit\'s t15) is not caught half-written', async (t) => {
+  const { stringify } = await import('yaml');
+  const { open } = await import('node:fs/promises');
+  const fleet = await startFleet(2, { timeScale: 0 });
+  const dir = await mkdtemp(join(tmpdir(), 'swy-watch-pause-'));
+  const file = join(dir, 'router.yaml');
+  const full = stringify(cfg(fleet.urls));
+  await writeFile(file, full);
+  const { loadConfigFile } = await import('../../src/config/load.js');
+  // the CLI's debounce (300 ms) and settle time (1 s): only the debounce is given, as --watch-config does
+  const router = await startRouter(await loadConfigFile(file, validatePlugin), { port: 0, host: '127.0.0.1', adminPort: 0, configFile: file, validatePlugin, watchConfig: 300 });
+  t.teardown(async () => {
+    await router.close(200);
+    await fleet.close();
+  });
+  const names = () => router.core.endpoints.all.map((e) => e.name).sort().join(',');
+  t.equal(names(), 'e0,e1');
+  // rewritten in place with a changed comment: truncated, written up to e1's entry (a valid config
+  // with e0 only), 600 ms of nothing, then the rest
+  const next = `${full}# v2\n`;
+  const cut = next.indexOf('\n', next.indexOf(fleet.urls[0]!)) + 1;
+  const seen = new Set<string>();
+  const watch = setInterval(() => seen.add(names()), 2);
+  t.teardown(() => clearInterval(watch));
+  const fh = await open(file, 'r+');
+  await fh.truncate(0);
+  await fh.write(next.slice(0, cut), 0);
+  await fh.sync();
+  await sleep(600);
+  await fh.write(next.slice(cut), cut);
+  await fh.close();
+  // a counter with no sample yet (no reload so far) reads 0
+  const count = (body: string, name: string, labels: Record<string, string>) =>
+    parseProm(body).samples.filter((x) => x.name === name && Object.entries(labels).every(([k, v]) => x.labels[k] === v)).reduce((a, x) => a + x.value, 0);
+  const reloads = async () => count((await get(router.url, '/metrics')).body, 'switchyard_config_reloads_total', { result: 'ok' });
+  t.ok(await until(async () => (await reloads()) === 1, 5000), 'the whole file is reloaded once');
+  clearInterval(watch);
+  seen.add(names());
+  t.same([...seen], ['e0,e1'], 'e1 was never drained: the prefix (e0 only) was not applied');
+  const body = (await get(router.url, '/metrics')).body;
+  t.equal(count(body, 'switchyard_endpoint_changes_total', { change: 'drained' }), 0, 'no endpoint drained');
+  t.equal(count(body, 'switchyard_endpoint_changes_total', { change: 'removed' }), 0, 'no endpoint removed');
+});
+
 t.test('--watch-config: a file caught half-written in place is not applied; the router keeps the old config until the file is whole', async (t) => {
   const { stringify } = await import('yaml');
   const { open } = await import('node:fs/promises');

@@ -161,6 +161,19 @@ t.test('health: liveness and readiness SERVING, an unknown service NOT_FOUND', a
   t.equal(await healthCheck(addr, 'envoy.service.ext_proc.v3.ExternalProcessor'), 1);
   const err = await healthCheck(addr, 'nope').catch((e: grpc.ServiceError) => e);
   t.equal((err as grpc.ServiceError).code, grpc.status.NOT_FOUND);
+  t.match((err as grpc.ServiceError).details, /^unknown health service "nope" /);
+  // a 1 MB name (the adversarial kit's t17b): answered NOT_FOUND with its name cut, not left unanswered
+  // (the whole name in the grpc-message trailer made trailers the client refused)
+  const timeout = new Promise<string>((r) => setTimeout(() => r('no answer in 5 s'), 5000).unref());
+  const answer = await Promise.race([healthCheck(addr, 'a'.repeat(1 << 20)).catch((e: grpc.ServiceError) => e), timeout]);
+  t.not(answer, 'no answer in 5 s', 'a 1 MB service name is answered');
+  const big = typeof answer === 'object' ? (answer as grpc.ServiceError) : null;
+  t.equal(big?.code, grpc.status.NOT_FOUND, 'a 1 MB service name: NOT_FOUND');
+  t.ok((big?.details.length ?? Infinity) < 400, 'its details are bounded');
+  t.match(big?.details, /\(1048576 characters\)/);
+  const ctl = await healthCheck(addr, 'x\r\ny\u0000').catch((e: grpc.ServiceError) => e);
+  t.match((ctl as grpc.ServiceError).details, /^unknown health service "x\\r\\ny\\u0000" /, 'control characters escaped');
+  t.equal(await healthCheck(addr, 'liveness'), 1, 'the health service answers after them');
 });
 
 t.test('malformed ext_proc input never takes the router down', async (t) => {
