@@ -40,8 +40,11 @@ export class Files {
 
   async fileContent(id: string, tenant: string): Promise<ApiAnswer> {
     if (!FILE_ID.test(id)) throw noSuchFile(id);
-    const [h, data] = await Promise.all([this.#s.fileMeta(id, tenant), this.#s.redis.getBuffer(this.#s.fileData(id))]);
-    if (h === null || data === null) throw noSuchFile(id);
+    // the record first: another tenant's file (or none) costs no read of its bytes
+    const h = await this.#s.fileMeta(id, tenant);
+    if (h === null) throw noSuchFile(id);
+    const data = await this.#s.readChunked(this.#s.fileData(id));
+    if (data === null) throw noSuchFile(id);
     return { status: 200, body: data, contentType: 'application/octet-stream' };
   }
 

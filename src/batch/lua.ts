@@ -27,6 +27,46 @@ if #es > 0 then
 end
 return #es`;
 
+/**
+ * A batch's finalisation lease (KEYS[1]), so one router at a time writes its
+ * files: taken when free (or already ours), renewed while ours; ARGV[1] the
+ * holder's token, ARGV[2] its length in ms. Returns 1 while ours.
+ */
+const HOLD_LEASE = `
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+return 1`;
+
+/** Deletes a file's data (KEYS[2]) when it has no record (KEYS[1]): bytes a cut-short write left. Returns 1 when deleted. */
+const DROP_ORPHAN_DATA = `
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+return redis.call('DEL', KEYS[2])`;
+
+/**
+ * The first pass of a batch's finalisation: for up to ARGV[2] result entries
+ * after ARGV[1] ('-': from the start; else an entry id, exclusive), each
+ * entry's id, its `id` field and its body's length in bytes, flat; so the
+ * router learns where every answer is and how large, without the bodies
+ * crossing the wire. KEYS[1] the result stream.
+ */
+const INDEX_RESULTS = `
+local start = ARGV[1]
+if start ~= '-' then start = '(' .. start end
+local es = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', tonumber(ARGV[2]))
+local out = {}
+for _, e in ipairs(es) do
+  local f = e[2]
+  local rid, len = '', 0
+  for i = 1, #f, 2 do
+    if f[i] == 'id' then rid = f[i + 1] elseif f[i] == 'body' then len = #f[i + 1] end
+  end
+  out[#out + 1] = e[1]
+  out[#out + 1] = rid
+  out[#out + 1] = len
+end
+return out`;
+
 /** Sets field ARGV[1]..= only when the batch's status is still ARGV[n] (the last arg): KEYS[1] batch hash. Returns 1 when set. */
 const SET_IF_STATUS = `
 if redis.call('HGET', KEYS[1], 'status') ~= ARGV[#ARGV] then return 0 end
@@ -83,6 +123,10 @@ export type ScriptRedis = Redis & {
   enqueueChunk(hash: string, stream: string, ...args: string[]): Promise<number>;
   chargeFile(usage: string, maxFiles: number, maxBytes: number, bytes: number, enforce: string): Promise<number>;
   deleteFile(meta: string, data: string, index: string, usage: string, id: string): Promise<number>;
+  dropOrphanData(meta: string, data: string): Promise<number>;
+  holdLease(key: string, token: string, ms: number): Promise<number>;
+  /** [entry id, its `id` field, its body's byte length] per entry, flat. */
+  indexResults(stream: string, after: string, count: number): Promise<(string | number)[]>;
 };
 
 /** Defines the scripts on a client (ioredis loads each by its digest, once per connection). */
@@ -92,5 +136,8 @@ export function defineScripts(r: Redis): ScriptRedis {
   r.defineCommand('enqueueChunk', { numberOfKeys: 2, lua: ENQUEUE_CHUNK_LUA });
   r.defineCommand('chargeFile', { numberOfKeys: 1, lua: CHARGE_FILE });
   r.defineCommand('deleteFile', { numberOfKeys: 4, lua: DELETE_FILE });
+  r.defineCommand('indexResults', { numberOfKeys: 1, lua: INDEX_RESULTS });
+  r.defineCommand('dropOrphanData', { numberOfKeys: 2, lua: DROP_ORPHAN_DATA });
+  r.defineCommand('holdLease', { numberOfKeys: 1, lua: HOLD_LEASE });
   return r as ScriptRedis;
 }

@@ -67,6 +67,11 @@ export function expiresAfter(anchor: unknown, seconds: unknown, param: string, m
   return n;
 }
 
+/** Throws the first error of a MULTI's replies (ioredis resolves exec() with them rather than rejecting). */
+function failed(replies: [Error | null, unknown][] | null): void {
+  for (const [err] of replies ?? []) if (err) throw err;
+}
+
 /** The Redis side of the API: one client, the key layout, the file writes both Files and the tracker make. */
 export class BatchStore {
   readonly redis: ScriptRedis;
@@ -102,15 +107,47 @@ export class BatchStore {
   outStream(id: string): string {
     return `${this.#p}:batch:${id}:out`;
   }
+  /** Who finalises a batch now (a router's token, for FINAL_LEASE_MS at a time): one writer of its files. */
+  finalizer(id: string): string {
+    return `${this.#p}:batch:${id}:finalizer`;
+  }
   /** A batch's custom_ids in line order (JSON text, one a line), snapshotted at validation: its files never need the input again. */
   batchIds(id: string): string {
     return `${this.#p}:batch:${id}:ids`;
   }
 
-  /** Writes `data` to `key` in FILE_CHUNK pieces (one command per piece, never the whole in one buffer). */
+  /**
+   * Writes `data` to `key` as a list of pieces of at most batch.fileChunkBytes
+   * (one command per piece, never the whole in one buffer, and no Redis value
+   * larger than a piece: a string stops at proto-max-bulk-len, 512 MB by default).
+   */
   async putChunked(key: string, data: Buffer): Promise<void> {
-    await this.redis.set(key, data.subarray(0, FILE_CHUNK));
-    for (let at = FILE_CHUNK; at < data.length; at += FILE_CHUNK) await this.redis.append(key, data.subarray(at, at + FILE_CHUNK));
+    const step = this.cfg.fileChunkBytes;
+    failed(await this.redis.multi().del(key).rpush(key, data.subarray(0, step)).exec());
+    for (let at = step; at < data.length; at += step) await this.redis.rpush(key, data.subarray(at, at + step));
+  }
+
+  /**
+   * A file's (or snapshot's) bytes as putChunked and ChunkedFile write them: a
+   * list of pieces, read a few pieces a command; a single string as data from
+   * before the list layout; null when the key does not exist.
+   */
+  async readChunked(key: string): Promise<Buffer | null> {
+    const type = await this.redis.type(key);
+    if (type === 'none') return null;
+    if (type === 'string') return this.redis.getBuffer(key);
+    const n = await this.redis.llen(key);
+    // pieces a command: about 32 MiB a reply at the default piece size
+    const page = Math.max(1, Math.floor((32 * 1024 * 1024) / this.cfg.fileChunkBytes));
+    const parts: Buffer[] = [];
+    let size = 0;
+    for (let at = 0; at < n; at += page) {
+      for (const b of await this.redis.lrangeBuffer(key, at, at + page - 1)) {
+        parts.push(b);
+        size += b.length;
+      }
+    }
+    return parts.length === 1 ? parts[0]! : Buffer.concat(parts, size);
   }
   /**
    * A tenant's part of the key space: its lists and usage live under
@@ -145,7 +182,7 @@ export class BatchStore {
 
   /**
    * Stores an uploaded file for `tenant`, charged to its usage and refused
-   * (429) beyond batch.fileQuota. The bytes go to Redis in FILE_CHUNK pieces
+   * (429) beyond batch.fileQuota. The bytes go to Redis in batch.fileChunkBytes pieces
    * (the client builds each command in one buffer: a 64 MiB file in one
    * command would be a 64 MiB copy on the loop), the record last.
    */
@@ -173,9 +210,10 @@ export class BatchStore {
 
   /**
    * A file written a chunk at a time (a batch's output and error files): the
-   * lines are appended to its data key in pieces of about FILE_CHUNK bytes, its
-   * record written last (a reader sees the whole file or none), so no single
-   * string ever holds the whole file. Charged to `tenant`, never refused.
+   * lines are pushed to its data key, a list, in pieces of at most
+   * batch.fileChunkBytes, its record written last (a reader sees the whole file
+   * or none), so no single string or Redis value ever holds the whole file and
+   * an output of any size fits. Charged to `tenant`, never refused.
    */
   chunkedFile(id: string, filename: string, tenant: string, expiresAfterSeconds = 0): ChunkedFile {
     return new ChunkedFile(this, id, filename, tenant, expiresAfterSeconds);
@@ -249,7 +287,6 @@ export function expired(h: BatchHash): boolean {
 }
 
 /** About this many bytes of lines go to Redis in one APPEND. */
-const FILE_CHUNK = 4 * 1024 * 1024;
 
 export class ChunkedFile {
   readonly #s: BatchStore;
@@ -274,10 +311,11 @@ export class ChunkedFile {
     return this.#bytes === 0 && this.#lines.length === 0;
   }
 
+  /** Adds one or more lines ('\n'-joined, no trailing '\n'). */
   async add(line: string): Promise<void> {
     this.#lines.push(line);
     this.#pending += line.length + 1;
-    if (this.#pending >= FILE_CHUNK) await this.#flush();
+    if (this.#pending >= this.#s.cfg.fileChunkBytes) await this.#flush();
   }
 
   async #flush(): Promise<void> {
@@ -286,10 +324,15 @@ export class ChunkedFile {
     this.#lines = [];
     this.#pending = 0;
     const key = this.#s.fileData(this.id);
-    if (!this.#started) {
-      this.#started = true;
-      await this.#s.redis.multi().del(key).append(key, chunk).exec(); // a rerun starts the data over
-    } else await this.#s.redis.append(key, chunk);
+    // pieces never larger than fileChunkBytes (a piece need not end at a line: the file is its bytes in order)
+    const step = this.#s.cfg.fileChunkBytes;
+    for (let at = 0; at < chunk.length; at += step) {
+      const piece = chunk.subarray(at, at + step);
+      if (!this.#started) {
+        this.#started = true;
+        failed(await this.#s.redis.multi().del(key).rpush(key, piece).exec()); // a rerun starts the data over
+      } else await this.#s.redis.rpush(key, piece);
+    }
     this.#bytes += chunk.length;
   }
 

@@ -4,6 +4,7 @@
 // a time in this router; every status change is a compare-and-set on the
 // batch's status (SET_IF_STATUS) along TRANSITIONS, so two routers tracking
 // the same batch never both move it.
+import { randomBytes } from 'node:crypto';
 import { cancelKey } from './processor.js';
 import { batchBodiesOffLoop, resultLinesOffLoop, validateBatchOffLoop } from './jsonl-check.js';
 import { bodyAt, forEachLine, type BatchLineError, type ResultLinesJob } from './jsonl.js';
@@ -41,8 +42,22 @@ export function move(s: BatchStore, id: string, from: Status, to: Status, ...fie
 
 const ENQUEUE_CHUNK = 500;
 const READ_CHUNK = 1000;
-/** Lines of the output and error files built per hand-off to the JSONL worker. */
+/** Lines of the output and error files built per hand-off to the JSONL worker, at most. */
 const LINES_CHUNK = 1000;
+/**
+ * Answer bytes a finalisation step handles at most (one fetch, one hand-off
+ * to the JSONL worker, one run of lines): a batch of large answers goes in
+ * more, smaller steps, never one reply or string near the size of the batch.
+ */
+const FINAL_BYTES = 8 * 1024 * 1024;
+/**
+ * A finalisation's lease on its batch, renewed at every step: a router that
+ * dies while writing the files hands the batch to another after this (which
+ * writes them again from the start), and two routers never write them at once.
+ */
+const FINAL_LEASE_MS = 60_000;
+/** The index pass's first page of result entries (then sized from the largest body seen, up to READ_CHUNK). */
+const INDEX_FIRST = 16;
 /** Bound on a result's line number (a batch holds far fewer lines; an entry claiming more is not ours). */
 const MAX_LINE = 10_000_000;
 /** A batch whose step fails this many times (not for Redis being away) ends `failed`, saying why. */
@@ -55,6 +70,8 @@ export class Tracker {
   readonly #pollMs: number;
   /** Batches this router is working on now (one step at a time each). */
   readonly #working = new Set<string>();
+  /** This tracker's token in finalisation leases. */
+  readonly #token = randomBytes(9).toString('base64url');
   #timer: NodeJS.Timeout | null = null;
   #closed = false;
 
@@ -162,8 +179,11 @@ export class Tracker {
       // the error file cannot be written either: the reason stays in `errors`
     }
     const errors = json([{ code: 'batch_failed', message: why, param: null, line: null }]);
-    if ((await move(this.#s, id, st, 'failed', 'failed_at', String(now()), 'errors', errors, 'error_file_id', errId)) === 1)
-      await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).del(this.#s.batchIds(id)).exec();
+    if ((await move(this.#s, id, st, 'failed', 'failed_at', String(now()), 'errors', errors, 'error_file_id', errId)) === 1) {
+      await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).del(this.#s.batchIds(id)).del(this.#s.finalizer(id)).exec();
+      // a finalisation cut short leaves file bytes that no record points to (nothing would ever delete them)
+      for (const f of [`file-${tag}-output`, `file-${tag}-errors`]) await this.#s.redis.dropOrphanData(this.#s.fileKey(f), this.#s.fileData(f));
+    }
   }
 
   async #count(id: string): Promise<BatchHash> {
@@ -172,7 +192,7 @@ export class Tracker {
   }
 
   async #lines(h: BatchHash): Promise<Buffer> {
-    const data = await this.#s.redis.getBuffer(this.#s.fileData(h.input_file_id));
+    const data = await this.#s.readChunked(this.#s.fileData(h.input_file_id));
     if (data === null) throw new BatchApiError(400, `input file ${h.input_file_id} was deleted`, 'input_file_id', 'file_not_found');
     return data;
   }
@@ -225,7 +245,7 @@ export class Tracker {
 
   /** The custom_ids in line order as JSON text: the snapshot taken at validation (a batch from before it: the input file). */
   async #customIds(id: string, h: BatchHash, needed: boolean): Promise<string[]> {
-    const snap = await this.#s.redis.getBuffer(this.#s.batchIds(id));
+    const snap = await this.#s.readChunked(this.#s.batchIds(id));
     const ids: string[] = [];
     if (snap !== null) {
       let at = 0;
@@ -238,7 +258,7 @@ export class Tracker {
       return ids;
     }
     // no snapshot: cancelled while validating (nothing ran: no line needs one), or a batch validated before snapshots
-    const data = await this.#s.redis.getBuffer(this.#s.fileData(h.input_file_id));
+    const data = await this.#s.readChunked(this.#s.fileData(h.input_file_id));
     if (data === null) {
       if (!needed) return ids;
       throw new BatchApiError(400, `input file ${h.input_file_id} was deleted`, 'input_file_id', 'file_not_found');
@@ -256,22 +276,35 @@ export class Tracker {
    * line order, LINES_CHUNK at a time (one pipelined round trip), and writes them out.
    */
   async #finalize(id: string): Promise<void> {
+    // one writer of the files: another router finalising this batch now keeps it
+    const lease = this.#s.finalizer(id);
+    const hold = async () => (await this.#s.redis.holdLease(lease, this.#token, FINAL_LEASE_MS)) === 1;
+    if (!(await hold())) return;
     const h = await this.#s.redis.hgetall(this.#s.batchKey(id));
     const stream = this.#s.outStream(id);
+    // per line: where its (last) answer sits in the stream and its body's size, learnt without the bodies
     const at: (string | undefined)[] = [];
+    const size: number[] = [];
     let answers = 0;
     let cur = '-';
+    let count = INDEX_FIRST;
     for (;;) {
-      const es = (await this.#s.redis.xrange(stream, cur, '+', 'COUNT', READ_CHUNK)) as [string, string[]][];
-      for (const [eid, f] of es) {
-        if (eid === cur) continue;
-        const line = lineOf(f, id);
+      // the script reads `count` entries inside Redis: sized so that they hold about FINAL_BYTES of bodies
+      if (cur !== '-' && !(await hold())) return;
+      const flat = await this.#s.redis.indexResults(stream, cur, count);
+      let largest = 0;
+      for (let k = 0; k + 2 < flat.length; k += 3) {
+        const len = Number(flat[k + 2]);
+        if (len > largest) largest = len;
+        const line = lineOfId(String(flat[k + 1]), id);
         if (line < 0) continue;
         if (at[line] === undefined) answers++;
-        at[line] = eid;
+        at[line] = String(flat[k]);
+        size[line] = len;
       }
-      if (es.length < READ_CHUNK) break;
-      cur = es.at(-1)![0];
+      if (flat.length < count * 3) break;
+      cur = String(flat[flat.length - 3]);
+      count = Math.max(1, Math.min(READ_CHUNK, Math.floor(FINAL_BYTES / Math.max(largest, 1))));
     }
     const expired = h.final === 'expired';
     const customIds = await this.#customIds(id, h, answers > 0 || expired);
@@ -294,8 +327,17 @@ export class Tracker {
       if (r.out !== '') await out.add(r.out);
       if (r.err !== '') await errs.add(r.err);
     };
-    for (let from = 0; from < customIds.length; from += LINES_CHUNK) {
-      const to = Math.min(from + LINES_CHUNK, customIds.length);
+    for (let from = 0, to = 0; from < customIds.length; from = to) {
+      // the next lines, up to LINES_CHUNK of them and FINAL_BYTES of answers (at least one line)
+      let step = 0;
+      to = from;
+      while (to < customIds.length && to - from < LINES_CHUNK) {
+        const n = (at[to] !== undefined ? size[to]! : 0) + customIds[to]!.length;
+        if (to > from && step + n > FINAL_BYTES) break;
+        step += n;
+        to++;
+      }
+      if (!(await hold())) return; // lost (this router stalled past the lease): the new holder writes the files
       const p = this.#s.redis.pipeline();
       const asked: number[] = [];
       for (let i = from; i < to; i++) {
@@ -325,30 +367,26 @@ export class Tracker {
         bytes += body.length + customIds[i]!.length;
       }
       at.fill(undefined, from, to); // its memory goes as its lines are written
+      size.fill(0, from, to);
       await flush();
     }
     await flush();
+    if (!(await hold())) return;
     const outId = await out.close();
     const errId = await errs.close();
     // read again: a cancel while the files were written makes it end cancelled (with the files of what ran)
     const last = await this.#s.redis.hget(this.#s.batchKey(id), 'final');
     const final = last === 'cancelled' || last === 'expired' ? last : h.final === 'cancelled' || h.final === 'expired' ? h.final : 'completed';
     await move(this.#s, id, 'finalizing', final, `${final}_at`, String(now()), 'output_file_id', outId, 'error_file_id', errId);
-    await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).del(this.#s.batchIds(id)).exec();
+    await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).del(this.#s.batchIds(id)).del(lease).exec();
   }
 }
 
-/** The input line a result-stream entry answers (its `id` field is `<batch id>.<line>`), or -1. */
-function lineOf(f: string[], id: string): number {
-  for (let i = 0; i + 1 < f.length; i += 2) {
-    if (f[i] === 'id') {
-      const v = f[i + 1]!;
-      if (!v.startsWith(id) || v.charCodeAt(id.length) !== 46 /* . */) return -1;
-      const line = Number(v.slice(id.length + 1));
-      return Number.isInteger(line) && line >= 0 && line < MAX_LINE ? line : -1;
-    }
-  }
-  return -1;
+/** The input line a result-stream entry answers (its `id` field `v` is `<batch id>.<line>`), or -1. */
+function lineOfId(v: string, id: string): number {
+  if (!v.startsWith(id) || v.charCodeAt(id.length) !== 46 /* . */) return -1;
+  const line = Number(v.slice(id.length + 1));
+  return Number.isInteger(line) && line >= 0 && line < MAX_LINE ? line : -1;
 }
 
 function answerOf(f: string[]): { status: number; body: string } {

@@ -48,6 +48,8 @@ export interface BatchConfig {
   minExpiresAfterSeconds: number;
   /** What one tenant may keep in the Files API: uploaded files and their bytes (batch output files are charged, never refused). */
   fileQuota: { files: number; bytes: number };
+  /** The largest piece of a file sent to Redis in one command and kept as one list element (bytes; under Redis's proto-max-bulk-len). */
+  fileChunkBytes: number;
 }
 
 const error = (min: number, max: number) => (i: { input?: unknown }) => `must be a number in [${min}, ${max}] (got ${JSON.stringify(i.input)})`;
@@ -97,6 +99,9 @@ export const batchSchema = strict(
     )
       .prefault({})
       .describe('per tenant: how many files and bytes it may keep uploaded (POST /v1/files beyond it: 429 file_quota_exceeded)'),
+    fileChunkBytes: int(64 * 1024, 256 * 1024 * 1024)
+      .default(4 * 1024 * 1024)
+      .describe("a file's bytes go to Redis in pieces of at most this many, each one command and one list element (keep it under the Redis proto-max-bulk-len; files of any size fit)"),
   },
   'must be a mapping',
 );

@@ -1,0 +1,64 @@
+// A batch's output larger than the largest value Redis will hold (issue #30,
+// F4): on a real redis-server whose proto-max-bulk-len is lowered to its
+// floor (1 MB, standing in for the default 512 MB a large batch reaches),
+// two routers finalise one batch whose output is about 1.8 MB. The output is
+// written in list pieces of at most batch.fileChunkBytes, so it completes;
+// every line is in it exactly once and in order (one router at a time writes
+// the files: the finalisation lease); nothing is left behind in Redis.
+import t from 'tap';
+import OpenAI from 'openai';
+import { Redis } from 'ioredis';
+import { validateConfig } from '../../src/config/schema.js';
+import { startRouter } from '../../src/server/router.js';
+import { startFleet } from '../../src/sim/index.js';
+import { batchConfigDoc, jsonl, until } from '../support/batch-util.js';
+import { startRedis } from '../support/redis-util.js';
+import { validatePlugin } from '../support/router-util.js';
+
+const LINES = 800;
+const CHUNK = 256 * 1024;
+const line = (i: number) =>
+  JSON.stringify({ custom_id: `big-${i}`, method: 'POST', url: '/v1/chat/completions', body: { model: 'open-model', messages: [{ role: 'user', content: `long answer ${i}` }], max_tokens: 400 } });
+
+t.test('an output over Redis\'s largest value completes, written in pieces, each line once and in order, by two routers at once', async (t) => {
+  const redis = await startRedis(t);
+  const r = new Redis(redis.url);
+  t.teardown(() => r.disconnect());
+  await r.config('SET', 'proto-max-bulk-len', String(1024 * 1024));
+  const engines = await startFleet(2, { timeScale: 0 });
+  t.teardown(() => engines.close());
+  const cfg = () => validateConfig(batchConfigDoc(engines.urls, redis.url, { fileChunkBytes: CHUNK, maxInFlight: 64 }), validatePlugin);
+  const a = await startRouter(cfg(), { port: 0, host: '127.0.0.1' });
+  t.teardown(() => a.close(200));
+  const b = await startRouter(cfg(), { port: 0, host: '127.0.0.1' });
+  t.teardown(() => b.close(200));
+  const client = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none', maxRetries: 0 });
+
+  const file = await client.files.create({ file: await jsonl(Array.from({ length: LINES }, (_, i) => line(i))), purpose: 'batch' });
+  const batch = await client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  const end = await until(() => client.batches.retrieve(batch.id), (x) => x.status !== 'validating' && x.status !== 'in_progress' && x.status !== 'finalizing', 120_000, 'the batch to end');
+  t.equal(end.status, 'completed', `completed (errors: ${JSON.stringify(end.errors ?? null).slice(0, 300)})`);
+  t.equal(end.request_counts?.completed, LINES);
+
+  const data = `swy:file:${end.output_file_id}:data`;
+  t.equal(await r.type(data), 'list', 'the output is a list of pieces');
+  const pieces = await r.llen(data);
+  const lens = await Promise.all(Array.from({ length: pieces }, async (_, i) => (await r.lrangeBuffer(data, i, i))[0]!.length));
+  t.ok(lens.every((n) => n <= CHUNK), `every piece at most fileChunkBytes (largest ${Math.max(...lens)})`);
+  const total = lens.reduce((x, y) => x + y, 0);
+  t.ok(total > 1024 * 1024, `the output (${total} bytes) is larger than the largest value this Redis holds`);
+
+  const text = await (await client.files.content(end.output_file_id!)).text();
+  t.equal(Buffer.byteLength(text), total, 'the download is every piece');
+  const got = text.trim().split('\n').map((l) => JSON.parse(l) as { custom_id: string; response: { status_code: number; body: { choices: unknown[] } } });
+  t.same(
+    got.map((l) => l.custom_id),
+    Array.from({ length: LINES }, (_, i) => `big-${i}`),
+    'every custom_id once, in input order (no piece written twice by the two routers)',
+  );
+  t.ok(got.every((l) => l.response.status_code === 200 && l.response.body.choices.length === 1), 'every line a whole answer');
+  const meta = await client.files.retrieve(end.output_file_id!);
+  t.equal(meta.bytes, total, "the file's bytes as recorded");
+
+  t.equal(await r.exists(`swy:batch:${batch.id}:finalizer`, `swy:batch:${batch.id}:out`, `swy:batch:${batch.id}:ids`), 0, 'no lease, result stream or snapshot left');
+});
