@@ -26,7 +26,7 @@ import { Files } from './files.js';
 import { BatchStore, type ApiAnswer } from './store.js';
 import { Tracker } from './tracker.js';
 
-export { BatchApiError, type ApiAnswer } from './store.js';
+export { BatchApiError, type ApiAnswer, type FileStream } from './store.js';
 export { BATCH_ENDPOINTS } from './batches.js';
 export { checkJsonl } from './jsonl.js';
 

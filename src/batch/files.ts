@@ -43,9 +43,10 @@ export class Files {
     // the record first: another tenant's file (or none) costs no read of its bytes
     const h = await this.#s.fileMeta(id, tenant);
     if (h === null) throw noSuchFile(id);
-    const data = await this.#s.readChunked(this.#s.fileData(id));
-    if (data === null) throw noSuchFile(id);
-    return { status: 200, body: data, contentType: 'application/octet-stream' };
+    // sent a piece at a time as the client takes it (an output can be far larger than anything held at once)
+    const stream = await this.#s.streamChunked(this.#s.fileData(id), Number(h.bytes));
+    if (stream === null) throw noSuchFile(id);
+    return { status: 200, body: '', contentType: 'application/octet-stream', stream };
   }
 
   /**

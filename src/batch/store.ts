@@ -13,6 +13,14 @@ export interface ApiAnswer {
   status: number;
   body: string | Buffer;
   contentType?: string;
+  /** A file's bytes sent piece by piece (a download; `body` is then ''): the front end writes each as the client takes it. */
+  stream?: FileStream;
+}
+
+/** A file's bytes in pieces (at most batch.fileChunkBytes each), read from Redis one at a time. */
+export interface FileStream {
+  /** The next piece, or null after the last; throws when the data went away meanwhile (the answer is then cut). */
+  next(): Promise<Buffer | null>;
 }
 
 /** A request the API refuses: the OpenAI error fields. */
@@ -125,6 +133,49 @@ export class BatchStore {
     const step = this.cfg.fileChunkBytes;
     failed(await this.redis.multi().del(key).rpush(key, data.subarray(0, step)).exec());
     for (let at = step; at < data.length; at += step) await this.redis.rpush(key, data.subarray(at, at + step));
+  }
+
+  /**
+   * A file's bytes for a download, a piece per call (a list's elements; a
+   * string from before the list layout in fileChunkBytes ranges), so the
+   * router holds one piece of a file at a time, not the file; null when the
+   * key does not exist.
+   */
+  async streamChunked(key: string, bytes: number): Promise<FileStream | null> {
+    const r = this.redis;
+    const type = await r.type(key);
+    if (type === 'none') return null;
+    const step = this.cfg.fileChunkBytes;
+    let sent = 0;
+    // the record's size is what the answer must add up to: data changed or cut behind the API ends it cut, not short
+    const whole = () => {
+      if (Number.isFinite(bytes) && sent !== bytes) throw new Error(`the file's data (${sent} bytes) is not its recorded ${bytes} bytes`);
+      return null;
+    };
+    if (type === 'string') {
+      const len = await r.strlen(key);
+      return {
+        next: async () => {
+          if (sent >= len) return whole();
+          const b = await r.getrangeBuffer(key, sent, Math.min(sent + step, len) - 1);
+          if (b.length === 0) throw new Error('the file went away during the download');
+          sent += b.length;
+          return b;
+        },
+      };
+    }
+    const n = await r.llen(key);
+    let at = 0;
+    return {
+      next: async () => {
+        if (at >= n) return whole();
+        const b = (await r.lrangeBuffer(key, at, at))[0];
+        if (b === undefined) throw new Error('the file went away during the download');
+        at++;
+        sent += b.length;
+        return b;
+      },
+    };
   }
 
   /**

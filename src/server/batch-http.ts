@@ -1,7 +1,7 @@
 // The Files and Batches API on the uWS transport: reads the body (bounded by
 // batch.maxFileBytes), hands it to src/batch/api.ts and writes its answer.
 // Without a `batch:` block every route answers an OpenAI error saying so.
-import type { ApiAnswer, BatchApi } from '../batch/api.js';
+import type { ApiAnswer, BatchApi, FileStream } from '../batch/api.js';
 import type { HttpRequest, HttpResponse, TemplatedApp } from '../uws.js';
 import { isRefusal, type Caller, type Refusal } from '../identity.js';
 import { answerUnauthorized, errorBody, statusLine } from './http-errors.js';
@@ -12,7 +12,7 @@ export interface BatchHost {
   readonly draining: boolean;
   readonly limits: { readonly maxBodyBytes: number };
   readonly metrics: { countRequest(model: string, endpoint: number, status: number): void };
-  readonly log: { error(o: object, msg: string): void };
+  readonly log: { error(o: object, msg: string): void; warn(o: object, msg: string): void };
   /** Who a request is (its tenant: an API key's, or a trusted header's; '' for none), or a Refusal. */
   callerOf(get: (name: string) => string): Caller | Refusal;
 }
@@ -23,7 +23,8 @@ const NOT_CONFIGURED = 'the Files and Batches API needs a `batch:` block (a Redi
 
 /**
  * Runs one Files/Batches call and writes its answer (either front end: `write` writes the status, body
- * and content type); store and internal errors become OpenAI errors.
+ * and content type; `stream`, a download's pieces as the client takes them); store and internal errors
+ * become OpenAI errors.
  */
 export function runBatchOp(
   host: BatchHost,
@@ -35,9 +36,10 @@ export function runBatchOp(
   body: Buffer | null,
   tenant: string,
   write: (status: number, body: string | Buffer, contentType?: string) => void,
+  stream: (status: number, contentType: string, pieces: FileStream) => void,
 ): void {
   op(api, param, query, contentType, body, tenant).then(
-    (a) => write(a.status, a.body, a.contentType),
+    (a) => (a.stream !== undefined ? stream(a.status, a.contentType ?? 'application/octet-stream', a.stream) : write(a.status, a.body, a.contentType)),
     (err: unknown) => {
       const e = err as { status?: unknown; message?: string; param?: string | null; code?: string | null };
       if (typeof e?.status === 'number' && 'param' in (e as object)) write(e.status, errorBody(e.status, e.message ?? '', e.param ?? null, e.code ?? undefined));
@@ -86,8 +88,11 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
   const tenant = caller.tenant;
   const bodyless = declared === '0' || (declared === '' && req.getHeader('transfer-encoding') === '');
   let gone = false;
+  /** A download waiting for the client to take what was written (woken by onWritable, or by the abort). */
+  let wake: (() => void) | null = null;
   res.onAborted(() => {
     gone = true;
+    wake?.();
   });
   const write = (status: number, body: string | Buffer, contentType = 'application/json', close = false) => {
     host.metrics.countRequest('', -1, status);
@@ -97,13 +102,55 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
       res.writeStatus(statusLine(status)).writeHeader('content-type', contentType).end(body, close || host.draining);
     });
   };
+  // a download: chunked, a piece at a time, the next one read when uWS has sent the last (its backpressure)
+  const stream = (status: number, type: string, pieces: FileStream) => {
+    host.metrics.countRequest('', -1, status);
+    if (gone) return;
+    res.cork(() => {
+      res.writeStatus(statusLine(status)).writeHeader('content-type', type);
+      if (host.draining) res.writeHeader('connection', 'close');
+    });
+    void (async () => {
+      try {
+        for (;;) {
+          const piece = await pieces.next();
+          if (gone) return;
+          if (piece === null) break;
+          let ok = true;
+          res.cork(() => {
+            ok = res.write(piece);
+          });
+          if (!ok) {
+            await new Promise<void>((resolve) => {
+              wake = resolve;
+              res.onWritable(() => {
+                resolve();
+                return true;
+              });
+            });
+            wake = null;
+            if (gone) return;
+          }
+        }
+        gone = true;
+        res.cork(() => res.end());
+      } catch (err) {
+        // the data went away mid-download: the answer is cut (its chunked framing never ends), never passed off as whole
+        host.log.warn({ err: (err as Error).message }, 'batch api: a download was cut');
+        if (!gone) {
+          gone = true;
+          res.close();
+        }
+      }
+    })();
+  };
   const api = host.batchApi;
   if (api === null) {
     // the body (if any) is read and dropped by uWS: no onData
     write(404, errorBody(404, NOT_CONFIGURED, null, 'batch_not_configured'));
     return;
   }
-  const run = (body: Buffer | null) => runBatchOp(host, api, op, param, query, contentType, body, tenant, write);
+  const run = (body: Buffer | null) => runBatchOp(host, api, op, param, query, contentType, body, tenant, write, stream);
   if (!withBody) return run(null);
   if (bodyless) return run(Buffer.alloc(0));
   const limit = api.maxFileBytes;

@@ -19,6 +19,7 @@ import { errorBody } from './http-errors.js';
 import type { ExchangeFlight } from './http-exchange.js';
 import { KIND_RESPONSES, inputItems, remove, retrieve, runResponsesOp, type Op as ResponsesOp } from './responses-http.js';
 import { BATCH_NOT_CONFIGURED, batchRoute, isBatchPath, runBatchOp } from './batch-http.js';
+import type { FileStream } from '../batch/api.js';
 import { knownPaths, type FrontEnd, type FrontHost } from './front-end.js';
 import { isRefusal, type Caller, type Refusal } from '../identity.js';
 import { SHUTDOWN_CODE, type InFlightRequest } from './drain.js';
@@ -53,6 +54,8 @@ export class NativeFrontEnd implements FrontEnd {
   /** Inference requests by the server's id, until they end (abort and drain notices). */
   /** Requests in flight by id (not a Map: src/id-table.ts says why). */
   readonly #live = new IdTable<NativeExchange>(256);
+  /** Files being downloaded, by request id (rare: a Map, apart from the exchanges' table). */
+  readonly #downloads = new Map<number, Download>();
   /** Field name (lower-case) -> index into wanted. */
   readonly #wantedAt = new Map<string, number>();
   /** headerBlock() Buffer -> the same bytes as a latin1 head string with ': ' appended. */
@@ -73,7 +76,11 @@ export class NativeFrontEnd implements FrontEnd {
     const bodies = host.director.bodies;
     this.#server = new FrontServer(
       (r) => this.#onRequest(r),
-      (id) => this.#live.get(id)?.onClientAbort(),
+      (id) => {
+        const x = this.#live.get(id);
+        if (x !== undefined) x.onClientAbort();
+        else this.#downloads.get(id)?.abort();
+      },
       {
         maxHead: server.maxHeaderBytes,
         maxLines: server.maxHeaderLines,
@@ -84,7 +91,11 @@ export class NativeFrontEnd implements FrontEnd {
         idleMs: server.idleTimeoutMs,
         maxConnections: server.maxConnections,
         wanted,
-        onDrain: (id) => this.#live.get(id)?.onDrained(),
+        onDrain: (id) => {
+          const x = this.#live.get(id);
+          if (x !== undefined) x.onDrained();
+          else this.#downloads.get(id)?.drain();
+        },
         // an answer the front end gave itself (400, 408, 413, …): counted as the uWS front end counts its own
         // (status and outcome; its duration is not known here, so it is left out of the histogram)
         onReject: (status) => {
@@ -316,7 +327,35 @@ export class NativeFrontEnd implements FrontEnd {
         errorBody(413, `request body of ${body.length} bytes exceeds the limit of ${api.maxFileBytes} bytes (batch.maxFileBytes)`, 'file', 'file_too_large'),
       );
     }
-    runBatchOp(h, api, op, param, query, r.wanted[W_CONTENT_TYPE] ?? '', body, tenant, write);
+    runBatchOp(h, api, op, param, query, r.wanted[W_CONTENT_TYPE] ?? '', body, tenant, write, (status, type, pieces) => void this.#download(id, status, type, pieces));
+  }
+
+  /** A download: chunked, a piece at a time, the next one read once the socket took the last (FULL, then onDrain). */
+  async #download(id: number, status: number, type: string, pieces: FileStream): Promise<void> {
+    const h = this.#h;
+    h.metrics.countRequest('', -1, status);
+    const d = new Download(id);
+    this.#downloads.set(id, d);
+    try {
+      let r = this.#server.respond(id, status, `content-type: ${fieldValue(type)}\r\n`, null, false, h.draining);
+      for (;;) {
+        if (r === GONE || d.aborted) return;
+        if (r === FULL && !(await d.drained())) return;
+        const piece = await pieces.next();
+        if (d.aborted) return;
+        if (piece === null) {
+          this.#server.write(id, null, true);
+          return;
+        }
+        r = this.#server.write(id, piece, false);
+      }
+    } catch (err) {
+      // the data went away mid-download: the answer is cut (its chunked framing never ends), never passed off as whole
+      h.log.warn({ err: (err as Error).message }, 'batch api: a download was cut');
+      if (!d.aborted) this.#server.abort(id);
+    } finally {
+      this.#downloads.delete(id);
+    }
   }
 
   #inference(r: FrontRequest, kind: number): void {
@@ -527,5 +566,37 @@ export class NativeExchange implements ClientPort, InFlightRequest {
     this.#fe.ended(this);
     if (this.beginning) this.endedStatus = status;
     else this.#h.requestEnded(this, status);
+  }
+}
+
+/** A download in progress on the native front end: told when its socket drains or its client leaves. */
+class Download {
+  readonly id: number;
+  aborted = false;
+  #wake: ((go: boolean) => void) | null = null;
+
+  constructor(id: number) {
+    this.id = id;
+  }
+
+  /** Resolves true when the socket took the bytes waiting, false when the client left. */
+  drained(): Promise<boolean> {
+    if (this.aborted) return Promise.resolve(false);
+    return new Promise((resolve) => {
+      this.#wake = resolve;
+    });
+  }
+
+  drain(): void {
+    const w = this.#wake;
+    this.#wake = null;
+    w?.(true);
+  }
+
+  abort(): void {
+    this.aborted = true;
+    const w = this.#wake;
+    this.#wake = null;
+    w?.(false);
   }
 }

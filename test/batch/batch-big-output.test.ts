@@ -13,6 +13,7 @@ import { startRouter } from '../../src/server/router.js';
 import { startFleet } from '../../src/sim/index.js';
 import { batchConfigDoc, jsonl, until } from '../support/batch-util.js';
 import { startRedis } from '../support/redis-util.js';
+import { get } from '../support/sim-util.js';
 import { validatePlugin } from '../support/router-util.js';
 
 const LINES = 800;
@@ -62,3 +63,60 @@ t.test('an output over Redis\'s largest value completes, written in pieces, each
 
   t.equal(await r.exists(`swy:batch:${batch.id}:finalizer`, `swy:batch:${batch.id}:out`, `swy:batch:${batch.id}:ids`), 0, 'no lease, result stream or snapshot left');
 });
+
+/** GET `path` over a raw HTTP/1.1 connection, reading slowly (a pause after the first bytes, then small reads): the answer's status, headers, bytes and whether its framing ended. */
+async function slowGet(base: string, path: string): Promise<{ status: number; headers: Record<string, unknown>; body: Buffer; complete: boolean }> {
+  const http = await import('node:http');
+  return new Promise((resolve, reject) => {
+    const req = http.get(`${base}${path}`, { agent: false }, (res) => {
+      const parts: Buffer[] = [];
+      let paused = false;
+      res.on('data', (b: Buffer) => {
+        parts.push(b);
+        if (!paused) {
+          // the router must stop reading Redis while this client takes nothing (its socket fills)
+          paused = true;
+          res.pause();
+          setTimeout(() => res.resume(), 400);
+        }
+      });
+      res.on('close', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(parts), complete: res.complete }));
+      res.on('error', () => undefined);
+    });
+    req.on('error', reject);
+  });
+}
+
+for (const frontEnd of ['native', 'uws'] as const) {
+  t.test(`${frontEnd} front end: a 20 MB file is downloaded a piece at a time to a slow client, whole; a file whose data was cut behind the API is answered cut, never short`, async (t) => {
+    const redis = await startRedis(t);
+    const r = new Redis(redis.url);
+    t.teardown(() => r.disconnect());
+    const engines = await startFleet(1, { timeScale: 0 });
+    t.teardown(() => engines.close());
+    const router = await startRouter(validateConfig(batchConfigDoc(engines.urls, redis.url, {}, { server: { frontEnd } }), validatePlugin), { port: 0, host: '127.0.0.1' });
+    t.teardown(() => router.close(200));
+    const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    const pad = 'x'.repeat(2000);
+    const upload = Buffer.from(Array.from({ length: 10_000 }, (_, i) => line(i).replace('long answer', `${pad} `)).join('\n') + '\n');
+    const { toFile } = await import('openai');
+    const file = await client.files.create({ file: await toFile(upload, 'big.jsonl'), purpose: 'batch' });
+    t.ok(upload.length > 20 * 1024 * 1024, `the upload is ${upload.length} bytes`);
+    t.ok((await r.llen(`swy:file:${file.id}:data`)) > 4, 'stored as pieces');
+
+    const got = await slowGet(router.url, `/v1/files/${file.id}/content`);
+    t.equal(got.status, 200);
+    t.equal(got.headers['transfer-encoding'], 'chunked', 'sent as it is read (chunked)');
+    t.ok(got.complete, 'the answer ended');
+    t.ok(got.body.equals(upload), 'the bytes downloaded are the bytes uploaded');
+    t.equal((await get(router.url, '/healthz')).status, 200, 'the router serves on');
+
+    // behind the API, the file loses all but its first piece: its record still says the whole size
+    await r.ltrim(`swy:file:${file.id}:data`, 0, 0);
+    const cut = await slowGet(router.url, `/v1/files/${file.id}/content`);
+    t.equal(cut.status, 200, 'the head went out before the loss was seen');
+    t.notOk(cut.complete, 'the answer is cut (its chunked framing never ends), not passed off as a whole file');
+    t.ok(cut.body.length < upload.length, `${cut.body.length} bytes came`);
+    t.equal((await get(router.url, '/healthz')).status, 200, 'the router serves on after the cut');
+  });
+}
