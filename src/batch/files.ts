@@ -24,7 +24,9 @@ export class Files {
     if (file === undefined || file.filename === null) throw new BatchApiError(400, "missing required parameter 'file' (a part with a filename)", 'file', 'missing_required_parameter');
     // expires_after {anchor, seconds}, as the SDKs send it in a form: expires_after[anchor], expires_after[seconds]
     const field = (k: string) => parts.get(`expires_after[${k}]`)?.data.toString('utf8');
-    const expires = expiresAfter(field('anchor'), field('seconds'), 'expires_after', this.#s.cfg.minExpiresAfterSeconds);
+    const asked = expiresAfter(field('anchor'), field('seconds'), 'expires_after', this.#s.cfg.minExpiresAfterSeconds);
+    // none asked for: the configured default (OpenAI's files of purpose batch expire after 30 days), so uploads never pile up for good
+    const expires = asked > 0 ? asked : this.#s.cfg.fileExpiresAfterSeconds;
     // a large file is checked in a worker thread (the body's memory is this call's alone: batch-http built it)
     const { problem, data } = await checkJsonlOffLoop(file.data, owned);
     if (problem !== null) throw new BatchApiError(400, `file is not valid JSONL for a batch: ${problem}`, 'file', 'invalid_file_format');

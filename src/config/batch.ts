@@ -48,6 +48,8 @@ export interface BatchConfig {
   minExpiresAfterSeconds: number;
   /** What one tenant may keep in the Files API: uploaded files and their bytes (batch output files are charged, never refused). */
   fileQuota: { files: number; bytes: number };
+  /** An upload without `expires_after` expires this long after its creation (seconds; 0: kept until deleted). OpenAI's: 30 days for purpose batch. */
+  fileExpiresAfterSeconds: number;
   /** The largest piece of a file sent to Redis in one command and kept as one list element (bytes; under Redis's proto-max-bulk-len). */
   fileChunkBytes: number;
 }
@@ -99,6 +101,9 @@ export const batchSchema = strict(
     )
       .prefault({})
       .describe('per tenant: how many files and bytes it may keep uploaded (POST /v1/files beyond it: 429 file_quota_exceeded)'),
+    fileExpiresAfterSeconds: int(0, 2_592_000)
+      .default(2_592_000)
+      .describe("an upload without expires_after expires this long after its creation (seconds; 0 = kept until deleted); OpenAI's files of purpose batch expire after 30 days by default"),
     fileChunkBytes: int(64 * 1024, 256 * 1024 * 1024)
       .default(4 * 1024 * 1024)
       .describe("a file's bytes go to Redis in pieces of at most this many, each one command and one list element (keep it under the Redis proto-max-bulk-len; files of any size fit)"),

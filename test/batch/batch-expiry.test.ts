@@ -19,8 +19,8 @@ async function failure(p: Promise<unknown>): Promise<{ status: number; param: un
   throw new Error('expected an error');
 }
 
-async function setup(t: Tap.Test) {
-  const { url, redisUrl } = await startBatchRouter(t, { batch: { minExpiresAfterSeconds: 1 } });
+async function setup(t: Tap.Test, batch: Record<string, unknown> = {}) {
+  const { url, redisUrl } = await startBatchRouter(t, { batch: { minExpiresAfterSeconds: 1, ...batch } });
   const r = new Redis(redisUrl);
   t.teardown(() => r.disconnect());
   return { client: new OpenAI({ baseURL: `${url}/v1`, apiKey: 'k', maxRetries: 0 }), r };
@@ -29,7 +29,7 @@ async function setup(t: Tap.Test) {
 t.test('an upload with expires_after has expires_at and disappears after it, its usage given back', async (t) => {
   const { client, r } = await setup(t);
   const keep = await client.files.create({ file: await jsonl([chatLine('k')]), purpose: 'batch' });
-  t.notOk('expires_at' in keep, 'no policy: no expiry (expires_at left out, not null)');
+  t.equal(keep.expires_at, keep.created_at + 2_592_000, "no policy: the default, OpenAI's 30 days for purpose batch");
   const f = await client.files.create({ file: await jsonl([chatLine('a')]), purpose: 'batch', expires_after: { anchor: 'created_at', seconds: 2 } });
   t.equal(f.expires_at, f.created_at + 2, 'expires_at = created_at + seconds');
   t.equal((await client.files.retrieve(f.id)).expires_at, f.expires_at);
@@ -44,6 +44,19 @@ t.test('an upload with expires_after has expires_at and disappears after it, its
   t.equal(after.files, '1', "the tenant's file count given back");
   t.equal(Number(after.bytes), keep.bytes, 'and its bytes');
   t.equal((await client.files.retrieve(keep.id)).id, keep.id, 'the file without a policy stays');
+});
+
+t.test('batch.fileExpiresAfterSeconds: uploads without a policy expire after it; 0 keeps them until deleted', async (t) => {
+  const short = await setup(t, { fileExpiresAfterSeconds: 2 });
+  const f = await short.client.files.create({ file: await jsonl([chatLine('d')]), purpose: 'batch' });
+  t.equal(f.expires_at, f.created_at + 2, 'the configured default');
+  const own = await short.client.files.create({ file: await jsonl([chatLine('o')]), purpose: 'batch', expires_after: { anchor: 'created_at', seconds: 3600 } });
+  t.equal(own.expires_at, own.created_at + 3600, "the upload's own policy wins");
+  await until(() => short.r.exists(`swy:file:${f.id}`, `swy:file:${f.id}:data`), (n) => n === 0, 10000);
+  t.equal((await failure(short.client.files.retrieve(f.id))).status, 404, 'gone after it');
+  const never = await setup(t, { fileExpiresAfterSeconds: 0 });
+  const k = await never.client.files.create({ file: await jsonl([chatLine('k')]), purpose: 'batch' });
+  t.notOk('expires_at' in k, '0: no expiry (expires_at left out, not null)');
 });
 
 t.test('bad expiry policies answer 400 naming the field', async (t) => {
@@ -69,7 +82,8 @@ t.test("a batch's output_expires_after: its output and error files expire from t
   const err = await client.files.retrieve(done.error_file_id!);
   t.equal(out.expires_at, out.created_at + 2, 'the output file expires');
   t.equal(err.expires_at, err.created_at + 2, 'the error file expires');
-  t.notOk('expires_at' in (await client.files.retrieve(file.id)), 'the input keeps its own policy (none: expires_at left out)');
+  const input = await client.files.retrieve(file.id);
+  t.equal(input.expires_at, input.created_at + 2_592_000, 'the input keeps its own policy (the default)');
   await until(() => r.exists(`swy:file:${out.id}`, `swy:file:${err.id}`), (n) => n === 0, 10000);
   t.equal((await failure(client.files.content(out.id))).status, 404, 'the output is gone');
   t.equal((await client.files.retrieve(file.id)).id, file.id, 'the input stays');
