@@ -29,13 +29,33 @@ return #es`;
 
 /**
  * A batch's finalisation lease (KEYS[1]), so one router at a time writes its
- * files: taken when free (or already ours), renewed while ours; ARGV[1] the
+ * files: taken when free (or already ours) and renewed, but only while the
+ * batch (KEYS[2]) is still `finalizing` (a router that read the status just
+ * before another ended the batch never finalises it again); ARGV[1] the
  * holder's token, ARGV[2] its length in ms. Returns 1 while ours.
  */
 const HOLD_LEASE = `
+if redis.call('HGET', KEYS[2], 'status') ~= 'finalizing' then return 0 end
 local v = redis.call('GET', KEYS[1])
 if v and v ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+return 1`;
+
+/** Deletes the lease KEYS[1] if ARGV[1] still holds it. */
+const DROP_LEASE = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`;
+
+/**
+ * A piece of a file written under a lease: pushed to the list KEYS[2] only
+ * while ARGV[1] holds the lease KEYS[1] (a router that lost it, stalled past
+ * its length, cannot add to the new holder's file); ARGV[2] '1' starts the
+ * data over first; ARGV[3] the piece. Returns 0 when the lease is not ours.
+ */
+const FENCED_PUSH = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '1' then redis.call('DEL', KEYS[2]) end
+redis.call('RPUSH', KEYS[2], ARGV[3])
 return 1`;
 
 /** Deletes a file's data (KEYS[2]) when it has no record (KEYS[1]): bytes a cut-short write left. Returns 1 when deleted. */
@@ -44,26 +64,40 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 return redis.call('DEL', KEYS[2])`;
 
 /**
- * The first pass of a batch's finalisation: for up to ARGV[2] result entries
- * after ARGV[1] ('-': from the start; else an entry id, exclusive), each
- * entry's id, its `id` field and its body's length in bytes, flat; so the
- * router learns where every answer is and how large, without the bodies
- * crossing the wire. KEYS[1] the result stream.
+ * The first pass of a batch's finalisation: result entries after ARGV[1]
+ * ('-': from the start; else an entry id, exclusive), each entry's id, its
+ * `id` field and its body's length in bytes, flat after a first element
+ * that is 1 when the stream's end was reached (else 0); so the router learns
+ * where every answer is and how large, without the bodies crossing the wire.
+ * At most ARGV[2] entries, and the entries are read 8 at a time and the call
+ * stops once their bodies pass ARGV[3] bytes, so Redis never holds more than
+ * about that much of them inside the script whatever the answers' sizes.
+ * KEYS[1] the result stream.
  */
 const INDEX_RESULTS = `
-local start = ARGV[1]
-if start ~= '-' then start = '(' .. start end
-local es = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', tonumber(ARGV[2]))
-local out = {}
-for _, e in ipairs(es) do
-  local f = e[2]
-  local rid, len = '', 0
-  for i = 1, #f, 2 do
-    if f[i] == 'id' then rid = f[i + 1] elseif f[i] == 'body' then len = #f[i + 1] end
+local cur = ARGV[1]
+local limit, budget = tonumber(ARGV[2]), tonumber(ARGV[3])
+local out = {0}
+local n, bytes = 0, 0
+while n < limit and bytes < budget do
+  local start = cur
+  if start ~= '-' then start = '(' .. start end
+  local es = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', math.min(8, limit - n))
+  if #es == 0 then out[1] = 1 break end
+  for _, e in ipairs(es) do
+    local f = e[2]
+    local rid, len = '', 0
+    for i = 1, #f, 2 do
+      if f[i] == 'id' then rid = f[i + 1] elseif f[i] == 'body' then len = #f[i + 1] end
+    end
+    out[#out + 1] = e[1]
+    out[#out + 1] = rid
+    out[#out + 1] = len
+    n = n + 1
+    bytes = bytes + len
+    cur = e[1]
   end
-  out[#out + 1] = e[1]
-  out[#out + 1] = rid
-  out[#out + 1] = len
+  es = nil
 end
 return out`;
 
@@ -124,9 +158,11 @@ export type ScriptRedis = Redis & {
   chargeFile(usage: string, maxFiles: number, maxBytes: number, bytes: number, enforce: string): Promise<number>;
   deleteFile(meta: string, data: string, index: string, usage: string, id: string): Promise<number>;
   dropOrphanData(meta: string, data: string): Promise<number>;
-  holdLease(key: string, token: string, ms: number): Promise<number>;
-  /** [entry id, its `id` field, its body's byte length] per entry, flat. */
-  indexResults(stream: string, after: string, count: number): Promise<(string | number)[]>;
+  holdLease(key: string, batch: string, token: string, ms: number): Promise<number>;
+  dropLease(key: string, token: string): Promise<number>;
+  fencedPush(lease: string, data: string, token: string, fresh: string, piece: Buffer): Promise<number>;
+  /** [ended (1/0), then entry id, its `id` field, its body's byte length per entry], flat. */
+  indexResults(stream: string, after: string, count: number, budget: number): Promise<(string | number)[]>;
 };
 
 /** Defines the scripts on a client (ioredis loads each by its digest, once per connection). */
@@ -138,6 +174,8 @@ export function defineScripts(r: Redis): ScriptRedis {
   r.defineCommand('deleteFile', { numberOfKeys: 4, lua: DELETE_FILE });
   r.defineCommand('indexResults', { numberOfKeys: 1, lua: INDEX_RESULTS });
   r.defineCommand('dropOrphanData', { numberOfKeys: 2, lua: DROP_ORPHAN_DATA });
-  r.defineCommand('holdLease', { numberOfKeys: 1, lua: HOLD_LEASE });
+  r.defineCommand('holdLease', { numberOfKeys: 2, lua: HOLD_LEASE });
+  r.defineCommand('dropLease', { numberOfKeys: 1, lua: DROP_LEASE });
+  r.defineCommand('fencedPush', { numberOfKeys: 2, lua: FENCED_PUSH });
   return r as ScriptRedis;
 }

@@ -76,8 +76,15 @@ export function expiresAfter(anchor: unknown, seconds: unknown, param: string, m
 }
 
 /** Throws the first error of a MULTI's replies (ioredis resolves exec() with them rather than rejecting). */
-function failed(replies: [Error | null, unknown][] | null): void {
+export function failedReply(replies: [Error | null, unknown][] | null): void {
   for (const [err] of replies ?? []) if (err) throw err;
+}
+
+/** A write under a batch's finalisation lease found the lease another router's (this one stalled past it). */
+export class LeaseLost extends Error {
+  constructor() {
+    super('the finalisation lease went to another router');
+  }
 }
 
 /** The Redis side of the API: one client, the key layout, the file writes both Files and the tracker make. */
@@ -127,11 +134,14 @@ export class BatchStore {
   /**
    * Writes `data` to `key` as a list of pieces of at most batch.fileChunkBytes
    * (one command per piece, never the whole in one buffer, and no Redis value
-   * larger than a piece: a string stops at proto-max-bulk-len, 512 MB by default).
+   * larger than a piece: a string stops at proto-max-bulk-len, 512 MB by default);
+   * `ttlMs` > 0: the key expires then (a copy renamed into place later).
    */
-  async putChunked(key: string, data: Buffer): Promise<void> {
+  async putChunked(key: string, data: Buffer, ttlMs = 0): Promise<void> {
     const step = this.cfg.fileChunkBytes;
-    failed(await this.redis.multi().del(key).rpush(key, data.subarray(0, step)).exec());
+    const m = this.redis.multi().del(key).rpush(key, data.subarray(0, step));
+    if (ttlMs > 0) m.pexpire(key, ttlMs);
+    failedReply(await m.exec());
     for (let at = step; at < data.length; at += step) await this.redis.rpush(key, data.subarray(at, at + step));
   }
 
@@ -145,6 +155,7 @@ export class BatchStore {
     const r = this.redis;
     const type = await r.type(key);
     if (type === 'none') return null;
+    if (type !== 'string' && type !== 'list') throw new Error("the file's data is not readable");
     const step = this.cfg.fileChunkBytes;
     let sent = 0;
     // the record's size is what the answer must add up to: data changed or cut behind the API ends it cut, not short
@@ -152,28 +163,38 @@ export class BatchStore {
       if (Number.isFinite(bytes) && sent !== bytes) throw new Error(`the file's data (${sent} bytes) is not its recorded ${bytes} bytes`);
       return null;
     };
+    let next: () => Promise<Buffer | null>;
     if (type === 'string') {
       const len = await r.strlen(key);
-      return {
-        next: async () => {
-          if (sent >= len) return whole();
-          const b = await r.getrangeBuffer(key, sent, Math.min(sent + step, len) - 1);
-          if (b.length === 0) throw new Error('the file went away during the download');
-          sent += b.length;
-          return b;
-        },
+      if (Number.isFinite(bytes) && len !== bytes) throw new Error(`the file's data (${len} bytes) is not its recorded ${bytes} bytes`);
+      next = async () => {
+        if (sent >= len) return whole();
+        const b = await r.getrangeBuffer(key, sent, Math.min(sent + step, len) - 1);
+        if (b.length === 0) throw new Error('the file went away during the download');
+        sent += b.length;
+        return b;
       };
-    }
-    const n = await r.llen(key);
-    let at = 0;
-    return {
-      next: async () => {
+    } else {
+      const n = await r.llen(key);
+      let at = 0;
+      next = async () => {
         if (at >= n) return whole();
         const b = (await r.lrangeBuffer(key, at, at))[0];
         if (b === undefined) throw new Error('the file went away during the download');
         at++;
         sent += b.length;
         return b;
+      };
+    }
+    // the first piece is read before the answer's head goes out: a Redis error then is an OpenAI error answer
+    // (503 store_unavailable on a timeout), not a cut connection
+    let first: Buffer | null | undefined = await next();
+    return {
+      next: () => {
+        if (first === undefined) return next();
+        const b = first;
+        first = undefined;
+        return Promise.resolve(b);
       },
     };
   }
@@ -266,8 +287,9 @@ export class BatchStore {
    * or none), so no single string or Redis value ever holds the whole file and
    * an output of any size fits. Charged to `tenant`, never refused.
    */
-  chunkedFile(id: string, filename: string, tenant: string, expiresAfterSeconds = 0): ChunkedFile {
-    return new ChunkedFile(this, id, filename, tenant, expiresAfterSeconds);
+  /** `fence`: every piece pushed only while that lease is this router's (LeaseLost otherwise). */
+  chunkedFile(id: string, filename: string, tenant: string, expiresAfterSeconds = 0, fence?: { lease: string; token: string }): ChunkedFile {
+    return new ChunkedFile(this, id, filename, tenant, expiresAfterSeconds, fence);
   }
 
   /** Records a file whose bytes are written (charged once: a rerun of a finalisation finds the record). */
@@ -337,8 +359,6 @@ export function expired(h: BatchHash): boolean {
   return h.expires_at !== undefined && h.expires_at !== '' && now() >= Number(h.expires_at);
 }
 
-/** About this many bytes of lines go to Redis in one APPEND. */
-
 export class ChunkedFile {
   readonly #s: BatchStore;
   readonly id: string;
@@ -350,7 +370,10 @@ export class ChunkedFile {
   #bytes = 0;
   #started = false;
 
-  constructor(s: BatchStore, id: string, filename: string, tenant: string, expiresAfterSeconds: number) {
+  readonly #fence: { lease: string; token: string } | undefined;
+
+  constructor(s: BatchStore, id: string, filename: string, tenant: string, expiresAfterSeconds: number, fence?: { lease: string; token: string }) {
+    this.#fence = fence;
     this.#s = s;
     this.id = id;
     this.#filename = filename;
@@ -379,10 +402,13 @@ export class ChunkedFile {
     const step = this.#s.cfg.fileChunkBytes;
     for (let at = 0; at < chunk.length; at += step) {
       const piece = chunk.subarray(at, at + step);
-      if (!this.#started) {
-        this.#started = true;
-        failed(await this.#s.redis.multi().del(key).rpush(key, piece).exec()); // a rerun starts the data over
-      } else await this.#s.redis.rpush(key, piece);
+      const fresh = !this.#started; // a rerun starts the data over
+      this.#started = true;
+      const f = this.#fence;
+      if (f !== undefined) {
+        if ((await this.#s.redis.fencedPush(f.lease, key, f.token, fresh ? '1' : '0', piece)) !== 1) throw new LeaseLost();
+      } else if (fresh) failedReply(await this.#s.redis.multi().del(key).rpush(key, piece).exec());
+      else await this.#s.redis.rpush(key, piece);
     }
     this.#bytes += chunk.length;
   }

@@ -8,7 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { cancelKey } from './processor.js';
 import { batchBodiesOffLoop, resultLinesOffLoop, validateBatchOffLoop } from './jsonl-check.js';
 import { bodyAt, forEachLine, type BatchLineError, type ResultLinesJob } from './jsonl.js';
-import { BatchApiError, json, now, type BatchHash, type BatchStore } from './store.js';
+import { BatchApiError, failedReply, json, LeaseLost, now, type BatchHash, type BatchStore } from './store.js';
 
 export type Status = 'validating' | 'failed' | 'in_progress' | 'finalizing' | 'completed' | 'expired' | 'cancelling' | 'cancelled';
 
@@ -56,8 +56,6 @@ const FINAL_BYTES = 8 * 1024 * 1024;
  * writes them again from the start), and two routers never write them at once.
  */
 const FINAL_LEASE_MS = 60_000;
-/** The index pass's first page of result entries (then sized from the largest body seen, up to READ_CHUNK). */
-const INDEX_FIRST = 16;
 /** Bound on a result's line number (a batch holds far fewer lines; an entry claiming more is not ours). */
 const MAX_LINE = 10_000_000;
 /** A batch whose step fails this many times (not for Redis being away) ends `failed`, saying why. */
@@ -170,9 +168,17 @@ export class Tracker {
     if (!TRANSITIONS[st]?.includes('failed')) return;
     const why = `the batch could not go on (${st}): ${msg.slice(0, 500)} (${n} attempts)`;
     const tag = id.slice('batch_'.length);
+    // a finalizing batch's files have one writer at a time: this one writes the failure's error file only
+    // while it holds the lease (another router finalising it now goes on; a later failure decides)
+    const lease = this.#s.finalizer(id);
+    let fence: { lease: string; token: string } | undefined;
+    if (st === 'finalizing') {
+      if ((await this.#s.redis.holdLease(lease, this.#s.batchKey(id), this.#token, FINAL_LEASE_MS)) !== 1) return;
+      fence = { lease, token: this.#token };
+    }
     let errId = '';
     try {
-      const f = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, h.tenant ?? '', Number(h.output_expires_after || 0));
+      const f = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, h.tenant ?? '', Number(h.output_expires_after || 0), fence);
       await f.add(json({ id: `batch_req_${tag}_failed`, custom_id: null, response: null, error: { code: 'batch_failed', message: why } }));
       errId = await f.close();
     } catch {
@@ -180,10 +186,12 @@ export class Tracker {
     }
     const errors = json([{ code: 'batch_failed', message: why, param: null, line: null }]);
     if ((await move(this.#s, id, st, 'failed', 'failed_at', String(now()), 'errors', errors, 'error_file_id', errId)) === 1) {
-      await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).del(this.#s.batchIds(id)).del(this.#s.finalizer(id)).exec();
+      await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).del(this.#s.batchIds(id)).exec();
       // a finalisation cut short leaves file bytes that no record points to (nothing would ever delete them)
       for (const f of [`file-${tag}-output`, `file-${tag}-errors`]) await this.#s.redis.dropOrphanData(this.#s.fileKey(f), this.#s.fileData(f));
     }
+    // the batch has ended (or another router moved it): the lease, if this router took it, goes
+    if (fence !== undefined) await this.#s.redis.dropLease(lease, this.#token);
   }
 
   async #count(id: string): Promise<BatchHash> {
@@ -214,8 +222,13 @@ export class Tracker {
       await this.#fail(id, v.errors);
       return;
     }
-    // the custom_ids, kept for the output and error files: the input is not needed after the run
-    await this.#s.putChunked(this.#s.batchIds(id), v.ids);
+    // the custom_ids, kept for the output and error files: the input is not needed after the run. Written
+    // beside its place and renamed into it (atomic), so two routers validating at once never interleave pieces;
+    // the copy expires in an hour should this router die before the rename
+    const ids = this.#s.batchIds(id);
+    const tmp = `${ids}:${this.#token}`;
+    await this.#s.putChunked(tmp, v.ids, 3_600_000);
+    failedReply(await this.#s.redis.multi().rename(tmp, ids).persist(ids).exec());
     await move(this.#s, id, 'validating', 'in_progress', 'in_progress_at', String(now()), 'total', String(v.total));
   }
 
@@ -276,43 +289,53 @@ export class Tracker {
    * line order, LINES_CHUNK at a time (one pipelined round trip), and writes them out.
    */
   async #finalize(id: string): Promise<void> {
-    // one writer of the files: another router finalising this batch now keeps it
+    // one writer of the files: another router finalising this batch now keeps it (and an ended batch is never
+    // finalised again: the lease is only taken while the batch is `finalizing`)
     const lease = this.#s.finalizer(id);
-    const hold = async () => (await this.#s.redis.holdLease(lease, this.#token, FINAL_LEASE_MS)) === 1;
+    const fence = { lease, token: this.#token };
+    const hold = async () => !this.#closed && (await this.#s.redis.holdLease(lease, this.#s.batchKey(id), this.#token, FINAL_LEASE_MS)) === 1;
     if (!(await hold())) return;
+    try {
+      await this.#finalizeHeld(id, hold, fence);
+    } catch (err) {
+      if (!(err instanceof LeaseLost)) throw err;
+      // another router holds the batch now (this one stalled past the lease): it writes the files
+    } finally {
+      await this.#s.redis.dropLease(lease, this.#token).catch(() => undefined);
+    }
+  }
+
+  async #finalizeHeld(id: string, hold: () => Promise<boolean>, fence: { lease: string; token: string }): Promise<void> {
     const h = await this.#s.redis.hgetall(this.#s.batchKey(id));
+    if (h.status !== 'finalizing') return;
     const stream = this.#s.outStream(id);
     // per line: where its (last) answer sits in the stream and its body's size, learnt without the bodies
     const at: (string | undefined)[] = [];
     const size: number[] = [];
     let answers = 0;
     let cur = '-';
-    let count = INDEX_FIRST;
     for (;;) {
-      // the script reads `count` entries inside Redis: sized so that they hold about FINAL_BYTES of bodies
       if (cur !== '-' && !(await hold())) return;
-      const flat = await this.#s.redis.indexResults(stream, cur, count);
-      let largest = 0;
-      for (let k = 0; k + 2 < flat.length; k += 3) {
+      // at most READ_CHUNK entries and about FINAL_BYTES of their bodies inside Redis per call
+      const flat = await this.#s.redis.indexResults(stream, cur, READ_CHUNK, FINAL_BYTES);
+      for (let k = 1; k + 2 < flat.length; k += 3) {
         const len = Number(flat[k + 2]);
-        if (len > largest) largest = len;
         const line = lineOfId(String(flat[k + 1]), id);
+        cur = String(flat[k]);
         if (line < 0) continue;
         if (at[line] === undefined) answers++;
-        at[line] = String(flat[k]);
+        at[line] = cur;
         size[line] = len;
       }
-      if (flat.length < count * 3) break;
-      cur = String(flat[flat.length - 3]);
-      count = Math.max(1, Math.min(READ_CHUNK, Math.floor(FINAL_BYTES / Math.max(largest, 1))));
+      if (Number(flat[0]) === 1 || flat.length === 1) break;
     }
     const expired = h.final === 'expired';
     const customIds = await this.#customIds(id, h, answers > 0 || expired);
     const tag = id.slice('batch_'.length);
     const tenant = h.tenant ?? '';
     const keep = Number(h.output_expires_after || 0);
-    const out = this.#s.chunkedFile(`file-${tag}-output`, `${id}_output.jsonl`, tenant, keep);
-    const errs = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, tenant, keep);
+    const out = this.#s.chunkedFile(`file-${tag}-output`, `${id}_output.jsonl`, tenant, keep, fence);
+    const errs = this.#s.chunkedFile(`file-${tag}-errors`, `${id}_error.jsonl`, tenant, keep, fence);
     // the lines are built LINES_CHUNK at a time in the JSONL worker (each answer's body parsed and written out again)
     const j: ResultLinesJob = { tag, batchId: id, expired, lines: [], statuses: [], bodies: [], ids: [] };
     let bytes = 0;
@@ -378,7 +401,7 @@ export class Tracker {
     const last = await this.#s.redis.hget(this.#s.batchKey(id), 'final');
     const final = last === 'cancelled' || last === 'expired' ? last : h.final === 'cancelled' || h.final === 'expired' ? h.final : 'completed';
     await move(this.#s, id, 'finalizing', final, `${final}_at`, String(now()), 'output_file_id', outId, 'error_file_id', errId);
-    await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).del(this.#s.batchIds(id)).del(lease).exec();
+    await this.#s.redis.multi().srem(this.#s.active, id).del(this.#s.outStream(id)).del(this.#s.batchIds(id)).exec();
   }
 }
 

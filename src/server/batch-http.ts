@@ -133,7 +133,7 @@ function handle(host: BatchHost, res: HttpResponse, req: HttpRequest, withBody: 
           }
         }
         gone = true;
-        res.cork(() => res.end());
+        res.cork(() => res.end(undefined, host.draining));
       } catch (err) {
         // the data went away mid-download: the answer is cut (its chunked framing never ends), never passed off as whole
         host.log.warn({ err: (err as Error).message }, 'batch api: a download was cut');

@@ -95,6 +95,15 @@ export class ConfigReloader {
 }
 
 /**
+ * How long a changed config file must stay the same before it is applied
+ * (ms): a writer that rewrites the file in place and pauses mid-file for
+ * less than the debounce plus this is never caught half-written. Config
+ * writers finish in well under a second; a reload a second late costs
+ * nothing.
+ */
+export const WATCH_SETTLE_MS = 1000;
+
+/**
  * Reloads when the config file changes (`switchyard serve --watch-config`):
  * fs.watch on the file's directory (editors and config-map mounts replace the
  * file rather than write it in place), a debounce so that one save is one
@@ -105,15 +114,6 @@ export class ConfigReloader {
  * half-written in place, even one whose prefix parses, is never applied; the
  * next change or a re-check reloads it once whole). Off unless started.
  */
-/**
- * How long a changed config file must stay the same before it is applied
- * (ms): a writer that rewrites the file in place and pauses mid-file for
- * less than the debounce plus this is never caught half-written. Config
- * writers finish in well under a second; a reload a second late costs
- * nothing.
- */
-export const WATCH_SETTLE_MS = 1000;
-
 export class ConfigWatcher {
   readonly #reloader: ConfigReloader;
   readonly #debounceMs: number;

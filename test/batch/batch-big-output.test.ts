@@ -120,3 +120,54 @@ for (const frontEnd of ['native', 'uws'] as const) {
     t.equal((await get(router.url, '/healthz')).status, 200, 'the router serves on after the cut');
   });
 }
+
+t.test("a batch another router holds the finalisation lease of is not written here until the lease goes; then it completes", async (t) => {
+  const redis = await startRedis(t);
+  const r = new Redis(redis.url);
+  t.teardown(() => r.disconnect());
+  const engines = await startFleet(1, { timeScale: 0 });
+  t.teardown(() => engines.close());
+  const router = await startRouter(validateConfig(batchConfigDoc(engines.urls, redis.url), validatePlugin), { port: 0, host: '127.0.0.1' });
+  t.teardown(() => router.close(200));
+  const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'none', maxRetries: 0 });
+  const file = await client.files.create({ file: await jsonl(Array.from({ length: 20 }, (_, i) => line(i))), purpose: 'batch' });
+  const batch = await client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  const lease = `swy:batch:${batch.id}:finalizer`;
+  await r.set(lease, 'another-router', 'PX', 60_000);
+  await until(() => r.hget(`swy:batch:${batch.id}`, 'status'), (st) => st === 'finalizing', 30_000, 'finalizing');
+  await new Promise((res) => setTimeout(res, 1000)); // five tracker ticks
+  t.equal(await r.hget(`swy:batch:${batch.id}`, 'status'), 'finalizing', 'still finalizing: the files are the holder\'s to write');
+  t.equal(await r.exists(`swy:file:file-${batch.id.slice('batch_'.length)}-output:data`), 0, 'not a piece written here');
+  t.equal(await r.get(lease), 'another-router', 'the lease untouched');
+  await r.del(lease); // the holder went away (its lease expired)
+  const end = await until(() => client.batches.retrieve(batch.id), (x) => x.status === 'completed', 30_000, 'completed');
+  const got = (await (await client.files.content(end.output_file_id!)).text()).trim().split('\n');
+  t.equal(got.length, 20, 'then written here, whole');
+  t.equal(await r.exists(lease), 0, 'and the lease released');
+});
+
+t.test('a file in the layout before lists (one string) downloads whole; one shorter than its record answers 500, never short', async (t) => {
+  const redis = await startRedis(t);
+  const r = new Redis(redis.url);
+  t.teardown(() => r.disconnect());
+  const engines = await startFleet(1, { timeScale: 0 });
+  t.teardown(() => engines.close());
+  const router = await startRouter(validateConfig(batchConfigDoc(engines.urls, redis.url, { fileChunkBytes: 65536 }), validatePlugin), { port: 0, host: '127.0.0.1' });
+  t.teardown(() => router.close(200));
+  const bytes = Buffer.from(Array.from({ length: 3000 }, (_, i) => line(i)).join('\n') + '\n');
+  const put = async (id: string, data: Buffer, recorded: number) => {
+    await r.set(`swy:file:${id}:data`, data);
+    await r.hset(`swy:file:${id}`, 'filename', 'old.jsonl', 'purpose', 'batch', 'bytes', String(recorded), 'created_at', '1700000000', 'tenant', '', 'expires_at', '');
+    await r.zadd('swy:t:anon:files', Date.now(), id);
+  };
+  const id = `file-${'a'.repeat(32)}`;
+  await put(id, bytes, bytes.length);
+  const got = await slowGet(router.url, `/v1/files/${id}/content`);
+  t.equal(got.status, 200);
+  t.ok(got.complete && got.body.equals(bytes), `the ${bytes.length} bytes, read in fileChunkBytes ranges`);
+  const short = `file-${'b'.repeat(32)}`;
+  await put(short, bytes.subarray(0, 1000), bytes.length);
+  const cut = await slowGet(router.url, `/v1/files/${short}/content`);
+  t.equal(cut.status, 500, 'known before the head: an error answer');
+  t.match(JSON.parse(cut.body.toString()), { error: { type: 'server_error', message: /not its recorded/ } });
+});
