@@ -171,3 +171,47 @@ t.test('a file in the layout before lists (one string) downloads whole; one shor
   t.equal(cut.status, 500, 'known before the head: an error answer');
   t.match(JSON.parse(cut.body.toString()), { error: { type: 'server_error', message: /not its recorded/ } });
 });
+
+t.test('native front end: a download pipelined behind a slow answer on one connection is sent whole (its wait for a drain does not hang)', async (t) => {
+  const net = await import('node:net');
+  const redis = await startRedis(t);
+  const engines = await startFleet(1, { timeScale: 1 });
+  t.teardown(() => engines.close());
+  const router = await startRouter(validateConfig(batchConfigDoc(engines.urls, redis.url, {}, { server: { frontEnd: 'native' } }), validatePlugin), { port: 0, host: '127.0.0.1' });
+  t.teardown(() => router.close(200));
+  const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'none', maxRetries: 0 });
+  const { toFile } = await import('openai');
+  const upload = Buffer.from(Array.from({ length: 10_000 }, (_, i) => line(i).replace('long answer', `${'x'.repeat(2000)} `)).join('\n') + '\n');
+  const file = await client.files.create({ file: await toFile(upload, 'big.jsonl'), purpose: 'batch' });
+  const port = Number(new URL(router.url).port);
+  const chat = JSON.stringify({ model: 'open-model', messages: [{ role: 'user', content: 'slow' }], max_tokens: 60 });
+  // the download's slot fills while the chat answer is in front; once that is sent, the slot may go out whole at
+  // once (no write completion, so no drain event): before the fix 2 of 12 such downloads stopped after one piece
+  for (let round = 0; round < 10; round++) {
+    const got = await new Promise<number>((resolve) => {
+      const s = net.connect(port, '127.0.0.1');
+      let n = 0;
+      let tail = Buffer.alloc(0);
+      const timer = setTimeout(() => {
+        s.destroy();
+        resolve(-n);
+      }, 15_000);
+      s.on('data', (b: Buffer) => {
+        n += b.length;
+        tail = Buffer.concat([tail, b]).subarray(-16);
+        if (tail.includes('\r\n0\r\n\r\n')) {
+          clearTimeout(timer);
+          s.destroy();
+          resolve(n);
+        }
+      });
+      s.write(`POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(chat)}\r\n\r\n${chat}`);
+      s.write(`GET /v1/files/${file.id}/content HTTP/1.1\r\nhost: x\r\n\r\n`);
+    });
+    if (got < 0) {
+      t.fail(`round ${round}: the download stopped after ${-got} bytes`);
+      return;
+    }
+    t.ok(got > upload.length, `round ${round}: both answers, whole (${got} bytes)`);
+  }
+});
