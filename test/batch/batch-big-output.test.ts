@@ -11,7 +11,7 @@ import { Redis } from 'ioredis';
 import { validateConfig } from '../../src/config/schema.js';
 import { startRouter } from '../../src/server/router.js';
 import { startFleet } from '../../src/sim/index.js';
-import { batchConfigDoc, jsonl, until } from '../support/batch-util.js';
+import { batchConfigDoc, jsonl, startBatchRouter, until, type BatchRouterOptions } from '../support/batch-util.js';
 import { startRedis } from '../support/redis-util.js';
 import { get } from '../support/sim-util.js';
 import { validatePlugin } from '../support/router-util.js';
@@ -20,6 +20,14 @@ const LINES = 800;
 const CHUNK = 256 * 1024;
 const line = (i: number) =>
   JSON.stringify({ custom_id: `big-${i}`, method: 'POST', url: '/v1/chat/completions', body: { model: 'open-model', messages: [{ role: 'user', content: `long answer ${i}` }], max_tokens: 400 } });
+
+/** One router with a batch block on its own redis-server and engine; a Redis client and an SDK client on it. */
+async function oneRouter(t: Tap.Test, o: BatchRouterOptions = {}) {
+  const { router, url, redisUrl } = await startBatchRouter(t, o);
+  const r = new Redis(redisUrl);
+  t.teardown(() => r.disconnect());
+  return { router, r, client: new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0 }) };
+}
 
 t.test('an output over Redis\'s largest value completes, written in pieces, each line once and in order, by two routers at once', async (t) => {
   const redis = await startRedis(t);
@@ -89,14 +97,7 @@ async function slowGet(base: string, path: string): Promise<{ status: number; he
 
 for (const frontEnd of ['native', 'uws'] as const) {
   t.test(`${frontEnd} front end: a 20 MB file is downloaded a piece at a time to a slow client, whole; a file whose data was cut behind the API is answered cut, never short`, async (t) => {
-    const redis = await startRedis(t);
-    const r = new Redis(redis.url);
-    t.teardown(() => r.disconnect());
-    const engines = await startFleet(1, { timeScale: 0 });
-    t.teardown(() => engines.close());
-    const router = await startRouter(validateConfig(batchConfigDoc(engines.urls, redis.url, {}, { server: { frontEnd } }), validatePlugin), { port: 0, host: '127.0.0.1' });
-    t.teardown(() => router.close(200));
-    const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    const { router, r, client } = await oneRouter(t, { extra: { server: { frontEnd } } });
     const pad = 'x'.repeat(2000);
     const upload = Buffer.from(Array.from({ length: 10_000 }, (_, i) => line(i).replace('long answer', `${pad} `)).join('\n') + '\n');
     const { toFile } = await import('openai');
@@ -122,14 +123,7 @@ for (const frontEnd of ['native', 'uws'] as const) {
 }
 
 t.test("a batch another router holds the finalisation lease of is not written here until the lease goes; then it completes", async (t) => {
-  const redis = await startRedis(t);
-  const r = new Redis(redis.url);
-  t.teardown(() => r.disconnect());
-  const engines = await startFleet(1, { timeScale: 0 });
-  t.teardown(() => engines.close());
-  const router = await startRouter(validateConfig(batchConfigDoc(engines.urls, redis.url), validatePlugin), { port: 0, host: '127.0.0.1' });
-  t.teardown(() => router.close(200));
-  const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'none', maxRetries: 0 });
+  const { r, client } = await oneRouter(t);
   const file = await client.files.create({ file: await jsonl(Array.from({ length: 20 }, (_, i) => line(i))), purpose: 'batch' });
   const batch = await client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
   const lease = `swy:batch:${batch.id}:finalizer`;
@@ -147,13 +141,7 @@ t.test("a batch another router holds the finalisation lease of is not written he
 });
 
 t.test('a file in the layout before lists (one string) downloads whole; one shorter than its record answers 500, never short', async (t) => {
-  const redis = await startRedis(t);
-  const r = new Redis(redis.url);
-  t.teardown(() => r.disconnect());
-  const engines = await startFleet(1, { timeScale: 0 });
-  t.teardown(() => engines.close());
-  const router = await startRouter(validateConfig(batchConfigDoc(engines.urls, redis.url, { fileChunkBytes: 65536 }), validatePlugin), { port: 0, host: '127.0.0.1' });
-  t.teardown(() => router.close(200));
+  const { router, r } = await oneRouter(t, { batch: { fileChunkBytes: 65536 } });
   const bytes = Buffer.from(Array.from({ length: 3000 }, (_, i) => line(i)).join('\n') + '\n');
   const put = async (id: string, data: Buffer, recorded: number) => {
     await r.set(`swy:file:${id}:data`, data);
@@ -174,12 +162,7 @@ t.test('a file in the layout before lists (one string) downloads whole; one shor
 
 t.test('native front end: a download pipelined behind a slow answer on one connection is sent whole (its wait for a drain does not hang)', async (t) => {
   const net = await import('node:net');
-  const redis = await startRedis(t);
-  const engines = await startFleet(1, { timeScale: 1 });
-  t.teardown(() => engines.close());
-  const router = await startRouter(validateConfig(batchConfigDoc(engines.urls, redis.url, {}, { server: { frontEnd: 'native' } }), validatePlugin), { port: 0, host: '127.0.0.1' });
-  t.teardown(() => router.close(200));
-  const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'none', maxRetries: 0 });
+  const { router, client } = await oneRouter(t, { fleet: { timeScale: 1 }, extra: { server: { frontEnd: 'native' } } });
   const { toFile } = await import('openai');
   const upload = Buffer.from(Array.from({ length: 10_000 }, (_, i) => line(i).replace('long answer', `${'x'.repeat(2000)} `)).join('\n') + '\n');
   const file = await client.files.create({ file: await toFile(upload, 'big.jsonl'), purpose: 'batch' });
