@@ -80,6 +80,12 @@ export function failedReply(replies: [Error | null, unknown][] | null): void {
   for (const [err] of replies ?? []) if (err) throw err;
 }
 
+/** A batch's finalisation lease and this router's token in it: writes made under it stop once it is another's. */
+export interface Fence {
+  lease: string;
+  token: string;
+}
+
 /** A write under a batch's finalisation lease found the lease another router's (this one stalled past it). */
 export class LeaseLost extends Error {
   constructor() {
@@ -285,10 +291,11 @@ export class BatchStore {
    * lines are pushed to its data key, a list, in pieces of at most
    * batch.fileChunkBytes, its record written last (a reader sees the whole file
    * or none), so no single string or Redis value ever holds the whole file and
-   * an output of any size fits. Charged to `tenant`, never refused.
+   * an output of any size fits. Charged to `tenant`, never refused. With a
+   * `fence`, every piece is pushed only while that lease is this router's
+   * (LeaseLost otherwise).
    */
-  /** `fence`: every piece pushed only while that lease is this router's (LeaseLost otherwise). */
-  chunkedFile(id: string, filename: string, tenant: string, expiresAfterSeconds = 0, fence?: { lease: string; token: string }): ChunkedFile {
+  chunkedFile(id: string, filename: string, tenant: string, expiresAfterSeconds = 0, fence?: Fence): ChunkedFile {
     return new ChunkedFile(this, id, filename, tenant, expiresAfterSeconds, fence);
   }
 
@@ -370,9 +377,9 @@ export class ChunkedFile {
   #bytes = 0;
   #started = false;
 
-  readonly #fence: { lease: string; token: string } | undefined;
+  readonly #fence: Fence | undefined;
 
-  constructor(s: BatchStore, id: string, filename: string, tenant: string, expiresAfterSeconds: number, fence?: { lease: string; token: string }) {
+  constructor(s: BatchStore, id: string, filename: string, tenant: string, expiresAfterSeconds: number, fence?: Fence) {
     this.#fence = fence;
     this.#s = s;
     this.id = id;

@@ -8,7 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { cancelKey } from './processor.js';
 import { batchBodiesOffLoop, resultLinesOffLoop, validateBatchOffLoop } from './jsonl-check.js';
 import { bodyAt, forEachLine, type BatchLineError, type ResultLinesJob } from './jsonl.js';
-import { BatchApiError, failedReply, json, LeaseLost, now, type BatchHash, type BatchStore } from './store.js';
+import { BatchApiError, failedReply, json, LeaseLost, now, type BatchHash, type BatchStore, type Fence } from './store.js';
 
 export type Status = 'validating' | 'failed' | 'in_progress' | 'finalizing' | 'completed' | 'expired' | 'cancelling' | 'cancelled';
 
@@ -171,7 +171,7 @@ export class Tracker {
     // a finalizing batch's files have one writer at a time: this one writes the failure's error file only
     // while it holds the lease (another router finalising it now goes on; a later failure decides)
     const lease = this.#s.finalizer(id);
-    let fence: { lease: string; token: string } | undefined;
+    let fence: Fence | undefined;
     if (st === 'finalizing') {
       if ((await this.#s.redis.holdLease(lease, this.#s.batchKey(id), this.#token, FINAL_LEASE_MS)) !== 1) return;
       fence = { lease, token: this.#token };
@@ -284,9 +284,10 @@ export class Tracker {
 
   /**
    * Writes the output and error files from the result stream (ordered by line) and ends the batch. Repeatable: the file ids come from the batch id.
-   * Two passes, so memory holds one chunk of answers, not the batch: the first reads the stream a chunk at a time
-   * and keeps, per line, only where its (last) answer sits in the stream; the second fetches the answers back in
-   * line order, LINES_CHUNK at a time (one pipelined round trip), and writes them out.
+   * Two passes, so memory holds one step of answers, not the batch: the first (INDEX_RESULTS, inside Redis) learns
+   * per line where its (last) answer sits in the stream and how large it is; the second fetches the answers back
+   * in line order, at most LINES_CHUNK lines and FINAL_BYTES of answers per pipelined round trip, and writes them
+   * out. Under the batch's finalisation lease, renewed at every step; the files' pieces are fenced by it.
    */
   async #finalize(id: string): Promise<void> {
     // one writer of the files: another router finalising this batch now keeps it (and an ended batch is never
@@ -305,7 +306,7 @@ export class Tracker {
     }
   }
 
-  async #finalizeHeld(id: string, hold: () => Promise<boolean>, fence: { lease: string; token: string }): Promise<void> {
+  async #finalizeHeld(id: string, hold: () => Promise<boolean>, fence: Fence): Promise<void> {
     const h = await this.#s.redis.hgetall(this.#s.batchKey(id));
     if (h.status !== 'finalizing') return;
     const stream = this.#s.outStream(id);
