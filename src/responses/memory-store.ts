@@ -4,11 +4,45 @@
 // creation (checked on get, swept in the background). The tenant is the
 // first level of the key, so another tenant's id is simply absent.
 // Synchronous: a turn costs no promise here.
+//
+// A record's conversation is a chain of parts: a continuation keeps only what
+// its turn added (store.ts: addedConv) and points at its parent's part, so a
+// branch costs what it adds. A part counts the parts below it (`kids`) and
+// stays, charged to its tenant, while its record or any of them is held; it
+// goes with the last of them. Every MAX_LINKS parts the conversation is kept
+// whole again, so a read joins at most MAX_LINKS parts.
 import type { ResponsesConfig } from '../config/responses.js';
-import { recordBytes, type ResponseStore, type StoredResponse } from './store.js';
+import { entryBytes, linksParent, MAX_LINKS, partBytes, type ResponseStore, type StoredResponse } from './store.js';
+
+/** One turn's part of a conversation. */
+class Part {
+  /** Parts below this one (continuations linked to it). */
+  kids = 0;
+  /** Its record is held. */
+  live = true;
+  constructor(
+    /** What the turn added (the whole conversation when `up` is null). */
+    readonly conv: string,
+    readonly ids: string,
+    /** The parent's part, or null (a first turn, a truncated conversation, a checkpoint). */
+    public up: Part | null,
+    /** Parts from this one to the chain's whole one (0: this one is whole). */
+    readonly depth: number,
+    readonly bytes: number,
+    /** Its bytes and those of the parts above it: what the conversation through it holds. */
+    readonly chainBytes: number,
+  ) {}
+}
 
 interface Entry {
-  readonly r: StoredResponse;
+  readonly tenant: string;
+  readonly id: string;
+  readonly root: string;
+  readonly parent: string;
+  readonly createdAt: number;
+  readonly response: string;
+  readonly part: Part;
+  /** The record's own bytes (its part is charged apart). */
   readonly bytes: number;
   /** Date.now() ms after which it is gone. */
   readonly expires: number;
@@ -17,6 +51,7 @@ interface Entry {
 /** One tenant's records. */
 class Space {
   readonly map = new Map<string, Entry>();
+  /** Its records' bytes and its parts' bytes. */
   bytes = 0;
 }
 
@@ -56,11 +91,30 @@ export class MemoryStore implements ResponseStore {
     return this.#spaces.get(tenant)?.map.size ?? 0;
   }
 
+  /** Bytes held for one tenant (its records and their conversations' parts). */
+  bytesOf(tenant: string): number {
+    return this.#spaces.get(tenant)?.bytes ?? 0;
+  }
+
+  #charge(sp: Space, bytes: number): void {
+    sp.bytes += bytes;
+    this.#bytes += bytes;
+  }
+
   #drop(sp: Space, id: string, e: Entry): void {
     sp.map.delete(id);
-    sp.bytes -= e.bytes;
-    this.#bytes -= e.bytes;
+    this.#charge(sp, -e.bytes);
     this.#count--;
+    // its part, and the parts above it no one else needs, go
+    let p: Part | null = e.part;
+    p.live = false;
+    while (p !== null && !p.live && p.kids === 0) {
+      this.#charge(sp, -p.bytes);
+      const up: Part | null = p.up;
+      p.up = null;
+      if (up !== null) up.kids--;
+      p = up;
+    }
   }
 
   get(tenant: string, id: string): StoredResponse | null {
@@ -73,20 +127,35 @@ export class MemoryStore implements ResponseStore {
     }
     sp!.map.delete(id);
     sp!.map.set(id, e); // most recently used: to the back
-    return e.r;
+    let conv = e.part.conv;
+    let ids = e.part.ids;
+    for (let p = e.part.up; p !== null; p = p.up) {
+      conv = `${p.conv},${conv}`;
+      ids = `${p.ids},${ids}`;
+    }
+    return { tenant, id, root: e.root, parent: e.parent, createdAt: e.createdAt, conv, ids, response: e.response };
   }
 
   put(r: StoredResponse): boolean {
-    const bytes = recordBytes(r);
     let sp = this.#spaces.get(r.tenant);
     const old = sp?.map.get(r.id);
     if (old !== undefined) this.#drop(sp!, r.id, old);
-    // a record larger than a tenant's whole budget is not kept (the turn answers store: false)
-    if (bytes > this.#maxBytes) return false;
+    // linked to the parent's part while its record is held and the chain is short enough; else whole
+    const up = linksParent(r) ? sp?.map.get(r.parent)?.part : undefined;
+    const linked = up !== undefined && up.depth + 1 < MAX_LINKS;
+    const conv = linked ? r.addedConv! : r.conv;
+    const ids = linked ? r.addedIds! : r.ids;
+    const own = entryBytes(r);
+    const pb = partBytes(conv.length, ids.length);
+    const chain = linked ? up.chainBytes + pb : pb;
+    // a record larger than a tenant's whole budget, with the conversation it needs, is not kept (the turn answers store: false)
+    if (own + chain > this.#maxBytes) return false;
     if (sp === undefined) this.#spaces.set(r.tenant, (sp = new Space()));
-    sp.map.set(r.id, { r, bytes, expires: Date.now() + this.#ttlMs });
-    sp.bytes += bytes;
-    this.#bytes += bytes;
+    const part = new Part(conv, ids, linked ? up : null, linked ? up.depth + 1 : 0, pb, chain);
+    if (linked) up.kids++;
+    const e: Entry = { tenant: r.tenant, id: r.id, root: r.root, parent: r.parent, createdAt: r.createdAt, response: r.response, part, bytes: own, expires: Date.now() + this.#ttlMs };
+    sp.map.set(r.id, e);
+    this.#charge(sp, own + pb);
     this.#count++;
     if (sp.map.size > this.#maxResponses || sp.bytes > this.#maxBytes) this.#evict(sp);
     return true;

@@ -1,24 +1,33 @@
-// The shared Responses store: one Redis string per response, written with its
-// TTL in one `SET key value PX ttl`, so any router replica continues a
-// conversation another one started. A turn costs one GET and one SET: one
-// round trip each, whatever the chain's length, because each record holds its
-// conversation's rendered messages. The value is a small header (version,
-// root, parent, created, the lengths of ids and conv) and the three texts
-// back to back: one command and one reply each way, no per-field parsing (a
-// hash with HSET + PEXPIRE in MULTI and HGETALL cost ~3x the router CPU per
-// turn in bench/responses-state.ts's micro-measurement).
+// The shared Responses store: one Redis hash per response, so any router
+// replica continues a conversation another one started. A continuation's
+// hash holds what its turn added and the id of its parent's (`u`): a branch
+// costs what it adds, not a copy of its history. Each operation is ONE round
+// trip, a Lua script run inside Redis: a get reads the record and the parts
+// above it (at most MAX_LINKS: the conversation is kept whole again every
+// MAX_LINKS turns); a put writes the hash with its TTL, counts itself among
+// its parent's kids (`k`) and stretches the TTL of every part above it to its
+// own (a part outlives what needs it); a delete drops the record, or only its
+// Response while parts below need its part, and with it the parts above that
+// no one needs. Fields: h (a small header: version, root, parent, created,
+// the ids' length; then ids and conv back to back: one field, no per-field
+// parsing), r (the Response object; '' once deleted but kept as a part),
+// u (the parent's id, '' for a whole conversation), d (parts above), k (kids).
+// A record of the earlier layout (one string, its conversation whole) is
+// still read and deleted.
 //
 // Why ioredis (over node-redis): it fails fast when the server is away
 // (`enableOfflineQueue: false`: a command errors at once instead of waiting
 // in a queue, so the API answers 503 and chat completions never notice),
 // bounds every command (`commandTimeout`), reconnects in the background with
-// our backoff, and speaks Sentinel and Cluster with the same client class.
+// our backoff, and speaks Sentinel with the same client class. The scripts
+// reach a conversation's parts by key, so one conversation lives on one
+// Redis server (standalone or Sentinel, not Cluster).
 // Keys carry the tenant (keyOf). Size bounds are Redis's own (`maxmemory` with an LRU policy); a record
-// Redis evicted is a clean 404 for its continuation like any other.
+// Redis evicted, or one whose part above was evicted, is a clean 404 for its continuation like any other.
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { ResponsesConfig } from '../config/responses.js';
-import { StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
+import { linksParent, MAX_LINKS, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
 
 export class RedisStore implements ResponseStore {
   readonly type = 'redis' as const;
@@ -26,6 +35,10 @@ export class RedisStore implements ResponseStore {
   readonly client: Redis;
   readonly #ttlMs: number;
   readonly #where: string;
+  /** The store's keyPrefix (the scripts build the keys of a record's parts themselves). */
+  readonly #prefix: string;
+  /** The client, with the scripts defined on it. */
+  readonly #s: Scripted;
   #down = false;
 
   constructor(cfg: Pick<ResponsesConfig, 'ttlSeconds' | 'store'>, log?: Logger) {
@@ -39,6 +52,7 @@ export class RedisStore implements ResponseStore {
       /* the schema checked the scheme */
     }
     this.#where = where;
+    this.#prefix = cfg.store.keyPrefix;
     this.client = new Redis(url, {
       keyPrefix: cfg.store.keyPrefix,
       enableOfflineQueue: false,
@@ -47,6 +61,8 @@ export class RedisStore implements ResponseStore {
       connectTimeout: 2000,
       retryStrategy: (times) => Math.min(50 * times, 1000),
     });
+    for (const [name, lua] of Object.entries(SCRIPTS)) this.client.defineCommand(name, { numberOfKeys: 2, lua });
+    this.#s = this.client as unknown as Scripted;
     this.client.on('error', (err: Error) => {
       if (this.#down) return;
       this.#down = true;
@@ -86,19 +102,31 @@ export class RedisStore implements ResponseStore {
     return -1;
   }
 
+  /** The prefix of the keys of `tenant`'s parts, as the scripts see it (the client's keyPrefix included). */
+  #parts(tenant: string): string {
+    return `${this.#prefix}${tenant.length}:${tenant}:p:`;
+  }
+
   async get(tenant: string, id: string): Promise<StoredResponse | null> {
-    let v: string | null;
+    let v: string[] | null;
     try {
-      v = await this.client.get(keyOf(tenant, id));
+      v = await this.#s.swyRespGet(partKeyOf(tenant, id), keyOf(tenant, id), this.#parts(tenant), MAX_LINKS);
     } catch (err) {
       throw this.#fail(err);
     }
-    return v === null ? null : decode(tenant, id, v);
+    if (v === null) return null;
+    if (v[0] === '') return decode(tenant, id, v[1]!); // the earlier layout
+    return assemble(tenant, id, v);
   }
 
   async put(r: StoredResponse): Promise<boolean> {
+    const c = this.#s;
+    const key = partKeyOf(r.tenant, r.id);
+    const parts = this.#parts(r.tenant);
     try {
-      await this.client.set(keyOf(r.tenant, r.id), encode(r), 'PX', this.#ttlMs);
+      if (linksParent(r) && (await c.swyRespPut(key, keyOf(r.tenant, r.id), parts, MAX_LINKS, this.#ttlMs, r.parent, head(r, r.addedIds!, r.addedConv!), r.response)) === 1) return true;
+      // a first turn, a truncated conversation, a checkpoint, or the parent's part is gone: whole
+      await c.swyRespPut(key, keyOf(r.tenant, r.id), parts, MAX_LINKS, this.#ttlMs, '', head(r, r.ids, r.conv), r.response);
       return true;
     } catch (err) {
       throw this.#fail(err);
@@ -107,7 +135,7 @@ export class RedisStore implements ResponseStore {
 
   async delete(tenant: string, id: string): Promise<boolean> {
     try {
-      return (await this.client.del(keyOf(tenant, id))) > 0;
+      return (await this.#s.swyRespDel(partKeyOf(tenant, id), keyOf(tenant, id), this.#parts(tenant), MAX_LINKS)) > 0;
     } catch (err) {
       throw this.#fail(err);
     }
@@ -121,6 +149,129 @@ export class RedisStore implements ResponseStore {
 }
 
 const VERSION = 'r1';
+const VERSION_PARTS = 'r2';
+
+/** The scripts this store defines on its client (KEYS: the record's hash, its key in the earlier layout; ARGV[1]: the tenant's parts' key prefix, ARGV[2]: MAX_LINKS). */
+interface Scripted {
+  swyRespGet(key: string, oldKey: string, parts: string, maxLinks: number): Promise<string[] | null>;
+  swyRespPut(key: string, oldKey: string, parts: string, maxLinks: number, ttlMs: number, up: string, head: string, response: string): Promise<number>;
+  swyRespDel(key: string, oldKey: string, parts: string, maxLinks: number): Promise<number>;
+}
+
+const SCRIPTS = {
+  // -> nil (absent, deleted, or a part above it is gone) | {'', value of the earlier layout} | {response, h, h of the parent's part, ...}
+  swyRespGet: `
+local v = redis.call('HMGET', KEYS[1], 'r', 'h', 'u')
+if not v[1] then
+  local old = redis.call('GET', KEYS[2])
+  if not old then return false end
+  return {'', old}
+end
+if v[1] == '' then return false end
+local out = {v[1], v[2]}
+local up = v[3]
+local n = 0
+while up and up ~= '' do
+  n = n + 1
+  if n > tonumber(ARGV[2]) then return false end
+  local p = redis.call('HMGET', ARGV[1] .. up, 'h', 'u')
+  if not p[1] then return false end
+  out[#out + 1] = p[1]
+  up = p[2]
+end
+return out`,
+  // ARGV[3] ttl ms, [4] the parent's id ('' for a whole conversation), [5] h, [6] the Response -> 1, or 0 when the parent's part is gone or the chain is long enough (the caller writes it whole)
+  swyRespPut: `
+local ttl = tonumber(ARGV[3])
+local up = ARGV[4]
+local d = 0
+if up ~= '' then
+  local pd = redis.call('HGET', ARGV[1] .. up, 'd')
+  if not pd then return 0 end
+  d = tonumber(pd) + 1
+  if d >= tonumber(ARGV[2]) then return 0 end
+end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'h', ARGV[5], 'r', ARGV[6], 'u', up, 'd', d, 'k', 0)
+redis.call('PEXPIRE', KEYS[1], ttl)
+if up ~= '' then redis.call('HINCRBY', ARGV[1] .. up, 'k', 1) end
+local n = 0
+while up ~= '' and n < tonumber(ARGV[2]) do
+  local k = ARGV[1] .. up
+  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+  up = redis.call('HGET', k, 'u') or ''
+  n = n + 1
+end
+return 1`,
+  // -> 1 when the record was there
+  swyRespDel: `
+local v = redis.call('HMGET', KEYS[1], 'r', 'k', 'u')
+if not v[1] then return redis.call('DEL', KEYS[2]) end
+if v[1] == '' then return 0 end
+if tonumber(v[2]) > 0 then
+  redis.call('HSET', KEYS[1], 'r', '')
+  return 1
+end
+redis.call('DEL', KEYS[1])
+local up = v[3]
+local n = 0
+while up and up ~= '' and n < tonumber(ARGV[2]) do
+  local k = ARGV[1] .. up
+  if redis.call('EXISTS', k) == 0 then break end
+  if redis.call('HINCRBY', k, 'k', -1) > 0 then break end
+  local p = redis.call('HMGET', k, 'r', 'u')
+  if p[1] ~= '' then break end
+  redis.call('DEL', k)
+  up = p[2]
+  n = n + 1
+end
+return 1`,
+};
+
+/** The hash of a record: `<tenant length>:<tenant>:p:<id>` (ids never start with `p:`, so it never meets a key of the earlier layout). */
+export function partKeyOf(tenant: string, id: string): string {
+  return `${tenant.length}:${tenant}:p:${id}`;
+}
+
+/** A part's h: `r2\n<root>\n<parent>\n<createdAt>\n<ids length>\n` + ids + conv. */
+function head(r: StoredResponse, ids: string, conv: string): string {
+  return `${VERSION_PARTS}\n${r.root}\n${r.parent}\n${r.createdAt}\n${ids.length}\n${ids}${conv}`;
+}
+
+/** The record of swyRespGet's answer {response, h, h above, ...}, or null when a part cannot be read. */
+export function assemble(tenant: string, id: string, v: string[]): StoredResponse | null {
+  let conv = '';
+  let ids = '';
+  let root = '';
+  let parent = '';
+  let createdAt = 0;
+  for (let i = 1; i < v.length; i++) {
+    const h = v[i]!;
+    const nl: number[] = [];
+    for (let at = -1, k = 0; k < 5; k++) {
+      at = h.indexOf('\n', at + 1);
+      if (at < 0) return null;
+      nl.push(at);
+    }
+    if (h.slice(0, nl[0]) !== VERSION_PARTS) return null;
+    const idsLen = Number(h.slice(nl[3]! + 1, nl[4]));
+    const body = nl[4]! + 1;
+    if (!Number.isInteger(idsLen) || body + idsLen > h.length) return null;
+    const pi = h.slice(body, body + idsLen);
+    const pc = h.slice(body + idsLen);
+    if (i === 1) {
+      root = h.slice(nl[0]! + 1, nl[1]);
+      parent = h.slice(nl[1]! + 1, nl[2]);
+      createdAt = Number(h.slice(nl[2]! + 1, nl[3]));
+      conv = pc;
+      ids = pi;
+    } else {
+      conv = `${pc},${conv}`;
+      ids = `${pi},${ids}`;
+    }
+  }
+  return { tenant, id, root, parent, createdAt, conv, ids, response: v[0]! };
+}
 
 /**
  * The key of a record: `<tenant length>:<tenant>:<id>` (after the store's

@@ -7,23 +7,31 @@
 // one message. WAL mode with synchronous=NORMAL: a commit is durable against a
 // crash of the router process; a power loss may lose the last commits.
 // Keyed by (tenant, id); bounded like the memory store (count and bytes per
-// tenant), oldest first (an LRU
-// would cost a write per read); expired rows are swept here too.
+// tenant, a continuation charged for what its turn added), oldest first (an
+// LRU would cost a write per read); expired rows are swept here too.
 import { parentPort, workerData } from 'node:worker_threads';
 import Database from 'better-sqlite3';
-import { recordBytes, type StoredResponse } from './store.js';
+import { entryBytes, linksParent, MAX_LINKS, partBytes, type StoredResponse } from './store.js';
 import { OP_GET, OP_PUT, type FromWorker, type SqliteOp, type SqliteResult, type SqliteWorkerData, type ToWorker } from './sqlite-protocol.js';
 
 interface Row {
-  tenant: string;
-  id: string;
+  seq: number;
   root: string;
   parent: string;
   created_at: number;
   expires_at: number;
+  up: number;
   conv: string;
   ids: string;
   response: string;
+}
+
+/** What removing a record needs of its row. */
+interface Held {
+  seq: number;
+  bytes: number;
+  part_bytes: number;
+  up: number;
 }
 
 /** One tenant's totals (the bounds apply per tenant). */
@@ -42,12 +50,17 @@ class Db {
   evictions = 0;
   readonly #tenants = new Map<string, Totals>();
   readonly #get: Database.Statement<[string, string], Row>;
+  readonly #link: Database.Statement<[number], { up: number; conv: string; ids: string }>;
+  readonly #parentOf: Database.Statement<[string, string], { seq: number; depth: number; chain_bytes: number }>;
   readonly #put: Database.Statement<unknown[]>;
-  readonly #bytesOf: Database.Statement<[string, string], { bytes: number }>;
-  readonly #del: Database.Statement<[string, string]>;
-  readonly #oldest: Database.Statement<[string, number], { seq: number; bytes: number }>;
+  readonly #kidsInc: Database.Statement<[number]>;
+  readonly #kidsDec: Database.Statement<[number]>;
+  readonly #held: Database.Statement<[string, string], Held>;
+  readonly #kill: Database.Statement<[number]>;
+  readonly #upOf: Database.Statement<[number], { up: number; kids: number; live: number; part_bytes: number }>;
   readonly #delSeq: Database.Statement<[number]>;
-  readonly #sweep: Database.Statement<[number]>;
+  readonly #oldest: Database.Statement<[string, number], Held>;
+  readonly #expired: Database.Statement<[number], Held & { tenant: string }>;
   readonly #totals: Database.Statement<[], { tenant: string; n: number; b: number }>;
 
   constructor(d: SqliteWorkerData) {
@@ -57,8 +70,12 @@ class Db {
     const db = (this.db = new Database(d.path, { timeout: d.busyTimeoutMs }));
     db.pragma('journal_mode = WAL');
     db.pragma('synchronous = NORMAL');
-    // keyed by (tenant, id): a tenant's lookups never see another's rows
-    db.exec(`CREATE TABLE IF NOT EXISTS responses_t (
+    // One row per record. A continuation's row holds what its turn added and
+    // the seq of its parent's row (`up`); a row whose record was deleted,
+    // evicted or expired stays (live = 0, its response dropped) while rows
+    // below it (`kids`) need its part. Keyed by (tenant, id) among live rows:
+    // a tenant's lookups never see another's rows.
+    db.exec(`CREATE TABLE IF NOT EXISTS responses_p (
       seq INTEGER PRIMARY KEY AUTOINCREMENT,
       tenant TEXT NOT NULL,
       id TEXT NOT NULL,
@@ -67,24 +84,58 @@ class Db {
       created_at INTEGER NOT NULL,
       expires_at INTEGER NOT NULL,
       bytes INTEGER NOT NULL,
+      part_bytes INTEGER NOT NULL,
+      chain_bytes INTEGER NOT NULL,
+      up INTEGER NOT NULL,
+      depth INTEGER NOT NULL,
+      kids INTEGER NOT NULL DEFAULT 0,
+      live INTEGER NOT NULL DEFAULT 1,
       conv TEXT NOT NULL,
       ids TEXT NOT NULL,
-      response TEXT NOT NULL,
-      UNIQUE (tenant, id))`);
-    db.exec('CREATE INDEX IF NOT EXISTS responses_t_expiry ON responses_t (expires_at)');
-    db.exec('CREATE INDEX IF NOT EXISTS responses_t_age ON responses_t (tenant, seq)');
-    this.#get = db.prepare('SELECT tenant, id, root, parent, created_at, expires_at, conv, ids, response FROM responses_t WHERE tenant = ? AND id = ?');
+      response TEXT NOT NULL)`);
+    db.exec('CREATE UNIQUE INDEX IF NOT EXISTS responses_p_key ON responses_p (tenant, id) WHERE live = 1');
+    db.exec('CREATE INDEX IF NOT EXISTS responses_p_expiry ON responses_p (expires_at) WHERE live = 1');
+    db.exec('CREATE INDEX IF NOT EXISTS responses_p_age ON responses_p (tenant, seq) WHERE live = 1');
+    this.#migrate();
+    this.#get = db.prepare('SELECT seq, root, parent, created_at, expires_at, up, conv, ids, response FROM responses_p WHERE tenant = ? AND id = ? AND live = 1');
+    this.#link = db.prepare('SELECT up, conv, ids FROM responses_p WHERE seq = ?');
+    this.#parentOf = db.prepare('SELECT seq, depth, chain_bytes FROM responses_p WHERE tenant = ? AND id = ? AND live = 1');
     this.#put = db.prepare(
-      'INSERT INTO responses_t (tenant, id, root, parent, created_at, expires_at, bytes, conv, ids, response) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+      'INSERT INTO responses_p (tenant, id, root, parent, created_at, expires_at, bytes, part_bytes, chain_bytes, up, depth, conv, ids, response) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
     );
-    this.#bytesOf = db.prepare('SELECT bytes FROM responses_t WHERE tenant = ? AND id = ?');
-    this.#del = db.prepare('DELETE FROM responses_t WHERE tenant = ? AND id = ?');
-    this.#oldest = db.prepare('SELECT seq, bytes FROM responses_t WHERE tenant = ? ORDER BY seq LIMIT ?');
-    this.#delSeq = db.prepare('DELETE FROM responses_t WHERE seq = ?');
-    this.#sweep = db.prepare('DELETE FROM responses_t WHERE expires_at <= ?');
-    this.#totals = db.prepare('SELECT tenant, count(*) AS n, coalesce(sum(bytes), 0) AS b FROM responses_t GROUP BY tenant');
+    this.#kidsInc = db.prepare('UPDATE responses_p SET kids = kids + 1 WHERE seq = ?');
+    this.#kidsDec = db.prepare('UPDATE responses_p SET kids = kids - 1 WHERE seq = ?');
+    this.#held = db.prepare('SELECT seq, bytes, part_bytes, up FROM responses_p WHERE tenant = ? AND id = ? AND live = 1');
+    this.#kill = db.prepare("UPDATE responses_p SET live = 0, bytes = 0, response = '' WHERE seq = ?");
+    this.#upOf = db.prepare('SELECT up, kids, live, part_bytes FROM responses_p WHERE seq = ?');
+    this.#delSeq = db.prepare('DELETE FROM responses_p WHERE seq = ?');
+    this.#oldest = db.prepare('SELECT seq, bytes, part_bytes, up FROM responses_p WHERE tenant = ? AND live = 1 ORDER BY seq LIMIT ?');
+    this.#expired = db.prepare('SELECT seq, tenant, bytes, part_bytes, up FROM responses_p WHERE live = 1 AND expires_at <= ? LIMIT 1000');
+    this.#totals = db.prepare('SELECT tenant, sum(live) AS n, coalesce(sum(bytes + part_bytes), 0) AS b FROM responses_p GROUP BY tenant');
     this.sweep(Date.now());
     this.#recount();
+  }
+
+  /**
+   * A file from before conversations were kept as parts (table responses_t:
+   * every record whole) is copied once into responses_p as whole rows; the
+   * old table is left as it was (a router of that version still reads it).
+   */
+  #migrate(): void {
+    const db = this.db;
+    if ((db.pragma('user_version', { simple: true }) as number) >= 2) return;
+    const old = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'responses_t'").get();
+    db.transaction(() => {
+      if (old !== undefined) {
+        db.prepare(
+          `INSERT INTO responses_p (tenant, id, root, parent, created_at, expires_at, bytes, part_bytes, chain_bytes, up, depth, conv, ids, response)
+           SELECT tenant, id, root, parent, created_at, expires_at, length(response) + 3 * length(id) + 128, length(conv) + length(ids) + 32,
+                  length(conv) + length(ids) + 32, 0, 0, conv, ids, response
+           FROM responses_t WHERE expires_at > ? ORDER BY seq`,
+        ).run(Date.now());
+      }
+      db.pragma('user_version = 2');
+    })();
   }
 
   #recount(): void {
@@ -114,38 +165,74 @@ class Db {
   get(tenant: string, id: string): StoredResponse | null {
     const row = this.#get.get(tenant, id);
     if (row === undefined || row.expires_at <= Date.now()) return null;
-    return { tenant: row.tenant, id: row.id, root: row.root, parent: row.parent, createdAt: row.created_at, conv: row.conv, ids: row.ids, response: row.response };
+    let conv = row.conv;
+    let ids = row.ids;
+    for (let up = row.up, n = 0; up !== 0; n++) {
+      const p = n < MAX_LINKS ? this.#link.get(up) : undefined;
+      if (p === undefined) return null; // cannot happen while kids are counted: a broken chain is absent, never half a conversation
+      conv = `${p.conv},${conv}`;
+      ids = `${p.ids},${ids}`;
+      up = p.up;
+    }
+    return { tenant, id, root: row.root, parent: row.parent, createdAt: row.created_at, conv, ids, response: row.response };
   }
 
   put(r: StoredResponse): boolean {
-    const bytes = recordBytes(r);
     this.#removeId(r.tenant, r.id); // ids are unique; a rewrite replaces
-    // a record larger than a tenant's whole budget is not kept (the turn answers store: false)
-    if (bytes > this.#maxBytes) return false;
-    this.#put.run(r.tenant, r.id, r.root, r.parent, r.createdAt, Date.now() + this.#ttlMs, bytes, r.conv, r.ids, r.response);
+    const up = linksParent(r) ? this.#parentOf.get(r.tenant, r.parent) : undefined;
+    const linked = up !== undefined && up.depth + 1 < MAX_LINKS;
+    const conv = linked ? r.addedConv! : r.conv;
+    const ids = linked ? r.addedIds! : r.ids;
+    const own = entryBytes(r);
+    const pb = partBytes(conv.length, ids.length);
+    const chain = linked ? up.chain_bytes + pb : pb;
+    // a record larger than a tenant's whole budget, with the conversation it needs, is not kept (the turn answers store: false)
+    if (own + chain > this.#maxBytes) return false;
+    this.#put.run(r.tenant, r.id, r.root, r.parent, r.createdAt, Date.now() + this.#ttlMs, own, pb, chain, linked ? up.seq : 0, linked ? up.depth + 1 : 0, conv, ids, r.response);
+    if (linked) this.#kidsInc.run(up.seq);
     const t = this.#of(r.tenant);
-    this.#charge(t, 1, bytes);
+    this.#charge(t, 1, own + pb);
     if (t.count > this.#maxResponses || t.bytes > this.#maxBytes) this.#evict(r.tenant, t);
     return true;
   }
 
   #removeId(tenant: string, id: string): boolean {
-    const had = this.#bytesOf.get(tenant, id);
-    if (had === undefined) return false;
-    this.#del.run(tenant, id);
-    this.#charge(this.#of(tenant), -1, -had.bytes);
+    const h = this.#held.get(tenant, id);
+    if (h === undefined) return false;
+    this.#remove(this.#of(tenant), h);
     return true;
   }
 
-  /** Drops the tenant's oldest rows until it is within its bounds (other tenants' rows are never touched). */
+  /** Drops a live record: its row goes, or stays as a part while rows below need it; parts above no one needs go too. */
+  #remove(t: Totals, h: Held): void {
+    // read again: a row read in a page (eviction, the sweep) may have lost kids since, or gone
+    const now = this.#upOf.get(h.seq);
+    if (now === undefined || now.live === 0) return;
+    this.#charge(t, -1, -h.bytes);
+    if (now.kids > 0) {
+      this.#kill.run(h.seq);
+      return;
+    }
+    this.#delSeq.run(h.seq);
+    this.#charge(t, 0, -h.part_bytes);
+    for (let up = h.up; up !== 0; ) {
+      this.#kidsDec.run(up);
+      const p = this.#upOf.get(up);
+      if (p === undefined || p.kids > 0 || p.live !== 0) return;
+      this.#delSeq.run(up);
+      this.#charge(t, 0, -p.part_bytes);
+      up = p.up;
+    }
+  }
+
+  /** Drops the tenant's oldest records until it is within its bounds (other tenants' rows are never touched). */
   #evict(tenant: string, t: Totals): void {
     while (t.count > this.#maxResponses || t.bytes > this.#maxBytes) {
       const rows = this.#oldest.all(tenant, 64);
       if (rows.length === 0) return;
       for (const row of rows) {
         if (t.count <= this.#maxResponses && t.bytes <= this.#maxBytes) return;
-        this.#delSeq.run(row.seq);
-        this.#charge(t, -1, -row.bytes);
+        this.#remove(t, row);
         this.evictions++;
       }
     }
@@ -157,8 +244,16 @@ class Db {
     return row !== undefined && row.expires_at > Date.now();
   }
 
+  /** Drops expired records (a page at a time), then counts again. */
   sweep(now: number): void {
-    if (this.#sweep.run(now).changes > 0) this.#recount();
+    let n = 0;
+    for (;;) {
+      const rows = this.#expired.all(now);
+      for (const row of rows) this.#remove(this.#of(row.tenant), row);
+      n += rows.length;
+      if (rows.length < 1000) break;
+    }
+    if (n > 0) this.#recount();
   }
 
   /** One batch: the writes in one immediate transaction; a failure of it fails the writes, reads are retried alone. */

@@ -2,9 +2,12 @@
 // kept. Three implementations: memory (bounded, LRU; the embedded default),
 // sqlite (a durable file) and redis (shared by router replicas). Each stored
 // response carries the whole conversation up to and including its own output
-// as rendered chat messages, so a turn reads ONE record (one Redis round trip)
-// and never re-parses or re-renders its chain; eviction of any record cannot
-// break another (docs/responses.md: the trade-off).
+// as rendered chat messages when it is read, so a turn reads ONE record and
+// never re-parses or re-renders its chain. A store keeps of a continuation
+// only what it adds (its input and output), linked to its parent's part: a
+// branch costs what it adds, not a copy of its history. A record's part stays
+// while any record below it needs it, so deleting or evicting a response never
+// breaks a chain (docs/responses.md, "The store").
 import { SwitchyardError } from '../errors.js';
 
 export interface StoredResponse {
@@ -23,6 +26,47 @@ export interface StoredResponse {
   readonly ids: string;
   /** The Response object as JSON text (GET /v1/responses/{id}). */
   readonly response: string;
+  /**
+   * Set by the turn on put when `conv` is the parent's conv, a comma and this
+   * (and `ids` likewise with addedIds): what this turn added. A store links
+   * the record to its parent's part and keeps only these; without them (a
+   * first turn, a truncated conversation) or when the parent's part is gone,
+   * it keeps the whole conv. Never set on a record a store returns.
+   */
+  readonly addedConv?: string;
+  readonly addedIds?: string;
+}
+
+/**
+ * Links a conversation may chain in a store before a record holds its whole
+ * conversation again (a checkpoint): a read assembles at most this many
+ * parts, in every store, whatever the conversation's length.
+ */
+export const MAX_LINKS = 128;
+
+/** True when `r` can be kept as what it adds on top of its parent's part (addedConv/addedIds set and consistent). */
+export function linksParent(r: StoredResponse): boolean {
+  const c = r.addedConv;
+  const i = r.addedIds;
+  return (
+    r.parent !== '' &&
+    c !== undefined &&
+    i !== undefined &&
+    c.length < r.conv.length &&
+    i.length < r.ids.length &&
+    r.conv.charCodeAt(r.conv.length - c.length - 1) === 44 &&
+    r.ids.charCodeAt(r.ids.length - i.length - 1) === 44
+  );
+}
+
+/** Bytes a record's own fields hold (its Response object and ids), apart from its conversation part. */
+export function entryBytes(r: Pick<StoredResponse, 'id' | 'response'>): number {
+  return r.response.length + r.id.length * 3 + 128;
+}
+
+/** Bytes a conversation part of `conv` and `ids` code units holds. */
+export function partBytes(convLen: number, idsLen: number): number {
+  return convLen + idsLen + 32;
 }
 
 export function isPromise<T>(v: T | Promise<T>): v is Promise<T> {
@@ -34,9 +78,14 @@ export class StoreUnavailableError extends SwitchyardError {
   override readonly code = 'SWY_ERR_STORE_UNAVAILABLE';
 }
 
-/** Approximate bytes a record holds (UTF-16 code units of its strings, plus a fixed overhead). */
+/**
+ * Approximate bytes storing `r` adds (UTF-16 code units of its strings, plus
+ * a fixed overhead): its own fields and what it adds to its conversation
+ * (linked), or its whole conversation (not linked).
+ */
 export function recordBytes(r: StoredResponse): number {
-  return r.conv.length + r.ids.length + r.response.length + r.id.length * 3 + 128;
+  const linked = linksParent(r);
+  return entryBytes(r) + (linked ? partBytes(r.addedConv!.length, r.addedIds!.length) : partBytes(r.conv.length, r.ids.length));
 }
 
 /**

@@ -647,15 +647,21 @@ export class ResponsesTurn implements ClientPort, ResponseHead {
     const responseJson = render();
     const p = this.#parent;
     const parentIds = this.#droppedIds ?? (p === null ? '' : p.ids);
+    const msg = out.chatMessage();
+    const entry = out.idEntry();
+    // not truncated: the conversation is the parent's, then this turn's input and output (what the store keeps of it)
+    const linked = p !== null && this.#droppedIds === null && p.conv !== '' && p.ids !== '';
     const rec: StoredResponse = {
       tenant: this.#tenant,
       id: this.id,
       root: this.#root,
       parent: p === null ? '' : p.id,
       createdAt: this.createdAt,
-      conv: `${this.#conv},${out.chatMessage()}`,
-      ids: parentIds === '' ? `${req.inputIds},${out.idEntry()}` : `${parentIds},${req.inputIds},${out.idEntry()}`,
+      conv: `${this.#conv},${msg}`,
+      ids: parentIds === '' ? `${req.inputIds},${entry}` : `${parentIds},${req.inputIds},${entry}`,
       response: responseJson,
+      addedConv: linked ? `${req.inputFragment},${msg}` : undefined,
+      addedIds: linked ? `${req.inputIds},${entry}` : undefined,
     };
     if (recordBytes(rec) > this.#svc.maxRecordBytes) {
       this.stored = false;
