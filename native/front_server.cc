@@ -508,6 +508,23 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
     uv_check_stop(h);
     Napi::HandleScope scope(self->Env());
     self->Call(self->noop_, 0, nullptr);  // leaving the callback scope runs the queued ticks and microtasks
+    if (self->drains_.empty() || self->on_drain_.IsEmpty()) return;
+    std::vector<double> ids;
+    ids.swap(self->drains_);
+    for (double id : ids) {
+      if (self->requests_.find(id) == self->requests_.end()) continue;  // answered or gone since
+      napi_value argv[1] = {Napi::Number::New(self->Env(), id)};
+      self->Call(self->on_drain_, 1, argv);
+    }
+  }
+
+  // onDrain(id) from the check handle (this loop iteration's end): never from inside a call from JS.
+  void QueueDrain(double id) {
+    drains_.push_back(id);
+    if (!check_armed_ && check_init_) {
+      check_armed_ = true;
+      uv_check_start(&check_, OnCheck);
+    }
   }
 
   void Call(Napi::FunctionReference& fn, size_t argc, napi_value* argv) {
@@ -572,6 +589,12 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
       if (!p.out.empty()) {
         Send(c, std::move(p.out), false);
         p.out.clear();
+        // a slot that said "full" while it waited, now sent: uv_try_write may have taken it whole (no write
+        // completion, so OnWritten never tells it); its drain goes out from the check handle instead
+        if (p.want_drain && !p.done && c->tcp.write_queue_size < kLowWater) {
+          p.want_drain = false;
+          QueueDrain(p.id);
+        }
       }
       if (!p.done) return;
       const bool keep = p.keep_alive;
@@ -962,6 +985,7 @@ class FrontServerWrap : public Napi::ObjectWrap<FrontServerWrap> {
   bool check_init_ = false;
   bool check_armed_ = false;
   Napi::FunctionReference noop_;
+  std::vector<double> drains_;  // ids whose drain OnCheck sends (QueueDrain)
   Napi::Reference<Napi::ArrayBuffer> xfer_ref_;
   char* xfer_ = nullptr;
   size_t xfer_len_ = 0;

@@ -13,7 +13,7 @@ import type { ClientPort } from '../director/director.js';
 import { KIND_EMBEDDINGS, KIND_PATHS } from '../director/director.js';
 import { BodyPool } from '../director/body-pool.js';
 import type { Endpoint } from '../endpoints/endpoint.js';
-import { FrontServer, FULL, GONE, SENT, type FrontRequest } from '../../bindings/front-end.js';
+import { FrontServer, FULL, GONE, type FrontRequest } from '../../bindings/front-end.js';
 import { SERVER_DEFAULTS } from '../config/schema.js';
 import { errorBody } from './http-errors.js';
 import type { ExchangeFlight } from './http-exchange.js';
@@ -340,14 +340,8 @@ export class NativeFrontEnd implements FrontEnd {
       let r = this.#server.respond(id, status, `content-type: ${fieldValue(type)}\r\n`, null, false, h.draining);
       for (;;) {
         if (r === GONE || d.aborted) return;
-        // FULL: wait for onDrain; every 50 ms also ask again with an empty write (no bytes: it only reads the
-        // pressure), since a slot that waited behind a pipelined answer can be sent whole later without a drain
-        while (r === FULL) {
-          const drained = await d.drained(50);
-          if (drained === false || d.aborted) return;
-          r = drained === true ? SENT : this.#server.write(id, null, false);
-          if (r === GONE) return;
-        }
+        // FULL: wait for onDrain (also sent when a slot that waited behind a pipelined answer goes out whole)
+        if (r === FULL && !(await d.drained())) return;
         const piece = await pieces.next();
         if (d.aborted) return;
         if (piece === null) {
@@ -586,18 +580,11 @@ class Download {
     this.id = id;
   }
 
-  /** Resolves true when the socket took the bytes waiting, false when the client left, null after `ms` without either. */
-  drained(ms: number): Promise<boolean | null> {
+  /** Resolves true when the socket took the bytes waiting, false when the client left. */
+  drained(): Promise<boolean> {
     if (this.aborted) return Promise.resolve(false);
     return new Promise((resolve) => {
-      const timer = setTimeout(() => {
-        this.#wake = null;
-        resolve(null);
-      }, ms);
-      this.#wake = (go) => {
-        clearTimeout(timer);
-        resolve(go);
-      };
+      this.#wake = resolve;
     });
   }
 

@@ -367,3 +367,37 @@ t.test('one connection, many requests: every request carries its own field value
     [keyA, keyA.slice(0, -1) + '9', keyA],
   );
 });
+
+t.test('backpressure: an answer that said FULL while it waited behind a pipelined one gets onDrain when it goes out whole', async (t) => {
+  const ids = new Map<string, number>();
+  const drained: number[] = [];
+  const server = new FrontServer(
+    (r) => {
+      ids.set(r.target, r.id);
+    },
+    () => {},
+    { onDrain: (i) => drained.push(i) },
+  );
+  const port = server.listen('127.0.0.1', 0);
+  t.teardown(() => server.close());
+  const s = net.connect(port, '127.0.0.1');
+  s.on('error', () => {});
+  t.teardown(() => s.destroy());
+  let read = 0;
+  s.on('data', (b) => (read += b.length));
+  await new Promise((r) => s.on('connect', r));
+  s.write('GET /first HTTP/1.1\r\nHost: x\r\n\r\nGET /second HTTP/1.1\r\nHost: x\r\n\r\n');
+  while (ids.size < 2) await new Promise((r) => setTimeout(r, 10));
+  const first = ids.get('/first')!;
+  const second = ids.get('/second')!;
+  // the second answer's bytes wait in its slot behind the first: past the high-water mark, FULL
+  t.equal(server.respond(second, 200, '', Buffer.alloc(96 * 1024, 'b'), false), 2, 'the waiting answer is FULL');
+  t.same(drained, [], 'no drain while it waits');
+  // the first ends: the slot goes out (a reading client on loopback takes 96 KiB whole: no write completion)
+  server.respond(first, 200, '', Buffer.from('one'), true);
+  for (let i = 0; i < 100 && drained.length === 0; i++) await new Promise((r) => setTimeout(r, 10));
+  t.same(drained, [second], 'onDrain for the answer that was FULL');
+  t.equal(server.write(second, Buffer.from('end'), true), 1, 'then it ends');
+  for (let i = 0; i < 100 && read < 96 * 1024 + 3; i++) await new Promise((r) => setTimeout(r, 10));
+  t.ok(read > 96 * 1024, `the client read both answers (${read} bytes)`);
+});
