@@ -104,7 +104,7 @@ export class RedisStore implements ResponseStore {
 
   /** The prefix of the keys of `tenant`'s parts, as the scripts see it (the client's keyPrefix included). */
   #parts(tenant: string): string {
-    return `${this.#prefix}${tenant.length}:${tenant}:p:`;
+    return `${this.#prefix}p:${tenant.length}:${tenant}:`;
   }
 
   async get(tenant: string, id: string): Promise<StoredResponse | null> {
@@ -163,9 +163,8 @@ const SCRIPTS = {
   swyRespGet: `
 local v = redis.call('HMGET', KEYS[1], 'r', 'h', 'u')
 if not v[1] then
-  local old = redis.call('GET', KEYS[2])
-  if not old then return false end
-  return {'', old}
+  if redis.call('TYPE', KEYS[2]).ok ~= 'string' then return false end
+  return {'', redis.call('GET', KEYS[2])}
 end
 if v[1] == '' then return false end
 local out = {v[1], v[2]}
@@ -191,14 +190,17 @@ if up ~= '' then
   d = tonumber(pd) + 1
   if d >= tonumber(ARGV[2]) then return 0 end
 end
-redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], 'h', ARGV[5], 'r', ARGV[6], 'u', up, 'd', d, 'k', 0)
 redis.call('PEXPIRE', KEYS[1], ttl)
 if up ~= '' then redis.call('HINCRBY', ARGV[1] .. up, 'k', 1) end
+-- every part above lives at least as long as the one below it: stretched (with a quarter to spare, so the
+-- next puts stop at once) up to the first one that already outlives this record
 local n = 0
+local stretched = math.floor(ttl * 1.25)
 while up ~= '' and n < tonumber(ARGV[2]) do
   local k = ARGV[1] .. up
-  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+  if redis.call('PTTL', k) >= ttl then break end
+  redis.call('PEXPIRE', k, stretched)
   up = redis.call('HGET', k, 'u') or ''
   n = n + 1
 end
@@ -206,7 +208,10 @@ return 1`,
   // -> 1 when the record was there
   swyRespDel: `
 local v = redis.call('HMGET', KEYS[1], 'r', 'k', 'u')
-if not v[1] then return redis.call('DEL', KEYS[2]) end
+if not v[1] then
+  if redis.call('TYPE', KEYS[2]).ok ~= 'string' then return 0 end
+  return redis.call('DEL', KEYS[2])
+end
 if v[1] == '' then return 0 end
 if tonumber(v[2]) > 0 then
   redis.call('HSET', KEYS[1], 'r', '')
@@ -228,9 +233,13 @@ end
 return 1`,
 };
 
-/** The hash of a record: `<tenant length>:<tenant>:p:<id>` (ids never start with `p:`, so it never meets a key of the earlier layout). */
+/**
+ * The hash of a record: `p:<tenant length>:<tenant>:<id>`. A key of the
+ * earlier layout (keyOf) starts with a digit, so no id a client sends can
+ * name a part's hash through it, nor a record's hash name another tenant's.
+ */
 export function partKeyOf(tenant: string, id: string): string {
-  return `${tenant.length}:${tenant}:p:${id}`;
+  return `p:${tenant.length}:${tenant}:${id}`;
 }
 
 /** A part's h: `r2\n<root>\n<parent>\n<createdAt>\n<ids length>\n` + ids + conv. */

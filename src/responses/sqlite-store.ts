@@ -12,7 +12,7 @@
 // state, so nothing of a committed chain is lost.
 import { Worker } from 'node:worker_threads';
 import type { ResponsesConfig } from '../config/responses.js';
-import { StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
+import { linksParent, StoreUnavailableError, type ResponseStore, type StoredResponse } from './store.js';
 import { OP_DEL, OP_GET, OP_PUT, type FromWorker, type SqliteOp, type SqliteWorkerData, type ToWorker } from './sqlite-protocol.js';
 import { IdTable } from '../id-table.js';
 
@@ -185,8 +185,19 @@ export class SqliteStore implements ResponseStore {
     return this.#op((rid) => [rid, OP_GET, tenant, id]);
   }
 
-  put(r: StoredResponse): Promise<boolean> {
-    return this.#op<boolean>((rid) => [rid, OP_PUT, r]);
+  /**
+   * A continuation goes to the worker as what it added only (the whole
+   * conversation is not copied across); the worker answers null when it
+   * cannot link it (the parent's record is gone, or a checkpoint is due), and
+   * then the whole record is sent.
+   */
+  async put(r: StoredResponse): Promise<boolean> {
+    if (linksParent(r)) {
+      const slim: StoredResponse = { ...r, conv: '', ids: '' };
+      const kept = await this.#op<boolean | null>((rid) => [rid, OP_PUT, slim]);
+      if (kept !== null) return kept;
+    }
+    return (await this.#op<boolean | null>((rid) => [rid, OP_PUT, { ...r, addedConv: undefined, addedIds: undefined }])) === true;
   }
 
   delete(tenant: string, id: string): Promise<boolean> {

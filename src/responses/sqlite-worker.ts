@@ -112,20 +112,25 @@ class Db {
     this.#oldest = db.prepare('SELECT seq, bytes, part_bytes, up FROM responses_p WHERE tenant = ? AND live = 1 ORDER BY seq LIMIT ?');
     this.#expired = db.prepare('SELECT seq, tenant, bytes, part_bytes, up FROM responses_p WHERE live = 1 AND expires_at <= ? LIMIT 1000');
     this.#totals = db.prepare('SELECT tenant, sum(live) AS n, coalesce(sum(bytes + part_bytes), 0) AS b FROM responses_p GROUP BY tenant');
+    this.#repair();
     this.sweep(Date.now());
     this.#recount();
   }
 
   /**
    * A file from before conversations were kept as parts (table responses_t:
-   * every record whole) is copied once into responses_p as whole rows; the
-   * old table is left as it was (a router of that version still reads it).
+   * every record whole) is copied once into responses_p as whole rows, and
+   * the old table emptied in the same transaction (a response deleted later
+   * must not come back under an older router; that router finds no records
+   * and its continuations are 404). Checked again inside the immediate
+   * transaction, so two routers opening the file at once copy it once.
    */
   #migrate(): void {
     const db = this.db;
     if ((db.pragma('user_version', { simple: true }) as number) >= 2) return;
-    const old = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'responses_t'").get();
     db.transaction(() => {
+      if ((db.pragma('user_version', { simple: true }) as number) >= 2) return;
+      const old = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'responses_t'").get();
       if (old !== undefined) {
         db.prepare(
           `INSERT INTO responses_p (tenant, id, root, parent, created_at, expires_at, bytes, part_bytes, chain_bytes, up, depth, conv, ids, response)
@@ -133,9 +138,10 @@ class Db {
                   length(conv) + length(ids) + 32, 0, 0, conv, ids, response
            FROM responses_t WHERE expires_at > ? ORDER BY seq`,
         ).run(Date.now());
+        db.exec('DELETE FROM responses_t');
       }
       db.pragma('user_version = 2');
-    })();
+    }).immediate();
   }
 
   #recount(): void {
@@ -177,10 +183,13 @@ class Db {
     return { tenant, id, root: row.root, parent: row.parent, createdAt: row.created_at, conv, ids, response: row.response };
   }
 
-  put(r: StoredResponse): boolean {
-    this.#removeId(r.tenant, r.id); // ids are unique; a rewrite replaces
-    const up = linksParent(r) ? this.#parentOf.get(r.tenant, r.parent) : undefined;
+  /** Kept or not; null when `r` came without its whole conversation (what it added only) and cannot be linked: send it whole. */
+  put(r: StoredResponse): boolean | null {
+    const slim = r.conv === '' && r.addedConv !== undefined;
+    const up = slim || linksParent(r) ? this.#parentOf.get(r.tenant, r.parent) : undefined;
     const linked = up !== undefined && up.depth + 1 < MAX_LINKS;
+    if (slim && !linked) return null;
+    this.#removeId(r.tenant, r.id); // ids are unique; a rewrite replaces
     const conv = linked ? r.addedConv! : r.conv;
     const ids = linked ? r.addedIds! : r.ids;
     const own = entryBytes(r);
@@ -244,16 +253,42 @@ class Db {
     return row !== undefined && row.expires_at > Date.now();
   }
 
-  /** Drops expired records (a page at a time), then counts again. */
+  /** Drops expired records, a page at a time, each page in one transaction (a crash leaves no kids count half done), then counts again. */
   sweep(now: number): void {
     let n = 0;
-    for (;;) {
+    const page = this.db.transaction(() => {
       const rows = this.#expired.all(now);
       for (const row of rows) this.#remove(this.#of(row.tenant), row);
-      n += rows.length;
-      if (rows.length < 1000) break;
+      return rows.length;
+    });
+    for (;;) {
+      const k = page.immediate();
+      n += k;
+      if (k < 1000) break;
     }
     if (n > 0) this.#recount();
+  }
+
+  /**
+   * At open: every kids count from the rows that link to it, and the rows
+   * kept only as parts that nothing links to any more dropped (a file another
+   * process wrote, or one from before a crash, is made consistent).
+   */
+  #repair(): void {
+    const db = this.db;
+    db.transaction(() => {
+      db.exec('UPDATE responses_p SET kids = (SELECT count(*) FROM responses_p c WHERE c.up = responses_p.seq)');
+      for (;;) {
+        const orphans = db.prepare('SELECT seq, up FROM responses_p WHERE live = 0 AND kids = 0').all() as { seq: number; up: number }[];
+        if (orphans.length === 0) break;
+        const del = db.prepare('DELETE FROM responses_p WHERE seq = ?');
+        const dec = db.prepare('UPDATE responses_p SET kids = kids - 1 WHERE seq = ?');
+        for (const o of orphans) {
+          del.run(o.seq);
+          if (o.up !== 0) dec.run(o.up);
+        }
+      }
+    }).immediate();
   }
 
   /** One batch: the writes in one immediate transaction; a failure of it fails the writes, reads are retried alone. */

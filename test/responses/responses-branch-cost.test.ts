@@ -147,7 +147,7 @@ t.test('Redis store: a branch costs what it adds', async (t) => {
   let mem = 0;
   // what Redis holds for the tenant, read before each check (bytes() is called synchronously: kept fresh by measure())
   const measure = async () => {
-    const keys = await probe.keys('switchyard:resp:1:a:*');
+    const keys = await probe.keys('switchyard:resp:*1:a:*');
     let n = 0;
     for (const k of keys) n += (await probe.memory('USAGE', k)) ?? 0;
     mem = n;
@@ -170,17 +170,25 @@ t.test('Redis store: a branch costs what it adds', async (t) => {
   t.equal(cont.status, 200, 'a branch of the deleted first turn continues');
   t.same(await userInputs(url, KEY_A, cont.json.id), ['x'.repeat(BIG), 'branch 2', 'and then?']);
   // every part above a record stretched to the record's TTL
-  const ttlRoot = await probe.pttl(`switchyard:resp:1:a:p:${root.json.id}`);
-  const ttlLeaf = await probe.pttl(`switchyard:resp:1:a:p:${cont.json.id}`);
+  const ttlRoot = await probe.pttl(`switchyard:resp:p:1:a:${root.json.id}`);
+  const ttlLeaf = await probe.pttl(`switchyard:resp:p:1:a:${cont.json.id}`);
   t.ok(ttlRoot >= ttlLeaf - 1000, `the first turn's part lives as long as the newest record below it (${ttlRoot} / ${ttlLeaf} ms)`);
   for (const id of [...ids, cont.json.id]) t.equal((await call(url, 'DELETE', `/v1/responses/${id}`, KEY_A)).status, 200);
-  t.same(await probe.keys('switchyard:resp:1:a:*'), [], 'nothing is left once no response needs it');
+  t.same(await probe.keys('switchyard:resp:*1:a:*'), [], 'nothing is left once no response needs it');
   await longChain(t, url);
   // a part above a record evicted by Redis: its continuation is a clean 404, never half a conversation
   const c1 = await create(url, KEY_A, { input: 'one' });
   const c2 = await create(url, KEY_A, { input: 'two', previous_response_id: c1.json.id });
   const c3 = await create(url, KEY_A, { input: 'three', previous_response_id: c2.json.id });
-  await probe.del(`switchyard:resp:1:a:p:${c1.json.id}`);
+  // no id a client sends reaches a part's hash (DELETE, GET and previous_response_id of a part-like id)
+  for (const fake of [`p:${c1.json.id}`, `p:1:a:${c1.json.id}`, `:p:${c1.json.id}`]) {
+    const path = `/v1/responses/${encodeURIComponent(fake)}`;
+    t.equal((await call(url, 'DELETE', path, KEY_A)).status, 404, `DELETE ${fake} finds nothing`);
+    t.equal((await call(url, 'GET', path, KEY_A)).status, 404, `GET ${fake} finds nothing`);
+    t.equal((await create(url, KEY_A, { input: 'x', previous_response_id: fake })).status, 404, `continuing ${fake} finds nothing`);
+  }
+  t.same(await userInputs(url, KEY_A, c3.json.id), ['one', 'two', 'three'], 'the chain is whole');
+  await probe.del(`switchyard:resp:p:1:a:${c1.json.id}`);
   t.equal((await call(url, 'GET', `/v1/responses/${c3.json.id}`, KEY_A)).status, 404, 'a broken chain is absent');
   const cont3 = await create(url, KEY_A, { input: 'four', previous_response_id: c3.json.id });
   t.equal(cont3.status, 404);
@@ -237,4 +245,7 @@ t.test('SQLite store: a file of the earlier layout (responses_t) is read and con
   const cont = await create(url, KEY_A, { input: 'after it', previous_response_id: id });
   t.equal(cont.status, 200, 'continued');
   t.same(await userInputs(url, KEY_A, cont.json.id), ['kept in the old table', 'after it']);
+  const check = new Database(path, { readonly: true });
+  t.equal((check.prepare('SELECT count(*) AS n FROM responses_t').get() as { n: number }).n, 0, 'the old table is emptied (nothing deleted later comes back under an older router)');
+  check.close();
 });
