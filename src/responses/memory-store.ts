@@ -129,9 +129,16 @@ export class MemoryStore implements ResponseStore {
     sp!.map.set(id, e); // most recently used: to the back
     let conv = e.part.conv;
     let ids = e.part.ids;
-    for (let p = e.part.up; p !== null; p = p.up) {
-      conv = `${p.conv},${conv}`;
-      ids = `${p.ids},${ids}`;
+    if (e.part.up !== null) {
+      // joined once, oldest first: one flat string each (a turn sends it whole), not a deep chain of concatenations
+      const cs: string[] = [];
+      const is: string[] = [];
+      for (let p: Part | null = e.part; p !== null; p = p.up) {
+        cs.push(p.conv);
+        is.push(p.ids);
+      }
+      conv = cs.reverse().join(',');
+      ids = is.reverse().join(',');
     }
     return { tenant, id, root: e.root, parent: e.parent, createdAt: e.createdAt, conv, ids, response: e.response };
   }
@@ -151,6 +158,12 @@ export class MemoryStore implements ResponseStore {
     // a record larger than a tenant's whole budget, with the conversation it needs, is not kept (the turn answers store: false)
     if (own + chain > this.#maxBytes) return false;
     if (sp === undefined) this.#spaces.set(r.tenant, (sp = new Space()));
+    // a part is read on every later turn of its conversation: made one flat string now (V8 flattens a
+    // concatenation in place on its first character read), so a read joins flat strings
+    if (linked) {
+      conv.charCodeAt(0);
+      ids.charCodeAt(0);
+    }
     const part = new Part(conv, ids, linked ? up : null, linked ? up.depth + 1 : 0, pb, chain);
     if (linked) up.kids++;
     const e: Entry = { tenant: r.tenant, id: r.id, root: r.root, parent: r.parent, createdAt: r.createdAt, response: r.response, part, bytes: own, expires: Date.now() + this.#ttlMs };

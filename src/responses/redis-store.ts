@@ -249,8 +249,8 @@ function head(r: StoredResponse, ids: string, conv: string): string {
 
 /** The record of swyRespGet's answer {response, h, h above, ...}, or null when a part cannot be read. */
 export function assemble(tenant: string, id: string, v: string[]): StoredResponse | null {
-  let conv = '';
-  let ids = '';
+  const cs: string[] = [];
+  const is: string[] = [];
   let root = '';
   let parent = '';
   let createdAt = 0;
@@ -272,14 +272,12 @@ export function assemble(tenant: string, id: string, v: string[]): StoredRespons
       root = h.slice(nl[0]! + 1, nl[1]);
       parent = h.slice(nl[1]! + 1, nl[2]);
       createdAt = Number(h.slice(nl[2]! + 1, nl[3]));
-      conv = pc;
-      ids = pi;
-    } else {
-      conv = `${pc},${conv}`;
-      ids = `${pi},${ids}`;
     }
+    cs.push(pc);
+    is.push(pi);
   }
-  return { tenant, id, root, parent, createdAt, conv, ids, response: v[0]! };
+  // oldest first, joined once
+  return { tenant, id, root, parent, createdAt, conv: cs.reverse().join(','), ids: is.reverse().join(','), response: v[0]! };
 }
 
 /**

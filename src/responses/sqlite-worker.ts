@@ -173,12 +173,18 @@ class Db {
     if (row === undefined || row.expires_at <= Date.now()) return null;
     let conv = row.conv;
     let ids = row.ids;
-    for (let up = row.up, n = 0; up !== 0; n++) {
-      const p = n < MAX_LINKS ? this.#link.get(up) : undefined;
-      if (p === undefined) return null; // cannot happen while kids are counted: a broken chain is absent, never half a conversation
-      conv = `${p.conv},${conv}`;
-      ids = `${p.ids},${ids}`;
-      up = p.up;
+    if (row.up !== 0) {
+      const cs = [conv];
+      const is = [ids];
+      for (let up = row.up, n = 0; up !== 0; n++) {
+        const p = n < MAX_LINKS ? this.#link.get(up) : undefined;
+        if (p === undefined) return null; // cannot happen while kids are counted: a broken chain is absent, never half a conversation
+        cs.push(p.conv);
+        is.push(p.ids);
+        up = p.up;
+      }
+      conv = cs.reverse().join(',');
+      ids = is.reverse().join(',');
     }
     return { tenant, id, root: row.root, parent: row.parent, createdAt: row.created_at, conv, ids, response: row.response };
   }
