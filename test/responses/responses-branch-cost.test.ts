@@ -14,34 +14,14 @@ import t from 'tap';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { Redis } from 'ioredis';
-import { startTestRouter } from '../support/router-util.js';
+import { call, KEY_A, KEY_B, tenantRouter as router, until } from '../support/tenant-calls.js';
 import { startRedis } from '../support/redis-util.js';
 import { MAX_LINKS } from '../../src/responses/store.js';
 import { encode, keyOf } from '../../src/responses/redis-store.js';
 import type { MemoryStore } from '../../src/responses/memory-store.js';
 import type { SqliteStore } from '../../src/responses/sqlite-store.js';
 
-const KEY_A = 'Bearer key-a';
-const KEY_B = 'Bearer key-b';
 const BIG = 60_000;
-
-async function router(t: Tap.Test, responses: Record<string, unknown>) {
-  return startTestRouter(t, { n: 1, extra: { responses, flowControl: { tenants: { 'key-a': 'a', 'key-b': 'b' } } } });
-}
-
-async function call(url: string, method: string, path: string, auth: string | null, body?: unknown): Promise<{ status: number; json: any }> {
-  const headers: Record<string, string> = { 'content-type': 'application/json' };
-  if (auth !== null) headers.authorization = auth;
-  const res = await fetch(url + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
-  const text = await res.text();
-  let json: any = text;
-  try {
-    json = JSON.parse(text);
-  } catch {
-    /* not JSON */
-  }
-  return { status: res.status, json };
-}
 
 const create = (url: string, auth: string | null, extra: Record<string, unknown>) =>
   call(url, 'POST', '/v1/responses', auth, { model: 'open-model', max_output_tokens: 2, ...extra });
@@ -59,15 +39,6 @@ async function userInputs(url: string, auth: string, id: string): Promise<string
     after = page.json.last_id;
   }
 }
-
-const until = async (cond: () => boolean, ms: number): Promise<boolean> => {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (cond()) return true;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  return false;
-};
 
 /**
  * Forty branches of a 60 KB conversation under a 300 KB budget: all kept,

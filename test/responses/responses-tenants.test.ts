@@ -8,41 +8,12 @@
 // large to keep says `store: false`.
 import t from 'tap';
 import { join } from 'node:path';
-import { startTestRouter } from '../support/router-util.js';
+import { call, KEY_A, KEY_B, tenantRouter as router, until } from '../support/tenant-calls.js';
 import { startRedis } from '../support/redis-util.js';
 
-const KEY_A = 'Bearer key-a';
-const KEY_B = 'Bearer key-b';
-
-async function router(t: Tap.Test, responses: Record<string, unknown>) {
-  return startTestRouter(t, { n: 1, extra: { responses, flowControl: { tenants: { 'key-a': 'a', 'key-b': 'b' } } } });
-}
-
-async function call(url: string, method: string, path: string, auth: string | null, body?: unknown): Promise<{ status: number; json: any }> {
-  const headers: Record<string, string> = { 'content-type': 'application/json' };
-  if (auth !== null) headers.authorization = auth;
-  const res = await fetch(url + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
-  const text = await res.text();
-  let json: any = text;
-  try {
-    json = JSON.parse(text);
-  } catch {
-    /* not JSON */
-  }
-  return { status: res.status, json };
-}
 
 const create = (url: string, auth: string | null, extra: Record<string, unknown> = {}) =>
   call(url, 'POST', '/v1/responses', auth, { model: 'open-model', input: 'a secret of mine', max_output_tokens: 3, ...extra });
-
-const until = async (cond: () => boolean, ms: number): Promise<boolean> => {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (cond()) return true;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  return false;
-};
 
 /** Every cross-tenant path is a 404 shaped like a missing id's; every owner path works. */
 async function walls(t: Tap.Test, url: string): Promise<void> {
