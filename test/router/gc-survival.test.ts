@@ -97,6 +97,7 @@ t.test('with auth and token limits per day, the rate-limit headers promote nothi
     { auth: { keysFile: file }, rateLimits: { defaultTenant: { requestsPerMinute: 100_000_000, tokensPerDay: 1_000_000_000 }, defaultKey: { tokensPerMinute: 1_000_000_000 } } },
     key,
   );
-  // measured: ~32 bytes a request with the counts through the number cache, ~8 without (room for a loaded machine)
-  t.ok(per < 20, `promoted ${per.toFixed(1)} bytes a request (bound 20)`);
+  // measured: ~32 bytes a request with the counts through the number cache, ~8 without; 21 seen once in a
+  // fresh-clone CI run (2026-12-07), so the bound leaves that room and still fails the number-cache path
+  t.ok(per < 26, `promoted ${per.toFixed(1)} bytes a request (bound 26)`);
 });
