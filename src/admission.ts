@@ -4,8 +4,9 @@
 // hold a request (return a promise), reject it (a value carrying its status,
 // reason and Retry-After), or let it through. The default gate admits
 // everything synchronously. Types only, plus that default: nothing of ours
-// is imported.
+// is imported at run time (the active-active flow exchange is a type).
 import type { Caller, Identity } from './identity.js';
+import type { FleetFlows } from './flow/fleet-flows.js';
 import type { Registry } from 'prom-client';
 
 /** What an admission gate sees about a request. Valid until release(). */
@@ -98,6 +99,12 @@ export interface AdmissionGate {
   bandName?(ticket: unknown): string;
   /** Called after each successful metrics scrape of an endpoint serving `model` (capacity may have changed). */
   onCapacity?(model?: string): void;
+  /**
+   * Active-active replicas (ha.shareFlows): the gate weighs the other
+   * replicas' flows and reports its own (src/flow/fleet-flows.ts); false when
+   * it has no flows to share (flow control off).
+   */
+  attachFleet?(flows: FleetFlows): boolean;
   /** Registers the gate's metric families (read at scrape time) in the router's registry, once, when the router sets up /metrics. */
   registerMetrics?(registry: Registry): void;
   close?(): void | Promise<void>;

@@ -43,6 +43,15 @@ export interface HaConfig {
   peerTtlMs: number;
   /** Active-active: this replica's id on the shared stream; default: hostname plus a random suffix. */
   replicaId?: string;
+  /**
+   * Active-active with flow control: the replicas share their flows' queued
+   * and in-flight counts, so a tenant's share and the higher bands' priority
+   * hold fleet-wide (src/flow/fleet-flows.ts). False: each replica orders
+   * its own arrivals alone.
+   */
+  shareFlows: boolean;
+  /** Active-active with shareFlows: the longest a replica leaves free capacity to another replica's requests before it dispatches its own anyway. */
+  flowHoldMs: number;
 }
 
 export interface HaKubernetesConfig {
@@ -56,7 +65,7 @@ export interface HaKubernetesConfig {
   identity?: string;
 }
 
-export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, pickFlushMs: 5, streamMaxLen: 1000, warmStandby: true, peerTtlMs: 2000 };
+export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, pickFlushMs: 5, streamMaxLen: 1000, warmStandby: true, peerTtlMs: 2000, shareFlows: true, flowHoldMs: 25 };
 
 const redisUrl = nonEmpty().refine(
   (s) => {
@@ -111,6 +120,13 @@ export const haSchema = strict(
       .describe('the active publishes routing-state deltas and the standby follows them (false: a cold standby)'),
     peerTtlMs: int(100, 600_000).default(HA_DEFAULTS.peerTtlMs).describe('active-active: a replica silent this long is gone and its in-flight share expires'),
     replicaId: nonEmpty().optional().describe("active-active: this replica's id on the shared stream; default: hostname plus a random suffix"),
+    shareFlows: z
+      .boolean({ error: (i) => `must be true or false (got ${got(i.input)})` })
+      .default(HA_DEFAULTS.shareFlows)
+      .describe("active-active with flow control: share the flows' queued and in-flight counts, so tenant shares and band priority hold across the replicas (false: each replica orders its own arrivals)"),
+    flowHoldMs: int(1, 10_000)
+      .default(HA_DEFAULTS.flowHoldMs)
+      .describe("active-active with shareFlows: the longest a replica leaves free capacity to another replica's requests (a higher band, or a flow under its fleet share) before dispatching its own anyway"),
   },
   'must be a mapping (at least `redis: redis://host:port` or `kubernetes: {name}`)',
 ).superRefine((v, ctx) => {

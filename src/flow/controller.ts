@@ -36,6 +36,7 @@ import { BandStats, FlowStats, REJECT_REASONS, type RejectReason } from './metri
 import { estimateCost, learnOutput, outputEstimate, realCost } from './cost.js';
 import { LabelCap } from '../metrics/label-cap.js';
 import { IdTable } from '../id-table.js';
+import type { FleetView } from './fleet-flows.js';
 
 export type { RejectReason } from './metrics.js';
 
@@ -154,6 +155,8 @@ class Slot {
   presentAt = -1;
   /** Learnt output tokens per request (-1: nothing learnt yet). */
   learnt = -1;
+  /** Active-active: over its fleet share in the last share check (read only while its band's fleetFilter is on). */
+  fleetOver = false;
   stats: FlowStats;
   /** Granted results: ticket = 2 × index (let through at once) or 2 × index + 1 (dispatched from the queue, charged). */
   readonly grantNow: Granted;
@@ -225,11 +228,39 @@ class Band {
   meanCost = 0;
   /** Cold requests in arrival order (with turn priority on), for aging; ids no longer waiting are skipped. */
   readonly cold = new IdFifo();
+  /** Active-active: the next dispatch skips flows over their fleet share (set by the share check before each dispatch). */
+  fleetFilter = false;
   constructor(readonly tokens: boolean) {}
 }
 
 /** Weight of the newest dispatch in a band's mean request cost. */
 const MEAN_COST_RATE = 1 / 16;
+
+/** #fleetShares' answers. */
+const SHARE_FREE = 0;
+const SHARE_FILTER = 1;
+const SHARE_HOLD = 2;
+
+/**
+ * Weights by water-filling, into `out`: each of the `n` flows gets
+ * max(its minShare, an equal split of what the larger minShares leave).
+ */
+function waterFill(mins: Float64Array, n: number, out: Float64Array): void {
+  out.fill(0, 0, n);
+  let rest = 1;
+  let left = n;
+  for (;;) {
+    const equal = left > 0 ? rest / left : 0;
+    let pick = -1;
+    for (let i = 0; i < n; i++) if (out[i] === 0 && mins[i]! > equal && (pick < 0 || mins[i]! > mins[pick]!)) pick = i;
+    if (pick < 0) break;
+    out[pick] = mins[pick]!;
+    rest -= mins[pick]!;
+    left--;
+  }
+  const share = left > 0 ? Math.max(rest / left, 1e-3) : 1e-3;
+  for (let i = 0; i < n; i++) if (out[i] === 0) out[i] = share;
+}
 
 export class FlowController {
   readonly config: FlowControlConfig;
@@ -299,6 +330,18 @@ export class FlowController {
   #inFlight = 0;
   #pumpScheduled = false;
   #timer: ReturnType<typeof setInterval> | null = null;
+  /** Active-active: the other replicas' flows of this pool (src/flow/fleet-flows.ts); null: this replica orders its requests alone. */
+  #fleet: FleetView | null = null;
+  /** Since when capacity is held for another replica's requests (-1: not holding), and the timer that ends the hold. */
+  #holdSince = -1;
+  #holdTimer: ReturnType<typeof setTimeout> | null = null;
+  /** The fleet view's version when a hold last ran out: no hold again until the peers report something new. */
+  #holdVoid = -1;
+  /** Scratch of the fleet share check: per backlogged flow its minShare, fleet in-flight count, weight, and local slot (null: another replica's). */
+  #fsMin = new Float64Array(16);
+  #fsLoad = new Float64Array(16);
+  #fsWeight = new Float64Array(16);
+  #fsSlot: (Slot | null)[] = [];
   #closed = false;
   readonly #pumpFn = (): void => this.pump();
 
@@ -444,7 +487,13 @@ export class FlowController {
     // NaN, negative or fractional sizes count as their integer part, at least 0
     const bytes = req.bytes >= 0 ? Math.min(Math.floor(req.bytes), 0xffffffff) : 0;
 
-    if (!this.#waitingAtOrAbove(band) && this.#inFlight < this.#maxInFlight && this.#canDispatch(band, u)) {
+    if (
+      !this.#waitingAtOrAbove(band) &&
+      this.#inFlight < this.#maxInFlight &&
+      this.#canDispatch(band, u) &&
+      // another replica holds requests of this band or a higher one: this one queues, and the dispatch loop weighs the fleet's shares
+      (this.#fleet === null || this.#fleet.queuedAtOrAbove(band) === 0)
+    ) {
       this.#grantStats(slot, 0);
       this.#inFlight++;
       slot.inFlight++;
@@ -560,6 +609,8 @@ export class FlowController {
     this.#closed = true;
     if (this.#timer !== null) clearInterval(this.#timer);
     this.#timer = null;
+    if (this.#holdTimer !== null) clearTimeout(this.#holdTimer);
+    this.#holdTimer = null;
     for (const w of this.#waiting.values()) {
       this.#waiting.delete(w.id);
       this.#removeQueued(w);
@@ -574,7 +625,11 @@ export class FlowController {
     if (this.#closed) return;
     while (this.#queued > 0 && this.#inFlight < this.#maxInFlight) {
       const band = this.#topBand();
-      if (band < 0 || !this.#canDispatch(band, this.#utilisation())) break;
+      if (band < 0 || !this.#canDispatch(band, this.#utilisation())) {
+        this.#holdSince = -1; // no capacity: nothing is held (another replica took it)
+        break;
+      }
+      if (this.#fleet !== null && this.#fleetHolds(band)) return;
       const w = this.#nextIn(band);
       if (w === undefined) continue;
       if (this.#now() - w.enqueuedAt >= this.config.ttlMs) {
@@ -871,7 +926,11 @@ export class FlowController {
     const bs = this.bandStats[slot.band]!;
     bs.queued++;
     bs.queuedBytes += bytes;
-    if (this.#queued++ === 0 && this.#busySince < 0) this.#busySince = this.#now();
+    if (this.#queued++ === 0) {
+      if (this.#busySince < 0) this.#busySince = this.#now();
+      // the first request held here: the other replicas should know at once (their shares count it)
+      this.#fleet?.nudge();
+    }
     this.#queuedBytes += bytes;
     const band = this.#bands[slot.band]!;
     if (w.warm) {
@@ -1015,14 +1074,14 @@ export class FlowController {
           best = old.slot;
         }
       }
-      if (best === null) {
-        for (let i = 0; i < band.active.length; i++) {
-          const s = band.active[i]!;
-          if (warm ? s.warm === 0 : s.live === s.warm) continue;
-          if (best === null) best = s;
-          else if (s.credit > 0 !== best.credit > 0) {
-            if (s.credit > 0) best = s;
-          } else if (s.pass < best.pass || (s.pass === best.pass && s.index < best.index)) best = s;
+      if (best === null) best = this.#pickFlow(band, warm);
+      if (best === null && band.fleetFilter) {
+        // the fleet share left no flow of this kind: the other kind, else no filter (it never stops a dispatch)
+        best = this.#pickFlow(band, !warm);
+        if (best !== null) warm = !warm;
+        else {
+          band.fleetFilter = false;
+          best = this.#pickFlow(band, warm);
         }
       }
       if (best === null) {
@@ -1052,6 +1111,183 @@ export class FlowController {
       return w;
     }
     return undefined;
+  }
+
+  /**
+   * The flow of `band` with a queued request of the kind (continuation or
+   * cold) that goes next: new flows (credit left) ahead of backlogged ones,
+   * then the smallest virtual time; flows over their fleet share skipped while
+   * the band's fleetFilter is on. Null when none.
+   */
+  #pickFlow(band: Band, warm: boolean): Slot | null {
+    let best: Slot | null = null;
+    const filter = band.fleetFilter;
+    for (let i = 0; i < band.active.length; i++) {
+      const s = band.active[i]!;
+      if (warm ? s.warm === 0 : s.live === s.warm) continue;
+      if (filter && s.fleetOver) continue;
+      if (best === null) best = s;
+      else if (s.credit > 0 !== best.credit > 0) {
+        if (s.credit > 0) best = s;
+      } else if (s.pass < best.pass || (s.pass === best.pass && s.index < best.index)) best = s;
+    }
+    return best;
+  }
+
+  // ---- active-active: the fleet's shares (src/flow/fleet-flows.ts) ----------
+
+  /**
+   * Another replica's view of this pool (FlowControlGate.attachFleet), or
+   * null to order requests alone again.
+   */
+  attachFleet(view: FleetView | null): void {
+    this.#fleet = view;
+    this.#holdSince = -1;
+    for (const b of this.#bands) b.fleetFilter = false;
+    if (this.#queued > 0) this.#schedulePump();
+  }
+
+  /**
+   * This replica's flows for the others' share checks: per (band, flow) with
+   * something queued or in flight, `[pool, band name, flow, in flight,
+   * queued]` appended to `out` (at most `max` tuples in all). Only while the
+   * pool holds requests here or at another replica: shares matter only then.
+   */
+  fleetReport(out: unknown[], max: number, bandNames: readonly string[]): void {
+    if (this.#queued === 0 && (this.#fleet === null || this.#fleet.queuedAtOrAbove(this.#bands.length - 1) === 0)) return;
+    for (let b = 0; b < this.#bands.length; b++) {
+      const present = this.#bands[b]!.present;
+      for (let i = 0; i < present.length; i++) {
+        if (out.length >= max * 5) return;
+        const s = present[i]!;
+        out.push(this.pool, bandNames[b], s.flowId, s.inFlight, s.live);
+      }
+    }
+  }
+
+  /**
+   * Before a dispatch of `b` (the pool has capacity): does this replica
+   * leave it to another replica's requests? It holds while another replica
+   * has requests queued in a higher band, or while every flow queued here is
+   * over its fleet share of the band and another replica's flow is under its
+   * own (#fleetShares; with some flow here under it, the band's fleetFilter
+   * makes the dispatch loop take one of those). A hold lasts at most
+   * `holdMs`: then one dispatch goes anyway, and no hold starts again until
+   * the peers report something new (a silent or stuck peer costs one hold).
+   */
+  #fleetHolds(b: number): boolean {
+    const band = this.#bands[b]!;
+    band.fleetFilter = false;
+    const fleet = this.#fleet!;
+    if (fleet.version === this.#holdVoid) return false;
+    let hold = b > 0 && fleet.queuedAtOrAbove(b - 1) > 0;
+    if (!hold) {
+      const r = this.#fleetShares(b);
+      band.fleetFilter = r === SHARE_FILTER;
+      hold = r === SHARE_HOLD;
+    }
+    if (!hold) {
+      this.#holdSince = -1;
+      return false;
+    }
+    const now = this.#now();
+    const bs = this.bandStats[b]!;
+    if (this.#holdSince < 0) {
+      this.#holdSince = now;
+      bs.fleetHolds++;
+      // the capacity this replica leaves: the others see it at once, not at the next heartbeat
+      fleet.nudge();
+    }
+    const left = fleet.holdMs - (now - this.#holdSince);
+    if (left <= 0) {
+      bs.fleetHoldsExpired++;
+      this.#holdSince = -1;
+      this.#holdVoid = fleet.version;
+      band.fleetFilter = false;
+      return false;
+    }
+    if (this.#holdTimer === null) {
+      this.#holdTimer = setTimeout(() => {
+        this.#holdTimer = null;
+        if (this.#queued > 0) this.#schedulePump();
+      }, Math.ceil(left));
+      this.#holdTimer.unref();
+    }
+    return true;
+  }
+
+  /**
+   * The fleet's shares of band `b`: the flows with requests queued anywhere
+   * (here or at another replica) share the band's in-flight requests by
+   * weight (minShare water-filled, as the dispatch loop weighs them). A flow
+   * is over its share when one more request would put its fleet in-flight
+   * count above weight × (their total + 1). Sets each local active flow's
+   * fleetOver; SHARE_FILTER when some flow here is under its share and some
+   * over, SHARE_HOLD when none here is under and another replica's is,
+   * SHARE_FREE otherwise (the other replicas report nothing in this band, or
+   * every flow is at its share).
+   */
+  #fleetShares(b: number): number {
+    const peer = this.#fleet!.band(b);
+    if (peer === undefined) return SHARE_FREE;
+    const band = this.#bands[b]!;
+    const local = this.#bySlotKey[b]!;
+    const need = band.active.length + peer.flows.size;
+    if (this.#fsMin.length < need) {
+      const n = Math.max(need, 2 * this.#fsMin.length);
+      this.#fsMin = new Float64Array(n);
+      this.#fsLoad = new Float64Array(n);
+      this.#fsWeight = new Float64Array(n);
+    }
+    const mins = this.#fsMin;
+    const loads = this.#fsLoad;
+    const slots = this.#fsSlot;
+    let n = 0;
+    let total = 0;
+    for (let i = 0; i < band.active.length; i++) {
+      const s = band.active[i]!;
+      const i2 = s.inFlight + (peer.flows.get(s.flowId)?.inFlight ?? 0);
+      mins[n] = s.minShare;
+      loads[n] = i2;
+      slots[n] = s;
+      total += i2;
+      n++;
+    }
+    const locals = n;
+    for (const [id, f] of peer.flows) {
+      if (f.queued <= 0) continue;
+      const s = local.get(id);
+      if (s !== undefined && s.active) continue; // counted above
+      const i2 = f.inFlight + (s?.inFlight ?? 0);
+      mins[n] = this.#minShare.get(id) ?? 0;
+      loads[n] = i2;
+      slots[n] = null;
+      total += i2;
+      n++;
+    }
+    if (n === locals) {
+      // no other replica queues this band: still a share check, since their in-flight requests of our flows count
+      let anyPeerLoad = false;
+      for (let k = 0; k < n; k++) if (peer.flows.has(slots[k]!.flowId)) anyPeerLoad = true;
+      if (!anyPeerLoad) return SHARE_FREE;
+    }
+    const w = this.#fsWeight;
+    waterFill(mins, n, w);
+    let localUnder = false;
+    let localOver = false;
+    let remoteUnder = false;
+    for (let k = 0; k < n; k++) {
+      const over = loads[k]! + 1 > w[k]! * (total + 1) * (1 + 1e-9);
+      const s = slots[k];
+      if (s !== null && s !== undefined) {
+        s.fleetOver = over;
+        if (over) localOver = true;
+        else localUnder = true;
+      } else if (!over) remoteUnder = true;
+    }
+    slots.length = 0;
+    if (localUnder) return localOver ? SHARE_FILTER : SHARE_FREE;
+    return remoteUnder ? SHARE_HOLD : SHARE_FREE;
   }
 
   /** Pops records from one of a slot's queues until a live one (skipping tombstones). */

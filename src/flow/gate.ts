@@ -12,6 +12,7 @@ import type { Registry } from '../metrics/prom.js';
 import { LabelCap } from '../metrics/label-cap.js';
 import { registerFlowMetrics, type FlowMetricsSource } from './metrics.js';
 import { SaturationDetector, type EndpointLoad } from './saturation.js';
+import type { FleetFlows, FlowReporter } from './fleet-flows.js';
 
 /** An endpoint as the gate's endpoint-based constructor sees it (structurally the router's Endpoint). */
 export interface GateEndpoint extends EndpointLoad {
@@ -58,7 +59,7 @@ export type GateRequest = Pick<RequestInfo, 'model' | 'headers' | 'bodyBytes'> &
 
 const PASS: Admitted = Object.freeze({ admitted: true as const, ticket: null });
 
-export class FlowControlGate implements AdmissionGate {
+export class FlowControlGate implements AdmissionGate, FlowReporter {
   readonly headerNames: readonly string[] = CLASSIFY_HEADERS;
   readonly classifier: Classifier;
   /** A request's tenant: the name of its `tenant:<name>` flow, else ''. */
@@ -79,6 +80,8 @@ export class FlowControlGate implements AdmissionGate {
   readonly wantsUsage: boolean;
   readonly #rejections = new Map<Refused, Rejected>();
   #headers: Readonly<Record<string, string>> = {};
+  /** Active-active: the other replicas' flows (ha.shareFlows), or null. */
+  #fleet: FleetFlows | null = null;
   readonly #get = (name: string): string | undefined => this.#headers[name];
 
   constructor(opts: FlowControlGateOptions) {
@@ -202,6 +205,24 @@ export class FlowControlGate implements AdmissionGate {
     else for (const e of this.#controllers.values()) e.controller.onCapacity();
   }
 
+  /**
+   * Active-active (ha.shareFlows): every pool's controller weighs the other
+   * replicas' flows (src/flow/fleet-flows.ts), and this gate's flows go into
+   * this replica's reports. True: flow control is on, so the shares apply.
+   */
+  attachFleet(flows: FleetFlows): boolean {
+    if (!this.#opts.config.enabled) return false;
+    this.#fleet = flows;
+    flows.attach(this, () => this.onCapacity());
+    for (const [model, e] of this.#controllers) e.controller.attachFleet(flows.view(model, this.#opts.config.bands));
+    return true;
+  }
+
+  fleetReport(out: unknown[], max: number): void {
+    const bands = this.#opts.config.bands;
+    for (const { controller } of this.#controllers.values()) controller.fleetReport(out, max, bands);
+  }
+
   /** Registers the switchyard_flow_* families (read at scrape time) in the router's registry. */
   registerMetrics(registry: Registry): void {
     registerFlowMetrics(registry, () => this.#metricsSources());
@@ -236,6 +257,7 @@ export class FlowControlGate implements AdmissionGate {
       });
       e = { controller, tickets: [] };
       this.#controllers.set(model, e);
+      if (this.#fleet !== null) controller.attachFleet(this.#fleet.view(model, o.config.bands));
     }
     return e;
   }

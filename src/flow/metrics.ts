@@ -35,6 +35,9 @@ export class BandStats {
   dispatched = 0;
   /** Continuation requests dispatched from the queue ahead of cold ones (turn priority). */
   continuations = 0;
+  /** Active-active: times this band held capacity for another replica's requests, and holds that ran out (dispatched anyway). */
+  fleetHolds = 0;
+  fleetHoldsExpired = 0;
   readonly rejected = new Float64Array(REJECT_REASONS.length);
   /** Seconds waited in the queue before dispatch. */
   readonly wait = new Histogram(WAIT_BUCKETS);
@@ -133,6 +136,20 @@ export function registerFlowMetrics(registry: Registry, sources: () => Iterable<
     collect() {
       this.reset();
       perBand((pool, band, b) => this.inc({ pool, band }, b.continuations));
+    },
+  });
+  new Counter<BandLabels | 'outcome'>({
+    name: 'switchyard_flow_fleet_holds_total',
+    help: 'Active-active (ha.shareFlows): times the band left free capacity to another replica\'s requests (a higher band queued there, or its flows under their fleet share while this replica\'s were over), by outcome: taken (the state moved within ha.flowHoldMs) or expired (dispatched here anyway).',
+    labelNames: ['pool', 'band', 'outcome'],
+    registers,
+    collect() {
+      this.reset();
+      perBand((pool, band, b) => {
+        if (b.fleetHolds === 0) return;
+        this.inc({ pool, band, outcome: 'taken' }, b.fleetHolds - b.fleetHoldsExpired);
+        this.inc({ pool, band, outcome: 'expired' }, b.fleetHoldsExpired);
+      });
     },
   });
   new Counter<BandLabels | 'reason'>({

@@ -139,7 +139,7 @@ export class DeltaBuffer implements PrefixObserver {
    * p counts; r the replica's id, t its wall clock (ms), x 1 on its last
    * message (it is leaving: its share goes at once).
    */
-  takeShare(replica: string, leaving = false): Buffer {
+  takeShare(replica: string, leaving = false, flows?: unknown[]): Buffer {
     const all = this.#endpoints.all;
     const n = all.length;
     const names: string[] = new Array(n);
@@ -155,7 +155,7 @@ export class DeltaBuffer implements PrefixObserver {
       p[k] = Math.round(ep.prefillPending);
       q[k] = ep.prefillRequests;
     }
-    const out = pack({
+    const msg: DeltaMessage = {
       v: 1,
       r: replica,
       t: Date.now(),
@@ -168,7 +168,9 @@ export class DeltaBuffer implements PrefixObserver {
       p,
       q,
       d: this.#dropped,
-    });
+    };
+    if (flows !== undefined) msg.f = flows;
+    const out = pack(msg);
     this.reset();
     return out;
   }
@@ -194,6 +196,8 @@ export interface DeltaMessage {
   u?: number[];
   p?: number[];
   q?: number[];
+  /** Active-active with ha.shareFlows: the replica's flows, flat [pool, band, flow, in flight, queued] tuples (src/flow/fleet-flows.ts checks them). */
+  f?: unknown;
 }
 
 /** Decodes one message; throws on anything that is not a switchyard delta (v1). */

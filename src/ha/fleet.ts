@@ -39,6 +39,7 @@ import type { HaConfig } from '../config/ha.js';
 import type { Endpoint, EndpointSet } from '../endpoints/endpoint.js';
 import type { PrefixStore } from '../scheduler/prefix-store.js';
 import { DeltaBuffer, applyDeltaOps, decodeDelta, type DeltaMessage } from './deltas.js';
+import type { FleetFlows } from '../flow/fleet-flows.js';
 
 export interface FleetParts {
   endpoints: EndpointSet;
@@ -47,6 +48,8 @@ export interface FleetParts {
   /** The prefix store to publish from and apply to (null: no prefix scorer, only load travels). */
   store: PrefixStore | null;
   log: Logger;
+  /** Flow-control shares (ha.shareFlows with flow control on): this replica's flows go out in its messages, the others' come in; absent: not shared. */
+  flows?: FleetFlows | null;
 }
 
 /** A replica's last report: its load per endpoint name, when it arrived (performance.now()). */
@@ -144,23 +147,33 @@ export class FleetShare {
     f.#flush.unref();
     if (cfg.pickFlushMs > 0 && cfg.pickFlushMs < cfg.deltaFlushMs) {
       // a pick's records (and the load it adds) go out within pickFlushMs, not at the next deltaFlushMs.
-      // The buffer calls this on the first op after each message, never per request: the first pick after
-      // a quiet spell goes out at once (on the next turn of the loop, not in the request's); while picks
-      // keep coming, one message per pickFlushMs
-      const fire = () => void f.flush(false, false);
-      f.buffer.onFirstOp(() => {
-        if (performance.now() - f.#sentAt >= cfg.pickFlushMs && f.#flushing === null) setImmediate(fire);
-        else if (f.#pick === null) {
-          f.#pick = setTimeout(fire, cfg.pickFlushMs);
-          f.#pick.unref();
-        } else f.#pick.refresh(); // re-arms the one Timeout (also after it fired)
-      });
+      // The buffer calls this on the first op after each message, never per request
+      f.buffer.onFirstOp(() => f.#soon());
     }
+    // a flow controller's hold, or its first queued request: its flows go out as a pick's records do
+    parts.flows?.onNudge(() => f.#soon());
     f.#reading = true;
     f.#loop = f.#run();
     parts.log.info({ replica: f.replica, key: f.streamKey, shared: f.#up, applied_ops: f.ops }, 'high availability: active-active replica started');
     return f;
   }
+
+  /**
+   * A message soon: the first after a quiet spell at once (on the next turn
+   * of the loop, not in the caller's), then at most one per pickFlushMs (with
+   * pickFlushMs off: at the next deltaFlushMs).
+   */
+  #soon(): void {
+    const ms = this.#cfg.pickFlushMs;
+    if (this.#closed || !(ms > 0 && ms < this.#cfg.deltaFlushMs)) return;
+    if (performance.now() - this.#sentAt >= ms && this.#flushing === null) setImmediate(this.#fire);
+    else if (this.#pick === null) {
+      this.#pick = setTimeout(this.#fire, ms);
+      this.#pick.unref();
+    } else this.#pick.refresh(); // re-arms the one Timeout (also after it fired)
+  }
+
+  readonly #fire = (): void => void this.flush(false, false);
 
   /** True while Redis answers. */
   get shared(): boolean {
@@ -250,6 +263,7 @@ export class FleetShare {
         this.#peers.delete(r);
         this.left++;
       }
+      this.#parts.flows?.dropPeer(r);
       return;
     }
     let p = this.#peers.get(r);
@@ -272,6 +286,8 @@ export class FleetShare {
     }
     this.#addShare(p, 1);
     if (typeof m.t === 'number') this.lagMs = Math.max(0, Date.now() - m.t);
+    // its flows last: their change pumps the flow controllers, which then see its new load too
+    this.#parts.flows?.setPeer(r, m.f);
   }
 
   /**
@@ -297,6 +313,7 @@ export class FleetShare {
     for (const [r, p] of this.#peers) {
       if (now - p.at > this.#cfg.peerTtlMs) {
         this.#peers.delete(r);
+        this.#parts.flows?.dropPeer(r);
         this.expired++;
         this.#parts.log.info({ event: 'ha.replica_expired', replica: r, silent_ms: Math.round(now - p.at) }, `high availability: replica ${r} stopped reporting: its in-flight share expired`);
       }
@@ -346,7 +363,7 @@ export class FleetShare {
       }
       await this.#flushing; // the goodbye goes after the append in progress
     }
-    const msg = this.buffer.takeShare(this.replica, leaving);
+    const msg = this.buffer.takeShare(this.replica, leaving, leaving ? undefined : this.#parts.flows?.report());
     if (!this.#up && this.#main.status !== 'ready') return; // Redis away: nothing to hand it to (the records are lost to the others)
     this.#sentAt = performance.now();
     const p = this.#append(msg);
@@ -412,6 +429,10 @@ export class FleetShare {
     counter('switchyard_ha_redis_errors_total', 'Appends and reads of the shared stream that failed (Redis unreachable).', () => f.redisErrors);
     counter('switchyard_ha_redis_outages_total', 'Times Redis became unreachable for this replica.', () => f.outages);
     counter('switchyard_ha_peers_expired_total', 'Replicas whose share expired (silent for ha.peerTtlMs).', () => f.expired);
+    if (this.#parts.flows) {
+      const flows = this.#parts.flows;
+      counter('switchyard_ha_flow_tuples_malformed_total', "Flows in other replicas' messages skipped as malformed (ha.shareFlows: a name or count of the wrong type or size, or a report over 1,024 flows).", () => flows.malformed);
+    }
   }
 
   /** Says goodbye (the others drop this replica's share at once) and disconnects. Call after the listeners drained. */
@@ -430,5 +451,6 @@ export class FleetShare {
     await this.#loop.catch(() => {});
     this.#main.disconnect();
     for (const ep of this.#parts.endpoints.all) ep.peerInFlight = ep.peerUnseen = ep.peerPrefillPending = ep.peerPrefillRequests = 0;
+    this.#parts.flows?.clear();
   }
 }

@@ -11,6 +11,7 @@
 // director never knows it is there.
 import type { AbortLike, Admission, AdmissionGate, Admitted, FinishedRequest, Rejected, ReleaseOutcome, RequestInfo } from '../admission.js';
 import type { Identity } from '../identity.js';
+import type { FleetFlows } from '../flow/fleet-flows.js';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { scrapeCounter } from '../metrics/prom.js';
 import { BYTES_PER_TOKEN, promptTokensOf } from '../flow/cost.js';
@@ -129,6 +130,10 @@ export class RateLimitGate implements AdmissionGate {
 
   onCapacity(model?: string): void {
     this.inner.onCapacity?.(model);
+  }
+
+  attachFleet(flows: FleetFlows): boolean {
+    return this.inner.attachFleet?.(flows) ?? false;
   }
 
   registerMetrics(registry: Registry): void {

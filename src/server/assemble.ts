@@ -37,6 +37,7 @@ import { redactUrl } from '../config/defaults.js';
 // loaded only when configured: a feature that is off costs no import (ioredis, grpc-js)
 import type { HighAvailability } from '../ha/standby.js';
 import type { FleetShare } from '../ha/fleet.js';
+import type { FleetFlows } from '../flow/fleet-flows.js';
 import type { KubernetesDiscovery } from '../k8s/discovery.js';
 import type { BatchApi } from '../batch/api.js';
 import type { BatchProcessor } from '../batch/processor.js';
@@ -155,7 +156,14 @@ export async function assembleRouter(o: AssembleOptions, lifecycle: Lifecycle): 
   if (config.ha?.mode === 'active-active') {
     // every replica serves (no lease: /readyz as without ha); prefix records and load shared through Redis
     const { FleetShare } = await import('../ha/fleet.js');
-    const started = await FleetShare.start(config.ha, { endpoints: parts.endpoints, scrapes: parts.dataLayer, store: parts.scheduler.prefix?.store ?? null, log });
+    // flow control's shares across the replicas (ha.shareFlows): only when a gate has flows to share
+    let flows: FleetFlows | null = null;
+    if (config.ha.shareFlows && parts.gate.attachFleet !== undefined) {
+      const { FleetFlows } = await import('../flow/fleet-flows.js');
+      const f = new FleetFlows(config.ha.flowHoldMs);
+      if (parts.gate.attachFleet(f)) flows = f;
+    }
+    const started = await FleetShare.start(config.ha, { endpoints: parts.endpoints, scrapes: parts.dataLayer, store: parts.scheduler.prefix?.store ?? null, log, flows });
     lifecycle.add('share', CloseRank.share, () => started.close());
     started.registerMetrics(parts.metrics.registry);
     fleet = started;

@@ -1,0 +1,165 @@
+// Flow-control shares across active-active replicas (ha.shareFlows,
+// src/flow/fleet-flows.ts), over a real redis-server, two real routers and a
+// real simulated engine: a tenant whose requests all reach one replica gets
+// its fleet share, not the share that replica's dispatches give it, and a
+// premium request queued at one replica is served before the standard ones
+// queued at another. Then the exchange itself: a peer's malformed report is
+// skipped and counted, and a peer that stops reporting never holds a
+// replica's capacity past ha.flowHoldMs.
+import t from 'tap';
+import { startRedis } from '../support/redis-util.js';
+import { validatePlugin } from '../support/router-util.js';
+import { startEngine } from '../../src/sim/index.js';
+import { API_VERSION, validateConfig } from '../../src/config/schema.js';
+import { startRouter } from '../../src/server/router.js';
+import { FleetFlows } from '../../src/flow/fleet-flows.js';
+import { FlowController } from '../../src/flow/controller.js';
+import { validateFlowControl } from '../../src/flow/config.js';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+interface Load {
+  ok: Map<string, number>;
+  failed: number;
+}
+
+/** `clients` closed loops of `flow` (x-tenant-id, x-priority) against `url` until `stop`, counting answers 200 by tag. */
+async function loop(url: string, tag: string, headers: Record<string, string>, maxTokens: number, stop: { done: boolean }, load: Load): Promise<void> {
+  while (!stop.done) {
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...headers },
+      body: JSON.stringify({ model: 'open-model', prompt: `request of ${tag}`, max_tokens: maxTokens }),
+    });
+    await res.arrayBuffer();
+    if (res.status === 200) load.ok.set(tag, (load.ok.get(tag) ?? 0) + 1);
+    else load.failed++;
+  }
+}
+
+function config(redisUrl: string, engineUrl: string, key: string, shareFlows: boolean): Record<string, unknown> {
+  return {
+    apiVersion: API_VERSION,
+    kind: 'Router',
+    pools: [{ name: 'p', engine: 'vllm', models: ['open-model'], endpoints: [{ name: 'e0', url: engineUrl }] }],
+    logging: { level: 'silent' },
+    // 4 requests in flight fleet-wide, the rest held in the routers (the engine could run more)
+    flowControl: { admission: { mode: 'off' }, saturation: { maxConcurrency: 4 }, ttl: '30s', flows: [{ id: 'tenant:p', priority: 'premium' }] },
+    ha: { redis: redisUrl, key, deltaFlushMs: 30, peerTtlMs: 600, shareFlows },
+  };
+}
+
+async function twoReplicas(t: Tap.Test, key: string, shareFlows = process.env.SWY_NO_SHARE === undefined) {
+  const redis = await startRedis(t);
+  // 10 ms a token: a request of 6 tokens holds its slot ~60 ms
+  const engine = await startEngine({ itlMs: 10, prefillOverheadMs: 1, prefillUsPerToken: 0, maxNumSeqs: 16, seed: 7 });
+  t.teardown(() => engine.close());
+  const cfg = validateConfig(config(redis.url, engine.url, key, shareFlows), validatePlugin);
+  const a = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => a.close(100));
+  const b = await startRouter(cfg, { port: 0, host: '127.0.0.1' });
+  t.teardown(() => b.close(100));
+  // both see each other before the load starts
+  for (let i = 0; i < 200 && (a.fleet!.peers < 1 || b.fleet!.peers < 1); i++) await sleep(10);
+  return { a, b };
+}
+
+t.test('a tenant whose requests all reach one replica gets its fleet share (tenant a on both replicas, tenant b on B only)', async (t) => {
+  const { a, b } = await twoReplicas(t, 'swy-ff-share');
+  t.equal(a.fleet!.peers, 1, 'A sees B');
+  const load: Load = { ok: new Map(), failed: 0 };
+  const stop = { done: false };
+  const runs: Promise<void>[] = [];
+  for (let i = 0; i < 6; i++) runs.push(loop(a.url, 'a', { 'x-tenant-id': 'a' }, 6, stop, load));
+  for (let i = 0; i < 6; i++) runs.push(loop(b.url, 'a', { 'x-tenant-id': 'a' }, 6, stop, load));
+  for (let i = 0; i < 6; i++) runs.push(loop(b.url, 'b', { 'x-tenant-id': 'b' }, 6, stop, load));
+  await sleep(3000);
+  stop.done = true;
+  await Promise.all(runs);
+  const na = load.ok.get('a') ?? 0;
+  const nb = load.ok.get('b') ?? 0;
+  t.equal(load.failed, 0, 'no request failed');
+  t.ok(na + nb > 60, `the fleet served (${na} of a, ${nb} of b)`);
+  // alone, B would give b half of B's dispatches and A none: about a quarter of the fleet's
+  const share = nb / (na + nb);
+  t.ok(share >= 0.4, `tenant b, queued only at B, got ${(100 * share).toFixed(1)} % of the fleet's answers (fair: 50 %; B alone would give it ~25 %)`);
+  const metrics = await (await fetch(`${a.url}/metrics`)).text();
+  t.match(metrics, /switchyard_flow_fleet_holds_total\{pool="open-model",band="[a-z]+",outcome="taken"\} [1-9]/, 'A held capacity for B');
+});
+
+t.test('premium queued at B is served ahead of standard queued at A', async (t) => {
+  const { a, b } = await twoReplicas(t, 'swy-ff-band');
+  const load: Load = { ok: new Map(), failed: 0 };
+  const stop = { done: false };
+  const runs: Promise<void>[] = [];
+  for (let i = 0; i < 10; i++) runs.push(loop(a.url, 'standard', { 'x-tenant-id': 's' }, 6, stop, load));
+  // premium's demand is all four slots
+  for (let i = 0; i < 4; i++) runs.push(loop(b.url, 'premium', { 'x-tenant-id': 'p' }, 6, stop, load));
+  await sleep(3000);
+  stop.done = true;
+  await Promise.all(runs);
+  const ns = load.ok.get('standard') ?? 0;
+  const np = load.ok.get('premium') ?? 0;
+  t.equal(load.failed, 0, 'no request failed');
+  const share = np / (np + ns);
+  t.ok(share >= 0.6, `premium, queued only at B, got ${(100 * share).toFixed(1)} % of the answers (its demand: all 4 slots; A alone keeps refilling its own with standard)`);
+});
+
+t.test("the exchange: a peer's malformed flows are skipped and counted; a silent peer holds capacity at most flowHoldMs", async (t) => {
+  // the hold's timer is unref'd (a router's listeners keep its loop alive): this test keeps its own
+  const alive = setInterval(() => {}, 1000);
+  t.teardown(() => clearInterval(alive));
+  const flows = new FleetFlows(40);
+  const fc = validateFlowControl({ admission: { mode: 'off' } }).value!;
+  let inFlight = 0;
+  const ctl = new FlowController({ config: fc, utilisation: () => inFlight / 2, sweepTimer: false, pool: 'm' });
+  t.teardown(() => ctl.close());
+  ctl.attachFleet(flows.view('m', fc.bands));
+  const band = fc.bands.indexOf('standard');
+  t.ok(band >= 0);
+  let changed = 0;
+  flows.attach({ fleetReport: (out, max) => ctl.fleetReport(out, max, fc.bands) }, () => {
+    changed++;
+    ctl.onCapacity();
+  });
+  // garbage of every kind: wrong types, a name too long, a count that is not a number, a ragged tail
+  flows.setPeer('r1', ['m', 'standard', 'x'.repeat(600), 1, 1, 'm', 7, 'y', 1, 1, 'm', 'standard', 'z', 'NaN', 1, 'm', 'standard']);
+  t.equal(flows.peers, 0, 'nothing of it was taken');
+  t.ok(flows.malformed >= 4, `each bad tuple counted (${flows.malformed})`);
+  flows.setPeer('r1', { not: 'an array' });
+  flows.setPeer('r1', 'nope');
+  t.equal(flows.peers, 0);
+  // a well-formed report over the cap is cut at MAX_FLOW_TUPLES
+  const big: unknown[] = [];
+  for (let i = 0; i < 5000; i++) big.push('m', 'standard', `f${i}`, 0, 1);
+  flows.setPeer('r2', big);
+  t.equal(flows.band('m', 'standard')!.flows.size, 1024, 'at most 1,024 flows of one peer');
+  flows.dropPeer('r2');
+  t.equal(flows.band('m', 'standard'), undefined, 'dropped whole');
+
+  // another replica's flow "b" is queued and under its share; ours ("a") would be over it
+  inFlight = 1;
+  const first = ctl.admit({ flowId: 'a', band, bytes: 1 });
+  t.ok(!(first instanceof Promise) && first.ok, 'a is let through while nobody queues');
+  flows.setPeer('r3', ['m', 'standard', 'b', 0, 5]);
+  t.ok(changed > 0, 'a change pumps the controller');
+  const t0 = performance.now();
+  const held = ctl.admit({ flowId: 'a', band, bytes: 1 });
+  t.ok(held instanceof Promise, 'with another replica queueing, a new request queues here');
+  const r = await held;
+  const waited = performance.now() - t0;
+  t.ok(r.ok, 'and is dispatched');
+  // r3 never reports again: the hold ran out, and the capacity was used here
+  t.ok(waited >= 35, `it waited the hold out (${waited.toFixed(0)} ms of 40)`);
+  t.ok(waited < 1000, `but not longer than the hold and a turn of the loop (${waited.toFixed(0)} ms)`);
+  t.equal(ctl.bandStats[band]!.fleetHoldsExpired, 1, 'counted as a hold that expired');
+  // until r3 reports something new, no other hold: the next request goes at once (through the queue)
+  inFlight = 1;
+  const t1 = performance.now();
+  const next = await ctl.admit({ flowId: 'a', band, bytes: 1 });
+  t.ok(next.ok && performance.now() - t1 < 30, 'no second hold for the same silent peer');
+  // another replica queues in this pool: our report names each flow's requests in flight and queued
+  t.same(flows.report(), ['m', 'standard', 'a', 3, 0], "this replica's flows, for r3's shares");
+  flows.dropPeer('r3');
+  t.equal(flows.report(), undefined, 'nobody queues anywhere: nothing to report');
+});
