@@ -36,7 +36,7 @@ import { BandStats, FlowStats, REJECT_REASONS, type RejectReason } from './metri
 import { estimateCost, learnOutput, outputEstimate, realCost } from './cost.js';
 import { LabelCap } from '../metrics/label-cap.js';
 import { IdTable } from '../id-table.js';
-import type { FleetView } from './fleet-flows.js';
+import { FLOW_TUPLE, type FleetView } from './fleet-flows.js';
 
 export type { RejectReason } from './metrics.js';
 
@@ -157,6 +157,9 @@ class Slot {
   learnt = -1;
   /** Active-active: over its fleet share in the last share check (read only while its band's fleetFilter is on). */
   fleetOver = false;
+  /** Requests dispatched lately: a count decaying with SERVICE_TAU_MS, as of `servedAt` (the fleet share check's tie-breaker). */
+  served = 0;
+  servedAt = 0;
   stats: FlowStats;
   /** Granted results: ticket = 2 × index (let through at once) or 2 × index + 1 (dispatched from the queue, charged). */
   readonly grantNow: Granted;
@@ -235,6 +238,12 @@ class Band {
 
 /** Weight of the newest dispatch in a band's mean request cost. */
 const MEAN_COST_RATE = 1 / 16;
+
+/** How fast a flow's count of recent dispatches decays (ms for a factor e): the fleet share check's memory. */
+const SERVICE_TAU_MS = 1000;
+
+/** Another replica's request of the same flow goes first when it is older than ours by more than this (reports are a few ms late). */
+const OLDER_BY_MS = 5;
 
 /** #fleetShares' answers. */
 const SHARE_FREE = 0;
@@ -341,6 +350,7 @@ export class FlowController {
   #fsMin = new Float64Array(16);
   #fsLoad = new Float64Array(16);
   #fsWeight = new Float64Array(16);
+  #fsServed = new Float64Array(16);
   #fsSlot: (Slot | null)[] = [];
   #closed = false;
   readonly #pumpFn = (): void => this.pump();
@@ -498,6 +508,7 @@ export class FlowController {
       this.#inFlight++;
       slot.inFlight++;
       if (slot.presentAt < 0) this.#addPresent(slot);
+      if (this.#fleet !== null) this.#serve(slot);
       return slot.grantNow;
     }
 
@@ -1155,12 +1166,14 @@ export class FlowController {
    */
   fleetReport(out: unknown[], max: number, bandNames: readonly string[]): void {
     if (this.#queued === 0 && (this.#fleet === null || this.#fleet.queuedAtOrAbove(this.#bands.length - 1) === 0)) return;
+    const now = this.#now();
     for (let b = 0; b < this.#bands.length; b++) {
       const present = this.#bands[b]!.present;
       for (let i = 0; i < present.length; i++) {
-        if (out.length >= max * 5) return;
+        if (out.length >= max * FLOW_TUPLE) return;
         const s = present[i]!;
-        out.push(this.pool, bandNames[b], s.flowId, s.inFlight, s.live);
+        const oldest = s.live > 0 ? this.#oldestQueued(s) : now;
+        out.push(this.pool, bandNames[b], s.flowId, s.inFlight, s.live, Math.round(100 * this.#servedNow(s, now)) / 100, Math.max(0, Math.round(now - oldest)));
       }
     }
   }
@@ -1216,16 +1229,41 @@ export class FlowController {
     return true;
   }
 
+  /** One more request dispatched for `slot` (its decaying count of recent dispatches). */
+  #serve(slot: Slot): void {
+    const now = this.#now();
+    slot.served = this.#servedNow(slot, now) + 1;
+    slot.servedAt = now;
+  }
+
+  /** When the oldest request queued in `slot` was enqueued (either kind; now when none). */
+  #oldestQueued(slot: Slot): number {
+    const at = this.#headAt(slot.index, this.#now());
+    return this.#turnPriority ? this.#headAt(slot.index + this.#warmOffset, at) : at;
+  }
+
+  /** The enqueue time of a ring's head request if it is older than `at` (a tombstone at the head counts as nothing until a dispatch drops it). */
+  #headAt(ring: number, at: number): number {
+    if (!this.#queues.peek(ring, this.#buf)) return at;
+    const w = this.#waiting.get(flowRecordId(this.#buf, 0));
+    return w !== undefined && w.enqueuedAt < at ? w.enqueuedAt : at;
+  }
+
+  #servedNow(slot: Slot, now: number): number {
+    return slot.served === 0 ? 0 : slot.served * Math.exp(-(now - slot.servedAt) / SERVICE_TAU_MS);
+  }
+
   /**
-   * The fleet's shares of band `b`: the flows with requests queued anywhere
-   * (here or at another replica) share the band's in-flight requests by
-   * weight (minShare water-filled, as the dispatch loop weighs them). A flow
-   * is over its share when one more request would put its fleet in-flight
-   * count above weight × (their total + 1). Sets each local active flow's
-   * fleetOver; SHARE_FILTER when some flow here is under its share and some
-   * over, SHARE_HOLD when none here is under and another replica's is,
-   * SHARE_FREE otherwise (the other replicas report nothing in this band, or
-   * every flow is at its share).
+   * The fleet's next flow in band `b`: among the flows with requests queued
+   * anywhere (here or at another replica), the one with the fewest requests in
+   * flight fleet-wide for its weight (minShare water-filled, as the dispatch
+   * loop weighs them); between flows level on that, the one dispatched least
+   * lately (a decaying count: so an odd slot goes round the flows instead of
+   * staying with whichever replica freed it). Sets each local active flow's
+   * fleetOver (true: not that flow); SHARE_FILTER when the next flow is one
+   * of ours and some of ours are not, SHARE_HOLD when it is another
+   * replica's, SHARE_FREE when the other replicas report nothing that bears
+   * on this band.
    */
   #fleetShares(b: number): number {
     const peer = this.#fleet!.band(b);
@@ -1238,19 +1276,23 @@ export class FlowController {
       this.#fsMin = new Float64Array(n);
       this.#fsLoad = new Float64Array(n);
       this.#fsWeight = new Float64Array(n);
+      this.#fsServed = new Float64Array(n);
     }
     const mins = this.#fsMin;
     const loads = this.#fsLoad;
+    const served = this.#fsServed;
     const slots = this.#fsSlot;
+    const now = this.#now();
     let n = 0;
-    let total = 0;
+    let peerLoad = false;
     for (let i = 0; i < band.active.length; i++) {
       const s = band.active[i]!;
-      const i2 = s.inFlight + (peer.flows.get(s.flowId)?.inFlight ?? 0);
+      const p = peer.flows.get(s.flowId);
+      if (p !== undefined) peerLoad = true;
       mins[n] = s.minShare;
-      loads[n] = i2;
+      loads[n] = s.inFlight + (p?.inFlight ?? 0);
+      served[n] = this.#servedNow(s, now) + (p?.served ?? 0);
       slots[n] = s;
-      total += i2;
       n++;
     }
     const locals = n;
@@ -1258,36 +1300,37 @@ export class FlowController {
       if (f.queued <= 0) continue;
       const s = local.get(id);
       if (s !== undefined && s.active) continue; // counted above
-      const i2 = f.inFlight + (s?.inFlight ?? 0);
       mins[n] = this.#minShare.get(id) ?? 0;
-      loads[n] = i2;
+      loads[n] = f.inFlight + (s?.inFlight ?? 0);
+      served[n] = f.served + (s !== undefined ? this.#servedNow(s, now) : 0);
       slots[n] = null;
-      total += i2;
       n++;
     }
-    if (n === locals) {
-      // no other replica queues this band: still a share check, since their in-flight requests of our flows count
-      let anyPeerLoad = false;
-      for (let k = 0; k < n; k++) if (peer.flows.has(slots[k]!.flowId)) anyPeerLoad = true;
-      if (!anyPeerLoad) return SHARE_FREE;
+    // nobody else queues in this band and none of our flows runs elsewhere: nothing to weigh
+    if (n === locals && !peerLoad) {
+      slots.length = 0;
+      return SHARE_FREE;
     }
     const w = this.#fsWeight;
     waterFill(mins, n, w);
-    let localUnder = false;
-    let localOver = false;
-    let remoteUnder = false;
-    for (let k = 0; k < n; k++) {
-      const over = loads[k]! + 1 > w[k]! * (total + 1) * (1 + 1e-9);
-      const s = slots[k];
-      if (s !== null && s !== undefined) {
-        s.fleetOver = over;
-        if (over) localOver = true;
-        else localUnder = true;
-      } else if (!over) remoteUnder = true;
+    let least = Infinity;
+    for (let k = 0; k < n; k++) least = Math.min(least, loads[k]! / w[k]!);
+    // among the flows level at the least in flight: the least served lately, ours or another replica's
+    const level = least * (1 + 1e-9) + 1e-12;
+    let remoteServed = Infinity;
+    for (let k = locals; k < n; k++) if (loads[k]! / w[k]! <= level) remoteServed = Math.min(remoteServed, served[k]! / w[k]!);
+    let ours = 0;
+    const fleet = this.#fleet!;
+    for (let k = 0; k < locals; k++) {
+      const s = slots[k]!;
+      // the next flow, and of its requests ours are the oldest (another replica's older by more than the exchange's lag goes first)
+      const next = loads[k]! / w[k]! <= level && served[k]! / w[k]! <= remoteServed && !(peer.flows.get(s.flowId)?.queued! > 0 && fleet.oldestElsewhere(b, s.flowId) < this.#oldestQueued(s) - OLDER_BY_MS);
+      s.fleetOver = !next;
+      if (next) ours++;
     }
     slots.length = 0;
-    if (localUnder) return localOver ? SHARE_FILTER : SHARE_FREE;
-    return remoteUnder ? SHARE_HOLD : SHARE_FREE;
+    if (ours === 0) return SHARE_HOLD;
+    return ours < locals ? SHARE_FILTER : SHARE_FREE;
   }
 
   /** Pops records from one of a slot's queues until a live one (skipping tombstones). */
@@ -1340,6 +1383,7 @@ export class FlowController {
     this.#inFlight++;
     slot.inFlight++;
     if (slot.presentAt < 0) this.#addPresent(slot);
+    if (this.#fleet !== null) this.#serve(slot);
     if (w.warm) this.bandStats[slot.band]!.continuations++;
     w.resolve(slot.grantQueued);
   }

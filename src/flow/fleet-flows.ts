@@ -6,7 +6,8 @@
 // what that replica's dispatches give it, and a premium request queued at one
 // replica waits while another replica hands a freed slot to a standard one.
 // So every replica puts its flows into its fleet message (src/ha/fleet.ts):
-// per (pool, band, flow) the requests it has in flight and queued, while the
+// per (pool, band, flow) the requests it has in flight and queued (and how
+// many it dispatched lately, a decaying count), while the
 // fleet holds requests anywhere in that pool (nothing is sent while nobody
 // queues: shares only matter when capacity is short). FleetFlows adds up the
 // other replicas' last reports, per pool and band; each FlowController reads
@@ -14,10 +15,13 @@
 //
 // - holds a band while another replica has requests queued in a higher band
 //   (premium's reserve, fleet-wide);
-// - inside a band, dispatches only flows at or under their fleet share of the
-//   band's in-flight requests (the flows with requests queued anywhere,
-//   weighted by minShare as the controller weighs them), and holds when all of
-//   its own are over their share while another replica's flow is under it.
+// - inside a band, dispatches the fleet's next flow: among the flows with
+//   requests queued anywhere, the one with the fewest requests in flight
+//   fleet-wide for its weight (minShare water-filled, as the controller
+//   weighs them), and between flows level on that, the one dispatched least
+//   lately; it holds when that flow is another replica's, or when it is
+//   ours but another replica holds an older request of it (inside a flow,
+//   the fleet's oldest request goes first).
 //
 // A hold is bounded (`ha.flowHoldMs`): if the capacity is still there when it
 // runs out, the replica dispatches anyway (work conservation over fairness),
@@ -33,6 +37,8 @@
 export interface PeerFlow {
   inFlight: number;
   queued: number;
+  /** Requests dispatched lately (each replica's decaying count, summed): the share check's tie-breaker. */
+  served: number;
 }
 
 /** A band of one pool at the other replicas: per flow, and the totals. */
@@ -52,14 +58,21 @@ export interface FleetView {
   readonly holdMs: number;
   /** Moves with every change of the peers' flows. */
   readonly version: number;
+  /**
+   * performance.now() (this replica's clock) at which the oldest request of
+   * `flow` in band `band` queued at another replica was enqueued, as of its
+   * report; Infinity when none queues it. Inside a flow, the oldest request
+   * of the fleet goes first.
+   */
+  oldestElsewhere(band: number, flow: string): number;
   /** This replica's flows changed in a way the others should see now (a hold, a queue that started). */
   nudge(): void;
 }
 
 /** The most flows one replica's report may carry (larger reports are cut there, larger received ones skipped beyond it). */
 export const MAX_FLOW_TUPLES = 1024;
-/** Fields per flow in a report: pool, band name, flow id, in flight, queued. */
-export const FLOW_TUPLE = 5;
+/** Fields per flow in a report: pool, band name, flow id, in flight, queued, dispatched lately, age of its oldest queued request (ms). */
+export const FLOW_TUPLE = 7;
 /** Counts above this in a peer's report are taken as this. */
 const MAX_COUNT = 1_000_000;
 /** Pool, band and flow names longer than this are skipped. */
@@ -75,6 +88,8 @@ export class FleetFlows {
   readonly holdMs: number;
   /** Each peer's last report, as accepted (flat tuples). */
   readonly #peers = new Map<string, unknown[]>();
+  /** Per peer: `pool \0 band \0 flow` → when its oldest queued request was enqueued (this replica's clock). */
+  readonly #oldest = new Map<string, Map<string, number>>();
   /** pool → band name → the peers' sums. */
   readonly #pools = new Map<string, Map<string, PeerBand>>();
   #reporter: FlowReporter | null = null;
@@ -123,10 +138,20 @@ export class FleetFlows {
     const next = this.#accept(raw);
     if (old === undefined && next.length === 0) return;
     if (old !== undefined) this.#add(old, -1);
-    if (next.length === 0) this.#peers.delete(replica);
-    else {
+    if (next.length === 0) {
+      this.#peers.delete(replica);
+      this.#oldest.delete(replica);
+    } else {
       this.#peers.set(replica, next);
       this.#add(next, 1);
+      // ages become enqueue times on this replica's clock (the report's lag makes them look younger: a conservative error)
+      const now = performance.now();
+      let m = this.#oldest.get(replica);
+      if (m === undefined) this.#oldest.set(replica, (m = new Map()));
+      else m.clear();
+      for (let o = 0; o < next.length; o += FLOW_TUPLE) {
+        if ((next[o + 4] as number) > 0) m.set(`${next[o] as string}\0${next[o + 1] as string}\0${next[o + 2] as string}`, now - (next[o + 6] as number));
+      }
     }
     this.version++;
     // a peer that starts holding requests needs this replica's flows for its shares: send them now
@@ -139,6 +164,7 @@ export class FleetFlows {
     const old = this.#peers.get(replica);
     if (old === undefined) return;
     this.#peers.delete(replica);
+    this.#oldest.delete(replica);
     this.#add(old, -1);
     this.version++;
     this.#changed();
@@ -148,6 +174,7 @@ export class FleetFlows {
   clear(): void {
     if (this.#peers.size === 0) return;
     this.#peers.clear();
+    this.#oldest.clear();
     this.#pools.clear();
     this.version++;
     this.#changed();
@@ -167,6 +194,15 @@ export class FleetFlows {
         return flows.version;
       },
       band: (b) => flows.#pools.get(pool)?.get(bands[b]!),
+      oldestElsewhere(b, flow) {
+        const key = `${pool}\0${bands[b]!}\0${flow}`;
+        let at = Infinity;
+        for (const m of flows.#oldest.values()) {
+          const v = m.get(key);
+          if (v !== undefined && v < at) at = v;
+        }
+        return at;
+      },
       queuedAtOrAbove(b) {
         const p = flows.#pools.get(pool);
         if (p === undefined) return 0;
@@ -191,12 +227,14 @@ export class FleetFlows {
       const flow = raw[o + 2];
       const i = count(raw[o + 3]);
       const q = count(raw[o + 4]);
-      if (!name(pool) || !name(band) || !name(flow) || i < 0 || q < 0) {
+      const d = raw[o + 5];
+      const age = raw[o + 6];
+      if (!name(pool) || !name(band) || !name(flow) || i < 0 || q < 0 || typeof d !== 'number' || !(d >= 0 && d <= MAX_COUNT) || typeof age !== 'number' || !(age >= 0 && age <= 86_400_000)) {
         this.malformed++;
         continue;
       }
       if (i === 0 && q === 0) continue;
-      out.push(pool, band, flow, i, q);
+      out.push(pool, band, flow, i, q, d, age);
     }
     return out;
   }
@@ -208,6 +246,7 @@ export class FleetFlows {
       const flow = tuples[o + 2] as string;
       const i = (tuples[o + 3] as number) * sign;
       const q = (tuples[o + 4] as number) * sign;
+      const d = (tuples[o + 5] as number) * sign;
       let bands = this.#pools.get(pool);
       if (bands === undefined) {
         if (sign < 0) continue;
@@ -223,11 +262,12 @@ export class FleetFlows {
       let f = b.flows.get(flow);
       if (f === undefined) {
         if (sign < 0) continue;
-        f = { inFlight: 0, queued: 0 };
+        f = { inFlight: 0, queued: 0, served: 0 };
         b.flows.set(flow, f);
       }
       f.inFlight += i;
       f.queued += q;
+      f.served = Math.max(0, f.served + d);
       b.inFlight += i;
       b.queued += q;
       if (f.inFlight <= 0 && f.queued <= 0) b.flows.delete(flow);

@@ -70,20 +70,25 @@ t.test('a tenant whose requests all reach one replica gets its fleet share (tena
   const load: Load = { ok: new Map(), failed: 0 };
   const stop = { done: false };
   const runs: Promise<void>[] = [];
-  for (let i = 0; i < 6; i++) runs.push(loop(a.url, 'a', { 'x-tenant-id': 'a' }, 6, stop, load));
-  for (let i = 0; i < 6; i++) runs.push(loop(b.url, 'a', { 'x-tenant-id': 'a' }, 6, stop, load));
+  for (let i = 0; i < 6; i++) runs.push(loop(a.url, 'a@A', { 'x-tenant-id': 'a' }, 6, stop, load));
+  for (let i = 0; i < 6; i++) runs.push(loop(b.url, 'a@B', { 'x-tenant-id': 'a' }, 6, stop, load));
   for (let i = 0; i < 6; i++) runs.push(loop(b.url, 'b', { 'x-tenant-id': 'b' }, 6, stop, load));
   await sleep(3000);
   stop.done = true;
   await Promise.all(runs);
-  const na = load.ok.get('a') ?? 0;
+  const atA = load.ok.get('a@A') ?? 0;
+  const atB = load.ok.get('a@B') ?? 0;
+  const na = atA + atB;
   const nb = load.ok.get('b') ?? 0;
   t.equal(load.failed, 0, 'no request failed');
   t.ok(na + nb > 60, `the fleet served (${na} of a, ${nb} of b)`);
   // alone, B would give b half of B's dispatches and A none: about a quarter of the fleet's
   const share = nb / (na + nb);
   t.ok(share >= 0.4, `tenant b, queued only at B, got ${(100 * share).toFixed(1)} % of the fleet's answers (fair: 50 %; B alone would give it ~25 %)`);
+  // inside tenant a, the fleet's oldest request goes first: its clients at A are not starved by those at B
+  t.ok(Math.min(atA, atB) >= 0.5 * Math.max(atA, atB), `tenant a's answers through A and through B: ${atA} / ${atB}`);
   const metrics = await (await fetch(`${a.url}/metrics`)).text();
+  if (process.env.SWY_DEBUG) for (const r of [a, b]) t.comment((await (await fetch(`${r.url}/metrics`)).text()).split('\n').filter((l) => (l.includes('fleet_holds') || l.includes('flow_dispatched_total{')) && !l.startsWith('#') && !l.includes('overflow')).join('\n'));
   t.match(metrics, /switchyard_flow_fleet_holds_total\{pool="open-model",band="[a-z]+",outcome="taken"\} [1-9]/, 'A held capacity for B');
 });
 
@@ -123,15 +128,15 @@ t.test("the exchange: a peer's malformed flows are skipped and counted; a silent
     ctl.onCapacity();
   });
   // garbage of every kind: wrong types, a name too long, a count that is not a number, a ragged tail
-  flows.setPeer('r1', ['m', 'standard', 'x'.repeat(600), 1, 1, 'm', 7, 'y', 1, 1, 'm', 'standard', 'z', 'NaN', 1, 'm', 'standard']);
+  flows.setPeer('r1', ['m', 'standard', 'x'.repeat(600), 1, 1, 0, 0, 'm', 7, 'y', 1, 1, 0, 0, 'm', 'standard', 'z', 'NaN', 1, 0, 0, 'm', 'standard', 'w', 1, 1, -3, 0, 'm', 'standard', 'v', 1, 1, 0, 1e12, 'm', 'standard']);
   t.equal(flows.peers, 0, 'nothing of it was taken');
-  t.ok(flows.malformed >= 4, `each bad tuple counted (${flows.malformed})`);
+  t.ok(flows.malformed >= 6, `each bad tuple counted (${flows.malformed})`);
   flows.setPeer('r1', { not: 'an array' });
   flows.setPeer('r1', 'nope');
   t.equal(flows.peers, 0);
   // a well-formed report over the cap is cut at MAX_FLOW_TUPLES
   const big: unknown[] = [];
-  for (let i = 0; i < 5000; i++) big.push('m', 'standard', `f${i}`, 0, 1);
+  for (let i = 0; i < 5000; i++) big.push('m', 'standard', `f${i}`, 0, 1, 0, 0);
   flows.setPeer('r2', big);
   t.equal(flows.band('m', 'standard')!.flows.size, 1024, 'at most 1,024 flows of one peer');
   flows.dropPeer('r2');
@@ -141,7 +146,7 @@ t.test("the exchange: a peer's malformed flows are skipped and counted; a silent
   inFlight = 1;
   const first = ctl.admit({ flowId: 'a', band, bytes: 1 });
   t.ok(!(first instanceof Promise) && first.ok, 'a is let through while nobody queues');
-  flows.setPeer('r3', ['m', 'standard', 'b', 0, 5]);
+  flows.setPeer('r3', ['m', 'standard', 'b', 0, 5, 0, 10]);
   t.ok(changed > 0, 'a change pumps the controller');
   const t0 = performance.now();
   const held = ctl.admit({ flowId: 'a', band, bytes: 1 });
@@ -159,7 +164,10 @@ t.test("the exchange: a peer's malformed flows are skipped and counted; a silent
   const next = await ctl.admit({ flowId: 'a', band, bytes: 1 });
   t.ok(next.ok && performance.now() - t1 < 30, 'no second hold for the same silent peer');
   // another replica queues in this pool: our report names each flow's requests in flight and queued
-  t.same(flows.report(), ['m', 'standard', 'a', 3, 0], "this replica's flows, for r3's shares");
+  const mine = flows.report()!;
+  t.same(mine.slice(0, 5), ['m', 'standard', 'a', 3, 0], "this replica's flows, for r3's shares");
+  t.equal(mine[6], 0, 'nothing queued: no age');
+  t.ok((mine[5] as number) > 2 && (mine[5] as number) <= 3, `with its recent dispatches (${mine[5]}: three, decaying)`);
   flows.dropPeer('r3');
   t.equal(flows.report(), undefined, 'nobody queues anywhere: nothing to report');
 });
