@@ -15,15 +15,18 @@
 //   on one replica) on the second only. Fair: b gets half of the fleet's
 //   answers; each replica alone gives b half of the second replica's.
 // - bands: a standard tenant's clients on the first replica, fewer premium
-//   clients (a declared premium flow) on the second. Premium's latency p50 /
-//   p90 against the single router's, and its share of the answers.
+//   clients (a declared premium flow, as many as half the fleet's slots) on
+//   the second; `admission.maxUtilisation: 1`, so no slot is kept for premium
+//   and it must win each freed slot. Premium's share of the answers and its latency p50 / p90,
+//   against the single router's.
 //
 // --engine sim|model|sim,model: the simulator (`switchyard sim`), the
 // independent reference engine model (testkit/reference/engine-model.ts), or
 // both in turn.
 //
 //   flock /tmp/switchyard-bench.lock node dist/bench/system/fleet-shares.js
-//        [--engine sim,model] [--seconds 8] [--clients 12] [--engines 2] [--slots 4] [--max-tokens 12] [--json out.json]
+//        [--engine sim,model] [--seconds 8] [--clients 12] [--engines 2] [--slots 4] [--max-tokens 12]
+//        [--itl-ms 10] [--hold-ms 60] [--modes single,off,on] [--json out.json]
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -48,6 +51,7 @@ interface Opts {
   slots: number;
   maxTokens: number;
   itlMs: number;
+  holdMs: number;
 }
 
 interface Row {
@@ -98,7 +102,7 @@ async function runMode(kind: string, workload: Workload, mode: Mode, o: Opts, di
       const rport = await freePort();
       redis = start('redis', bin, ['--port', String(rport), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
       await new Promise((r) => setTimeout(r, 300));
-      ha = `ha: { redis: "redis://127.0.0.1:${rport}", shareFlows: ${mode === 'on'} }\n`;
+      ha = `ha: { redis: "redis://127.0.0.1:${rport}", shareFlows: ${mode === 'on'}, flowHoldMs: ${o.holdMs} }\n`;
     }
     const n = mode === 'single' ? 1 : 2;
     const ports: number[] = [];
@@ -111,7 +115,7 @@ async function runMode(kind: string, workload: Workload, mode: Mode, o: Opts, di
         `apiVersion: switchyard/v1\nkind: Router\nlisten: { host: 127.0.0.1, port: ${ports[k]} }\nlogging: { level: warn }\n` +
           `dataLayer: { healthTimeoutMs: 10000 }\n` +
           `pools:\n  - name: p\n    engine: vllm\n    models: [open-model]\n    batchLimit: ${o.slots}\n    endpoints:\n${endpoints}\n` +
-          `flowControl:\n  ttl: 60s\n  admission: { mode: "off" }\n  flows:\n    - { id: "tenant:p", priority: premium }\n` +
+          `flowControl:\n  ttl: 60s\n  admission: { mode: "off", maxUtilisation: 1 }\n  flows:\n    - { id: "tenant:p", priority: premium }\n` +
           ha,
       );
       procs.push(start(`router-${mode}-${k}`, process.execPath, [CLI, 'serve', '--config', cfg]));
@@ -124,7 +128,7 @@ async function runMode(kind: string, workload: Workload, mode: Mode, o: Opts, di
       for (let i = 0; i < o.clients; i++) clients.push([0, 'a', 'a'], [1, 'a', 'a'], [1, 'b', 'b']);
     } else {
       for (let i = 0; i < 2 * o.clients; i++) clients.push([0, 'standard', 's']);
-      for (let i = 0; i < Math.max(1, Math.floor((o.engines * o.slots) / 2)); i++) clients.push([1, 'premium', 'p']);
+      for (let i = 0; i < Math.max(1, (o.engines * o.slots) / 2); i++) clients.push([1, 'premium', 'p']);
     }
     const lat = new Map<string, number[]>();
     let errors = 0;
@@ -136,9 +140,9 @@ async function runMode(kind: string, workload: Workload, mode: Mode, o: Opts, di
         try {
           const r = await pool.request({
             method: 'POST',
-            path: '/v1/completions',
+            path: '/v1/chat/completions',
             headers: { 'content-type': 'application/json', 'x-tenant-id': tenant },
-            body: JSON.stringify({ model: 'open-model', prompt: `client ${k} of ${tenant}, request ${q}`, max_tokens: o.maxTokens }),
+            body: JSON.stringify({ model: 'open-model', messages: [{ role: 'user', content: `client ${k} of ${tenant}, request ${q}` }], max_tokens: o.maxTokens }),
           });
           await r.body.text();
           if (!measuring) continue;
@@ -193,13 +197,15 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     if (!Number.isInteger(v) || v < min) throw new Error(`${name} must be an integer ≥ ${min} (got ${arg(name)})`);
     return v;
   };
-  const o: Opts = { seconds: int('--seconds', 8, 1), clients: int('--clients', 12, 1), engines: int('--engines', 2, 1), slots: int('--slots', 4, 1), maxTokens: int('--max-tokens', 12, 1), itlMs: int('--itl-ms', 10, 1) };
+  const o: Opts = { seconds: int('--seconds', 8, 1), clients: int('--clients', 12, 1), engines: int('--engines', 2, 1), slots: int('--slots', 4, 1), maxTokens: int('--max-tokens', 12, 1), itlMs: int('--itl-ms', 10, 1), holdMs: int('--hold-ms', 60, 1) };
+  const modes = (arg('--modes') ?? 'single,off,on').split(',') as Mode[];
+  for (const m of modes) if (m !== 'single' && m !== 'off' && m !== 'on') throw new Error(`--modes takes single, off, on (got ${m})`);
   const dir = mkdtempSync(join(tmpdir(), 'swy-fleet-shares-'));
   const rows: Row[] = [];
-  for (const kind of kinds) for (const w of ['tenants', 'bands'] as const) for (const m of ['single', 'off', 'on'] as const) rows.push(await runMode(kind, w, m, o, dir));
+  for (const kind of kinds) for (const w of ['tenants', 'bands'] as const) for (const m of modes) rows.push(await runMode(kind, w, m, o, dir));
   console.log(
     `fleet: ${o.engines} engines × ${o.slots} slots (batchLimit set), ITL ${o.itlMs} ms, ${o.maxTokens} output tokens a request; ${o.seconds} s measured after 1 s; ` +
-      `tenants: ${o.clients} clients of a on each replica, ${o.clients} of b on the second; bands: ${2 * o.clients} standard on the first, ${Math.max(1, Math.floor((o.engines * o.slots) / 2))} premium on the second\n`,
+      `tenants: ${o.clients} clients of a on each replica, ${o.clients} of b on the second; bands: ${2 * o.clients} standard on the first, ${Math.max(1, (o.engines * o.slots) / 2)} premium on the second (premium's demand: half the slots; admission.maxUtilisation 1, so standard may take every slot); ha.flowHoldMs ${o.holdMs}\n`,
   );
   console.log('| engine | workload | mode | answers | share of b / premium | p50 ms (a or standard / b or premium) | p90 ms | errors | holds (expired) |');
   console.log('|---|---|---|---|---:|---|---|---:|---:|');

@@ -65,7 +65,7 @@ export interface HaKubernetesConfig {
   identity?: string;
 }
 
-export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, pickFlushMs: 5, streamMaxLen: 1000, warmStandby: true, peerTtlMs: 2000, shareFlows: true, flowHoldMs: 25 };
+export const HA_DEFAULTS = { key: 'switchyard:ha', leaseTtlMs: 3000, renewIntervalMs: 1000, onRedisDown: 'serve-alone' as const, deltaFlushMs: 100, pickFlushMs: 5, streamMaxLen: 1000, warmStandby: true, peerTtlMs: 2000, shareFlows: true, flowHoldMs: 60 };
 
 const redisUrl = nonEmpty().refine(
   (s) => {
