@@ -655,6 +655,7 @@ export class FlowController {
       if (this.#queued > 0) this.#schedulePump(true);
       return;
     }
+    this.#holdSince = -1; // left without a hold (nothing queued, or the in-flight cap): none carries over
   }
 
   // ---- internals -------------------------------------------------------------
