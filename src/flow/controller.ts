@@ -343,6 +343,8 @@ export class FlowController {
   #fleet: FleetView | null = null;
   /** Since when capacity is held for another replica's requests (-1: not holding), and the timer that ends the hold. */
   #holdSince = -1;
+  /** Active-active: this queue episode's requests were announced to the other replicas (#queuedNudge). */
+  #queueNudged = false;
   #holdTimer: ReturnType<typeof setTimeout> | null = null;
   /** The fleet view's version when a hold last ran out: no hold again until the peers report something new. */
   #holdVoid = -1;
@@ -638,6 +640,7 @@ export class FlowController {
       const band = this.#topBand();
       if (band < 0 || !this.#canDispatch(band, this.#utilisation())) {
         this.#holdSince = -1; // no capacity: nothing is held (another replica took it)
+        this.#queuedNudge();
         break;
       }
       if (this.#fleet !== null && this.#fleetHolds(band)) return;
@@ -656,6 +659,20 @@ export class FlowController {
       return;
     }
     this.#holdSince = -1; // left without a hold (nothing queued, or the in-flight cap): none carries over
+    if (this.#queued > 0) this.#queuedNudge();
+  }
+
+  /**
+   * Requests stay queued here after a dispatch loop (no capacity): the other
+   * replicas' shares should count them now, not at the next heartbeat. Once
+   * a queue episode (until the queue is empty again): a request queued and
+   * dispatched in the same loop, as every arrival is while another replica
+   * queues, sends nothing.
+   */
+  #queuedNudge(): void {
+    if (this.#queueNudged || this.#fleet === null) return;
+    this.#queueNudged = true;
+    this.#fleet.nudge();
   }
 
   // ---- internals -------------------------------------------------------------
@@ -938,11 +955,7 @@ export class FlowController {
     const bs = this.bandStats[slot.band]!;
     bs.queued++;
     bs.queuedBytes += bytes;
-    if (this.#queued++ === 0) {
-      if (this.#busySince < 0) this.#busySince = this.#now();
-      // the first request held here: the other replicas should know at once (their shares count it)
-      this.#fleet?.nudge();
-    }
+    if (this.#queued++ === 0 && this.#busySince < 0) this.#busySince = this.#now();
     this.#queuedBytes += bytes;
     const band = this.#bands[slot.band]!;
     if (w.warm) {
@@ -978,9 +991,12 @@ export class FlowController {
     const bs = this.bandStats[slot.band]!;
     bs.queued--;
     bs.queuedBytes -= w.bytes;
-    if (--this.#queued === 0 && this.#busySince >= 0) {
-      this.#busyMs += this.#now() - this.#busySince;
-      this.#busySince = -1;
+    if (--this.#queued === 0) {
+      this.#queueNudged = false;
+      if (this.#busySince >= 0) {
+        this.#busyMs += this.#now() - this.#busySince;
+        this.#busySince = -1;
+      }
     }
     this.#queuedBytes -= w.bytes;
     if (w.warm) {
@@ -1187,7 +1203,7 @@ export class FlowController {
    * own (#fleetShares; with some flow here under it, the band's fleetFilter
    * makes the dispatch loop take one of those). A hold lasts at most
    * `holdMs`: then one dispatch goes anyway, and no hold starts again until
-   * the peers report something new (a silent or stuck peer costs one hold).
+   * the peers' in-flight or queued counts change (FleetView.version: a silent or stuck peer costs one hold).
    */
   #fleetHolds(b: number): boolean {
     const band = this.#bands[b]!;

@@ -56,7 +56,7 @@ export interface FleetView {
   queuedAtOrAbove(band: number): number;
   /** The longest a controller holds capacity for another replica, ms. */
   readonly holdMs: number;
-  /** Moves with every change of the peers' flows. */
+  /** Moves when the peers' in-flight or queued counts in this pool change (not with ages or decaying counts). */
   readonly version: number;
   /**
    * performance.now() (this replica's clock) at which the oldest request of
@@ -97,8 +97,10 @@ export class FleetFlows {
   #changed: () => void = () => {};
   /** Tuples skipped as malformed (counted for the metrics). */
   malformed = 0;
-  /** Moves with every change of the peers' flows (FleetView.version). */
-  version = 0;
+  /** Moves every pool's version at once (clear). */
+  #epoch = 0;
+  /** pool → moves when a peer's in-flight or queued counts in that pool change (FleetView.version). */
+  readonly #versions = new Map<string, number>();
 
   constructor(holdMs: number) {
     this.holdMs = holdMs;
@@ -153,7 +155,7 @@ export class FleetFlows {
         if ((next[o + 4] as number) > 0) m.set(`${next[o] as string}\0${next[o + 1] as string}\0${next[o + 2] as string}`, now - (next[o + 6] as number));
       }
     }
-    this.version++;
+    this.#moved(old, next);
     // a peer that starts holding requests needs this replica's flows for its shares: send them now
     if (queuedIn(next) > 0 && (old === undefined || queuedIn(old) === 0)) this.#nudge();
     this.#changed();
@@ -166,7 +168,7 @@ export class FleetFlows {
     this.#peers.delete(replica);
     this.#oldest.delete(replica);
     this.#add(old, -1);
-    this.version++;
+    this.#moved(old, []);
     this.#changed();
   }
 
@@ -176,8 +178,50 @@ export class FleetFlows {
     this.#peers.clear();
     this.#oldest.clear();
     this.#pools.clear();
-    this.version++;
+    this.#epoch++;
     this.#changed();
+  }
+
+  /**
+   * Moves when what the peers report for `pool` changes: a flow's requests in
+   * flight or queued, or a flow coming or going. Ages and the decaying
+   * dispatch counts move on every report and do not count, so a peer that
+   * keeps reporting the same queue (stuck, or not dispatching) does not
+   * start another hold with each message (FlowController's one hold).
+   */
+  version(pool: string): number {
+    return this.#epoch + (this.#versions.get(pool) ?? 0);
+  }
+
+  /** The pools whose counts differ between a peer's last report and its new one move their version. */
+  #moved(old: unknown[] | undefined, next: unknown[]): void {
+    if (old !== undefined && old.length === next.length) {
+      let same = true;
+      for (let o = 0; o < next.length && same; o += FLOW_TUPLE) {
+        // pool, band, flow, in flight, queued (the same order: a replica lists its flows in a stable order)
+        for (let f = 0; f < 5; f++) {
+          if (old[o + f] !== next[o + f]) {
+            same = false;
+            break;
+          }
+        }
+      }
+      if (same) return;
+    }
+    const bump = (tuples: unknown[]): void => {
+      let last: unknown;
+      for (let o = 0; o < tuples.length; o += FLOW_TUPLE) {
+        const pool = tuples[o] as string;
+        if (pool === last) continue;
+        last = pool;
+        // only pools this replica serves (has a view of) are tracked: a peer's other names cannot grow the map
+        const v = this.#versions.get(pool);
+        if (v !== undefined) this.#versions.set(pool, v + 1);
+      }
+    };
+    // a pool listed twice (its tuples interleaved with another's) moves twice: only its moving matters
+    bump(next);
+    if (old !== undefined) bump(old);
   }
 
   /** The peers' sums for one band of one pool. */
@@ -188,10 +232,11 @@ export class FleetFlows {
   /** A pool's view for its controller: band indexes mapped to the config's band names. */
   view(pool: string, bands: readonly string[]): FleetView {
     const flows = this;
+    if (!this.#versions.has(pool)) this.#versions.set(pool, 0);
     return {
       holdMs: this.holdMs,
       get version() {
-        return flows.version;
+        return flows.version(pool);
       },
       band: (b) => flows.#pools.get(pool)?.get(bands[b]!),
       oldestElsewhere(b, flow) {

@@ -171,3 +171,75 @@ t.test("the exchange: a peer's malformed flows are skipped and counted; a silent
   flows.dropPeer('r3');
   t.equal(flows.report(), undefined, 'nobody queues anywhere: nothing to report');
 });
+
+t.test('a peer stuck with the same queue costs one hold, not one per report; arrivals dispatched at once send no nudges', async (t) => {
+  const alive = setInterval(() => {}, 1000);
+  t.teardown(() => clearInterval(alive));
+  const flows = new FleetFlows(40);
+  let nudges = 0;
+  flows.onNudge(() => nudges++);
+  const fc = validateFlowControl({ admission: { mode: 'off' } }).value!;
+  let inFlight = 1;
+  const ctl = new FlowController({ config: fc, utilisation: () => inFlight / 2, sweepTimer: false, pool: 'm' });
+  t.teardown(() => ctl.close());
+  ctl.attachFleet(flows.view('m', fc.bands));
+  flows.attach({ fleetReport: (out, max) => ctl.fleetReport(out, max, fc.bands) }, () => ctl.onCapacity());
+  const band = fc.bands.indexOf('standard');
+  // one of ours in flight (never released here): "a" is over the fleet share of a flow with none
+  const first = ctl.admit({ flowId: 'a', band, bytes: 1 });
+  t.ok(!(first instanceof Promise) && first.ok, 'a is let through while nobody queues');
+  const v0 = flows.version('m');
+  // r3 queues 5 of flow "b" and never dispatches them: it reports the same counts every 10 ms, its ages growing and its dispatch count decaying
+  let age = 10;
+  let served = 3;
+  const report = () => flows.setPeer('r3', ['m', 'standard', 'b', 0, 5, served, age]);
+  report();
+  t.equal(flows.version('m'), v0 + 1, 'a new peer moves the version');
+  const stuck = setInterval(() => {
+    age += 10;
+    served *= 0.99;
+    report();
+  }, 10);
+  t.teardown(() => clearInterval(stuck));
+  const v1 = flows.version('m');
+  await sleep(25);
+  t.equal(flows.version('m'), v1, 'the same counts with older ages and a decayed dispatch count do not move it');
+  t.equal(flows.version('other'), 0, 'a pool with no view has none');
+  nudges = 0;
+  const t0 = performance.now();
+  const r1 = await ctl.admit({ flowId: 'a', band, bytes: 1 });
+  t.ok(r1.ok && performance.now() - t0 >= 35, 'the first request waits one hold out');
+  t.equal(ctl.bandStats[band]!.fleetHolds, 1);
+  t.equal(nudges, 1, 'the hold announced itself once');
+  // ten more while r3 keeps reporting the same: none of them is held, none sends a message
+  nudges = 0;
+  for (let i = 0; i < 10; i++) {
+    const t1 = performance.now();
+    const r = await ctl.admit({ flowId: 'a', band, bytes: 1 });
+    t.ok(r.ok && performance.now() - t1 < 30, `request ${i} goes at once`);
+    await sleep(5);
+  }
+  t.equal(ctl.bandStats[band]!.fleetHolds, 1, 'still one hold in all (before the fix: one per report)');
+  t.equal(nudges, 0, 'requests queued and dispatched in one loop send nothing (before: one each)');
+  // r3's queue moves (one dispatched): that is new, and a hold may start again
+  clearInterval(stuck);
+  flows.setPeer('r3', ['m', 'standard', 'b', 1, 4, served, age]);
+  t.ok(flows.version('m') > v1, 'a changed count moves the version');
+  const r2 = await ctl.admit({ flowId: 'a', band, bytes: 1 });
+  t.ok(r2.ok);
+  t.equal(ctl.bandStats[band]!.fleetHolds, 2, 'a second hold, for the new report');
+  // no capacity here: a request that stays queued is announced once for the episode
+  flows.dropPeer('r3');
+  nudges = 0;
+  inFlight = 2;
+  const q1 = ctl.admit({ flowId: 'a', band, bytes: 1 });
+  const q2 = ctl.admit({ flowId: 'a', band, bytes: 1 });
+  t.ok(q1 instanceof Promise && q2 instanceof Promise, 'both queue (the pool is full)');
+  await sleep(5);
+  t.equal(nudges, 1, 'one nudge for the queue episode, not one per request');
+  inFlight = 1;
+  ctl.onCapacity();
+  t.ok((await q1).ok);
+  ctl.onCapacity();
+  t.ok((await q2).ok);
+});
