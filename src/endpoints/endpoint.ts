@@ -118,6 +118,8 @@ export class Endpoint {
    * own in-flight requests. Counts only while fresh.
    */
   foreign = 0;
+  /** peerInFlight when that scrape was taken: what the replicas report beyond it may already be in `foreign` (occupancy). */
+  peerAtScrape = 0;
   /** The engine's batch limit, learned from its running/waiting counts. */
   readonly batch: BatchLimit;
   health: Health = 'unknown';
@@ -242,7 +244,15 @@ export class Endpoint {
    */
   occupancy(now: number): number {
     const fleet = this.inFlight + this.peerInFlight;
-    return this.foreign > 0 && this.fresh(now) ? fleet + this.foreign : fleet;
+    if (this.foreign <= 0 || !this.fresh(now)) return fleet;
+    // A replica's dispatch that reached the engine before the scrape but its
+    // report after it is in `foreign` and, once reported, in peerInFlight:
+    // what the replicas added since the scrape comes out of the foreign load,
+    // so it is not counted twice until the next scrape (at worst another
+    // client's load is missed until then, as for this router's own sends).
+    const grew = this.peerInFlight - this.peerAtScrape;
+    const f = grew > 0 ? this.foreign - grew : this.foreign;
+    return f > 0 ? fleet + f : fleet;
   }
 
   /** How many requests the engine runs at once: learned from its metrics, a default until then. */
@@ -266,6 +276,7 @@ export class Endpoint {
     // (and the replicas' requests, which occupancy() counts on their own)
     const other = m.running + m.waiting - this.inFlight - this.peerInFlight;
     this.foreign = other > 0 ? other : 0;
+    this.peerAtScrape = this.peerInFlight;
   }
 
   breakerOpen(now: number): boolean {

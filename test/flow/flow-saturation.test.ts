@@ -233,3 +233,28 @@ t.test('gate: lower bands leave the last slot of a small batch to the top band (
   }
   t.ok(admitted(await held), 'the held request goes once there is room below 0.85');
 });
+
+t.test("endpoint: a replica's request in the scrape before its report is not counted twice (foreign, then peerInFlight)", (t) => {
+  const [ep] = endpoints(1, 100);
+  send(ep, 2);
+  ep.peerInFlight = 1;
+  // the engine runs 5: the router's 2, the replica's 1 reported, and 2 the replica sent but has not reported yet
+  scrape(ep, 1000, 5, 0);
+  t.equal(ep.foreign, 2, 'the unreported two look foreign at the scrape');
+  t.equal(ep.occupancy(1010), 5, 'five at the engine');
+  // the replica's report arrives: its two are in peerInFlight now
+  ep.peerInFlight = 3;
+  t.equal(ep.occupancy(1020), 5, 'still five, not seven (before: 2 + 3 + 2 foreign)');
+  // it sends two more after the scrape: those are new
+  ep.peerInFlight = 5;
+  t.equal(ep.occupancy(1030), 7, 'what it adds beyond the foreign load counts');
+  // its requests finish: the foreign load the scrape saw counts again in full
+  ep.peerInFlight = 0;
+  t.equal(ep.occupancy(1040), 4, 'the router\'s 2 and the 2 foreign');
+  // the next scrape sees the engine as it is
+  ep.peerInFlight = 3;
+  scrape(ep, 1100, 5, 0);
+  t.equal(ep.foreign, 0);
+  t.equal(ep.occupancy(1110), 5);
+  t.end();
+});
