@@ -58,7 +58,8 @@ import { writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, ROOT, freePort, freePortRange, start, waitReady, option, runMain } from '../lib/proc.js';
+import { CLI, freePort, freePortRange, start, waitReady, option, runMain } from '../lib/proc.js';
+import { startEngineFleet } from '../lib/fleet.js';
 import { expGap, fmt, quantile, rng } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
 
@@ -320,22 +321,11 @@ export async function runAgent(argv: string[]): Promise<{ rows: AgentRow[]; conf
       let sim: ReturnType<typeof start> | null = null;
       for (let attempt = 0; sim === null; attempt++) {
         base = await freePortRange(fleet.engines);
-        // the reference engine model: the same cache capacity in tokens (64-token blocks of 256 characters), the same costs
-        const blockTokens = 64;
-        const p =
-          engine === 'model'
-            ? start('engine-model', process.execPath, [
-                `${ROOT}/dist/testkit/reference/engine-model.js`, '--fleet', String(fleet.engines), '--base-port', String(base),
-                '--max-running', String(fleet.maxNumSeqs), '--cache-blocks', String(Math.floor((fleet.kvCacheBlocks * fleet.blockSize) / blockTokens)),
-                '--block-chars', String(blockTokens * BYTES_PER_TOKEN), '--prefill-us-per-block', String(fleet.prefillUsPerToken * blockTokens),
-                '--prefill-ms', String(fleet.prefillOverheadMs), '--itl-ms', String(fleet.itlMs), '--time-scale', String(fleet.timeScale),
-              ])
-            : start('sim', process.execPath, [
-                CLI, 'sim', '--fleet', String(fleet.engines), '--base-port', String(base),
-                '--max-num-seqs', String(fleet.maxNumSeqs), '--kv-cache-blocks', String(fleet.kvCacheBlocks),
-                '--block-size', String(fleet.blockSize), '--prefill-us-per-token', String(fleet.prefillUsPerToken),
-                '--prefill-overhead-ms', String(fleet.prefillOverheadMs), '--itl-ms', String(fleet.itlMs), '--time-scale', String(fleet.timeScale),
-              ]);
+        // the reference engine model gets the same cache capacity in tokens and the same costs (bench/lib/fleet.ts)
+        const p = startEngineFleet(engine === 'model' ? 'engine-model' : 'sim', engine === 'model' ? 'model' : 'sim', {
+          engines: fleet.engines, basePort: base, slots: fleet.maxNumSeqs, kvCacheBlocks: fleet.kvCacheBlocks, blockSize: fleet.blockSize,
+          prefillUsPerToken: fleet.prefillUsPerToken, prefillOverheadMs: fleet.prefillOverheadMs, itlMs: fleet.itlMs, timeScale: fleet.timeScale,
+        });
         try {
           for (let i = 0; i < fleet.engines; i++) await waitReady(`http://127.0.0.1:${base + i}/health`, 60_000);
           sim = p;

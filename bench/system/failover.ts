@@ -34,13 +34,13 @@
 //   node dist/bench/system/failover.js [--warmup 15] [--window 30] [--concurrency 8] [--routers 2]
 //       [--modes active-active,standby] [--cold] [--rolling] [--lease-ttl 3000] [--renew 1000] [--drain-delay 1000]
 //       [--plain-haproxy]   (issue 32's setup: retries 2, option redispatch, no backup servers, no retry-on)
-import { spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { Agent, request } from 'undici';
 import { CLI, freePort, option, runMain, start, waitReady, type Proc } from '../lib/proc.js';
 import { which } from '../lib/proxies.js';
+import { startRedisServer } from '../lib/fleet.js';
 import { rng } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
 
@@ -131,22 +131,6 @@ ${plain ? '' : '  option allbackups\n'}  http-response set-header x-served-by %s
 ${servers('', 'check')}${plain ? '' : servers('b', 'backup')}`;
 }
 
-async function startRedis(): Promise<{ url: string; proc: Proc }> {
-  const port = await freePort();
-  const bin = which('redis-server');
-  if (!bin) throw new Error('redis-server not found (apt-get install redis-server)');
-  const proc = start('redis', bin, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
-  for (let i = 0; i < 100; i++) {
-    const ok = await new Promise<boolean>((r) => {
-      const c = spawn(bin.replace('redis-server', 'redis-cli'), ['-p', String(port), 'ping']);
-      c.on('exit', (code) => r(code === 0));
-      c.on('error', () => r(false));
-    });
-    if (ok) break;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return { url: `redis://127.0.0.1:${port}`, proc };
-}
 
 type Mode = 'active-active' | 'standby' | 'cold';
 
@@ -184,7 +168,7 @@ interface RunOptions {
 
 async function run(mode: Mode, scenario: 'kill' | 'rolling', o: RunOptions): Promise<RunResult> {
   const { warmupS, windowS, conc, ttl, renew } = o;
-  const redis = await startRedis();
+  const redis = await startRedisServer('failover');
   const engines: Proc[] = [];
   const engineUrls: string[] = [];
   for (let i = 0; i < 4; i++) {

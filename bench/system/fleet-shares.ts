@@ -29,17 +29,15 @@
 //        [--itl-ms 10] [--hold-ms 60] [--modes single,off,on] [--json out.json]
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { Pool } from 'undici';
 import { CLI, freePort, freePortRange, option, start, waitReady } from '../lib/proc.js';
 import { fmt, quantile } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
-import { which } from '../lib/proxies.js';
+import { fleetKinds, startEngineFleet, startRedisServer, type FleetKind } from '../lib/fleet.js';
 
 exitOnHelp(import.meta.url);
 
-const ROOT = resolve(fileURLToPath(new URL('.', import.meta.url)), '../../..');
 
 type Mode = 'single' | 'off' | 'on';
 type Workload = 'tenants' | 'bands';
@@ -68,17 +66,8 @@ interface Row {
   expired: number;
 }
 
-function startEngines(kind: string, o: Opts, base: number): ReturnType<typeof start> {
-  if (kind === 'model') {
-    return start('engine-model', process.execPath, [
-      `${ROOT}/dist/testkit/reference/engine-model.js`, '--fleet', String(o.engines), '--base-port', String(base),
-      '--max-running', String(o.slots), '--prefill-ms', '2', '--itl-ms', String(o.itlMs),
-    ]);
-  }
-  return start('sim', process.execPath, [
-    CLI, 'sim', '--fleet', String(o.engines), '--base-port', String(base), '--max-num-seqs', String(o.slots),
-    '--prefill-overhead-ms', '2', '--itl-ms', String(o.itlMs),
-  ]);
+function startEngines(kind: FleetKind, o: Opts, base: number): ReturnType<typeof start> {
+  return startEngineFleet(kind === 'model' ? 'engine-model' : 'sim', kind, { engines: o.engines, basePort: base, slots: o.slots, prefillOverheadMs: 2, itlMs: o.itlMs });
 }
 
 function sum(text: string, name: string, match: string): number {
@@ -87,7 +76,7 @@ function sum(text: string, name: string, match: string): number {
   return n;
 }
 
-async function runMode(kind: string, workload: Workload, mode: Mode, o: Opts, dir: string): Promise<Row> {
+async function runMode(kind: FleetKind, workload: Workload, mode: Mode, o: Opts, dir: string): Promise<Row> {
   const base = await freePortRange(o.engines);
   const engines = startEngines(kind, o, base);
   const engineUrls = Array.from({ length: o.engines }, (_, i) => `http://127.0.0.1:${base + i}`);
@@ -97,12 +86,9 @@ async function runMode(kind: string, workload: Workload, mode: Mode, o: Opts, di
     for (const u of engineUrls) await waitReady(`${u}/health`, 60_000);
     let ha = '';
     if (mode !== 'single') {
-      const bin = which('redis-server');
-      if (!bin) throw new Error('fleet-shares needs redis-server (apt-get install redis-server)');
-      const rport = await freePort();
-      redis = start('redis', bin, ['--port', String(rport), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
-      await new Promise((r) => setTimeout(r, 300));
-      ha = `ha: { redis: "redis://127.0.0.1:${rport}", shareFlows: ${mode === 'on'}, flowHoldMs: ${o.holdMs} }\n`;
+      const r = await startRedisServer('fleet-shares');
+      redis = r.proc;
+      ha = `ha: { redis: "${r.url}", shareFlows: ${mode === 'on'}, flowHoldMs: ${o.holdMs} }\n`;
     }
     const n = mode === 'single' ? 1 : 2;
     const ports: number[] = [];
@@ -190,8 +176,7 @@ async function runMode(kind: string, workload: Workload, mode: Mode, o: Opts, di
 if (import.meta.url === `file://${process.argv[1]}`) {
   const argv = process.argv.slice(2);
   const arg = (name: string) => option(argv, name);
-  const kinds = (arg('--engine') ?? 'sim,model').split(',');
-  for (const k of kinds) if (k !== 'sim' && k !== 'model') throw new Error(`--engine must be sim, model or both (got ${k})`);
+  const kinds = fleetKinds(arg('--engine'));
   const int = (name: string, dflt: number, min: number) => {
     const v = Number(arg(name) ?? dflt);
     if (!Number.isInteger(v) || v < min) throw new Error(`${name} must be an integer ≥ ${min} (got ${arg(name)})`);

@@ -30,17 +30,15 @@
 //        [--routers 4] [--engines 8] [--max-tokens 24] [--no-single] [--json out.json]
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { Pool } from 'undici';
 import { CLI, freePort, freePortRange, option, start, waitReady } from '../lib/proc.js';
 import { fmt, quantile, rng } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
-import { which } from '../lib/proxies.js';
+import { fleetKinds, startEngineFleet, startRedisServer, type FleetKind } from '../lib/fleet.js';
 
 exitOnHelp(import.meta.url);
 
-const ROOT = resolve(fileURLToPath(new URL('.', import.meta.url)), '../../..');
 const BYTES_PER_TOKEN = 4;
 
 interface Fleet {
@@ -157,25 +155,14 @@ async function runBurst(pools: Pool[], engineUrls: string[], size: number, sprea
   return out;
 }
 
-function startEngines(kind: string, fleet: Fleet, base: number): ReturnType<typeof start> {
-  if (kind === 'model') {
-    const blockTokens = 64;
-    return start('engine-model', process.execPath, [
-      `${ROOT}/dist/testkit/reference/engine-model.js`, '--fleet', String(fleet.engines), '--base-port', String(base),
-      '--max-running', String(fleet.maxNumSeqs), '--cache-blocks', String(Math.floor((fleet.kvCacheBlocks * fleet.blockSize) / blockTokens)),
-      '--block-chars', String(blockTokens * BYTES_PER_TOKEN), '--prefill-us-per-block', String(fleet.prefillUsPerToken * blockTokens),
-      '--prefill-ms', String(fleet.prefillOverheadMs), '--itl-ms', String(fleet.itlMs),
-    ]);
-  }
-  return start('sim', process.execPath, [
-    CLI, 'sim', '--fleet', String(fleet.engines), '--base-port', String(base),
-    '--max-num-seqs', String(fleet.maxNumSeqs), '--kv-cache-blocks', String(fleet.kvCacheBlocks),
-    '--block-size', String(fleet.blockSize), '--prefill-us-per-token', String(fleet.prefillUsPerToken),
-    '--prefill-overhead-ms', String(fleet.prefillOverheadMs), '--itl-ms', String(fleet.itlMs),
-  ]);
+function startEngines(kind: FleetKind, fleet: Fleet, base: number): ReturnType<typeof start> {
+  return startEngineFleet(kind === 'model' ? 'engine-model' : 'sim', kind, {
+    engines: fleet.engines, basePort: base, slots: fleet.maxNumSeqs, kvCacheBlocks: fleet.kvCacheBlocks, blockSize: fleet.blockSize,
+    prefillUsPerToken: fleet.prefillUsPerToken, prefillOverheadMs: fleet.prefillOverheadMs, itlMs: fleet.itlMs,
+  });
 }
 
-async function runMode(kind: string, mode: 'off' | 'on' | 'single', routers: number, fleet: Fleet, opts: { bursts: number; burst: number; spreadMs: number; gapMs: number; maxTokens: number; seed: number }, dir: string): Promise<ModeRow> {
+async function runMode(kind: FleetKind, mode: 'off' | 'on' | 'single', routers: number, fleet: Fleet, opts: { bursts: number; burst: number; spreadMs: number; gapMs: number; maxTokens: number; seed: number }, dir: string): Promise<ModeRow> {
   const base = await freePortRange(fleet.engines);
   const engines = startEngines(kind, fleet, base);
   const engineUrls = Array.from({ length: fleet.engines }, (_, i) => `http://127.0.0.1:${base + i}`);
@@ -185,12 +172,9 @@ async function runMode(kind: string, mode: 'off' | 'on' | 'single', routers: num
     for (const u of engineUrls) await waitReady(`${u}/health`, 60_000);
     let ha = '';
     if (mode === 'on') {
-      const bin = which('redis-server');
-      if (!bin) throw new Error('herding needs redis-server (apt-get install redis-server)');
-      const rport = await freePort();
-      redis = start('redis', bin, ['--port', String(rport), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
-      await new Promise((r) => setTimeout(r, 300));
-      ha = `ha: { redis: "redis://127.0.0.1:${rport}" }\n`;
+      const r = await startRedisServer('herding');
+      redis = r.proc;
+      ha = `ha: { redis: "${r.url}" }\n`;
     }
     const n = mode === 'single' ? 1 : routers;
     const ports: number[] = [];
@@ -257,8 +241,7 @@ async function runMode(kind: string, mode: 'off' | 'on' | 'single', routers: num
 if (import.meta.url === `file://${process.argv[1]}`) {
   const argv = process.argv.slice(2);
   const arg = (name: string) => option(argv, name);
-  const kinds = (arg('--engine') ?? 'sim,model').split(',');
-  for (const k of kinds) if (k !== 'sim' && k !== 'model') throw new Error(`--engine must be sim, model or both (got ${k})`);
+  const kinds = fleetKinds(arg('--engine'));
   const int = (name: string, dflt: number, min: number) => {
     const v = Number(arg(name) ?? dflt);
     if (!Number.isInteger(v) || v < min) throw new Error(`${name} must be an integer ≥ ${min} (got ${arg(name)})`);

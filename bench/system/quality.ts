@@ -65,7 +65,7 @@ import { Pool } from 'undici';
 import { CLI, cpuSeconds, freePort, freePortRange, start, waitReady, option } from '../lib/proc.js';
 import { expGap, fmt, mean, quantile, rng } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
-import { which } from '../lib/proxies.js';
+import { startRedisServer } from '../lib/fleet.js';
 
 exitOnHelp(import.meta.url);
 
@@ -711,12 +711,9 @@ export async function runQuality(argv: string[]): Promise<{ rows: Row[]; config:
         let redis: ReturnType<typeof start> | null = null;
         let haBlock = '';
         if (policy === 'switchyard-shared') {
-          const bin = which('redis-server');
-          if (!bin) throw new Error('switchyard-shared needs redis-server (apt-get install redis-server)');
-          const rport = await freePort();
-          redis = start('redis', bin, ['--port', String(rport), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']);
-          await new Promise((r) => setTimeout(r, 300));
-          haBlock = `ha: { redis: "redis://127.0.0.1:${rport}"${haExtra ? ', ' + haExtra : ''} }\n`;
+          const r = await startRedisServer('switchyard-shared');
+          redis = r.proc;
+          haBlock = `ha: { redis: "${r.url}"${haExtra ? ', ' + haExtra : ''} }\n`;
         }
         // N replicas with one config but their own port
         const procs = ports.map((port, k) => {
