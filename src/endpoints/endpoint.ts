@@ -118,8 +118,9 @@ export class Endpoint {
    * own in-flight requests. Counts only while fresh.
    */
   foreign = 0;
-  /** peerInFlight when that scrape was taken: what the replicas report beyond it may already be in `foreign` (occupancy). */
+  /** peerInFlight when that scrape was taken, and the most it has been since: what the replicas reported beyond it may already be in `foreign` (occupancy). */
   peerAtScrape = 0;
+  peerPeak = 0;
   /** The engine's batch limit, learned from its running/waiting counts. */
   readonly batch: BatchLimit;
   health: Health = 'unknown';
@@ -250,8 +251,10 @@ export class Endpoint {
     // what the replicas added since the scrape comes out of the foreign load,
     // so it is not counted twice until the next scrape (at worst another
     // client's load is missed until then, as for this router's own sends).
-    const grew = this.peerInFlight - this.peerAtScrape;
-    const f = grew > 0 ? this.foreign - grew : this.foreign;
+    // The most they had out since (not what they have now): when those
+    // requests finish, the foreign load they were part of is gone too.
+    if (this.peerInFlight > this.peerPeak) this.peerPeak = this.peerInFlight;
+    const f = this.foreign - (this.peerPeak - this.peerAtScrape);
     return f > 0 ? fleet + f : fleet;
   }
 
@@ -276,7 +279,7 @@ export class Endpoint {
     // (and the replicas' requests, which occupancy() counts on their own)
     const other = m.running + m.waiting - this.inFlight - this.peerInFlight;
     this.foreign = other > 0 ? other : 0;
-    this.peerAtScrape = this.peerInFlight;
+    this.peerAtScrape = this.peerPeak = this.peerInFlight;
   }
 
   breakerOpen(now: number): boolean {

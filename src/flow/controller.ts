@@ -640,7 +640,6 @@ export class FlowController {
       const band = this.#topBand();
       if (band < 0 || !this.#canDispatch(band, this.#utilisation())) {
         this.#holdSince = -1; // no capacity: nothing is held (another replica took it)
-        this.#queuedNudge();
         break;
       }
       if (this.#fleet !== null && this.#fleetHolds(band)) return;
@@ -993,6 +992,8 @@ export class FlowController {
     bs.queuedBytes -= w.bytes;
     if (--this.#queued === 0) {
       this.#queueNudged = false;
+      // emptied by a cancel, an expiry or a shed while a hold ran: the next hold starts afresh
+      this.#holdSince = -1;
       if (this.#busySince >= 0) {
         this.#busyMs += this.#now() - this.#busySince;
         this.#busySince = -1;
@@ -1203,7 +1204,7 @@ export class FlowController {
    * own (#fleetShares; with some flow here under it, the band's fleetFilter
    * makes the dispatch loop take one of those). A hold lasts at most
    * `holdMs`: then one dispatch goes anyway, and no hold starts again until
-   * the peers' in-flight or queued counts change (FleetView.version: a silent or stuck peer costs one hold).
+   * a peer shows progress (FleetView.version: a silent or stuck peer costs one hold).
    */
   #fleetHolds(b: number): boolean {
     const band = this.#bands[b]!;

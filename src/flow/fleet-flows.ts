@@ -56,7 +56,7 @@ export interface FleetView {
   queuedAtOrAbove(band: number): number;
   /** The longest a controller holds capacity for another replica, ms. */
   readonly holdMs: number;
-  /** Moves when the peers' in-flight or queued counts in this pool change (not with ages or decaying counts). */
+  /** Moves when a peer shows progress in this pool (a dispatch or completion, a flow that came or went; FleetFlows.version). */
   readonly version: number;
   /**
    * performance.now() (this replica's clock) at which the oldest request of
@@ -152,7 +152,7 @@ export class FleetFlows {
       if (m === undefined) this.#oldest.set(replica, (m = new Map()));
       else m.clear();
       for (let o = 0; o < next.length; o += FLOW_TUPLE) {
-        if ((next[o + 4] as number) > 0) m.set(`${next[o] as string}\0${next[o + 1] as string}\0${next[o + 2] as string}`, now - (next[o + 6] as number));
+        if ((next[o + 4] as number) > 0) m.set(tupleKey(next, o), now - (next[o + 6] as number));
       }
     }
     this.#moved(old, next);
@@ -183,45 +183,46 @@ export class FleetFlows {
   }
 
   /**
-   * Moves when what the peers report for `pool` changes: a flow's requests in
-   * flight or queued, or a flow coming or going. Ages and the decaying
-   * dispatch counts move on every report and do not count, so a peer that
-   * keeps reporting the same queue (stuck, or not dispatching) does not
-   * start another hold with each message (FlowController's one hold).
+   * Moves when a peer shows progress in `pool` (#moved): a flow came or went,
+   * a flow's requests in flight changed (a dispatch or a completion), its
+   * dispatches lately went up, or its oldest queued request got younger (the
+   * one before left the queue). Ages grow and dispatch counts decay on every
+   * report, and a queue grows and shrinks with arrivals, expiries and
+   * cancels at a peer that dispatches nothing: none of that is progress, so
+   * a stuck peer that keeps reporting does not start another hold with each
+   * message (FlowController's one hold).
    */
   version(pool: string): number {
     return this.#epoch + (this.#versions.get(pool) ?? 0);
   }
 
-  /** The pools whose counts differ between a peer's last report and its new one move their version. */
+  /** Moves the version of each pool (with a view here) in which a peer's new report shows progress against its last one. */
   #moved(old: unknown[] | undefined, next: unknown[]): void {
-    if (old !== undefined && old.length === next.length) {
-      let same = true;
-      for (let o = 0; o < next.length && same; o += FLOW_TUPLE) {
-        // pool, band, flow, in flight, queued (the same order: a replica lists its flows in a stable order)
-        for (let f = 0; f < 5; f++) {
-          if (old[o + f] !== next[o + f]) {
-            same = false;
-            break;
-          }
-        }
-      }
-      if (same) return;
+    if (this.#versions.size === 0) return;
+    // this peer's last tuples of the tracked pools, by pool \0 band \0 flow
+    const before = new Map<string, number>();
+    if (old !== undefined) {
+      for (let o = 0; o < old.length; o += FLOW_TUPLE) if (this.#versions.has(old[o] as string)) before.set(tupleKey(old, o), o);
     }
-    const bump = (tuples: unknown[]): void => {
-      let last: unknown;
-      for (let o = 0; o < tuples.length; o += FLOW_TUPLE) {
-        const pool = tuples[o] as string;
-        if (pool === last) continue;
-        last = pool;
-        // only pools this replica serves (has a view of) are tracked: a peer's other names cannot grow the map
-        const v = this.#versions.get(pool);
-        if (v !== undefined) this.#versions.set(pool, v + 1);
+    const moved = new Set<string>();
+    for (let o = 0; o < next.length; o += FLOW_TUPLE) {
+      const pool = next[o] as string;
+      if (!this.#versions.has(pool)) continue;
+      const k = tupleKey(next, o);
+      const b = before.get(k);
+      if (b === undefined) {
+        moved.add(pool); // a flow that was not there
+        continue;
       }
-    };
-    // a pool listed twice (its tuples interleaved with another's) moves twice: only its moving matters
-    bump(next);
-    if (old !== undefined) bump(old);
+      before.delete(k);
+      if (moved.has(pool)) continue;
+      const was = old!;
+      // in flight: a dispatch or a completion; dispatched lately only rises with a dispatch; a younger oldest: the old one left
+      if (next[o + 3] !== was[b + 3] || (next[o + 5] as number) > (was[b + 5] as number) || (next[o + 6] as number) < (was[b + 6] as number)) moved.add(pool);
+    }
+    // flows gone from the report
+    for (const o of before.values()) moved.add(old![o] as string);
+    for (const pool of moved) this.#versions.set(pool, this.#versions.get(pool)! + 1);
   }
 
   /** The peers' sums for one band of one pool. */
@@ -320,6 +321,10 @@ export class FleetFlows {
       if (bands.size === 0) this.#pools.delete(pool);
     }
   }
+}
+
+function tupleKey(t: unknown[], o: number): string {
+  return `${t[o] as string}\0${t[o + 1] as string}\0${t[o + 2] as string}`;
 }
 
 /** Requests queued in a report's tuples. */

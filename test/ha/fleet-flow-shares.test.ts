@@ -243,3 +243,70 @@ t.test('a peer stuck with the same queue costs one hold, not one per report; arr
   ctl.onCapacity();
   t.ok((await q2).ok);
 });
+
+t.test('progress, not change: a peer stuck in one pool and busy in another, or whose queue only wobbles, costs one hold; a queue emptied mid-hold leaves no stale hold', async (t) => {
+  const alive = setInterval(() => {}, 1000);
+  t.teardown(() => clearInterval(alive));
+  const flows = new FleetFlows(40);
+  const fc = validateFlowControl({ admission: { mode: 'off' } }).value!;
+  let inFlight = 1;
+  const ctl = new FlowController({ config: fc, utilisation: () => inFlight / 2, sweepTimer: false, pool: 'm' });
+  t.teardown(() => ctl.close());
+  ctl.attachFleet(flows.view('m', fc.bands));
+  flows.view('n', fc.bands); // this replica serves pool n too (its own controller is not needed here)
+  flows.attach({ fleetReport: (out, max) => ctl.fleetReport(out, max, fc.bands) }, () => ctl.onCapacity());
+  const band = fc.bands.indexOf('standard');
+  const first = ctl.admit({ flowId: 'a', band, bytes: 1 });
+  t.ok(!(first instanceof Promise) && first.ok, 'one of ours in flight: "a" is over the share of a flow with none');
+
+  // r3 is stuck in m (flow b: 5 or 6 queued as arrivals come and expire, none dispatched) and busy in n
+  let k = 0;
+  let age = 10;
+  const report = () => {
+    k++;
+    age += 10;
+    flows.setPeer('r3', ['m', 'standard', 'b', 0, 5 + (k % 2), 0, age, 'n', 'standard', 'x', k % 7, 3, k, 5]);
+  };
+  report();
+  const vm = flows.version('m');
+  const vn = flows.version('n');
+  const tick = setInterval(report, 10);
+  t.teardown(() => clearInterval(tick));
+  await sleep(35);
+  t.equal(flows.version('m'), vm, "m's version stays: a wobbling queue and another pool's work are not progress in m");
+  t.ok(flows.version('n') > vn, "n's moves with r3's dispatches there");
+  for (let i = 0; i < 6; i++) {
+    const r = await ctl.admit({ flowId: 'a', band, bytes: 1 });
+    t.ok(r.ok, `request ${i} dispatched`);
+    await sleep(10);
+  }
+  t.equal(ctl.bandStats[band]!.fleetHolds, 1, 'one hold for six requests (before: one per report)');
+  t.equal(ctl.bandStats[band]!.fleetHoldsExpired, 1);
+  clearInterval(tick);
+
+  // r3 dispatches one of b (in flight 0 → 1): progress, so a hold may start again; the request it holds is cancelled mid-hold
+  flows.setPeer('r3', ['m', 'standard', 'b', 1, 4, 1, 5]);
+  let abort: (() => void) | null = null;
+  const signal = {
+    aborted: false,
+    set onabort(f: (() => void) | null) {
+      abort = f;
+    },
+  };
+  const held = ctl.admit({ flowId: 'a', band, bytes: 1 }, signal);
+  t.ok(held instanceof Promise, 'queued behind r3');
+  await sleep(10);
+  t.equal(ctl.bandStats[band]!.fleetHolds, 2, 'a second hold started');
+  abort!();
+  const gone = await held;
+  t.notOk(gone.ok, 'the cancelled request leaves');
+  await sleep(50);
+  // r3 progresses again: the next request gets a whole hold, not one left over from the cancelled one
+  flows.setPeer('r3', ['m', 'standard', 'b', 2, 3, 2, 5]);
+  const t0 = performance.now();
+  const next = await ctl.admit({ flowId: 'a', band, bytes: 1 });
+  const waited = performance.now() - t0;
+  t.ok(next.ok);
+  t.equal(ctl.bandStats[band]!.fleetHolds, 3, 'a third hold, counted');
+  t.ok(waited >= 35, `and held its whole flowHoldMs (${waited.toFixed(1)} ms of 40; before: a stale start ran it out at once)`);
+});
