@@ -343,8 +343,8 @@ export class FlowController {
   #fleet: FleetView | null = null;
   /** Since when capacity is held for another replica's requests (-1: not holding), and the timer that ends the hold. */
   #holdSince = -1;
-  /** Active-active: this queue episode's requests were announced to the other replicas (#queuedNudge). */
-  #queueNudged = false;
+  /** Active-active: the highest band (lowest index) this queue episode announced to the other replicas (#queuedNudge); Infinity: none. */
+  #nudgedBand = Infinity;
   #holdTimer: ReturnType<typeof setTimeout> | null = null;
   /** The fleet view's version when a hold last ran out: no hold again until the peers report something new. */
   #holdVoid = -1;
@@ -664,13 +664,16 @@ export class FlowController {
   /**
    * Requests stay queued here after a dispatch loop (no capacity): the other
    * replicas' shares should count them now, not at the next heartbeat. Once
-   * a queue episode (until the queue is empty again): a request queued and
-   * dispatched in the same loop, as every arrival is while another replica
-   * queues, sends nothing.
+   * a queue episode (until the queue is empty again), and again when a higher
+   * band than the one announced starts to wait (the others hold their lower
+   * bands for it): a request queued and dispatched in the same loop, as every
+   * arrival is while another replica queues, sends nothing.
    */
   #queuedNudge(): void {
-    if (this.#queueNudged || this.#fleet === null) return;
-    this.#queueNudged = true;
+    if (this.#fleet === null) return;
+    const top = this.#topBand();
+    if (top < 0 || top >= this.#nudgedBand) return;
+    this.#nudgedBand = top;
     this.#fleet.nudge();
   }
 
@@ -991,7 +994,7 @@ export class FlowController {
     bs.queued--;
     bs.queuedBytes -= w.bytes;
     if (--this.#queued === 0) {
-      this.#queueNudged = false;
+      this.#nudgedBand = Infinity;
       // emptied by a cancel, an expiry or a shed while a hold ran: the next hold starts afresh
       this.#holdSince = -1;
       if (this.#busySince >= 0) {

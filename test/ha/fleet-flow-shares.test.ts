@@ -237,11 +237,19 @@ t.test('a peer stuck with the same queue costs one hold, not one per report; arr
   t.ok(q1 instanceof Promise && q2 instanceof Promise, 'both queue (the pool is full)');
   await sleep(5);
   t.equal(nudges, 1, 'one nudge for the queue episode, not one per request');
+  // a higher band starts to wait in the same episode: the others hold their lower bands for it, so they hear of it now
+  const top = fc.bands.indexOf('premium');
+  t.ok(top >= 0 && top < band);
+  const q3 = ctl.admit({ flowId: 'p', band: top, bytes: 1 });
+  const q4 = ctl.admit({ flowId: 'p', band: top, bytes: 1 });
+  t.ok(q3 instanceof Promise && q4 instanceof Promise);
+  await sleep(5);
+  t.equal(nudges, 2, 'one more for the higher band, and only one');
   inFlight = 1;
-  ctl.onCapacity();
-  t.ok((await q1).ok);
-  ctl.onCapacity();
-  t.ok((await q2).ok);
+  for (const q of [q3, q4, q1, q2]) {
+    ctl.onCapacity();
+    t.ok((await q).ok);
+  }
 });
 
 t.test('progress, not change: a peer stuck in one pool and busy in another, or whose queue only wobbles, costs one hold; a queue emptied mid-hold leaves no stale hold', async (t) => {
