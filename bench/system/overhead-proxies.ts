@@ -15,7 +15,11 @@
 // and its children) is reported too: on a shared machine whose three busy
 // processes (wrk, engine, proxy) contend for the cores, req/s follows from it.
 //
+// `--router-node-options '<flags>'` starts the routers with NODE_OPTIONS set to
+// those flags (e.g. V8's young-generation size), the other processes as they are.
+//
 //   node dist/bench/system/overhead-proxies.js [--seconds 4] [--rounds 3] [--concurrency 8,32,256] [--no-floor] [--no-uws] [--pin]
+//        [--router-node-options '--max-semi-space-size=64']
 import { CLI, ROOT, freePort, start, treeCpuSeconds, waitReady, type Proc, option } from '../lib/proc.js';
 import { pinned, startHaproxy, startNginx } from '../lib/proxies.js';
 import { hasWrk, runWrk, type WrkResult } from '../lib/wrk.js';
@@ -51,7 +55,9 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
   const seconds = Number(arg('--seconds') ?? 4);
   const levels = (arg('--concurrency') ?? '8,32,256').split(',').map(Number);
   const rounds = Number(arg('--rounds') ?? 3);
+  const nodeOptions = arg('--router-node-options');
   const notes: string[] = [];
+  if (nodeOptions !== undefined) notes.push(`routers started with NODE_OPTIONS=${nodeOptions}`);
   // --pin: every proxy on CPU 1, the engine and wrk on CPU 0 (taskset), so a proxy's
   // req/s is its own core's worth and the three busy processes stop trading places
   const pin = argv.includes('--pin');
@@ -70,7 +76,9 @@ export async function runProxyOverhead(argv: string[]): Promise<{ rows: Overhead
     for (const fe of fronts) {
       const swyPort = await freePort();
       const args = [CLI, 'serve', '--port', String(swyPort), '--upstream', `http://127.0.0.1:${enginePort}`, '--model', 'open-model'];
-      procs.push(start(`switchyard-${fe}`, ...pinned(proxyCpu, process.execPath, args), { env: { SWITCHYARD_FRONT_END: fe } }));
+      const env: Record<string, string> = { SWITCHYARD_FRONT_END: fe };
+      if (nodeOptions !== undefined) env.NODE_OPTIONS = nodeOptions;
+      procs.push(start(`switchyard-${fe}`, ...pinned(proxyCpu, process.execPath, args), { env }));
       await waitReady(`http://127.0.0.1:${swyPort}/readyz`);
       // uWS names itself on every answer; the native front end does not: check the one asked for serves
       const served = (await fetch(`http://127.0.0.1:${swyPort}/healthz`)).headers.has('uwebsockets') ? 'uws' : 'native';
