@@ -110,17 +110,25 @@ t.test('premium queued at B is served ahead of standard queued at A', async (t) 
   t.ok(share >= 0.6, `premium, queued only at B, got ${(100 * share).toFixed(1)} % of the answers (its demand: all 4 slots; A alone keeps refilling its own with standard)`);
 });
 
-t.test("the exchange: a peer's malformed flows are skipped and counted; a silent peer holds capacity at most flowHoldMs", async (t) => {
-  // the hold's timer is unref'd (a router's listeners keep its loop alive): this test keeps its own
+/**
+ * One replica's flow controller of pool m with its FleetFlows exchange (holds of 40 ms), no router around it;
+ * its utilisation is `load.inFlight / 2`.
+ */
+function replica(t: Tap.Test, inFlight: number) {
+  // the hold's timer is unref'd (a router's listeners keep its loop alive): the test keeps its own
   const alive = setInterval(() => {}, 1000);
   t.teardown(() => clearInterval(alive));
   const flows = new FleetFlows(40);
   const fc = validateFlowControl({ admission: { mode: 'off' } }).value!;
-  let inFlight = 0;
-  const ctl = new FlowController({ config: fc, utilisation: () => inFlight / 2, sweepTimer: false, pool: 'm' });
+  const load = { inFlight };
+  const ctl = new FlowController({ config: fc, utilisation: () => load.inFlight / 2, sweepTimer: false, pool: 'm' });
   t.teardown(() => ctl.close());
   ctl.attachFleet(flows.view('m', fc.bands));
-  const band = fc.bands.indexOf('standard');
+  return { flows, fc, load, ctl, band: fc.bands.indexOf('standard') };
+}
+
+t.test("the exchange: a peer's malformed flows are skipped and counted; a silent peer holds capacity at most flowHoldMs", async (t) => {
+  const { flows, fc, load, ctl, band } = replica(t, 0);
   t.ok(band >= 0);
   let changed = 0;
   flows.attach({ fleetReport: (out, max) => ctl.fleetReport(out, max, fc.bands) }, () => {
@@ -143,7 +151,7 @@ t.test("the exchange: a peer's malformed flows are skipped and counted; a silent
   t.equal(flows.band('m', 'standard'), undefined, 'dropped whole');
 
   // another replica's flow "b" is queued and under its share; ours ("a") would be over it
-  inFlight = 1;
+  load.inFlight = 1;
   const first = ctl.admit({ flowId: 'a', band, bytes: 1 });
   t.ok(!(first instanceof Promise) && first.ok, 'a is let through while nobody queues');
   flows.setPeer('r3', ['m', 'standard', 'b', 0, 5, 0, 10]);
@@ -159,7 +167,7 @@ t.test("the exchange: a peer's malformed flows are skipped and counted; a silent
   t.ok(waited < 1000, `but not longer than the hold and a turn of the loop (${waited.toFixed(0)} ms)`);
   t.equal(ctl.bandStats[band]!.fleetHoldsExpired, 1, 'counted as a hold that expired');
   // until r3 reports something new, no other hold: the next request goes at once (through the queue)
-  inFlight = 1;
+  load.inFlight = 1;
   const t1 = performance.now();
   const next = await ctl.admit({ flowId: 'a', band, bytes: 1 });
   t.ok(next.ok && performance.now() - t1 < 30, 'no second hold for the same silent peer');
@@ -173,18 +181,10 @@ t.test("the exchange: a peer's malformed flows are skipped and counted; a silent
 });
 
 t.test('a peer stuck with the same queue costs one hold, not one per report; arrivals dispatched at once send no nudges', async (t) => {
-  const alive = setInterval(() => {}, 1000);
-  t.teardown(() => clearInterval(alive));
-  const flows = new FleetFlows(40);
+  const { flows, fc, load, ctl, band } = replica(t, 1);
   let nudges = 0;
   flows.onNudge(() => nudges++);
-  const fc = validateFlowControl({ admission: { mode: 'off' } }).value!;
-  let inFlight = 1;
-  const ctl = new FlowController({ config: fc, utilisation: () => inFlight / 2, sweepTimer: false, pool: 'm' });
-  t.teardown(() => ctl.close());
-  ctl.attachFleet(flows.view('m', fc.bands));
   flows.attach({ fleetReport: (out, max) => ctl.fleetReport(out, max, fc.bands) }, () => ctl.onCapacity());
-  const band = fc.bands.indexOf('standard');
   // one of ours in flight (never released here): "a" is over the fleet share of a flow with none
   const first = ctl.admit({ flowId: 'a', band, bytes: 1 });
   t.ok(!(first instanceof Promise) && first.ok, 'a is let through while nobody queues');
@@ -231,7 +231,7 @@ t.test('a peer stuck with the same queue costs one hold, not one per report; arr
   // no capacity here: a request that stays queued is announced once for the episode
   flows.dropPeer('r3');
   nudges = 0;
-  inFlight = 2;
+  load.inFlight = 2;
   const q1 = ctl.admit({ flowId: 'a', band, bytes: 1 });
   const q2 = ctl.admit({ flowId: 'a', band, bytes: 1 });
   t.ok(q1 instanceof Promise && q2 instanceof Promise, 'both queue (the pool is full)');
@@ -245,7 +245,7 @@ t.test('a peer stuck with the same queue costs one hold, not one per report; arr
   t.ok(q3 instanceof Promise && q4 instanceof Promise);
   await sleep(5);
   t.equal(nudges, 2, 'one more for the higher band, and only one');
-  inFlight = 1;
+  load.inFlight = 1;
   for (const q of [q3, q4, q1, q2]) {
     ctl.onCapacity();
     t.ok((await q).ok);
@@ -253,17 +253,9 @@ t.test('a peer stuck with the same queue costs one hold, not one per report; arr
 });
 
 t.test('progress, not change: a peer stuck in one pool and busy in another, or whose queue only wobbles, costs one hold; a queue emptied mid-hold leaves no stale hold', async (t) => {
-  const alive = setInterval(() => {}, 1000);
-  t.teardown(() => clearInterval(alive));
-  const flows = new FleetFlows(40);
-  const fc = validateFlowControl({ admission: { mode: 'off' } }).value!;
-  let inFlight = 1;
-  const ctl = new FlowController({ config: fc, utilisation: () => inFlight / 2, sweepTimer: false, pool: 'm' });
-  t.teardown(() => ctl.close());
-  ctl.attachFleet(flows.view('m', fc.bands));
+  const { flows, fc, ctl, band } = replica(t, 1);
   flows.view('n', fc.bands); // this replica serves pool n too (its own controller is not needed here)
   flows.attach({ fleetReport: (out, max) => ctl.fleetReport(out, max, fc.bands) }, () => ctl.onCapacity());
-  const band = fc.bands.indexOf('standard');
   const first = ctl.admit({ flowId: 'a', band, bytes: 1 });
   t.ok(!(first instanceof Promise) && first.ok, 'one of ours in flight: "a" is over the share of a flow with none');
 
