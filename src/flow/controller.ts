@@ -346,7 +346,7 @@ export class FlowController {
   /** Active-active: the highest band (lowest index) this queue episode announced to the other replicas (#queuedNudge); Infinity: none. */
   #nudgedBand = Infinity;
   #holdTimer: ReturnType<typeof setTimeout> | null = null;
-  /** The fleet view's version when a hold last ran out: no hold again until the peers report something new. */
+  /** The fleet view's version when a hold last ran out: no hold again until a peer shows progress (FleetView.version). */
   #holdVoid = -1;
   /** Scratch of the fleet share check: per backlogged flow its minShare, fleet in-flight count, weight, and local slot (null: another replica's). */
   #fsMin = new Float64Array(16);

@@ -99,7 +99,7 @@ export class FleetFlows {
   malformed = 0;
   /** Moves every pool's version at once (clear). */
   #epoch = 0;
-  /** pool → moves when a peer's in-flight or queued counts in that pool change (FleetView.version). */
+  /** pool → moves when a peer shows progress in that pool (#moved; FleetView.version); only pools with a view here. */
   readonly #versions = new Map<string, number>();
 
   constructor(holdMs: number) {
