@@ -161,6 +161,19 @@ export function option(argv: readonly string[], name: string): string | undefine
   return eq?.slice(name.length + 1);
 }
 
+/** Stops every process given (absent ones skipped), all at once. */
+export async function stopAll(...procs: readonly (Proc | null | undefined)[]): Promise<void> {
+  await Promise.all(procs.map((p) => p?.stop()));
+}
+
+/** A whole-number benchmark option ≥ `min` (`dflt` when absent); anything else throws, naming the option. */
+export function intOption(argv: readonly string[], name: string, dflt: number, min: number): number {
+  const raw = option(argv, name);
+  const v = Number(raw ?? dflt);
+  if (!Number.isInteger(v) || v < min) throw new Error(`${name} must be an integer ≥ ${min} (got ${raw})`);
+  return v;
+}
+
 /**
  * The head of a router config in front of a simulated fleet started with
  * `switchyard sim --fleet N --base-port base`: one vLLM pool `sim` serving

@@ -31,7 +31,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, freePort, freePortRange, option, start, waitReady } from '../lib/proc.js';
+import { CLI, freePort, freePortRange, intOption, option, start, stopAll, waitReady } from '../lib/proc.js';
 import { fmt, quantile } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
 import { fleetKinds, startEngineFleet, startRedisServer, type FleetKind } from '../lib/fleet.js';
@@ -167,9 +167,9 @@ async function runMode(kind: FleetKind, workload: Workload, mode: Mode, o: Opts,
     console.error(`${kind} ${workload} ${mode}: ${JSON.stringify(row.ok)} p90 ${JSON.stringify(Object.fromEntries(Object.entries(row.p90).map(([k, v]) => [k, Math.round(v)])))} errors ${errors} holds ${row.holds} (expired ${row.expired})`);
     return row;
   } finally {
-    await Promise.all(procs.map((p) => p.stop()));
-    await engines.stop();
-    await redis?.stop();
+    // the routers first (they drain to the engines and say goodbye on Redis), then what they used
+    await stopAll(...procs);
+    await stopAll(engines, redis);
   }
 }
 
@@ -177,11 +177,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   const argv = process.argv.slice(2);
   const arg = (name: string) => option(argv, name);
   const kinds = fleetKinds(arg('--engine'));
-  const int = (name: string, dflt: number, min: number) => {
-    const v = Number(arg(name) ?? dflt);
-    if (!Number.isInteger(v) || v < min) throw new Error(`${name} must be an integer ≥ ${min} (got ${arg(name)})`);
-    return v;
-  };
+  const int = (name: string, dflt: number, min: number) => intOption(argv, name, dflt, min);
   const o: Opts = { seconds: int('--seconds', 8, 1), clients: int('--clients', 12, 1), engines: int('--engines', 2, 1), slots: int('--slots', 4, 1), maxTokens: int('--max-tokens', 12, 1), itlMs: int('--itl-ms', 10, 1), holdMs: int('--hold-ms', 60, 1) };
   const modes = (arg('--modes') ?? 'single,off,on').split(',') as Mode[];
   for (const m of modes) if (m !== 'single' && m !== 'off' && m !== 'on') throw new Error(`--modes takes single, off, on (got ${m})`);

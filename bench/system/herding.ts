@@ -32,7 +32,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Pool } from 'undici';
-import { CLI, freePort, freePortRange, option, start, waitReady } from '../lib/proc.js';
+import { CLI, freePort, freePortRange, intOption, option, start, stopAll, waitReady } from '../lib/proc.js';
 import { fmt, quantile, rng } from '../lib/stats.js';
 import { exitOnHelp } from '../lib/help.js';
 import { fleetKinds, startEngineFleet, startRedisServer, type FleetKind } from '../lib/fleet.js';
@@ -232,9 +232,9 @@ async function runMode(kind: FleetKind, mode: 'off' | 'on' | 'single', routers: 
     );
     return row;
   } finally {
-    await Promise.all(procs.map((p) => p.stop()));
-    await engines.stop();
-    await redis?.stop();
+    // the routers first (they drain to the engines and say goodbye on Redis), then what they used
+    await stopAll(...procs);
+    await stopAll(engines, redis);
   }
 }
 
@@ -242,11 +242,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   const argv = process.argv.slice(2);
   const arg = (name: string) => option(argv, name);
   const kinds = fleetKinds(arg('--engine'));
-  const int = (name: string, dflt: number, min: number) => {
-    const v = Number(arg(name) ?? dflt);
-    if (!Number.isInteger(v) || v < min) throw new Error(`${name} must be an integer ≥ ${min} (got ${arg(name)})`);
-    return v;
-  };
+  const int = (name: string, dflt: number, min: number) => intOption(argv, name, dflt, min);
   const opts = {
     bursts: int('--bursts', 6, 1),
     burst: int('--burst', 32, 1),
