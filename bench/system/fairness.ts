@@ -4,10 +4,13 @@
 // their own processes over two identical fleets: one with flow control on, one
 // with the same `flowControl` block but `enabled: false` (first come, first
 // served). Two tenants:
-//   premium:     `x-tenant-id: payments` (declared premium, minShare 0.30), a
+//   premium:     API key `sk-payments` (tenant payments, declared premium, minShare 0.30), a
 //                steady open-loop stream of streaming completions;
 //   best-effort: API key `sk-internal-tools` (mapped to tenant internal-tools,
 //                declared best-effort), 60 requests at once.
+// Both tenants are identified by their keys (with keys configured the router
+// ignores `x-tenant-id`); the bench stops after its warm-up if the premium
+// flow dispatched nothing.
 // Each round runs a quiet phase (premium only) and a loud phase (the same
 // premium stream, the burst fired a little after it starts), on each router in
 // turn (on, off, on, off, ...), so both see the same machine noise. Premium
@@ -15,11 +18,11 @@
 // premium p95 (loud) / premium p95 (quiet) for each router.
 //
 //
-// With --documented the routers run exactly the flowControl block of
+// With --documented the routers run exactly the `auth` and flowControl block of
 // docs/flow-control.md (read from the doc: probabilistic admission at 0.85, no
-// saturation settings, so the engines' batch limit is the router's to learn)
-// and the best-effort tenant names itself with `x-tenant-id: internal-tools`
-// (the documented block maps no API keys). The figure of merit is then held
+// saturation settings, so the engines' batch limit is the router's to learn),
+// each key digest replaced by that of the bench's key for the same tenant.
+// The figure of merit is then held
 // per round: premium p95 with the burst <= 1.5x its p95 without it in each
 // round, not only pooled.
 //
@@ -50,6 +53,7 @@
 //                               [--premium 30] [--gap-ms 80] [--max-tokens 5] [--documented]
 //                               [--seed-script] [--sustained [--seconds 60]] [--engine sim|model]
 //                               [--quick] [--json out.json]
+import { createHash } from 'node:crypto';
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -182,19 +186,37 @@ async function call(pool: Pool, headers: Record<string, string>, body: string, p
   }
 }
 
-const PREMIUM_HEADERS = { 'content-type': 'application/json', 'x-tenant-id': 'payments' };
-const BURST_HEADERS = { 'content-type': 'application/json', authorization: 'Bearer sk-internal-tools' };
-/** The documented block maps no API keys: the best-effort tenant names itself. */
-const BURST_HEADERS_DOCUMENTED = { 'content-type': 'application/json', 'x-tenant-id': 'internal-tools' };
+// Identity comes from API keys wherever a tenant's band is above the default:
+// with keys configured the router does not believe `x-tenant-id` (a client
+// could claim premium with it), so a premium client that only named itself
+// would be served in the default band and the bench would measure nothing.
+const PREMIUM_KEY = 'sk-payments';
+const BURST_KEY = 'sk-internal-tools';
+const PREMIUM_HEADERS = { 'content-type': 'application/json', authorization: `Bearer ${PREMIUM_KEY}` };
+const BURST_HEADERS = { 'content-type': 'application/json', authorization: `Bearer ${BURST_KEY}` };
 
-/** The flowControl block of docs/flow-control.md's "Configuration" section, as the doc shows it. */
+/**
+ * docs/flow-control.md's "Configuration" block (its `auth` keys and its
+ * `flowControl` block) as the doc shows it, with each key's digest replaced by
+ * the digest of this bench's key for that tenant (the doc's keys are not
+ * published); the tenants, bands and every other field are the doc's.
+ */
 function documentedBlock(): string {
   const candidates = [new URL('../../docs/flow-control.md', import.meta.url), new URL('../../../docs/flow-control.md', import.meta.url)];
   const file = candidates.find((u) => existsSync(u));
   if (!file) throw new Error('fairness: docs/flow-control.md not found');
-  const m = /## Configuration\s+```yaml\n(flowControl:[\s\S]*?)```/.exec(readFileSync(file, 'utf8'));
-  if (!m) throw new Error('fairness: docs/flow-control.md has no yaml flowControl block under "## Configuration"');
-  return m[1]!;
+  const m = /## Configuration\s+```yaml\n([\s\S]*?)```/.exec(readFileSync(file, 'utf8'));
+  if (!m || !/^flowControl:$/m.test(m[1]!)) throw new Error('fairness: docs/flow-control.md has no yaml flowControl block under "## Configuration"');
+  const keys: Record<string, string> = { payments: PREMIUM_KEY, 'internal-tools': BURST_KEY };
+  let replaced = 0;
+  const block = m[1]!.replace(/digest: [0-9a-f]{64}, tenant: ([A-Za-z0-9._-]+)/g, (all, tenant: string) => {
+    const key = keys[tenant];
+    if (!key) return all;
+    replaced++;
+    return `digest: ${createHash('sha256').update(key).digest('hex')}, tenant: ${tenant}`;
+  });
+  if (replaced !== 2) throw new Error(`fairness: docs/flow-control.md's block should key tenants payments and internal-tools, found ${replaced} of them`);
+  return block;
 }
 
 /** Premium: `n` requests, one every `gapMs` (open loop); with `burst` > 0, that many best-effort requests at once at `burstAtMs`. */
@@ -300,7 +322,7 @@ flowControl:
   flows:
     - { id: "tenant:payments", priority: premium, minShare: 0.30 }
     - { id: "tenant:internal-tools", priority: best-effort }
-  tenants: { "sk-internal-tools": internal-tools }
+  tenants: { "${PREMIUM_KEY}": payments, "${BURST_KEY}": internal-tools }
   admission: { mode: "off", maxUtilisation: 0.75 }
   saturation: { maxConcurrency: ${s.slots} }
 `;
@@ -345,7 +367,7 @@ async function startTarget(mode: Arm, s: Shape, dir: string): Promise<Target> {
       premium: new Pool(url, { connections: 64 }),
       // --sustained (burst 0) keeps up to a minute of overload open at once
       burst: new Pool(url, { connections: s.burst === 0 ? 4096 : Math.max(64, s.burst) }),
-      burstHeaders: s.seedScript ? SEED_BURST : s.documented ? BURST_HEADERS_DOCUMENTED : BURST_HEADERS,
+      burstHeaders: s.seedScript ? SEED_BURST : BURST_HEADERS,
       premiumHeaders: s.seedScript ? SEED_PREMIUM : PREMIUM_HEADERS,
       chat: s.seedScript,
       quiet: [], loudPremium: [], loudBurst: [], rounds: [], flow: { dispatched: {}, meanWaitMs: {} },
@@ -429,6 +451,13 @@ export async function measureFairness(argv: string[]): Promise<{ shape: Shape; r
         }
       }
     }
+    // the premium client must have reached its flow (its band is the point of the bench)
+    const premiumFlow = s.seedScript ? 'tenant:premium' : 'tenant:payments';
+    for (const t of targets) {
+      if (t.mode === 'off') continue;
+      const n = (await scrapeFlow(t.url)).dispatched[premiumFlow] ?? 0;
+      if (n === 0) throw new Error(`fairness: the ${t.mode} router dispatched nothing for ${premiumFlow} in the warm-up: the premium client is not classified as premium`);
+    }
     for (let round = 0; round < s.rounds; round++) {
       for (const t of targets) {
         const quiet = await phase(t, s, 0, `q${round}`);
@@ -510,14 +539,14 @@ export function fairnessMarkdown(shape: Shape, rows: FairnessRow[]): string {
   if (s.seedScript) return seedMarkdown(s, rows);
   let md = s.documented ? '## Fairness with the documented flowControl block\n\n' : '## Fairness (flow control)\n\n';
   const routerCfg = s.documented
-    ? `router \`serve --config\` with exactly docs/flow-control.md's flowControl block (probabilistic admission, maxUtilisation 0.85, ` +
+    ? `router \`serve --config\` with exactly docs/flow-control.md's auth and flowControl block (the bench's keys for its two digests; probabilistic admission, maxUtilisation 0.85, ` +
       `no saturation settings: the engines' batch limit is learnt; a warm-up burst of ${2 * s.engines * s.slots} makes each engine queue once)`
     : `router \`serve --config\` with saturation.maxConcurrency ${s.slots}, admission mode off, maxUtilisation 0.75`;
-  const burstWho = s.documented ? '`x-tenant-id: internal-tools`, declared best-effort' : 'API key mapped to tenant internal-tools';
+  const burstWho = 'API key mapped to tenant internal-tools';
   md +=
     `Fleet: ${s.engines} simulated vLLM engine(s) (\`switchyard sim --fleet ${s.engines}\`), --max-num-seqs ${s.slots} each, ` +
     `ITL ${s.itlMs} ms, prefill ${s.prefillOverheadMs} ms; ${routerCfg}; each router, sim fleet and the load generator in its own process. ` +
-    `Premium (\`x-tenant-id: payments\`, declared premium, minShare 0.30): ${s.premium} streaming completions of ${s.maxTokens} tokens, ` +
+    `Premium (API key mapped to tenant payments, declared premium, minShare 0.30): ${s.premium} streaming completions of ${s.maxTokens} tokens, ` +
     `one every ${s.gapMs} ms per phase; best-effort (${burstWho}): ${s.burst} requests at once, ` +
     `${s.burstAtMs} ms into the loud phase. ${s.rounds} round(s) of (quiet, loud) per router, the two routers alternating; ` +
     `premium samples pooled over rounds. Latencies in ms; "off" is the same config with \`enabled: false\` (first come, first served).\n\n`;
@@ -549,7 +578,7 @@ export function fairnessMarkdown(shape: Shape, rows: FairnessRow[]): string {
       `**${fmt(off.ratio, 2)}× with it off**; the burst completed ` +
       `${on.burst.completed}/${on.burst.sent} (on) and ${off.burst.completed}/${off.burst.sent} (off) over ${s.rounds} round(s). ` +
       `The price of isolation is paid by the burst: its p95 is ${fmt(on.burst.p95)} ms on vs ${fmt(off.burst.p95)} ms off ` +
-      `(best-effort is let through only while the least-loaded engine is below 75% of its slots, and waits in the router's queue otherwise).\n`;
+      `(best-effort is let through only while the least-loaded engine is below ${s.documented ? '85' : '75'}% of its slots, and waits in the router's queue otherwise).\n`;
   }
   return md + '\n';
 }
