@@ -51,7 +51,8 @@
 //
 //   node dist/bench/fairness.js [--rounds 5] [--engines 2] [--slots 4] [--burst 60]
 //                               [--premium 30] [--gap-ms 80] [--max-tokens 5] [--documented]
-//                               [--seed-script] [--sustained [--seconds 60]] [--engine sim|model]
+//                               [--seed-script [--arms on,noreserve,utilisation,off]] [--sustained [--seconds 60]]
+//                               [--engine sim|model|parallel]
 //                               [--quick] [--json out.json]
 import { createHash } from 'node:crypto';
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -107,7 +108,8 @@ const ENGINE_NAMES: Record<EngineKind, string> = {
 };
 
 /** on: the config as given (admission mode probabilistic); utilisation: the rule before; off: enabled: false. */
-export type Arm = 'on' | 'utilisation' | 'off';
+/** on: the default rules; noreserve: the same with `admission.reserveWindow: 0`; utilisation: the rule before issue 34; off: flow control disabled. */
+export type Arm = 'on' | 'noreserve' | 'utilisation' | 'off';
 
 interface Target {
   mode: Arm;
@@ -133,6 +135,8 @@ interface FlowCounters {
   dispatched: Record<string, number>;
   /** Mean queue wait per band, ms (switchyard_flow_queue_wait_seconds sum / count). */
   meanWaitMs: Record<string, number>;
+  /** Each endpoint's batch limit as flow control counts it (switchyard_endpoint_batch_limit), `*` while still the probe. */
+  batchLimits?: Record<string, string>;
 }
 
 export interface FairnessRow {
@@ -294,7 +298,7 @@ export function seedBlock(arm: Arm): string {
   admission:
     mode: ${arm === 'utilisation' ? 'utilisation' : 'probabilistic'}
     maxUtilisation: 0.85
-`;
+${arm === 'noreserve' ? '    reserveWindow: 0\n' : ''}`;
 }
 
 const SEED_PREMIUM = { 'content-type': 'application/json', 'x-tenant-id': 'premium' };
@@ -388,6 +392,8 @@ async function scrapeFlow(url: string): Promise<FlowCounters> {
   for (const line of text.split('\n')) {
     let m = /^switchyard_flow_dispatched_total\{.*flow="([^"]*)".*\} (\S+)$/.exec(line);
     if (m) out.dispatched[m[1]!] = (out.dispatched[m[1]!] ?? 0) + Number(m[2]);
+    m = /^switchyard_endpoint_batch_limit\{endpoint="([^"]*)"\} (\S+)$/.exec(line);
+    if (m) (out.batchLimits ??= {})[m[1]!] = m[2]! + (text.includes(`switchyard_endpoint_batch_limit_learned{endpoint="${m[1]}"} 0`) ? '*' : '');
     m = /^switchyard_flow_queue_wait_seconds_(sum|count)\{.*band="([^"]*)".*\} (\S+)$/.exec(line);
     if (m) (m[1] === 'sum' ? sums : counts)[m[2]!] = Number(m[3]);
   }
@@ -433,9 +439,7 @@ export async function measureFairness(argv: string[]): Promise<{ shape: Shape; r
   const dir = mkdtempSync(join(tmpdir(), 'swy-fairness-'));
   const targets: Target[] = [];
   try {
-    targets.push(await startTarget('on', s, dir));
-    if (s.seedScript) targets.push(await startTarget('utilisation', s, dir));
-    targets.push(await startTarget('off', s, dir));
+    for (const arm of s.seedScript ? seedArms(argv) : (['on', 'off'] as const)) targets.push(await startTarget(arm, s, dir));
     // warm-up: connections, JIT, first scrapes; with --documented also a small
     // burst (twice the fleet's slots), so each engine queues once and the
     // router has learnt its batch limit before the measured rounds
@@ -526,11 +530,20 @@ function seedMarkdown(s: Shape, rows: FairnessRow[]): string {
     `the three routers alternating. Floors per round: premium p95 with the burst ≤ 1.5× alone AND ≥ 90 % of the burst served, 0 errors.\n\n`;
   md += '| router | premium p95 ratio per round | burst served per round (429) | errors | rounds meeting both floors |\n|---|---|---|---|---|\n';
   for (const r of rows) {
-    const label = r.mode === 'on' ? 'on (mode probabilistic, the default)' : r.mode === 'utilisation' ? 'on, `mode: utilisation` (the rule before)' : 'off (baseline)';
+    const label =
+      r.mode === 'on'
+        ? 'on (mode probabilistic, the default)'
+        : r.mode === 'noreserve'
+          ? 'on, `reserveWindow: 0` (no reserve for the bands above)'
+          : r.mode === 'utilisation'
+            ? 'on, `mode: utilisation` (the rule before)'
+            : 'off (baseline)';
     md +=
       `| ${label} | ${r.roundRatios.map((x) => `${fmt(x, 2)}×`).join(', ')} | ${r.rounds.map((x) => `${x.burstOk}/${s.burst} (${x.burstShed})`).join(', ')} | ` +
       `${r.rounds.reduce((a, x) => a + x.burstErrors, 0)} | **${r.rounds.filter((x) => seedRoundMet(x, s.burst)).length} / ${r.rounds.length}** |\n`;
   }
+  const limits = rows.filter((r) => r.flow.batchLimits).map((r) => `${r.mode}: ${Object.entries(r.flow.batchLimits!).map(([e, n]) => `${e} ${n}`).join(', ')}`);
+  if (limits.length > 0) md += `\nBatch limits as flow control counted them at the end (\`switchyard_endpoint_batch_limit\`; * = still the probe): ${limits.join('; ')}.\n`;
   return md + '\n';
 }
 
@@ -583,6 +596,14 @@ export function fairnessMarkdown(shape: Shape, rows: FairnessRow[]): string {
   return md + '\n';
 }
 
+
+/** --arms for --seed-script: a comma list of on, noreserve, utilisation, off (default on,utilisation,off). */
+function seedArms(argv: string[]): Arm[] {
+  const v = option(argv, '--arms') ?? 'on,utilisation,off';
+  const arms = v.split(',');
+  for (const a of arms) if (a !== 'on' && a !== 'noreserve' && a !== 'utilisation' && a !== 'off') throw new Error(`fairness: --arms takes on, noreserve, utilisation, off; got ${JSON.stringify(a)}`);
+  return arms as Arm[];
+}
 
 function engineOption(argv: string[]): EngineKind {
   const e = option(argv, '--engine') ?? 'sim';

@@ -23,6 +23,12 @@ export interface AdmissionConfig {
   targetMs: number;
   /** How long the sojourn must stay above `targetMs` before the band sheds (mode probabilistic). */
   intervalMs: number;
+  /**
+   * How long a band's peak in-flight count is remembered: a lower band's
+   * request starts only while the slots the bands above it used in that
+   * window and have released stay free (0: no such reserve).
+   */
+  reserveWindowMs: number;
 }
 
 /** Who is shed when a band must shed: the flow furthest over its fair share (`fair`), or the arriving request (`arrival`, flow-blind). */
@@ -129,6 +135,7 @@ export const FLOW_DEFAULTS = {
   /** CoDel-style sustained-overload detection (admission.target, admission.interval). */
   admissionTargetMs: 1000,
   admissionIntervalMs: 10_000,
+  admissionReserveWindowMs: 1_000,
   saturation: { queueDepthThreshold: 5, kvThreshold: 0.9, maxConcurrency: 64, prefillBacklogTokens: 2048 },
   maxFlows: 256,
   queueCapacity: 1024,
@@ -150,6 +157,7 @@ export function defaultFlowControl(enabled = false): FlowControlConfig {
       shedding: 'fair',
       targetMs: FLOW_DEFAULTS.admissionTargetMs,
       intervalMs: FLOW_DEFAULTS.admissionIntervalMs,
+      reserveWindowMs: FLOW_DEFAULTS.admissionReserveWindowMs,
     },
     fairness: { mode: 'tokens', bands: {}, defaultOutputTokens: FLOW_DEFAULTS.defaultOutputTokens, newFlowQuantum: FLOW_DEFAULTS.newFlowQuantum },
     turnPriority: { enabled: true, maxColdWaitMs: FLOW_DEFAULTS.maxColdWaitMs },
@@ -334,12 +342,15 @@ export const flowControlInput = z.strictObject(
             .describe('fair: shed the flow furthest over its fair share; arrival: shed the arriving request (flow-blind)'),
           target: duration(1).prefault('1s').describe('queue sojourn above which a band may be overloaded (mode probabilistic): seconds, or "500ms", "1s"'),
           interval: duration(1).prefault('10s').describe('how long the sojourn must stay above target before the band sheds (mode probabilistic)'),
+          reserveWindow: duration(0)
+            .prefault('1s')
+            .describe('how long a band\'s peak in-flight count is remembered: lower bands leave free the slots higher bands used within it and released (0: off)'),
         },
         {
           error: (i) =>
             i.code === 'unrecognized_keys'
-              ? unknownField('mode, maxUtilisation, shedding, target, interval')
-              : `must be an object with mode, maxUtilisation, shedding, target and interval, got ${describe(i.input)}`,
+              ? unknownField('mode, maxUtilisation, shedding, target, interval, reserveWindow')
+              : `must be an object with mode, maxUtilisation, shedding, target, interval and reserveWindow, got ${describe(i.input)}`,
         },
       )
       .prefault({}),
@@ -475,7 +486,7 @@ function finish(v: FlowInput, ctx: z.core.$RefinementCtx<FlowInput>): FlowContro
 
   if (isMapping(v.admission)) {
     const a = v.admission;
-    cfg.admission = { mode: a.mode, maxUtilisation: a.maxUtilisation, shedding: a.shedding, targetMs: a.target, intervalMs: a.interval };
+    cfg.admission = { mode: a.mode, maxUtilisation: a.maxUtilisation, shedding: a.shedding, targetMs: a.target, intervalMs: a.interval, reserveWindowMs: a.reserveWindow };
     if (typeof a.target === 'number' && typeof a.interval === 'number' && a.interval < a.target) {
       add(['admission', 'interval'], `must be at least admission.target (${a.target} ms), got ${a.interval} ms`);
     }

@@ -130,7 +130,7 @@ export function printableConfig(cfg: RouterConfig): unknown {
       delete tp.maxColdWaitMs;
     }
     const ad = fc.admission as Record<string, unknown> | undefined;
-    for (const [resolved, written] of [['targetMs', 'target'], ['intervalMs', 'interval']] as const) {
+    for (const [resolved, written] of [['targetMs', 'target'], ['intervalMs', 'interval'], ['reserveWindowMs', 'reserveWindow']] as const) {
       if (ad !== undefined && resolved in ad) {
         ad[written] = `${ad[resolved] as number}ms`;
         delete ad[resolved];

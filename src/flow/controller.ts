@@ -114,6 +114,14 @@ export interface FlowControllerOptions {
    * `utilisation()` value.
    */
   shedUtilisation?: () => number;
+  /**
+   * Free batch slots in the pool as of the last `utilisation()` call (the
+   * same endpoints: each one's batch limit less what it runs or queues).
+   * With it, a lower band's request also leaves free the slots the bands
+   * above it used within `admission.reserveWindow` and have let go since
+   * (their recent peak in flight less their in flight now). Absent: no reserve.
+   */
+  free?: () => number;
   /** Optional hard cap on requests granted and not yet released. */
   maxInFlight?: number;
   /** The bound on distinct flow label values (shared by the controllers of one gate); default: its own, of 1,000. */
@@ -279,6 +287,13 @@ export class FlowController {
   readonly #customSaturated: (() => boolean) | null;
   readonly #step: (() => number) | null;
   readonly #shedUtilisation: (() => number) | null;
+  readonly #freeSlots: (() => number) | null;
+  /** admission.reserveWindow in ms (0: no reserve). */
+  readonly #reserveMs: number;
+  /** Per band: requests granted and not released; the most of them within the reserve window, and when it was last reached. */
+  readonly #busy: Int32Array;
+  readonly #peak: Int32Array;
+  readonly #peakAt: Float64Array;
   readonly #maxInFlight: number;
   /** Utilisation below which bands other than the top one may be dispatched. */
   readonly #ceiling: number;
@@ -365,6 +380,11 @@ export class FlowController {
     this.#customSaturated = opts.isSaturated ?? null;
     this.#step = opts.step ?? null;
     this.#shedUtilisation = opts.shedUtilisation ?? null;
+    this.#freeSlots = opts.free ?? null;
+    this.#reserveMs = cfg.admission.reserveWindowMs;
+    this.#busy = new Int32Array(cfg.bands.length);
+    this.#peak = new Int32Array(cfg.bands.length);
+    this.#peakAt = new Float64Array(cfg.bands.length);
     this.#maxInFlight = opts.maxInFlight ?? Infinity;
     this.#ceiling = cfg.admission.maxUtilisation;
     this.#now = opts.now ?? (() => performance.now());
@@ -509,6 +529,7 @@ export class FlowController {
       this.#grantStats(slot, 0);
       this.#inFlight++;
       slot.inFlight++;
+      this.#busyUp(band);
       if (slot.presentAt < 0) this.#addPresent(slot);
       if (this.#fleet !== null) this.#serve(slot);
       return slot.grantNow;
@@ -568,6 +589,7 @@ export class FlowController {
     const slot = ticket >= 0 ? this.#slots[ticket >> 1] : undefined;
     if (slot !== undefined && slot.inFlight > 0) {
       slot.inFlight--;
+      if (this.#busy[slot.band]! > 0) this.#busy[slot.band]!--;
       if (slot.live + slot.inFlight === 0) this.#removePresent(slot);
       if (usage !== null && this.#bands[slot.band]!.tokens) this.#settle(slot, (ticket & 1) === 1, usage);
     }
@@ -688,7 +710,45 @@ export class FlowController {
   #canDispatch(band: number, u: number): boolean {
     if (this.#customSaturated !== null ? this.#customSaturated() : !(u < 1)) return false;
     if (band === 0) return true;
-    return this.#step !== null ? u + this.#step() <= this.#ceiling : u < this.#ceiling;
+    if (!(this.#step !== null ? u + this.#step() <= this.#ceiling : u < this.#ceiling)) return false;
+    if (this.#freeSlots === null || this.#reserveMs === 0) return true;
+    const r = this.#reserve(band);
+    return r === 0 || this.#freeSlots() - 1 >= r;
+  }
+
+  /** A request of `band` was granted: its band's in-flight count and recent peak. */
+  #busyUp(band: number): void {
+    if (this.#reserveMs === 0) return;
+    const n = ++this.#busy[band]!;
+    if (n >= this.#peak[band]!) {
+      this.#peak[band] = n;
+      this.#peakAt[band] = this.#now();
+    }
+  }
+
+  /**
+   * The slots the bands above `band` used within the reserve window and have
+   * released since: what they are likely to ask for again before a lower
+   * band's request would give its slot back. A band's peak is its largest
+   * in-flight count, kept while it was reached within the window, then its
+   * count now.
+   */
+  #reserve(band: number): number {
+    let r = 0;
+    let now = -1;
+    for (let b = 0; b < band; b++) {
+      const busy = this.#busy[b]!;
+      let peak = this.#peak[b]!;
+      if (peak <= busy) continue;
+      if (now < 0) now = this.#now();
+      if (now - this.#peakAt[b]! > this.#reserveMs) {
+        this.#peak[b] = peak = busy;
+        this.#peakAt[b] = now;
+        continue;
+      }
+      r += peak - busy;
+    }
+    return r;
   }
 
   #overLimit(band: number, bytes: number): boolean {
@@ -1403,6 +1463,7 @@ export class FlowController {
     this.#grantStats(slot, (this.#now() - w.enqueuedAt) / 1000);
     this.#inFlight++;
     slot.inFlight++;
+    this.#busyUp(slot.band);
     if (slot.presentAt < 0) this.#addPresent(slot);
     if (this.#fleet !== null) this.#serve(slot);
     if (w.warm) this.bandStats[slot.band]!.continuations++;

@@ -34,6 +34,8 @@ export interface FlowControlGateOptions {
   step?: () => number;
   /** The utilisation probabilistic admission sheds by, for the last `utilisation` call (see FlowControllerOptions.shedUtilisation). */
   shedUtilisation?: () => number;
+  /** Free batch slots for the last `utilisation` call (see FlowControllerOptions.free). */
+  free?: () => number;
   maxInFlight?: number;
   /** Distinct flow label values in the gate's metrics (config metrics.maxLabelValues); later flows count under `(overflow)`. Default 1,000. */
   maxLabelValues?: number;
@@ -102,7 +104,7 @@ export class FlowControlGate implements AdmissionGate, FlowReporter {
    * slot of a small batch. Prefill endpoints are not counted: in a P/D pool a
    * request is admitted against the endpoints that decode it (decode or both).
    */
-  static fromEndpoints(opts: Omit<FlowControlGateOptions, 'utilisation' | 'step' | 'shedUtilisation'> & {
+  static fromEndpoints(opts: Omit<FlowControlGateOptions, 'utilisation' | 'step' | 'shedUtilisation' | 'free'> & {
     endpointsFor: (model: string) => readonly GateEndpoint[] | undefined;
   }): FlowControlGate {
     const detector = new SaturationDetector(opts.config.saturation);
@@ -112,19 +114,24 @@ export class FlowControlGate implements AdmissionGate, FlowReporter {
     let lastStep = 0;
     // and the same pool's load without the prefill-backlog term (what shedding reads)
     let lastBase = Infinity;
+    // and its free batch slots (the sum over the same endpoints)
+    let lastFree = 0;
     const utilisation = (model: string): number => {
       const eps = opts.endpointsFor(model);
       lastStep = 0;
       lastBase = Infinity;
+      lastFree = 0;
       if (eps === undefined) return Infinity;
       const now = clock();
       let best = Infinity;
       let base = Infinity;
       let limit = 0;
+      let free = 0;
       for (const ep of eps) {
         if (ep.role === 'prefill' || (ep.routable !== undefined && !ep.routable(now))) continue;
         const b = detector.baseLoad(ep, now);
         if (b < base) base = b;
+        if (b < 1) free += (1 - b) * ep.batchLimit;
         const u = detector.withBacklog(ep, b);
         if (u < best) {
           best = u;
@@ -133,10 +140,11 @@ export class FlowControlGate implements AdmissionGate, FlowReporter {
       }
       if (limit > 0) lastStep = 1 / limit;
       lastBase = base;
+      lastFree = free;
       return best;
     };
     const { endpointsFor: _unused, ...rest } = opts;
-    return new FlowControlGate({ ...rest, utilisation, step: () => lastStep, shedUtilisation: () => lastBase });
+    return new FlowControlGate({ ...rest, utilisation, step: () => lastStep, shedUtilisation: () => lastBase, free: () => lastFree });
   }
 
   /** The controller of a model's pool (created on first use). */
@@ -250,6 +258,7 @@ export class FlowControlGate implements AdmissionGate, FlowReporter {
         ...(o.maxInFlight !== undefined ? { maxInFlight: o.maxInFlight } : {}),
         ...(o.step !== undefined ? { step: o.step } : {}),
         ...(o.shedUtilisation !== undefined ? { shedUtilisation: o.shedUtilisation } : {}),
+        ...(o.free !== undefined ? { free: o.free } : {}),
         ...(o.now !== undefined ? { now: o.now } : {}),
         ...(o.rng !== undefined ? { rng: o.rng } : {}),
         pool: model,

@@ -367,6 +367,26 @@ export class RouterMetrics {
       },
     });
     new Gauge({
+      name: 'switchyard_endpoint_batch_limit',
+      help: "How many requests flow control counts the endpoint's engine as running at once (src/endpoints/batch-limit.ts): the configured or learned limit, else the probe (switchyard_endpoint_batch_limit_learned 0).",
+      labelNames: ['endpoint'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const ep of set.all) this.set(epLabels(ep.id), ep.batchLimit);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_endpoint_batch_limit_learned',
+      help: '1 when switchyard_endpoint_batch_limit is configured or learned from the engine\'s running and waiting counts, 0 while it is still the probe.',
+      labelNames: ['endpoint'],
+      registers: r,
+      collect() {
+        this.reset();
+        for (const ep of set.all) this.set(epLabels(ep.id), ep.batch.learned > 0 ? 1 : 0);
+      },
+    });
+    new Gauge({
       name: 'switchyard_endpoint_ready',
       help: '1 when the endpoint is healthy and its circuit breaker closed.',
       labelNames: ['endpoint'],

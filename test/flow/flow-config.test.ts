@@ -18,7 +18,7 @@ t.test("the issue's exact YAML block loads unchanged", (t) => {
     { id: 'tenant:internal-tools', priority: 'best-effort', minShare: 0 },
     { id: 'workload:nightly-batch', priority: 'batch', minShare: 0 },
   ]);
-  t.same(value!.admission, { mode: 'probabilistic', maxUtilisation: 0.85, shedding: 'fair', targetMs: 1000, intervalMs: 10_000 });
+  t.same(value!.admission, { mode: 'probabilistic', maxUtilisation: 0.85, shedding: 'fair', targetMs: 1000, intervalMs: 10_000, reserveWindowMs: 1000 });
   t.equal(value!.defaultBand, 'standard');
   t.equal(value!.ttlMs, 60_000, 'TTL defaults to 60 s');
   t.equal(value!.trustHeaders, true);
@@ -118,12 +118,21 @@ t.test('errors name the field path and the reason, all at once', (t) => {
 t.test('admission.target and admission.interval: durations, the interval at least the target', (t) => {
   const ok = validateFlowControl({ admission: { mode: 'utilisation', target: '250ms', interval: 2 } });
   t.same(ok.errors, []);
-  t.same(ok.value!.admission, { mode: 'utilisation', maxUtilisation: 0.85, shedding: 'fair', targetMs: 250, intervalMs: 2000 });
+  t.same(ok.value!.admission, { mode: 'utilisation', maxUtilisation: 0.85, shedding: 'fair', targetMs: 250, intervalMs: 2000, reserveWindowMs: 1000 });
   const bad = validateFlowControl({ admission: { target: '5s', interval: '1s' } });
   t.same(bad.errors, ['flowControl.admission.interval: must be at least admission.target (5000 ms), got 1000 ms']);
   const worse = validateFlowControl({ admission: { target: 'soon', interval: -1 } });
   t.ok(worse.errors.some((e) => e.startsWith('flowControl.admission.target: must be a duration')), worse.errors.join('; '));
   t.ok(worse.errors.some((e) => e.startsWith('flowControl.admission.interval: must be a duration')), worse.errors.join('; '));
+  t.end();
+});
+
+t.test('admission.reserveWindow: a duration, 0 turns the reserve off', (t) => {
+  t.equal(validateFlowControl({ admission: { reserveWindow: 0 } }).value!.admission.reserveWindowMs, 0);
+  t.equal(validateFlowControl({ admission: { reserveWindow: '250ms' } }).value!.admission.reserveWindowMs, 250);
+  t.equal(validateFlowControl({ admission: { reserveWindow: 2 } }).value!.admission.reserveWindowMs, 2000);
+  const bad = validateFlowControl({ admission: { reserveWindow: -1 } });
+  t.ok(bad.errors.some((e) => e.startsWith('flowControl.admission.reserveWindow: must be a duration')), bad.errors.join('; '));
   t.end();
 });
 
