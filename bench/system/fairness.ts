@@ -51,7 +51,7 @@
 //
 //   node dist/bench/fairness.js [--rounds 5] [--engines 2] [--slots 4] [--burst 60]
 //                               [--premium 30] [--gap-ms 80] [--max-tokens 5] [--documented]
-//                               [--seed-script [--arms on,noreserve,utilisation,off]] [--sustained [--seconds 60]]
+//                               [--arms on,noreserve,off] [--seed-script (arms also utilisation)] [--sustained [--seconds 60]]
 //                               [--engine sim|model|parallel]
 //                               [--quick] [--json out.json]
 import { createHash } from 'node:crypto';
@@ -327,7 +327,7 @@ flowControl:
     - { id: "tenant:payments", priority: premium, minShare: 0.30 }
     - { id: "tenant:internal-tools", priority: best-effort }
   tenants: { "${PREMIUM_KEY}": payments, "${BURST_KEY}": internal-tools }
-  admission: { mode: "off", maxUtilisation: 0.75 }
+  admission: { mode: "off", maxUtilisation: 0.75${arm === 'noreserve' ? ', reserveWindow: 0' : ''} }
   saturation: { maxConcurrency: ${s.slots} }
 `;
 }
@@ -439,7 +439,7 @@ export async function measureFairness(argv: string[]): Promise<{ shape: Shape; r
   const dir = mkdtempSync(join(tmpdir(), 'swy-fairness-'));
   const targets: Target[] = [];
   try {
-    for (const arm of s.seedScript ? seedArms(argv) : (['on', 'off'] as const)) targets.push(await startTarget(arm, s, dir));
+    for (const arm of armsOption(argv, s)) targets.push(await startTarget(arm, s, dir));
     // warm-up: connections, JIT, first scrapes; with --documented also a small
     // burst (twice the fleet's slots), so each engine queues once and the
     // router has learnt its batch limit before the measured rounds
@@ -597,12 +597,16 @@ export function fairnessMarkdown(shape: Shape, rows: FairnessRow[]): string {
 }
 
 
-/** --arms for --seed-script: a comma list of on, noreserve, utilisation, off (default on,utilisation,off). */
-function seedArms(argv: string[]): Arm[] {
-  const v = option(argv, '--arms') ?? 'on,utilisation,off';
-  const arms = v.split(',');
-  for (const a of arms) if (a !== 'on' && a !== 'noreserve' && a !== 'utilisation' && a !== 'off') throw new Error(`fairness: --arms takes on, noreserve, utilisation, off; got ${JSON.stringify(a)}`);
-  return arms as Arm[];
+/**
+ * --arms: a comma list of on, noreserve, off, and with --seed-script also
+ * utilisation (default: on,utilisation,off with --seed-script, else on,off;
+ * --documented runs the doc's block as written: on and off only).
+ */
+function armsOption(argv: string[], s: Shape): Arm[] {
+  const allowed: Arm[] = s.seedScript ? ['on', 'noreserve', 'utilisation', 'off'] : s.documented ? ['on', 'off'] : ['on', 'noreserve', 'off'];
+  const arms = (option(argv, '--arms') ?? (s.seedScript ? 'on,utilisation,off' : 'on,off')).split(',') as Arm[];
+  for (const a of arms) if (!allowed.includes(a)) throw new Error(`fairness: --arms takes ${allowed.join(', ')} here; got ${JSON.stringify(a)}`);
+  return arms;
 }
 
 function engineOption(argv: string[]): EngineKind {

@@ -108,6 +108,7 @@ export class FlowControlGate implements AdmissionGate, FlowReporter {
     endpointsFor: (model: string) => readonly GateEndpoint[] | undefined;
   }): FlowControlGate {
     const detector = new SaturationDetector(opts.config.saturation);
+    const cap = opts.config.saturation.maxConcurrency;
     const clock = opts.now ?? (() => performance.now());
     // the step of the endpoint the last utilisation() call found least loaded
     // (the controller asks for it right after, in the same turn)
@@ -131,7 +132,8 @@ export class FlowControlGate implements AdmissionGate, FlowReporter {
         if (ep.role === 'prefill' || (ep.routable !== undefined && !ep.routable(now))) continue;
         const b = detector.baseLoad(ep, now);
         if (b < base) base = b;
-        if (b < 1) free += (1 - b) * ep.batchLimit;
+        // its slots: the batch limit, or the in-flight cap when that is lower (what `b` counts against)
+        if (b < 1) free += (1 - b) * (ep.batchLimit < cap ? ep.batchLimit : cap);
         const u = detector.withBacklog(ep, b);
         if (u < best) {
           best = u;
