@@ -618,7 +618,7 @@ function engineOption(argv: string[]): EngineKind {
 // ---- --sustained: 2x the lower bands' capacity for a minute -------------------------------------
 
 interface SustainedArm {
-  mode: 'on' | 'off';
+  mode: Arm;
   /** Premium p95 (e2e, ms) alone and during the overload. */
   premiumAloneP95: number;
   premiumLoudP95: number;
@@ -711,7 +711,10 @@ export async function measureSustained(argv: string[]): Promise<SustainedResult>
   const arms: SustainedArm[] = [];
   let capacity = NaN;
   try {
-    for (const mode of ['on', 'off'] as const) {
+    const modes = (option(argv, '--arms') ?? 'on,off').split(',') as Arm[];
+    for (const m of modes) if (m !== 'on' && m !== 'noreserve' && m !== 'off') throw new Error(`fairness: --sustained --arms takes on, noreserve, off; got ${JSON.stringify(m)}`);
+    if (modes[0] === 'off') throw new Error('fairness: --sustained --arms: the first arm measures the capacity with flow control on (on or noreserve)');
+    for (const mode of modes) {
       const t = await startTarget(mode, s, dir);
       try {
         let n = 0;
@@ -720,7 +723,7 @@ export async function measureSustained(argv: string[]): Promise<SustainedResult>
         const send = (headers: Record<string, string>, who: string) => () => call(t.burst, headers, body(who), '/v1/chat/completions');
         // warm-up: the engines queue once, so the router learns their batch limit
         await closedLoop(send(SEED_BURST, 'warm'), 3 * s.engines * s.slots, 3000);
-        if (mode === 'on') capacity = await closedLoop(send(SEED_BURST, 'calibrate'), 3 * s.engines * s.slots, 5000);
+        if (mode === modes[0]) capacity = await closedLoop(send(SEED_BURST, 'calibrate'), 3 * s.engines * s.slots, 5000);
         const premiumRate = Math.max(2, 0.1 * capacity);
         const alone: Sample[] = [];
         await openLoop(send(SEED_PREMIUM, 'premium-alone'), premiumRate, 5000, alone);
