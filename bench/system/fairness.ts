@@ -71,6 +71,8 @@ interface Sample {
   ttft: number;
   /** Time to the end of the response, ms. */
   e2e: number;
+  /** When it was sent (performance.now()), set by the open loop. */
+  at?: number;
 }
 
 interface Phase {
@@ -127,6 +129,9 @@ interface Target {
   flow: FlowCounters;
   /** Chat completions (seed script, sustained) or completions. */
   chat: boolean;
+  /** The engines' ports: base, base + 1, ... */
+  engineBase: number;
+  engines: number;
 }
 
 /** From the router's own /metrics at the end of the run: did flow control act? */
@@ -374,6 +379,8 @@ async function startTarget(mode: Arm, s: Shape, dir: string): Promise<Target> {
       burstHeaders: s.seedScript ? SEED_BURST : BURST_HEADERS,
       premiumHeaders: s.seedScript ? SEED_PREMIUM : PREMIUM_HEADERS,
       chat: s.seedScript,
+      engineBase: base,
+      engines: s.engines,
       quiet: [], loudPremium: [], loudBurst: [], rounds: [], flow: { dispatched: {}, meanWaitMs: {} },
     };
   } catch (e) {
@@ -648,6 +655,27 @@ export interface SustainedResult {
   arms: SustainedArm[];
 }
 
+/** --trace: the router's queue per band and in-flight per endpoint, and each engine's running / waiting counts. */
+async function traceLine(t: Target): Promise<string> {
+  try {
+    const text = await (await fetch(`${t.url}/metrics`)).text();
+    const bands = [...text.matchAll(/^switchyard_flow_band_queue_length\{[^}]*band="([^"]*)"[^}]*\} (\S+)$/gm)].map((m) => `${m[1]} ${m[2]}`);
+    const inflight = [...text.matchAll(/^switchyard_endpoint_in_flight\{endpoint="([^"]*)"\} (\S+)$/gm)].map((m) => `${m[1]} ${m[2]}`);
+    const speed = [...text.matchAll(/^switchyard_endpoint_speed_ms_per_ktok\{endpoint="([^"]*)"\} (\S+)$/gm)].map((m) => `${m[1]} ${fmt(Number(m[2]), 1)}`);
+    const backlog = [...text.matchAll(/^switchyard_endpoint_prefill_backlog_tokens\{endpoint="([^"]*)"\} (\S+)$/gm)].map((m) => `${m[1]} ${m[2]}`);
+    const engines: string[] = [];
+    for (let i = 0; i < t.engines; i++) {
+      const e = await (await fetch(`http://127.0.0.1:${t.engineBase + i}/metrics`)).text();
+      const run = /^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$/m.exec(e)?.[1];
+      const wait = /^vllm:num_requests_waiting(?:\{[^}]*\})? (\S+)$/m.exec(e)?.[1];
+      engines.push(`${run}/${wait}`);
+    }
+    return `queued ${bands.join(', ')}; router in flight ${inflight.join(', ')}; engines running/waiting ${engines.join(', ')}; speed ms/ktok ${speed.join(', ')}; prefill backlog ${backlog.join(', ')}`;
+  } catch (e) {
+    return `(${(e as Error).message})`;
+  }
+}
+
 async function routerQueue(url: string): Promise<number> {
   try {
     const text = await (await fetch(`${url}/metrics`)).text();
@@ -672,7 +700,13 @@ async function openLoop(send: () => Promise<Sample>, rate: number, ms: number, o
     last = now;
     while (due >= 1) {
       due--;
-      all.push(send().then((x) => void out.push(x)));
+      const at = performance.now();
+      all.push(
+        send().then((x) => {
+          x.at = at;
+          out.push(x);
+        }),
+      );
     }
     await sleep(10);
   }
@@ -731,11 +765,15 @@ export async function measureSustained(argv: string[]): Promise<SustainedResult>
         const loud: Record<string, Sample[]> = { premium: [], 'best-effort': [], batch: [] };
         let maxQueue = 0;
         let sampling = true;
+        const trace = argv.includes('--trace');
+        const timeline: string[] = [];
+        const loudAt = performance.now();
         const sampler = (async () => {
           while (sampling) {
             const q = await routerQueue(t.url);
             if (q > maxQueue) maxQueue = q;
-            await sleep(1000);
+            if (trace) timeline.push(`${fmt((performance.now() - loudAt) / 1000, 1)} s: ${await traceLine(t)}`);
+            await sleep(trace ? 250 : 1000);
           }
         })();
         const ms = seconds * 1000;
@@ -749,6 +787,14 @@ export async function measureSustained(argv: string[]): Promise<SustainedResult>
         sampling = false;
         await sampler;
         const endQueue = await routerQueue(t.url);
+        if (trace) {
+          // premium's latency by the second it was sent in, beside the router's and engines' state
+          const bySecond = new Map<number, number[]>();
+          for (const x of loud.premium!) if (x.at !== undefined) (bySecond.get(Math.floor((x.at - loudAt) / 1000)) ?? bySecond.set(Math.floor((x.at - loudAt) / 1000), []).get(Math.floor((x.at - loudAt) / 1000))!).push(x.e2e);
+          const per = [...bySecond.entries()].sort((a, b) => a[0] - b[0]).map(([sec, xs]) => `${sec}s p95 ${fmt(quantile(xs, 0.95))}`);
+          console.error(`sustained ${mode} premium e2e by second sent: ${per.join('; ')}`);
+          for (const l of timeline) console.error(`sustained ${mode} ${l}`);
+        }
         const lower = [...loud['best-effort']!, ...loud.batch!];
         const ok = lower.filter((x) => x.status === 200);
         const shed = lower.filter((x) => x.status === 429).length;

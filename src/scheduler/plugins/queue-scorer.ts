@@ -20,6 +20,12 @@
 // backlog in tokens. Shortest expected wait scores 1, longest 0 (min-max over
 // the candidates). No allocation once the scratch arrays have grown.
 //
+// A candidate whose batch is full (Endpoint.occupancy at its learned or
+// configured batch limit) while another has a free slot scores 0: a request
+// there waits for a slot, which the prefill work above does not count
+// (bench/RESULTS.md, 2026-12-08: small prompts on cheap-prefill engines piled
+// 100 deep on one engine while the other had a free slot).
+//
 // params.unit: `expected-ms` (the default, above) or `requests` (the engine's
 // waiting count plus the router's requests since the last scrape, as before
 // issue 34: a baseline for benchmarks, or a fleet where speed must not count).
@@ -60,9 +66,28 @@ export class QueueScorer implements Scorer {
       const w = ep.prefillPending + ep.peerPrefillPending + (extra > 0 ? extra * ep.speed.meanTokens : 0) + u;
       vals[i] = (b[i]! * w) / 1000;
     }
+    // A full batch: what waits there waits for a running request to end (its
+    // decode), which the prefill work above does not count; on an engine with
+    // cheap prefill a long queue of small prompts would read as short. While
+    // another candidate has a free slot, a full one scores as the longest wait.
+    if (n > 1) {
+      let room = false;
+      let worst = 0;
+      for (let i = 0; i < n; i++) {
+        if (!full(eps[i]!, ctx.now)) room = true;
+        if (vals[i]! > worst) worst = vals[i]!;
+      }
+      if (room) for (let i = 0; i < n; i++) if (full(eps[i]!, ctx.now)) vals[i] = worst + 1;
+    }
     inverseMinMax(vals, n, out);
     return out;
   }
+}
+
+/** At or over its batch limit (the learned or configured one; unknown: never full), counting the fleet's requests there. */
+function full(ep: Endpoint, now: number): boolean {
+  const limit = ep.batch.learned;
+  return limit > 0 && ep.occupancy(now) >= limit;
 }
 
 export const queueScorer: PluginFactory<'scorer'> = {
