@@ -98,17 +98,23 @@ async function settle(): Promise<void> {
   for (let i = 0; i < 6; i++) await flush();
 }
 
-t.test('best-effort leaves free the slots premium used a moment ago; premium gets them back at once', async (t) => {
-  const s = setup(t, '1s');
+/** Premium takes 6 of the 8 slots, 100 ms later 4 of its users think (release), then 4 best-effort requests arrive. */
+async function thinkThenBurst(t: Tap.Test, reserveWindow: string | number) {
+  const s = setup(t, reserveWindow);
   for (let i = 0; i < 6; i++) s.admit('premium');
   await settle();
   t.equal(s.counts().premium, 6, 'premium takes 6 of the 8 slots');
   s.clock.now += 100;
-  s.finish('premium', 4); // four premium users think
+  s.finish('premium', 4);
   await settle();
   s.reset();
   for (let i = 0; i < 4; i++) s.admit('best-effort');
   await settle();
+  return s;
+}
+
+t.test('best-effort leaves free the slots premium used a moment ago; premium gets them back at once', async (t) => {
+  const s = await thinkThenBurst(t, '1s');
   // 8 slots, premium at 2 of a recent 6: 4 kept free, so best-effort may run 2 (not 4, as the ceiling alone allows)
   t.equal(s.counts()['best-effort'], 2, 'best-effort runs 2 and holds 2 in the router');
   s.clock.now += 50;
@@ -129,15 +135,7 @@ t.test('best-effort leaves free the slots premium used a moment ago; premium get
 });
 
 t.test('reserveWindow 0: the ceiling alone decides (the rule before)', async (t) => {
-  const s = setup(t, 0);
-  for (let i = 0; i < 6; i++) s.admit('premium');
-  await settle();
-  s.clock.now += 100;
-  s.finish('premium', 4);
-  await settle();
-  s.reset();
-  for (let i = 0; i < 4; i++) s.admit('best-effort');
-  await settle();
+  const s = await thinkThenBurst(t, 0);
   t.equal(s.counts()['best-effort'], 4, 'best-effort takes every slot the ceiling allows');
   s.clock.now += 50;
   for (let i = 0; i < 4; i++) s.admit('premium');
