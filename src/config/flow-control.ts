@@ -343,6 +343,7 @@ export const flowControlInput = z.strictObject(
           target: duration(1).prefault('1s').describe('queue sojourn above which a band may be overloaded (mode probabilistic): seconds, or "500ms", "1s"'),
           interval: duration(1).prefault('10s').describe('how long the sojourn must stay above target before the band sheds (mode probabilistic)'),
           reserveWindow: duration(0)
+            .refine((ms) => ms === 0 || ms >= 1, { message: 'must be 0 (off) or a duration of at least 1 ms' })
             .prefault('1s')
             .describe('how long a band\'s peak in-flight count is remembered: lower bands leave free the slots higher bands used within it and released (0: off)'),
         },

@@ -361,6 +361,10 @@ export class FlowController {
   /** Active-active: the highest band (lowest index) this queue episode announced to the other replicas (#queuedNudge); Infinity: none. */
   #nudgedBand = Infinity;
   #holdTimer: ReturnType<typeof setTimeout> | null = null;
+  /** Re-runs the dispatch loop when the reserve that held a lower band lapses (with the sweep timer on). */
+  #reserveTimer: ReturnType<typeof setTimeout> | null = null;
+  /** When the reserve the last #reserve() call found lapses (the earliest contributing peak's end), ms. */
+  #reserveUntil = 0;
   /** The fleet view's version when a hold last ran out: no hold again until a peer shows progress (FleetView.version). */
   #holdVoid = -1;
   /** Scratch of the fleet share check: per backlogged flow its minShare, fleet in-flight count, weight, and local slot (null: another replica's). */
@@ -646,6 +650,8 @@ export class FlowController {
     this.#timer = null;
     if (this.#holdTimer !== null) clearTimeout(this.#holdTimer);
     this.#holdTimer = null;
+    if (this.#reserveTimer !== null) clearTimeout(this.#reserveTimer);
+    this.#reserveTimer = null;
     for (const w of this.#waiting.values()) {
       this.#waiting.delete(w.id);
       this.#removeQueued(w);
@@ -713,7 +719,26 @@ export class FlowController {
     if (!(this.#step !== null ? u + this.#step() <= this.#ceiling : u < this.#ceiling)) return false;
     if (this.#freeSlots === null || this.#reserveMs === 0) return true;
     const r = this.#reserve(band);
-    return r === 0 || this.#freeSlots() - 1 >= r;
+    if (r === 0 || this.#freeSlots() - 1 >= r) return true;
+    this.#armReserveTimer();
+    return false;
+  }
+
+  /**
+   * The reserve held a lower band's request: once it lapses the request may
+   * go, and nothing else may happen before then on an idle pool (no release,
+   * no arrival), so the dispatch loop runs again at that time rather than at
+   * the next sweep. One timer at a time; off with the sweep timer (tests
+   * drive the clock and the loop themselves).
+   */
+  #armReserveTimer(): void {
+    if (this.#reserveTimer !== null || this.#timer === null || this.#closed) return;
+    const wait = Math.max(1, Math.ceil(this.#reserveUntil - this.#now()) + 1);
+    this.#reserveTimer = setTimeout(() => {
+      this.#reserveTimer = null;
+      if (this.#queued > 0) this.pump();
+    }, wait);
+    this.#reserveTimer.unref();
   }
 
   /** A request of `band` was granted: its band's in-flight count and recent peak. */
@@ -736,18 +761,22 @@ export class FlowController {
   #reserve(band: number): number {
     let r = 0;
     let now = -1;
+    let until = Infinity;
     for (let b = 0; b < band; b++) {
       const busy = this.#busy[b]!;
       let peak = this.#peak[b]!;
       if (peak <= busy) continue;
       if (now < 0) now = this.#now();
-      if (now - this.#peakAt[b]! > this.#reserveMs) {
+      const end = this.#peakAt[b]! + this.#reserveMs;
+      if (now > end) {
         this.#peak[b] = peak = busy;
         this.#peakAt[b] = now;
         continue;
       }
       r += peak - busy;
+      if (end < until) until = end;
     }
+    this.#reserveUntil = until;
     return r;
   }
 

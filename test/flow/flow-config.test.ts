@@ -133,6 +133,8 @@ t.test('admission.reserveWindow: a duration, 0 turns the reserve off', (t) => {
   t.equal(validateFlowControl({ admission: { reserveWindow: 2 } }).value!.admission.reserveWindowMs, 2000);
   const bad = validateFlowControl({ admission: { reserveWindow: -1 } });
   t.ok(bad.errors.some((e) => e.startsWith('flowControl.admission.reserveWindow: must be a duration')), bad.errors.join('; '));
+  const tiny = validateFlowControl({ admission: { reserveWindow: 1e-10 } });
+  t.same(tiny.errors, ['flowControl.admission.reserveWindow: must be 0 (off) or a duration of at least 1 ms'], 'a window under 1 ms is refused (it could not be printed back as a duration)');
   t.end();
 });
 

@@ -38,16 +38,26 @@ function learn4(ep: Endpoint, now: number): void {
   ep.onScrape();
 }
 
-function setup(t: Tap.Test, reserveWindow: string | number) {
+/** `realClock`: performance.now and the controller's own timers (sweep every 10 s, so only the reserve's timer re-runs the loop in time). */
+function setup(t: Tap.Test, reserveWindow: string | number, realClock = false) {
   const { value: cfg, errors } = validateFlowControl({
     flows: [
       { id: 'tenant:premium', priority: 'premium', minShare: 0.3 },
       { id: 'tenant:best-effort', priority: 'best-effort' },
     ],
     admission: { mode: 'probabilistic', maxUtilisation: 0.85, reserveWindow },
+    ...(realClock ? { sweepInterval: '10s' } : {}),
   });
   if (!cfg) throw new Error(errors.join('\n'));
-  const clock = { now: 1_000_000 };
+  const clock = {
+    t: realClock ? performance.now() : 1_000_000,
+    get now(): number {
+      return realClock ? performance.now() : this.t;
+    },
+    set now(v: number) {
+      this.t = v;
+    },
+  };
   const eps = endpoints(2);
   for (const ep of eps) learn4(ep, clock.now);
   t.equal(eps[0]!.batchLimit, 4, 'batch limit learnt');
@@ -99,8 +109,8 @@ async function settle(): Promise<void> {
 }
 
 /** Premium takes 6 of the 8 slots, 100 ms later 4 of its users think (release), then 4 best-effort requests arrive. */
-async function thinkThenBurst(t: Tap.Test, reserveWindow: string | number) {
-  const s = setup(t, reserveWindow);
+async function thinkThenBurst(t: Tap.Test, reserveWindow: string | number, realClock = false) {
+  const s = setup(t, reserveWindow, realClock);
   for (let i = 0; i < 6; i++) s.admit('premium');
   await settle();
   t.equal(s.counts().premium, 6, 'premium takes 6 of the 8 slots');
@@ -153,4 +163,15 @@ t.test('the reserve never holds the top band, and a band with no recent peak res
   await settle();
   t.equal(s.counts().premium, 4, 'premium runs in what is left, up to the pool');
   t.equal(s.running.length, 8);
+});
+
+t.test('the loop runs again when the reserve lapses: an idle pool does not wait for the next sweep', async (t) => {
+  const s = await thinkThenBurst(t, '200ms', true);
+  t.equal(s.counts()['best-effort'], 2, 'best-effort runs 2 and holds 2');
+  // nothing else happens: no release, no arrival, the sweep is 10 s away
+  const t0 = performance.now();
+  while (s.counts()['best-effort'] < 4 && performance.now() - t0 < 3000) await new Promise((r) => setTimeout(r, 10));
+  const waited = performance.now() - t0;
+  t.equal(s.counts()['best-effort'], 4, `the held 2 start once the reserve lapses (after ${Math.round(waited)} ms)`);
+  t.ok(waited < 2000, 'well before the 10 s sweep');
 });

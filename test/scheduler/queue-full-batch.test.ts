@@ -56,6 +56,21 @@ t.test('a full batch of small prompts scores below a free slot with a long promp
   t.end();
 });
 
+t.test('an engine that has not queued yet has its pool\'s learnt limit (the prefix scorer\'s rule)', (t) => {
+  const s = set(3);
+  const [learnt, unlearnt, free] = s.all as [Endpoint, Endpoint, Endpoint];
+  load(learnt, 0, 3, 4000, 1); // learnt 4, 3 in flight: a free slot, much prefill work
+  for (let i = 0; i < 5; i++) unlearnt.onDispatch(0); // never queued: no limit of its own, 5 in flight
+  unlearnt.prefillPending = 10;
+  unlearnt.prefillRequests = 1;
+  load(free, 0, 3, 4000, 1);
+  t.equal(unlearnt.batch.learned, 0, 'no limit of its own');
+  const sc = registry.create('scorer', 'queue', {}, { endpoints: s, prefixBlockSize: 64, random: Math.random });
+  const out = [...sc.score(ctx(1), s.all).subarray(0, 3)];
+  t.equal(out[1], 0, `5 in flight against the pool's 4: full, the longest wait (${out.join(', ')})`);
+  t.end();
+});
+
 t.test('every batch full, or limits unknown: prefill work decides as before', (t) => {
   const s = set(2);
   const [a, b] = s.all as [Endpoint, Endpoint];

@@ -31,7 +31,7 @@
 import type { Endpoint } from '../../endpoints/endpoint.js';
 import { boolParam, intParam, numberParam, pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Scorer } from '../types.js';
-import { ensure } from './score-util.js';
+import { BatchRoom, ensure } from './score-util.js';
 
 export class PrefixCacheScorer implements Scorer {
   readonly type = 'prefix-cache';
@@ -44,10 +44,8 @@ export class PrefixCacheScorer implements Scorer {
   #queues = new Float64Array(16);
   readonly #saturatedQueue: number;
   readonly #spillAtBatchLimit: boolean;
-  /** Per candidate: its batch limit as far as it is known (0: not known); per pool seen this cycle, the largest learned one. */
-  #limits = new Float64Array(16);
-  readonly #pools: string[] = [];
-  readonly #poolLimits: number[] = [];
+  /** Which candidates' batches are full (the rule the queue scorer shares). */
+  readonly #room = new BatchRoom();
 
   constructor(saturatedQueue = 16, blockSize?: number, spillAtBatchLimit = true) {
     this.#saturatedQueue = saturatedQueue;
@@ -75,60 +73,17 @@ export class PrefixCacheScorer implements Scorer {
       queues[i] = q;
       if (q < shortest) shortest = q;
     }
-    if (this.#spillAtBatchLimit && n > 1) room = this.#batchLimits(eps, n, now);
+    if (this.#spillAtBatchLimit && n > 1) room = this.#room.fill(eps, n, now);
+    const isFull = this.#room.isFull;
     // Queue saturation is relative to the shortest candidate queue: when every
     // replica is backed up, spilling a prefix elsewhere only adds prefill work
     // and KV pressure, so affinity holds until another replica is clearly freer.
     // Likewise a full batch keeps its prefix when every candidate's is full.
     for (let i = 0; i < n; i++) {
       const m = matched[i];
-      out[i] = m > 0 && (sat === 0 || queues[i] - shortest < sat) && !(room && this.#full(eps[i], i, now)) ? Math.min(1, m / total) : 0;
+      out[i] = m > 0 && (sat === 0 || queues[i] - shortest < sat) && !(room && isFull[i] === 1) ? Math.min(1, m / total) : 0;
     }
     return out;
-  }
-
-  #full(ep: Endpoint, i: number, now: number): boolean {
-    const limit = this.#limits[i];
-    return limit > 0 && ep.occupancy(now) >= limit;
-  }
-
-  /**
-   * Fills #limits for the candidates: an endpoint's own learned (or
-   * configured) limit, else the largest one learned by a candidate of the same
-   * pool (a pool's replicas are one deployment: an engine that never queued
-   * yet has its peers' max-num-seqs), else 0 (unknown: never full). Returns
-   * whether some candidate has a free slot. No allocation once grown (a fleet
-   * has few pools).
-   */
-  #batchLimits(eps: readonly Endpoint[], n: number, now: number): boolean {
-    const limits = (this.#limits = ensure(this.#limits, n));
-    const pools = this.#pools;
-    const pl = this.#poolLimits;
-    pools.length = 0;
-    pl.length = 0;
-    let unknown = false;
-    for (let i = 0; i < n; i++) {
-      const ep = eps[i];
-      const l = ep.batch.learned;
-      limits[i] = l;
-      if (l > 0) {
-        const k = pools.indexOf(ep.pool);
-        if (k < 0) {
-          pools.push(ep.pool);
-          pl.push(l);
-        } else if (l > pl[k]!) pl[k] = l;
-      } else unknown = true;
-    }
-    if (unknown && pools.length > 0) {
-      for (let i = 0; i < n; i++) {
-        if (limits[i] > 0) continue;
-        const k = pools.indexOf(eps[i].pool);
-        if (k >= 0) limits[i] = pl[k]!;
-      }
-    }
-    let room = false;
-    for (let i = 0; i < n && !room; i++) room = !this.#full(eps[i], i, now);
-    return room;
   }
 }
 

@@ -21,7 +21,8 @@
 // the candidates). No allocation once the scratch arrays have grown.
 //
 // A candidate whose batch is full (Endpoint.occupancy at its learned or
-// configured batch limit) while another has a free slot scores 0: a request
+// configured batch limit, else its pool's: score-util's BatchRoom, the prefix
+// scorer's rule) while another has a free slot scores 0: a request
 // there waits for a slot, which the prefill work above does not count
 // (bench/RESULTS.md, 2026-12-08: small prompts on cheap-prefill engines piled
 // 100 deep on one engine while the other had a free slot).
@@ -34,7 +35,7 @@ import { expectedMsPerKTok } from '../../endpoints/speed.js';
 import { z } from '../../config/schema-kit.js';
 import { pluginParams, type PluginFactory } from '../registry.js';
 import type { CycleContext, Scorer } from '../types.js';
-import { ensure, inverseMinMax, requestTokens } from './score-util.js';
+import { BatchRoom, ensure, inverseMinMax, requestTokens } from './score-util.js';
 
 export class QueueScorer implements Scorer {
   readonly type = 'queue';
@@ -43,6 +44,8 @@ export class QueueScorer implements Scorer {
   #vals = new Float64Array(16);
   #out = new Float64Array(16);
   readonly #requests: boolean;
+  /** Which candidates' batches are full (the prefix scorer's rule: a pool's learned limit stands for its engines that have not queued yet). */
+  readonly #room = new BatchRoom();
 
   constructor(unit: 'expected-ms' | 'requests' = 'expected-ms') {
     this.#requests = unit === 'requests';
@@ -70,24 +73,15 @@ export class QueueScorer implements Scorer {
     // decode), which the prefill work above does not count; on an engine with
     // cheap prefill a long queue of small prompts would read as short. While
     // another candidate has a free slot, a full one scores as the longest wait.
-    if (n > 1) {
-      let room = false;
+    if (n > 1 && this.#room.fill(eps, n, ctx.now)) {
+      const isFull = this.#room.isFull;
       let worst = 0;
-      for (let i = 0; i < n; i++) {
-        if (!full(eps[i]!, ctx.now)) room = true;
-        if (vals[i]! > worst) worst = vals[i]!;
-      }
-      if (room) for (let i = 0; i < n; i++) if (full(eps[i]!, ctx.now)) vals[i] = worst + 1;
+      for (let i = 0; i < n; i++) if (vals[i]! > worst) worst = vals[i]!;
+      for (let i = 0; i < n; i++) if (isFull[i] === 1) vals[i] = worst + 1;
     }
     inverseMinMax(vals, n, out);
     return out;
   }
-}
-
-/** At or over its batch limit (the learned or configured one; unknown: never full), counting the fleet's requests there. */
-function full(ep: Endpoint, now: number): boolean {
-  const limit = ep.batch.learned;
-  return limit > 0 && ep.occupancy(now) >= limit;
 }
 
 export const queueScorer: PluginFactory<'scorer'> = {

@@ -50,3 +50,60 @@ export function requestTokens(req: SchedRequest): number {
   const p = req.prompt;
   return p !== undefined ? p.length / 4 : 0;
 }
+
+/**
+ * Which candidates' batches are full, by one rule for every scorer that asks
+ * (prefix-cache's spill, queue's full-batch wait): an endpoint's batch limit
+ * is its own learned (or configured) one, else the largest one learned by a
+ * candidate of the same pool (a pool's replicas are one deployment: an engine
+ * that never queued yet has its peers' max-num-seqs), else unknown (never
+ * full); full = the fleet's requests there (Endpoint.occupancy) at or above
+ * it. Scratch kept: no allocation once grown (a fleet has few pools).
+ */
+export class BatchRoom {
+  /** Per candidate of the last fill: its batch limit as far as it is known (0: not known). */
+  limits = new Float64Array(16);
+  /** Per candidate of the last fill: 1 when its batch is full. */
+  isFull = new Uint8Array(16);
+  readonly #pools: string[] = [];
+  readonly #poolLimits: number[] = [];
+
+  /** Fills `limits` and `isFull` for eps[0..n); returns whether some candidate has a free slot (or an unknown limit). */
+  fill(eps: readonly Endpoint[], n: number, now: number): boolean {
+    if (this.limits.length < n) this.limits = new Float64Array(Math.max(n, this.limits.length * 2));
+    if (this.isFull.length < n) this.isFull = new Uint8Array(Math.max(n, this.isFull.length * 2));
+    const limits = this.limits;
+    const pools = this.#pools;
+    const pl = this.#poolLimits;
+    pools.length = 0;
+    pl.length = 0;
+    let unknown = false;
+    for (let i = 0; i < n; i++) {
+      const ep = eps[i]!;
+      const l = ep.batch.learned;
+      limits[i] = l;
+      if (l > 0) {
+        const k = pools.indexOf(ep.pool);
+        if (k < 0) {
+          pools.push(ep.pool);
+          pl.push(l);
+        } else if (l > pl[k]!) pl[k] = l;
+      } else unknown = true;
+    }
+    if (unknown && pools.length > 0) {
+      for (let i = 0; i < n; i++) {
+        if (limits[i]! > 0) continue;
+        const k = pools.indexOf(eps[i]!.pool);
+        if (k >= 0) limits[i] = pl[k]!;
+      }
+    }
+    let room = false;
+    for (let i = 0; i < n; i++) {
+      const l = limits[i]!;
+      const full = l > 0 && eps[i]!.occupancy(now) >= l;
+      this.isFull[i] = full ? 1 : 0;
+      if (!full) room = true;
+    }
+    return room;
+  }
+}
