@@ -790,7 +790,13 @@ export async function measureSustained(argv: string[]): Promise<SustainedResult>
         if (trace) {
           // premium's latency by the second it was sent in, beside the router's and engines' state
           const bySecond = new Map<number, number[]>();
-          for (const x of loud.premium!) if (x.at !== undefined) (bySecond.get(Math.floor((x.at - loudAt) / 1000)) ?? bySecond.set(Math.floor((x.at - loudAt) / 1000), []).get(Math.floor((x.at - loudAt) / 1000))!).push(x.e2e);
+          for (const x of loud.premium!) {
+            if (x.at === undefined) continue;
+            const sec = Math.floor((x.at - loudAt) / 1000);
+            const xs = bySecond.get(sec);
+            if (xs) xs.push(x.e2e);
+            else bySecond.set(sec, [x.e2e]);
+          }
           const per = [...bySecond.entries()].sort((a, b) => a[0] - b[0]).map(([sec, xs]) => `${sec}s p95 ${fmt(quantile(xs, 0.95))}`);
           console.error(`sustained ${mode} premium e2e by second sent: ${per.join('; ')}`);
           for (const l of timeline) console.error(`sustained ${mode} ${l}`);

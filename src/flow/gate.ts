@@ -109,6 +109,8 @@ export class FlowControlGate implements AdmissionGate, FlowReporter {
   }): FlowControlGate {
     const detector = new SaturationDetector(opts.config.saturation);
     const cap = opts.config.saturation.maxConcurrency;
+    // the free slots are read only by the reserve for the bands above
+    const wantFree = opts.config.admission.reserveWindowMs > 0;
     const clock = opts.now ?? (() => performance.now());
     // the step of the endpoint the last utilisation() call found least loaded
     // (the controller asks for it right after, in the same turn)
@@ -133,7 +135,7 @@ export class FlowControlGate implements AdmissionGate, FlowReporter {
         const b = detector.baseLoad(ep, now);
         if (b < base) base = b;
         // its slots: the batch limit, or the in-flight cap when that is lower (what `b` counts against)
-        if (b < 1) free += (1 - b) * (ep.batchLimit < cap ? ep.batchLimit : cap);
+        if (wantFree && b < 1) free += (1 - b) * (ep.batchLimit < cap ? ep.batchLimit : cap);
         const u = detector.withBacklog(ep, b);
         if (u < best) {
           best = u;
